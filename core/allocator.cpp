@@ -1,0 +1,142 @@
+#include "core/allocator.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "core/error.h"
+
+namespace mg {
+namespace {
+
+constexpr size_t kAlignment = 64;
+// Cached bytes above this go back to the OS instead of the free list.
+constexpr size_t kMaxCachedBytes = size_t(4) << 30;
+
+size_t round_up(size_t nbytes) {
+  if (nbytes == 0) nbytes = 1;
+  return (nbytes + kAlignment - 1) / kAlignment * kAlignment;
+}
+
+class CpuCachingAllocator {
+ public:
+  void* allocate(size_t nbytes) {
+    const size_t size = round_up(nbytes);
+    std::lock_guard<std::mutex> lock(mutex_);
+    // Best fit among cached blocks no more than twice the request: reuse without
+    // letting a tiny tensor pin a huge block.
+    auto it = free_blocks_.lower_bound(size);
+    if (it != free_blocks_.end() && it->first <= 2 * size) {
+      void* ptr = it->second;
+      const size_t block = it->first;
+      free_blocks_.erase(it);
+      cached_bytes_ -= block;
+      block_sizes_[ptr] = block;
+      note_allocated(block);
+      ++stats_.cache_hits;
+      return ptr;
+    }
+    void* ptr = std::aligned_alloc(kAlignment, size);
+    check(ptr != nullptr, "CPU out of memory: asked for ", nbytes, " bytes; ", stats_.allocated_bytes,
+          " bytes held by tensors and ", cached_bytes_, " bytes cached");
+    ++stats_.system_allocations;
+    block_sizes_[ptr] = size;
+    note_allocated(size);
+    return ptr;
+  }
+
+  void free(void* ptr) {
+    if (ptr == nullptr) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto found = block_sizes_.find(ptr);
+    if (found == block_sizes_.end()) return;
+    const size_t block = found->second;
+    block_sizes_.erase(found);
+    stats_.allocated_bytes -= static_cast<int64_t>(block);
+    if (cached_bytes_ + block > kMaxCachedBytes) {
+      std::free(ptr);
+      return;
+    }
+    free_blocks_.emplace(block, ptr);
+    cached_bytes_ += block;
+  }
+
+  void empty_cache() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& entry : free_blocks_) std::free(entry.second);
+    free_blocks_.clear();
+    cached_bytes_ = 0;
+  }
+
+  AllocatorStats stats() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    AllocatorStats s = stats_;
+    s.reserved_bytes = s.allocated_bytes + static_cast<int64_t>(cached_bytes_);
+    return s;
+  }
+
+ private:
+  void note_allocated(size_t block) {
+    stats_.allocated_bytes += static_cast<int64_t>(block);
+    if (stats_.allocated_bytes > stats_.peak_allocated_bytes) stats_.peak_allocated_bytes = stats_.allocated_bytes;
+  }
+
+  std::mutex mutex_;
+  std::multimap<size_t, void*> free_blocks_;
+  std::map<void*, size_t> block_sizes_;
+  size_t cached_bytes_ = 0;
+  AllocatorStats stats_;
+};
+
+CpuCachingAllocator& cpu_allocator() {
+  // Leaked on purpose: tensors in static objects may be freed after main returns.
+  static CpuCachingAllocator* instance = new CpuCachingAllocator();
+  return *instance;
+}
+
+std::unique_ptr<DeviceBackend>& cuda_backend_slot() {
+  static std::unique_ptr<DeviceBackend> slot;
+  return slot;
+}
+
+const DeviceBackend& require_cuda_backend(Device device) {
+  const DeviceBackend* backend = cuda_backend();
+  check(backend != nullptr, "cannot use ", device,
+        ": this multigrad has no CUDA backend registered (built without CUDA, or no GPU was found)");
+  return *backend;
+}
+
+}  // namespace
+
+void* cpu_allocate(size_t nbytes) { return cpu_allocator().allocate(nbytes); }
+void cpu_free(void* ptr, size_t) { cpu_allocator().free(ptr); }
+AllocatorStats cpu_allocator_stats() { return cpu_allocator().stats(); }
+void cpu_empty_cache() { cpu_allocator().empty_cache(); }
+
+void register_cuda_backend(const DeviceBackend& backend) {
+  cuda_backend_slot() = std::make_unique<DeviceBackend>(backend);
+}
+const DeviceBackend* cuda_backend() { return cuda_backend_slot().get(); }
+
+void* device_allocate(size_t nbytes, Device device) {
+  if (device.is_cpu()) return cpu_allocate(nbytes);
+  return require_cuda_backend(device).allocate(nbytes, device);
+}
+
+void device_free(void* ptr, size_t nbytes, Device device) {
+  if (device.is_cpu()) return cpu_free(ptr, nbytes);
+  if (const DeviceBackend* backend = cuda_backend()) backend->free(ptr, nbytes, device);
+}
+
+void device_copy(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes) {
+  if (nbytes == 0) return;
+  if (dst_device.is_cpu() && src_device.is_cpu()) {
+    std::memcpy(dst, src, nbytes);
+    return;
+  }
+  require_cuda_backend(dst_device.is_cuda() ? dst_device : src_device).copy(dst, dst_device, src, src_device, nbytes);
+}
+
+}  // namespace mg

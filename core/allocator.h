@@ -1,0 +1,52 @@
+// Where tensor memory comes from.
+//
+// CPU: 64-byte aligned blocks (one cache line, one AVX-512 vector) handed out by
+// a caching allocator. On our machines the first touch of a fresh 4 KiB page
+// costs ~11 us, so giving large buffers back to the OS after every op and
+// faulting them in again the next step is ruinous (DESIGN.md measured libtorch
+// at 3.7x slower that way). Freed blocks go to a size-keyed free list instead and
+// are reused by the next request of a similar size.
+//
+// CUDA: the CUDA backend registers its own allocator and copy routine through
+// DeviceBackend (the seam keeps core/ free of CUDA headers).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+
+#include "core/device.h"
+
+namespace mg {
+
+struct AllocatorStats {
+  int64_t allocated_bytes = 0;  // held by live tensors
+  int64_t reserved_bytes = 0;   // allocated + cached in free lists
+  int64_t peak_allocated_bytes = 0;
+  int64_t system_allocations = 0;  // calls that reached the OS (aligned_alloc / cudaMalloc)
+  int64_t cache_hits = 0;
+};
+
+// The CPU caching allocator (one per process; thread-safe).
+void* cpu_allocate(size_t nbytes);
+void cpu_free(void* ptr, size_t nbytes);
+AllocatorStats cpu_allocator_stats();
+void cpu_empty_cache();  // returns every cached block to the OS
+
+// Hooks a GPU backend installs. Without them, creating a CUDA tensor is an error
+// that says the build has no CUDA backend.
+struct DeviceBackend {
+  std::function<void*(size_t nbytes, Device device)> allocate;
+  std::function<void(void* ptr, size_t nbytes, Device device)> free;
+  // Copies nbytes between any two devices (host<->device, device<->device).
+  std::function<void(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes)> copy;
+};
+void register_cuda_backend(const DeviceBackend& backend);
+const DeviceBackend* cuda_backend();  // nullptr when none is registered
+
+// Allocation/copy by device, used by Storage and Tensor::to.
+void* device_allocate(size_t nbytes, Device device);
+void device_free(void* ptr, size_t nbytes, Device device);
+void device_copy(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes);
+
+}  // namespace mg

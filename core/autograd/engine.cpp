@@ -1,0 +1,183 @@
+// The backward engine: a dependency-counted walk of the graph.
+//
+// 1. From the roots, count for every reachable Node how many edges point at it
+//    (its dependencies): a node may run only when all of its gradients arrived.
+// 2. Seed the roots' input buffers with the given gradients.
+// 3. Repeatedly take a ready node (all dependencies satisfied), highest sequence
+//    number first (= created last in forward), run its tensor hooks, call
+//    apply(), and add each resulting gradient into the buffer of the node its
+//    edge points to; a node whose count drops to zero becomes ready.
+// 4. Run the callbacks queued during the pass (DDP waits for its buckets here).
+//
+// Single-threaded per backward call: easy to trace, and deterministic.
+#include <queue>
+#include <unordered_map>
+
+#include "core/autograd/node.h"
+#include "core/grad_mode.h"
+#include "core/ops.h"
+
+namespace mg::autograd {
+namespace {
+
+struct GraphTask {
+  std::unordered_map<Node*, int> dependencies;
+  std::unordered_map<Node*, std::vector<Tensor>> input_buffers;
+  std::vector<std::function<void()>> callbacks;
+};
+
+thread_local GraphTask* current_task = nullptr;
+
+struct LaterFirst {
+  bool operator()(const std::shared_ptr<Node>& a, const std::shared_ptr<Node>& b) const {
+    return a->sequence_nr < b->sequence_nr;
+  }
+};
+
+void count_dependencies(const std::vector<std::shared_ptr<Node>>& roots, GraphTask& task) {
+  std::vector<Node*> stack;
+  std::unordered_map<Node*, bool> seen;
+  for (const auto& root : roots) {
+    if (!seen[root.get()]) {
+      seen[root.get()] = true;
+      stack.push_back(root.get());
+    }
+  }
+  while (!stack.empty()) {
+    Node* node = stack.back();
+    stack.pop_back();
+    for (const Edge& edge : node->next_edges) {
+      if (!edge.is_valid()) continue;
+      ++task.dependencies[edge.node.get()];
+      if (!seen[edge.node.get()]) {
+        seen[edge.node.get()] = true;
+        stack.push_back(edge.node.get());
+      }
+    }
+  }
+}
+
+void accumulate_into(std::vector<Tensor>& buffer, size_t slot, const Tensor& grad) {
+  if (buffer.size() <= slot) buffer.resize(slot + 1);
+  buffer[slot] = buffer[slot].defined() ? add(buffer[slot], grad) : grad;
+}
+
+void run_pre_hooks(Node& node, std::vector<Tensor>& grads) {
+  for (auto& [output_nr, hook] : node.pre_hooks) {
+    if (output_nr >= grads.size() || !grads[output_nr].defined()) continue;
+    Tensor replaced = hook(grads[output_nr]);
+    if (replaced.defined()) grads[output_nr] = replaced;
+  }
+}
+
+// Formulas may assume every output gradient is present: fill the missing ones
+// with zeros, unless none arrived at all (then the node contributes nothing).
+bool materialize_missing_grads(const Node& node, std::vector<Tensor>& grads) {
+  grads.resize(node.output_meta.size());
+  bool any = false;
+  for (const Tensor& g : grads) any = any || g.defined();
+  if (!any) return false;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    if (grads[i].defined()) continue;
+    const TensorMeta& meta = node.output_meta[i];
+    grads[i] = zeros(meta.shape, TensorOptions{meta.dtype, meta.device, false});
+  }
+  return true;
+}
+
+void check_gradient(const Node& node, size_t input, const Tensor& grad) {
+  const TensorMeta& meta = node.input_meta.at(input);
+  check(grad.shape() == meta.shape, node.name(), " returned a gradient of shape ", shape_str(grad.shape()),
+        " for input ", input, " of shape ", shape_str(meta.shape));
+  check(grad.device() == meta.device, node.name(), " returned a gradient on ", grad.device(), " for input ",
+        input, " on ", meta.device);
+}
+
+}  // namespace
+
+void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, bool retain_graph) {
+  check(roots.size() == grads.size(), "backward: ", roots.size(), " roots but ", grads.size(), " gradients");
+  GraphTask task;
+  GraphTask* outer_task = current_task;
+  current_task = &task;
+  struct RestoreTask {
+    GraphTask* outer;
+    ~RestoreTask() { current_task = outer; }
+  } restore{outer_task};
+
+  std::vector<std::shared_ptr<Node>> root_nodes;
+  for (size_t i = 0; i < roots.size(); ++i) {
+    const Tensor& root = roots[i];
+    check(root.requires_grad(), "backward: element ", i,
+          " of the roots does not require grad and has no grad_fn (did you forget set_requires_grad(true), or "
+          "run the forward under NoGradGuard?)");
+    Tensor grad = grads[i];
+    if (!grad.defined()) {
+      check(root.numel() == 1, "backward: grad can be implicitly created only for scalar outputs, but this "
+                               "tensor has shape ", shape_str(root.shape()),
+            "; pass a gradient of that shape to backward()");
+      grad = ones(root.shape(), TensorOptions{root.dtype(), root.device(), false});
+    }
+    check(grad.shape() == root.shape(), "backward: gradient shape ", shape_str(grad.shape()),
+          " does not match the tensor's shape ", shape_str(root.shape()));
+    Edge edge = gradient_edge(root);
+    accumulate_into(task.input_buffers[edge.node.get()], edge.input_nr, grad.detach());
+    root_nodes.push_back(edge.node);
+  }
+  count_dependencies(root_nodes, task);
+
+  std::priority_queue<std::shared_ptr<Node>, std::vector<std::shared_ptr<Node>>, LaterFirst> ready;
+  std::unordered_map<Node*, bool> queued;
+  for (const auto& node : root_nodes) {
+    if (task.dependencies[node.get()] == 0 && !queued[node.get()]) {
+      queued[node.get()] = true;
+      ready.push(node);
+    }
+  }
+
+  NoGradGuard no_grad;  // formulas compute plain tensors; no graph of the graph
+  while (!ready.empty()) {
+    std::shared_ptr<Node> node = ready.top();
+    ready.pop();
+    std::vector<Tensor> grads_in = std::move(task.input_buffers[node.get()]);
+    task.input_buffers.erase(node.get());
+    run_pre_hooks(*node, grads_in);
+
+    std::vector<Tensor> grads_out;
+    if (materialize_missing_grads(*node, grads_in)) {
+      grads_out = node->apply(std::move(grads_in));
+      if (!retain_graph) node->release_saved();
+    }
+    const bool is_accumulator = dynamic_cast<AccumulateGrad*>(node.get()) != nullptr;
+    check(is_accumulator || grads_out.empty() || grads_out.size() == node->next_edges.size(), node->name(),
+          " returned ", grads_out.size(), " gradients for ", node->next_edges.size(), " inputs");
+
+    for (size_t i = 0; i < node->next_edges.size(); ++i) {
+      const Edge& edge = node->next_edges[i];
+      if (!edge.is_valid()) continue;
+      if (i < grads_out.size() && grads_out[i].defined()) {
+        check_gradient(*node, i, grads_out[i]);
+        accumulate_into(task.input_buffers[edge.node.get()], edge.input_nr, grads_out[i]);
+      }
+      if (--task.dependencies[edge.node.get()] == 0 && !queued[edge.node.get()]) {
+        queued[edge.node.get()] = true;
+        ready.push(edge.node);
+      }
+    }
+  }
+
+  // Callbacks may queue more callbacks (index loop, not iterators).
+  for (size_t i = 0; i < task.callbacks.size(); ++i) {
+    auto callback = std::move(task.callbacks[i]);
+    callback();
+  }
+}
+
+void queue_callback(std::function<void()> callback) {
+  check(current_task != nullptr, "queue_callback: only valid while a backward pass is running");
+  current_task->callbacks.push_back(std::move(callback));
+}
+
+bool in_backward() { return current_task != nullptr; }
+
+}  // namespace mg::autograd

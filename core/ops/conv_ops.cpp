@@ -1,0 +1,199 @@
+// conv2d as im2col + GEMM, and 2-d max/avg pooling.
+//
+// conv2d, per image n:   columns = im2col(x[n])            [C*kh*kw, OH*OW]
+//                        y[n]    = W[O, C*kh*kw] @ columns  [O, OH*OW]
+// backward, per image:   dW     += dy[n] @ columns^T
+//                        dx[n]   = col2im(W^T @ dy[n])
+// The column buffer is recomputed in backward instead of saved: it is kh*kw
+// times larger than the input, so saving it would dominate activation memory.
+#include "core/ops/op_common.h"
+#include "kernels/cpu/conv.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/pool.h"
+
+namespace mg {
+using namespace ops_detail;
+
+namespace {
+
+kernels::cpu::GemmArgs gemm_args(DType dtype, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* a,
+                                 int64_t lda, const void* b, int64_t ldb, void* c, int64_t ldc, double beta) {
+  kernels::cpu::GemmArgs args;
+  args.dtype = dtype;
+  args.trans_a = ta;
+  args.trans_b = tb;
+  args.m = m;
+  args.n = n;
+  args.k = k;
+  args.a = a;
+  args.lda = lda;
+  args.b = b;
+  args.ldb = ldb;
+  args.c = c;
+  args.ldc = ldc;
+  args.beta = beta;
+  return args;
+}
+
+char* element_ptr(const Tensor& t, int64_t element) {
+  return static_cast<char*>(t.data_ptr()) + element * static_cast<int64_t>(t.itemsize());
+}
+
+kernels::cpu::Conv2dGeometry conv_geometry(const Tensor& x, const Tensor& w, const Conv2dOptions& o) {
+  kernels::cpu::Conv2dGeometry g;
+  g.channels = x.size(1);
+  g.height = x.size(2);
+  g.width = x.size(3);
+  g.kernel_h = w.size(2);
+  g.kernel_w = w.size(3);
+  g.stride_h = o.stride_h;
+  g.stride_w = o.stride_w;
+  g.pad_h = o.pad_h;
+  g.pad_w = o.pad_w;
+  g.dilation_h = o.dilation_h;
+  g.dilation_w = o.dilation_w;
+  kernels::cpu::check_conv2d_geometry(g);
+  return g;
+}
+
+}  // namespace
+
+Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& bias, const Conv2dOptions& options) {
+  check_defined("conv2d", {x_in, w_in});
+  check_same_device("conv2d", {x_in, w_in, bias});
+  require_cpu("conv2d", {x_in, w_in, bias});
+  check_floating("conv2d", x_in);
+  check(x_in.dim() == 4, "conv2d: input must be [N, C, H, W], got ", shape_str(x_in.shape()));
+  check(w_in.dim() == 4, "conv2d: weight must be [out_channels, in_channels, kh, kw], got ", shape_str(w_in.shape()));
+  check(x_in.size(1) == w_in.size(1), "conv2d: input of shape ", shape_str(x_in.shape()), " has ", x_in.size(1),
+        " channels but weight of shape ", shape_str(w_in.shape()), " expects ", w_in.size(1));
+  check(x_in.dtype() == w_in.dtype(), "conv2d: input dtype ", x_in.dtype(), " differs from weight dtype ",
+        w_in.dtype());
+  if (bias.defined())
+    check(bias.dim() == 1 && bias.size(0) == w_in.size(0), "conv2d: bias of shape ", shape_str(bias.shape()),
+          " does not match ", w_in.size(0), " output channels");
+  Tensor x = x_in.detach().contiguous(), w = w_in.detach().contiguous();
+  const kernels::cpu::Conv2dGeometry geo = conv_geometry(x, w, options);
+  const int64_t batch = x.size(0), out_channels = w.size(0);
+  const int64_t ck = geo.column_rows(), spatial = geo.column_cols();
+  const int64_t image_elems = geo.channels * geo.height * geo.width;
+  check(geo.out_h() > 0 && geo.out_w() > 0, "conv2d: kernel ", geo.kernel_h, "x", geo.kernel_w,
+        " (dilated) is larger than the padded input of shape ", shape_str(x.shape()));
+  Tensor y = new_output({batch, out_channels, geo.out_h(), geo.out_w()}, x.dtype(), x);
+  Tensor columns = new_output({ck, spatial}, x.dtype(), x);
+  for (int64_t n = 0; n < batch; ++n) {
+    kernels::cpu::im2col(geo, x.dtype(), element_ptr(x, n * image_elems), columns.data_ptr());
+    kernels::cpu::gemm(gemm_args(x.dtype(), false, false, out_channels, spatial, ck, w.data_ptr(), ck,
+                                 columns.data_ptr(), spatial, element_ptr(y, n * out_channels * spatial), spatial,
+                                 0.0));
+  }
+  if (bias.defined()) {
+    NoGradGuard no_grad;
+    y = add(y, bias.detach().reshape({1, out_channels, 1, 1}));
+  }
+  if (autograd::any_requires_grad({x_in, w_in, bias})) {
+    autograd::SavedTensor saved_x(x, "conv2d"), saved_w(w, "conv2d");
+    const bool need_x = x_in.requires_grad(), need_w = w_in.requires_grad();
+    const bool need_b = bias.defined() && bias.requires_grad();
+    autograd::record("Conv2dBackward", {x_in, w_in, bias}, {y}, [=](const std::vector<Tensor>& g) {
+      Tensor xs = saved_x.unpack(), ws = saved_w.unpack(), gy = g[0].contiguous();
+      const DType dt = xs.dtype();
+      Tensor gx = need_x ? zeros(xs.shape(), TensorOptions{dt, xs.device()}) : Tensor();
+      Tensor gw = need_w ? zeros(ws.shape(), TensorOptions{dt, ws.device()}) : Tensor();
+      Tensor cols = new_output({ck, spatial}, dt, xs);
+      for (int64_t n = 0; n < batch; ++n) {
+        const void* gy_n = element_ptr(gy, n * out_channels * spatial);
+        if (need_w) {
+          kernels::cpu::im2col(geo, dt, element_ptr(xs, n * image_elems), cols.data_ptr());
+          kernels::cpu::gemm(gemm_args(dt, false, true, out_channels, ck, spatial, gy_n, spatial, cols.data_ptr(),
+                                       spatial, gw.data_ptr(), ck, 1.0));
+        }
+        if (need_x) {
+          kernels::cpu::gemm(gemm_args(dt, true, false, ck, spatial, out_channels, ws.data_ptr(), ck, gy_n, spatial,
+                                       cols.data_ptr(), spatial, 0.0));
+          kernels::cpu::col2im(geo, dt, cols.data_ptr(), element_ptr(gx, n * image_elems));
+        }
+      }
+      Tensor gb = need_b ? sum(gy, {0, 2, 3}) : Tensor();
+      return std::vector<Tensor>{gx, gw, gb};
+    });
+  }
+  return y;
+}
+
+namespace {
+
+kernels::cpu::Pool2dGeometry pool_geometry(const char* name, const Tensor& x, const Pool2dOptions& o) {
+  check(x.dim() == 3 || x.dim() == 4, name, ": input must be [N, C, H, W] or [C, H, W], got ", shape_str(x.shape()));
+  kernels::cpu::Pool2dGeometry g;
+  g.height = x.size(-2);
+  g.width = x.size(-1);
+  g.planes = x.numel() / std::max<int64_t>(g.height * g.width, 1);
+  g.kernel_h = o.kernel_h;
+  g.kernel_w = o.kernel_w;
+  g.stride_h = o.stride_h > 0 ? o.stride_h : o.kernel_h;
+  g.stride_w = o.stride_w > 0 ? o.stride_w : o.kernel_w;
+  g.pad_h = o.pad_h;
+  g.pad_w = o.pad_w;
+  kernels::cpu::check_pool2d_geometry(g);
+  check(g.out_h() > 0 && g.out_w() > 0, name, ": kernel ", g.kernel_h, "x", g.kernel_w,
+        " is larger than the padded input of shape ", shape_str(x.shape()));
+  return g;
+}
+
+Shape pooled_shape(const Tensor& x, const kernels::cpu::Pool2dGeometry& g) {
+  Shape s = x.shape();
+  s[s.size() - 2] = g.out_h();
+  s[s.size() - 1] = g.out_w();
+  return s;
+}
+
+}  // namespace
+
+Tensor max_pool2d(const Tensor& x_in, const Pool2dOptions& options) {
+  check_defined("max_pool2d", {x_in});
+  require_cpu("max_pool2d", {x_in});
+  check_floating("max_pool2d", x_in);
+  Tensor x = x_in.detach().contiguous();
+  const kernels::cpu::Pool2dGeometry geo = pool_geometry("max_pool2d", x, options);
+  Tensor y = new_output(pooled_shape(x, geo), x.dtype(), x);
+  Tensor argmax = new_output(y.shape(), DType::i64, x);
+  kernels::cpu::max_pool2d_forward(geo, x.dtype(), x.data_ptr(), y.data_ptr(), argmax.data<int64_t>());
+  if (autograd::any_requires_grad({x_in})) {
+    const Shape input_shape = x.shape();
+    autograd::record("MaxPool2dBackward", {x_in}, {y}, [=](const std::vector<Tensor>& g) {
+      Tensor gy = g[0].contiguous();
+      Tensor gx = new_output(input_shape, gy.dtype(), gy);
+      kernels::cpu::max_pool2d_backward(geo, gy.dtype(), gy.data_ptr(), argmax.data<int64_t>(), gx.data_ptr());
+      return std::vector<Tensor>{gx};
+    });
+  }
+  return y;
+}
+
+Tensor max_pool2d(const Tensor& x, int64_t kernel) { return max_pool2d(x, Pool2dOptions{kernel, kernel}); }
+
+Tensor avg_pool2d(const Tensor& x_in, const Pool2dOptions& options) {
+  check_defined("avg_pool2d", {x_in});
+  require_cpu("avg_pool2d", {x_in});
+  check_floating("avg_pool2d", x_in);
+  Tensor x = x_in.detach().contiguous();
+  const kernels::cpu::Pool2dGeometry geo = pool_geometry("avg_pool2d", x, options);
+  Tensor y = new_output(pooled_shape(x, geo), x.dtype(), x);
+  const bool include_pad = options.count_include_pad;
+  kernels::cpu::avg_pool2d_forward(geo, x.dtype(), x.data_ptr(), y.data_ptr(), include_pad);
+  if (autograd::any_requires_grad({x_in})) {
+    const Shape input_shape = x.shape();
+    autograd::record("AvgPool2dBackward", {x_in}, {y}, [=](const std::vector<Tensor>& g) {
+      Tensor gy = g[0].contiguous();
+      Tensor gx = new_output(input_shape, gy.dtype(), gy);
+      kernels::cpu::avg_pool2d_backward(geo, gy.dtype(), gy.data_ptr(), gx.data_ptr(), include_pad);
+      return std::vector<Tensor>{gx};
+    });
+  }
+  return y;
+}
+
+Tensor avg_pool2d(const Tensor& x, int64_t kernel) { return avg_pool2d(x, Pool2dOptions{kernel, kernel}); }
+
+}  // namespace mg

@@ -1,0 +1,171 @@
+// matmul with NumPy semantics (1-d dot, 2-d, batched with broadcast batch dims)
+// and linear. The work is one strided batched GEMM call: each operand is passed
+// with a transpose flag and leading dimension read off its strides, so
+// transposed views (x.t(), the W^T of linear) cost no copy.
+#include "core/ops/op_common.h"
+#include "kernels/cpu/gemm.h"
+
+namespace mg {
+using namespace ops_detail;
+
+namespace {
+
+// How one operand of a batched GEMM sits in memory.
+struct GemmOperand {
+  Tensor storage_owner;  // keeps a copied operand alive
+  const void* data = nullptr;
+  bool transposed = false;
+  int64_t ld = 0;
+  int64_t batch_stride = 0;
+};
+
+// Describes `t` (shape [batch..., rows, cols], batch already broadcast) for GEMM,
+// copying it only when its strides cannot be expressed as (trans, ld, batch stride).
+GemmOperand describe_operand(const Tensor& t) {
+  const int64_t nd = t.dim();
+  const int64_t rows = t.size(nd - 2), cols = t.size(nd - 1);
+  const int64_t rs = t.stride(nd - 2), cs = t.stride(nd - 1);
+  GemmOperand op;
+  bool matrix_ok = true;
+  if ((cs == 1 || cols == 1) && rs >= std::max<int64_t>(cols, 1)) {
+    op.transposed = false;
+    op.ld = rs;
+  } else if ((rs == 1 || rows == 1) && cs >= std::max<int64_t>(rows, 1)) {
+    op.transposed = true;
+    op.ld = cs;
+  } else {
+    matrix_ok = false;
+  }
+  // The batch dims must collapse into one stride (or be fully broadcast: stride 0).
+  bool batch_ok = true;
+  int64_t batch_stride = 0;
+  bool all_broadcast = true;
+  for (int64_t d = 0; d < nd - 2; ++d)
+    if (t.size(d) != 1 && t.stride(d) != 0) all_broadcast = false;
+  if (!all_broadcast) {
+    int64_t expected = -1;
+    for (int64_t d = nd - 3; d >= 0; --d) {
+      if (t.size(d) == 1) continue;
+      if (expected < 0) {
+        batch_stride = t.stride(d);
+        expected = t.stride(d) * t.size(d);
+      } else if (t.stride(d) != expected) {
+        batch_ok = false;
+      } else {
+        expected *= t.size(d);
+      }
+    }
+    if (batch_stride == 0) batch_ok = false;
+  }
+  if (matrix_ok && batch_ok) {
+    op.storage_owner = t;
+    op.data = t.data_ptr();
+    op.batch_stride = batch_stride;
+    return op;
+  }
+  Tensor copy = t.contiguous();
+  op.storage_owner = copy;
+  op.data = copy.data_ptr();
+  op.transposed = false;
+  op.ld = std::max<int64_t>(cols, 1);
+  op.batch_stride = nd > 2 ? rows * cols : 0;
+  return op;
+}
+
+// a [..., m, k] @ b [..., k, n] for tensors with >= 2 dims, no autograd.
+Tensor batched_matmul_forward(const Tensor& a_in, const Tensor& b_in, bool reference) {
+  Tensor a = a_in.detach(), b = b_in.detach();
+  const int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
+  check(b.size(-2) == k, "matmul: shapes ", shape_str(a.shape()), " and ", shape_str(b.shape()),
+        " cannot be multiplied (", m, "x", k, " and ", b.size(-2), "x", n, ")");
+  Shape batch_a(a.shape().begin(), a.shape().end() - 2), batch_b(b.shape().begin(), b.shape().end() - 2);
+  Shape batch = broadcast_shapes(batch_a, batch_b, "matmul (batch dims)");
+  Shape shape_a = batch, shape_b = batch, out_shape = batch;
+  shape_a.insert(shape_a.end(), {m, k});
+  shape_b.insert(shape_b.end(), {k, n});
+  out_shape.insert(out_shape.end(), {m, n});
+  GemmOperand oa = describe_operand(a.expand(shape_a)), ob = describe_operand(b.expand(shape_b));
+  Tensor out = new_output(out_shape, a.dtype(), a);
+  kernels::cpu::GemmArgs args;
+  args.dtype = a.dtype();
+  args.trans_a = oa.transposed;
+  args.trans_b = ob.transposed;
+  args.m = m;
+  args.n = n;
+  args.k = k;
+  args.a = oa.data;
+  args.lda = oa.ld;
+  args.batch_stride_a = oa.batch_stride;
+  args.b = ob.data;
+  args.ldb = ob.ld;
+  args.batch_stride_b = ob.batch_stride;
+  args.c = out.data_ptr();
+  args.ldc = std::max<int64_t>(n, 1);
+  args.batch_stride_c = m * n;
+  args.batch = shape_numel(batch);
+  if (args.batch == 0 || m == 0 || n == 0) return out;
+  if (reference) {
+    kernels::cpu::gemm_reference(args);
+  } else {
+    kernels::cpu::gemm(args);
+  }
+  return out;
+}
+
+Tensor batched_matmul(const Tensor& a, const Tensor& b, bool reference) {
+  Tensor out = batched_matmul_forward(a, b, reference);
+  if (!reference && autograd::any_requires_grad({a, b})) {
+    autograd::SavedTensor saved_a(a, "matmul"), saved_b(b, "matmul");
+    const autograd::TensorMeta meta_a = meta_of(a), meta_b = meta_of(b);
+    const bool need_a = a.requires_grad(), need_b = b.requires_grad();
+    autograd::record("MatmulBackward", {a, b}, {out}, [=](const std::vector<Tensor>& g) {
+      // C = A B  =>  dA = dC B^T,  dB = A^T dC  (then undo batch broadcasting)
+      Tensor ga, gb;
+      if (need_a) ga = grad_like(batched_matmul(g[0], saved_b.unpack().transpose(-1, -2), false), meta_a);
+      if (need_b) gb = grad_like(batched_matmul(saved_a.unpack().transpose(-1, -2), g[0], false), meta_b);
+      return std::vector<Tensor>{ga, gb};
+    });
+  }
+  return out;
+}
+
+Tensor matmul_impl(const Tensor& a, const Tensor& b, bool reference) {
+  const char* name = reference ? "matmul_reference" : "matmul";
+  check_defined(name, {a, b});
+  check_same_device(name, {a, b});
+  require_cpu(name, {a, b});
+  check(a.dtype() == b.dtype(), name, ": both operands must have the same dtype, got ", a.dtype(), " and ",
+        b.dtype());
+  check_floating(name, a);
+  check(a.dim() >= 1 && b.dim() >= 1, name, ": both operands need at least 1 dim, got shapes ", shape_str(a.shape()),
+        " and ", shape_str(b.shape()));
+  if (a.dim() == 1 && b.dim() == 1) {
+    check(a.size(0) == b.size(0), name, ": dot product of shapes ", shape_str(a.shape()), " and ",
+          shape_str(b.shape()), " needs equal lengths");
+    return batched_matmul(a.unsqueeze(0), b.unsqueeze(1), reference).reshape({});
+  }
+  if (a.dim() == 1) return batched_matmul(a.unsqueeze(0), b, reference).squeeze(-2);
+  if (b.dim() == 1) return batched_matmul(a, b.unsqueeze(1), reference).squeeze(-1);
+  return batched_matmul(a, b, reference);
+}
+
+}  // namespace
+
+Tensor matmul(const Tensor& a, const Tensor& b) { return matmul_impl(a, b, false); }
+Tensor matmul_reference(const Tensor& a, const Tensor& b) { return matmul_impl(a, b, true); }
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  check_defined("linear", {x, weight});
+  check(weight.dim() == 2, "linear: weight must be 2-d [out_features, in_features], got ", shape_str(weight.shape()));
+  check(x.dim() >= 1 && x.size(-1) == weight.size(1), "linear: input of shape ", shape_str(x.shape()),
+        " does not match weight of shape ", shape_str(weight.shape()), " (last dim must be ", weight.size(1), ")");
+  Tensor out = matmul(x, weight.t());
+  if (bias.defined()) {
+    check(bias.dim() == 1 && bias.size(0) == weight.size(0), "linear: bias of shape ", shape_str(bias.shape()),
+          " does not match weight of shape ", shape_str(weight.shape()));
+    out = add(out, bias);
+  }
+  return out;
+}
+
+}  // namespace mg

@@ -1,0 +1,218 @@
+// Neural-network ops with fused kernels: softmax / log_softmax, cross-entropy
+// (log_softmax + NLL in one pass, never materialising the probabilities in the
+// forward), layer_norm, embedding, dropout.
+#include "core/ops/op_common.h"
+#include "core/random.h"
+#include "kernels/cpu/cross_entropy.h"
+#include "kernels/cpu/dropout.h"
+#include "kernels/cpu/embedding.h"
+#include "kernels/cpu/layer_norm.h"
+#include "kernels/cpu/softmax.h"
+
+namespace mg {
+using namespace ops_detail;
+
+namespace {
+
+kernels::cpu::SoftmaxShape softmax_shape(const Tensor& x, int64_t dim) {
+  kernels::cpu::SoftmaxShape s{1, x.dim() == 0 ? 1 : x.size(dim), 1};
+  for (int64_t d = 0; d < dim; ++d) s.outer *= x.size(d);
+  for (int64_t d = dim + 1; d < x.dim(); ++d) s.inner *= x.size(d);
+  return s;
+}
+
+Tensor softmax_impl(const char* name, const Tensor& x_in, int64_t dim, bool log) {
+  check_defined(name, {x_in});
+  require_cpu(name, {x_in});
+  check_floating(name, x_in);
+  dim = wrap_dim(dim, x_in.dim(), name);
+  Tensor x = x_in.detach().contiguous();
+  const kernels::cpu::SoftmaxShape shape = softmax_shape(x, dim);
+  Tensor out = new_output(x.shape(), x.dtype(), x);
+  kernels::cpu::softmax_forward(x.dtype(), shape, x.data_ptr(), out.data_ptr(), log);
+  if (autograd::any_requires_grad({x_in})) {
+    autograd::SavedTensor saved_out(out, name);
+    autograd::record(log ? "LogSoftmaxBackward" : "SoftmaxBackward", {x_in}, {out},
+                     [=](const std::vector<Tensor>& g) {
+                       Tensor y = saved_out.unpack();
+                       Tensor gy = g[0].contiguous();
+                       Tensor gx = new_output(y.shape(), y.dtype(), y);
+                       kernels::cpu::softmax_backward(y.dtype(), shape, gy.data_ptr(), y.data_ptr(), gx.data_ptr(), log);
+                       return std::vector<Tensor>{gx};
+                     });
+  }
+  return out;
+}
+
+// logits [rows, classes] contiguous-able, targets [rows] i64.
+Tensor cross_entropy_2d(const Tensor& logits_in, const Tensor& targets_in, const CrossEntropyOptions& options) {
+  Tensor logits = logits_in.detach().contiguous();
+  Tensor targets = targets_in.detach().to(DType::i64).contiguous();
+  const int64_t rows = logits.size(0), classes = logits.size(1);
+  Tensor losses = new_output({rows}, logits.dtype(), logits);
+  const int64_t counted = kernels::cpu::cross_entropy_forward(
+      logits.dtype(), logits.data_ptr(), targets.data<int64_t>(), rows, classes, options.ignore_index,
+      options.label_smoothing, losses.data_ptr());
+  Tensor out;
+  {
+    NoGradGuard no_grad;
+    switch (options.reduction) {
+      case Reduction::None: out = losses; break;
+      case Reduction::Sum: out = sum(losses); break;
+      case Reduction::Mean: out = div(sum(losses), static_cast<double>(counted)); break;
+    }
+  }
+  if (autograd::any_requires_grad({logits_in})) {
+    autograd::SavedTensor saved_logits(logits, "cross_entropy"), saved_targets(targets, "cross_entropy");
+    const CrossEntropyOptions opts = options;
+    autograd::record("CrossEntropyBackward", {logits_in}, {out}, [=](const std::vector<Tensor>& g) {
+      Tensor x = saved_logits.unpack(), t = saved_targets.unpack();
+      // Gradient of the reduction first: one weight per row.
+      Tensor grad_losses;
+      if (opts.reduction == Reduction::None) {
+        grad_losses = g[0].contiguous();
+      } else {
+        Tensor scale = opts.reduction == Reduction::Mean ? div(g[0], static_cast<double>(counted)) : g[0];
+        grad_losses = scale.reshape({1}).expand({rows}).contiguous();
+      }
+      Tensor gx = new_output(x.shape(), x.dtype(), x);
+      kernels::cpu::cross_entropy_backward(x.dtype(), x.data_ptr(), t.data<int64_t>(), rows, classes,
+                                           opts.ignore_index, opts.label_smoothing, grad_losses.data_ptr(),
+                                           gx.data_ptr());
+      return std::vector<Tensor>{gx};
+    });
+  }
+  return out;
+}
+
+}  // namespace
+
+Tensor softmax(const Tensor& x, int64_t dim) { return softmax_impl("softmax", x, dim, false); }
+Tensor log_softmax(const Tensor& x, int64_t dim) { return softmax_impl("log_softmax", x, dim, true); }
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, const CrossEntropyOptions& options) {
+  check_defined("cross_entropy", {logits, targets});
+  check_same_device("cross_entropy", {logits, targets});
+  require_cpu("cross_entropy", {logits, targets});
+  check_floating("cross_entropy", logits);
+  check(is_integral(targets.dtype()), "cross_entropy: targets must be class indices (i64 or i32), got ",
+        targets.dtype());
+  check(options.label_smoothing >= 0 && options.label_smoothing < 1,
+        "cross_entropy: label_smoothing must be in [0, 1), got ", options.label_smoothing);
+  check(logits.dim() >= 2, "cross_entropy: logits must be [N, C] or [N, C, d1, ...], got ", shape_str(logits.shape()));
+  // Expected targets shape: logits shape without the class dim.
+  Shape expected = logits.shape();
+  expected.erase(expected.begin() + 1);
+  check(targets.shape() == expected, "cross_entropy: logits of shape ", shape_str(logits.shape()),
+        " need targets of shape ", shape_str(expected), ", got ", shape_str(targets.shape()));
+  if (logits.dim() == 2) return cross_entropy_2d(logits, targets, options);
+  // [N, C, d1, ...] -> [N, d1, ..., C] -> [rows, C]: the class dim goes last.
+  std::vector<int64_t> order{0};
+  for (int64_t d = 2; d < logits.dim(); ++d) order.push_back(d);
+  order.push_back(1);
+  const int64_t classes = logits.size(1);
+  Tensor flat_logits = logits.permute(order).reshape({-1, classes});
+  Tensor out = cross_entropy_2d(flat_logits, targets.reshape({-1}), options);
+  return options.reduction == Reduction::None ? out.reshape(expected) : out;
+}
+
+Tensor layer_norm(const Tensor& x_in, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
+                  double eps) {
+  check_defined("layer_norm", {x_in});
+  check_same_device("layer_norm", {x_in, weight, bias});
+  require_cpu("layer_norm", {x_in, weight, bias});
+  check_floating("layer_norm", x_in);
+  const int64_t k = static_cast<int64_t>(normalized_shape.size());
+  check(k >= 1 && k <= x_in.dim() && Shape(x_in.shape().end() - k, x_in.shape().end()) == normalized_shape,
+        "layer_norm: normalized_shape ", shape_str(normalized_shape), " must match the trailing dims of the input ",
+        shape_str(x_in.shape()));
+  for (const Tensor* p : {&weight, &bias}) {
+    if (!p->defined()) continue;
+    check(p->shape() == normalized_shape, "layer_norm: weight/bias of shape ", shape_str(p->shape()),
+          " must have normalized_shape ", shape_str(normalized_shape));
+    check(p->dtype() == x_in.dtype(), "layer_norm: weight/bias dtype ", p->dtype(), " differs from input dtype ",
+          x_in.dtype());
+  }
+  const int64_t cols = shape_numel(normalized_shape), rows = cols == 0 ? 0 : x_in.numel() / cols;
+  Tensor x = x_in.detach().contiguous();
+  Tensor w = weight.defined() ? weight.detach().contiguous() : Tensor();
+  Tensor b = bias.defined() ? bias.detach().contiguous() : Tensor();
+  const DType stats_dtype = x.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  Tensor y = new_output(x.shape(), x.dtype(), x);
+  Tensor mean = new_output({rows}, stats_dtype, x), rstd = new_output({rows}, stats_dtype, x);
+  kernels::cpu::layer_norm_forward(x.dtype(), x.data_ptr(), w.defined() ? w.data_ptr() : nullptr,
+                                   b.defined() ? b.data_ptr() : nullptr, rows, cols, eps, y.data_ptr(),
+                                   mean.data_ptr(), rstd.data_ptr());
+  if (autograd::any_requires_grad({x_in, weight, bias})) {
+    autograd::SavedTensor saved_x(x, "layer_norm"), saved_w(w, "layer_norm");
+    const bool need_w = weight.defined() && weight.requires_grad(), need_b = bias.defined() && bias.requires_grad();
+    const bool has_w = weight.defined(), has_b = bias.defined();
+    autograd::record("LayerNormBackward", {x_in, weight, bias}, {y}, [=](const std::vector<Tensor>& g) {
+      Tensor xs = saved_x.unpack(), ws = saved_w.unpack(), gy = g[0].contiguous();
+      Tensor gx = new_output(xs.shape(), xs.dtype(), xs);
+      Tensor gw = has_w ? new_output(normalized_shape, xs.dtype(), xs) : Tensor();
+      Tensor gb = has_b ? new_output(normalized_shape, xs.dtype(), xs) : Tensor();
+      kernels::cpu::layer_norm_backward(xs.dtype(), gy.data_ptr(), xs.data_ptr(), mean.data_ptr(), rstd.data_ptr(),
+                                        ws.defined() ? ws.data_ptr() : nullptr, rows, cols, gx.data_ptr(),
+                                        gw.defined() ? gw.data_ptr() : nullptr, gb.defined() ? gb.data_ptr() : nullptr);
+      return std::vector<Tensor>{gx, need_w ? gw : Tensor(), need_b ? gb : Tensor()};
+    });
+  }
+  return y;
+}
+
+Tensor embedding(const Tensor& weight, const Tensor& indices_in, int64_t padding_idx) {
+  check_defined("embedding", {weight, indices_in});
+  check_same_device("embedding", {weight, indices_in});
+  require_cpu("embedding", {weight, indices_in});
+  check(weight.dim() == 2, "embedding: weight must be [num_embeddings, embedding_dim], got ",
+        shape_str(weight.shape()));
+  check(is_integral(indices_in.dtype()), "embedding: indices must be i64 or i32, got ", indices_in.dtype());
+  const int64_t num = weight.size(0), dim = weight.size(1);
+  check(padding_idx >= -1 && padding_idx < num, "embedding: padding_idx ", padding_idx, " is outside [0, ", num, ")");
+  Tensor w = weight.detach().contiguous();
+  Tensor indices = indices_in.detach().to(DType::i64).contiguous();
+  Shape out_shape = indices.shape();
+  out_shape.push_back(dim);
+  Tensor out = new_output(out_shape, w.dtype(), w);
+  kernels::cpu::embedding_forward(w.dtype(), w.data_ptr(), num, dim, indices.data<int64_t>(), indices.numel(),
+                                  out.data_ptr());
+  if (autograd::any_requires_grad({weight})) {
+    autograd::SavedTensor saved_indices(indices, "embedding");
+    const DType dtype = w.dtype();
+    autograd::record("EmbeddingBackward", {weight}, {out}, [=](const std::vector<Tensor>& g) {
+      Tensor idx = saved_indices.unpack(), gy = g[0].contiguous();
+      Tensor gw = new_output({num, dim}, dtype, gy);
+      kernels::cpu::embedding_backward(dtype, gy.data_ptr(), idx.data<int64_t>(), idx.numel(), dim, num, padding_idx,
+                                       gw.data_ptr());
+      return std::vector<Tensor>{gw};
+    });
+  }
+  return out;
+}
+
+Tensor dropout(const Tensor& x_in, double p, bool training) {
+  check_defined("dropout", {x_in});
+  check(p >= 0 && p <= 1, "dropout: probability must be in [0, 1], got ", p);
+  if (!training || p == 0) return x_in;
+  require_cpu("dropout", {x_in});
+  check_floating("dropout", x_in);
+  Tensor x = x_in.detach().contiguous();
+  Tensor y = new_output(x.shape(), x.dtype(), x);
+  Tensor mask = new_output(x.shape(), DType::boolean, x);
+  const GeneratorState call = next_random_call();
+  kernels::cpu::dropout_forward(x.dtype(), x.data_ptr(), y.data_ptr(), mask.data<bool>(), x.numel(), p, call.seed,
+                                call.offset);
+  if (autograd::any_requires_grad({x_in})) {
+    autograd::SavedTensor saved_mask(mask, "dropout");
+    autograd::record("DropoutBackward", {x_in}, {y}, [=](const std::vector<Tensor>& g) {
+      Tensor m = saved_mask.unpack(), gy = g[0].contiguous();
+      Tensor gx = new_output(gy.shape(), gy.dtype(), gy);
+      kernels::cpu::dropout_backward(gy.dtype(), gy.data_ptr(), m.data<bool>(), gx.data_ptr(), gy.numel(), p);
+      return std::vector<Tensor>{gx};
+    });
+  }
+  return y;
+}
+
+}  // namespace mg

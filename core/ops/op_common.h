@@ -1,0 +1,44 @@
+// Small helpers every op file uses: output allocation, broadcasting views,
+// dtype promotion, and shaping a gradient back to its input.
+#pragma once
+
+#include <vector>
+
+#include "core/autograd/node.h"
+#include "core/grad_mode.h"
+#include "core/ops.h"
+#include "core/tensor.h"
+
+namespace mg::ops_detail {
+
+// Contiguous output with the given shape/dtype on `like`'s device.
+inline Tensor new_output(const Shape& shape, DType dtype, const Tensor& like) {
+  return empty(shape, TensorOptions{dtype, like.device(), false});
+}
+
+// A kernel view of `t` broadcast to `shape` (stride 0 on broadcast dims), no autograd.
+inline StridedView broadcast_view(const Tensor& t, const Shape& shape) {
+  return t.detach().expand(shape).view_for_kernel();
+}
+
+// `t` converted to `dtype` (records ToBackward when needed); no-op when equal.
+inline Tensor promote(const Tensor& t, DType dtype) { return t.dtype() == dtype ? t : t.to(dtype); }
+
+// Gradient `g` of a broadcast result, summed back to `input`'s shape and cast to its dtype.
+inline Tensor grad_like(const Tensor& g, const autograd::TensorMeta& input) {
+  Tensor r = sum_to(g, input.shape);
+  return r.dtype() == input.dtype ? r : r.to(input.dtype);
+}
+
+inline autograd::TensorMeta meta_of(const Tensor& t) { return autograd::TensorMeta{t.shape(), t.dtype(), t.device()}; }
+
+inline void check_defined(const char* op, const std::vector<Tensor>& tensors) {
+  for (size_t i = 0; i < tensors.size(); ++i)
+    check(tensors[i].defined(), op, ": argument ", i, " is an undefined tensor");
+}
+
+inline void check_floating(const char* op, const Tensor& t) {
+  check(is_floating(t.dtype()), op, ": expected a floating tensor (f32, f64, f16, bf16), got ", t.dtype());
+}
+
+}  // namespace mg::ops_detail

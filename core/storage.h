@@ -1,0 +1,39 @@
+// Storage: one reference-counted allocation on one device. Tensors are views
+// into a Storage (shape + strides + offset); views of the same storage share it.
+//
+// The version counter lives here, so every view of the memory sees the same
+// count: an in-place write through any view bumps it, and autograd compares it
+// with the version it recorded when it saved a tensor for backward.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "core/device.h"
+
+namespace mg {
+
+class Storage {
+ public:
+  Storage(size_t nbytes, Device device);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  void* data() const { return data_; }
+  size_t nbytes() const { return nbytes_; }
+  Device device() const { return device_; }
+
+  uint64_t version() const { return version_.load(std::memory_order_relaxed); }
+  void bump_version() { version_.fetch_add(1, std::memory_order_relaxed); }
+
+ private:
+  void* data_ = nullptr;
+  size_t nbytes_ = 0;
+  Device device_;
+  std::atomic<uint64_t> version_{0};
+};
+
+}  // namespace mg

@@ -1,0 +1,165 @@
+// im2col / col2im for Conv2d on the CPU (one NCHW image per call).
+//
+// Cost. Neither function does arithmetic worth counting; they move memory.
+// im2col reads the C*H*W image and writes C*kh*kw * out_h*out_w column
+// entries -- for a 3x3 stride-1 "same" convolution that is 9x the image, which
+// is the price of turning the convolution into a GEMM (the GEMM then does
+// 2*Cout*C*kh*kw*out_h*out_w flops on it, and usually dominates). col2im reads
+// that many entries and adds each into the image.
+//
+// Decomposition. im2col: each of the C*kh*kw rows of `columns` is filled
+// independently (one (c, i, j) kernel tap; its row is the image channel c
+// shifted by (i*dh - ph, j*dw - pw) and subsampled by the stride), so rows
+// split across threads. col2im: rows of the same channel add into the same
+// image plane, so the unit of work is a channel: a thread owns the plane, adds
+// all kh*kw taps into a compute_t copy of it (float for halves, so the sum is
+// rounded once instead of once per tap) and stores it back.
+//
+// Boundaries. For a tap with offset off = i*d - p, output index o reads input
+// o*s + off, which is inside [0, H) exactly for o in [lo, hi) computed by
+// valid_range below. The inner loops run over that range without a per-element
+// bounds test; the rest of the row is padding (zeros in im2col, dropped in col2im).
+#include "kernels/cpu/conv.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "core/error.h"
+
+namespace mg::kernels::cpu {
+
+namespace {
+
+constexpr int64_t kMinParallelElements = 1 << 15;  // below this, threads cost more than they save
+
+struct Range {
+  int64_t lo, hi;  // [lo, hi), possibly empty
+};
+
+// Output indices o in [0, out) whose input index o*stride + offset lies in [0, in).
+Range valid_range(int64_t offset, int64_t stride, int64_t in, int64_t out) {
+  // o*stride + offset >= 0   <=>  o >= ceil(-offset / stride)
+  const int64_t lo = offset >= 0 ? 0 : (-offset + stride - 1) / stride;
+  // o*stride + offset < in   <=>  o < ceil((in - offset) / stride)
+  const int64_t hi = in - offset <= 0 ? 0 : (in - offset + stride - 1) / stride;
+  const int64_t clipped_lo = std::min(lo, out);
+  return Range{clipped_lo, std::max(clipped_lo, std::min(hi, out))};
+}
+
+template <class T>
+void im2col_typed(const Conv2dGeometry& g, const T* image, T* columns) {
+  const int64_t out_h = g.out_h(), out_w = g.out_w();
+  const int64_t rows = g.column_rows(), cols = out_h * out_w;
+  const T zero = static_cast<T>(0.0f);
+  const bool worth_threads = rows * cols >= kMinParallelElements;
+  (void)worth_threads;  // only read by the OpenMP pragma
+
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) if (worth_threads)
+#endif
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t c = r / (g.kernel_h * g.kernel_w);
+    const int64_t i = (r / g.kernel_w) % g.kernel_h;
+    const int64_t j = r % g.kernel_w;
+    const int64_t offset_h = i * g.dilation_h - g.pad_h;
+    const int64_t offset_w = j * g.dilation_w - g.pad_w;
+    const Range valid_h = valid_range(offset_h, g.stride_h, g.height, out_h);
+    const Range valid_w = valid_range(offset_w, g.stride_w, g.width, out_w);
+    const T* plane = image + c * g.height * g.width;
+    T* dst_row = columns + r * cols;
+
+    for (int64_t oh = 0; oh < out_h; ++oh) {
+      T* dst = dst_row + oh * out_w;
+      if (oh < valid_h.lo || oh >= valid_h.hi) {  // the whole output row reads padding
+        std::fill(dst, dst + out_w, zero);
+        continue;
+      }
+      const T* src = plane + (oh * g.stride_h + offset_h) * g.width;  // input row ih
+      std::fill(dst, dst + valid_w.lo, zero);
+      for (int64_t ow = valid_w.lo; ow < valid_w.hi; ++ow) dst[ow] = src[ow * g.stride_w + offset_w];
+      std::fill(dst + valid_w.hi, dst + out_w, zero);
+    }
+  }
+}
+
+template <class T>
+void col2im_typed(const Conv2dGeometry& g, const T* columns, T* image) {
+  using Acc = compute_t<T>;
+  const int64_t out_h = g.out_h(), out_w = g.out_w();
+  const int64_t cols = out_h * out_w;
+  const int64_t taps = g.kernel_h * g.kernel_w;
+  const int64_t plane_size = g.height * g.width;
+  const bool worth_threads = g.channels > 1 && g.column_rows() * cols >= kMinParallelElements;
+  (void)worth_threads;  // only read by the OpenMP pragma
+
+#ifdef _OPENMP
+#pragma omp parallel if (worth_threads)
+#endif
+  {
+    std::vector<Acc> sum(plane_size);  // this thread's accumulator for one channel
+#ifdef _OPENMP
+#pragma omp for schedule(static)
+#endif
+    for (int64_t c = 0; c < g.channels; ++c) {
+      T* plane = image + c * plane_size;
+      for (int64_t e = 0; e < plane_size; ++e) sum[e] = static_cast<Acc>(plane[e]);
+
+      for (int64_t tap = 0; tap < taps; ++tap) {
+        const int64_t i = tap / g.kernel_w, j = tap % g.kernel_w;
+        const int64_t offset_h = i * g.dilation_h - g.pad_h;
+        const int64_t offset_w = j * g.dilation_w - g.pad_w;
+        const Range valid_h = valid_range(offset_h, g.stride_h, g.height, out_h);
+        const Range valid_w = valid_range(offset_w, g.stride_w, g.width, out_w);
+        const T* src_row = columns + (c * taps + tap) * cols;
+        for (int64_t oh = valid_h.lo; oh < valid_h.hi; ++oh) {
+          const T* src = src_row + oh * out_w;
+          Acc* dst = sum.data() + (oh * g.stride_h + offset_h) * g.width;  // input row ih
+          for (int64_t ow = valid_w.lo; ow < valid_w.hi; ++ow) {
+            dst[ow * g.stride_w + offset_w] += static_cast<Acc>(src[ow]);
+          }
+        }
+      }
+
+      for (int64_t e = 0; e < plane_size; ++e) plane[e] = static_cast<T>(sum[e]);
+    }
+  }
+}
+
+}  // namespace
+
+void check_conv2d_geometry(const Conv2dGeometry& g) {
+  check(g.channels >= 0 && g.height >= 0 && g.width >= 0,
+        "conv2d: image sizes must be non-negative, got C=", g.channels, " H=", g.height, " W=", g.width);
+  check(g.kernel_h >= 1 && g.kernel_w >= 1, "conv2d: kernel size must be positive, got ", g.kernel_h, "x",
+        g.kernel_w);
+  check(g.stride_h >= 1 && g.stride_w >= 1, "conv2d: stride must be positive, got ", g.stride_h, "x",
+        g.stride_w);
+  check(g.dilation_h >= 1 && g.dilation_w >= 1, "conv2d: dilation must be positive, got ", g.dilation_h, "x",
+        g.dilation_w);
+  check(g.pad_h >= 0 && g.pad_w >= 0, "conv2d: padding must be non-negative, got ", g.pad_h, "x", g.pad_w);
+  const int64_t span_h = g.dilation_h * (g.kernel_h - 1) + 1;  // extent of the dilated kernel
+  const int64_t span_w = g.dilation_w * (g.kernel_w - 1) + 1;
+  check(g.height + 2 * g.pad_h >= span_h && g.width + 2 * g.pad_w >= span_w, "conv2d: padded input ",
+        g.height + 2 * g.pad_h, "x", g.width + 2 * g.pad_w, " is smaller than the dilated kernel ", span_h,
+        "x", span_w, " (input ", g.height, "x", g.width, ", padding ", g.pad_h, "x", g.pad_w, ")");
+}
+
+void im2col(const Conv2dGeometry& g, DType dtype, const void* image, void* columns) {
+  check_conv2d_geometry(g);
+  check(g.column_rows() == 0 || (image != nullptr && columns != nullptr), "im2col: null buffer");
+  visit_floating(dtype, "im2col", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    im2col_typed(g, static_cast<const T*>(image), static_cast<T*>(columns));
+  });
+}
+
+void col2im(const Conv2dGeometry& g, DType dtype, const void* columns, void* image) {
+  check_conv2d_geometry(g);
+  check(g.column_rows() == 0 || (image != nullptr && columns != nullptr), "col2im: null buffer");
+  visit_floating(dtype, "col2im", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    col2im_typed(g, static_cast<const T*>(columns), static_cast<T*>(image));
+  });
+}
+
+}  // namespace mg::kernels::cpu

@@ -1,0 +1,12 @@
+// multigrad's public API in one include.
+#pragma once
+
+#include "core/allocator.h"
+#include "core/autograd/node.h"
+#include "core/device.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/grad_mode.h"
+#include "core/ops.h"
+#include "core/random.h"
+#include "core/tensor.h"

@@ -1,0 +1,79 @@
+# Shared by scripts/run and scripts/test (sourced, not executed).
+#
+#   mg_ensure_packages            apt-get install whatever of MG_APT_PACKAGES is missing
+#   mg_configure_build DIR ARGS   cmake -G Ninja -S <repo> -B DIR ARGS, then build it
+#
+# Environment: MG_JOBS (build parallelism, default nproc), MG_SKIP_APT=1 (trust the machine).
+
+MG_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+MG_JOBS="${MG_JOBS:-$(nproc 2>/dev/null || echo 2)}"
+
+# Everything a build + full test run on Debian 12 needs (CUDA is optional and never installed).
+MG_APT_PACKAGES=(cmake g++ ninja-build catch2 libopenblas-dev libopenmpi-dev openmpi-bin
+                 zlib1g-dev nlohmann-json3-dev libcli11-dev dataset-fashion-mnist)
+
+mg_log() { printf '\n==> %s\n' "$*" >&2; }
+mg_die() { printf 'error: %s\n' "$*" >&2; exit 1; }
+
+mg_now() { date +%s; }
+mg_elapsed() { echo "$(( $(mg_now) - $1 ))s"; }
+
+mg_ensure_packages() {
+  if [[ "${MG_SKIP_APT:-0}" == 1 ]]; then
+    mg_log "MG_SKIP_APT=1: not checking system packages"
+    return 0
+  fi
+  if ! command -v dpkg-query >/dev/null 2>&1; then
+    mg_log "no dpkg-query (not Debian?): assuming these are installed: ${MG_APT_PACKAGES[*]}"
+    return 0
+  fi
+  local missing=() pkg
+  for pkg in "${MG_APT_PACKAGES[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
+      missing+=("$pkg")
+    fi
+  done
+  if ((${#missing[@]} == 0)); then
+    mg_log "system packages: all present"
+    return 0
+  fi
+  if [[ "$(id -u)" != 0 ]]; then
+    printf 'error: missing packages. Install them with:\n  sudo apt-get install -y %s\n' "${missing[*]}" >&2
+    exit 1
+  fi
+  mg_log "installing missing packages: ${missing[*]}"
+  apt-get update
+  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
+}
+
+# mg_configure_build <build-dir> [cmake args...] [-- <build args...>]
+# Configures with Ninja (Release unless the args say otherwise) and builds with -j$MG_JOBS.
+mg_configure_build() {
+  local dir="$1"; shift
+  local cfg=() bld=()
+  while (($#)); do
+    if [[ "$1" == "--" ]]; then shift; bld=("$@"); break; fi
+    cfg+=("$1"); shift
+  done
+  # A build dir made by another generator (e.g. Unix Makefiles) can't be reused with Ninja.
+  if [[ -f "$dir/CMakeCache.txt" ]] && ! grep -q '^CMAKE_GENERATOR:INTERNAL=Ninja$' "$dir/CMakeCache.txt"; then
+    mg_log "$dir was configured with another generator: starting it afresh"
+    rm -rf "$dir/CMakeCache.txt" "$dir/CMakeFiles"
+  fi
+  local t0; t0=$(mg_now)
+  mg_log "configure $dir: ${cfg[*]}"
+  cmake -S "$MG_ROOT" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE="${MG_BUILD_TYPE:-Release}" "${cfg[@]}"
+  mg_log "configured $dir in $(mg_elapsed "$t0"); building with -j$MG_JOBS ${bld[*]}"
+  t0=$(mg_now)
+  cmake --build "$dir" -j"$MG_JOBS" "${bld[@]}"
+  mg_log "built $dir in $(mg_elapsed "$t0")"
+}
+
+# CMake args that pick CUDA when this machine has a toolkit (MG_CUDA=AUTO decides the rest).
+mg_cuda_args() {
+  local args=(-DMG_CUDA=AUTO)
+  if [[ -x /usr/local/cuda/bin/nvcc ]]; then
+    args+=(-DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc)
+  fi
+  printf '%s\n' "${args[@]}"
+}

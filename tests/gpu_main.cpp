@@ -1,0 +1,32 @@
+// Runner for tests/gpu/*: exits 77 (ctest SKIP_RETURN_CODE) when this process
+// has no usable CUDA device, and says why; otherwise runs the Catch2 session.
+//
+// MG_REQUIRE_GPU=1 (set by scripts/gpu-check) turns "no device" into a failure,
+// so a GPU machine that lost its GPU cannot pass by skipping everything.
+#define CATCH_CONFIG_RUNNER
+#include <catch2/catch.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "core/cuda_runtime.h"
+
+int main(int argc, char** argv) {
+  const std::string devices = mg::cuda::describe_devices();
+  if (mg::cuda::device_count() == 0) {
+    const char* require = std::getenv("MG_REQUIRE_GPU");
+    if (require && std::strcmp(require, "0") != 0 && *require) {
+      std::fprintf(stderr, "FAIL: MG_REQUIRE_GPU is set but there is %s\n", devices.c_str());
+      return 1;
+    }
+    std::printf("SKIPPED: %s\n", devices.c_str());
+    return 77;
+  }
+  std::printf("GPU tests on %s\n", devices.c_str());
+  const int failures = Catch::Session().run(argc, argv);
+  // Catch returns the number of failed assertions (capped at 255): never let
+  // exactly 77 failures read as "skipped".
+  return failures == 77 ? 1 : failures;
+}

@@ -1,0 +1,89 @@
+// Finite-difference gradient checking, the test every differentiable op passes.
+//
+// For f: inputs -> output, autograd computes d<w, f(x)>/dx for a fixed random
+// weighting w (a vector-Jacobian product, exactly what backward does). The
+// check compares it, element by element, with the central difference
+//   (<w, f(x + h e_i)> - <w, f(x - h e_i)>) / 2h
+// in f64, where the truncation error O(h^2) and rounding O(eps/h) are both
+// far below the tolerance.
+#pragma once
+
+#include <cmath>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "multigrad.h"
+
+namespace mg::testing {
+
+struct GradcheckResult {
+  bool ok = true;
+  std::string message;  // first mismatch, for the test log
+};
+
+using TensorFunction = std::function<Tensor(const std::vector<Tensor>&)>;
+
+// `inputs` must be f64; those with requires_grad are checked.
+inline GradcheckResult gradcheck(const TensorFunction& f, std::vector<Tensor> inputs, double h = 1e-6,
+                                 double atol = 1e-5, double rtol = 1e-4) {
+  GradcheckResult result;
+  // Autograd side.
+  Tensor out = f(inputs);
+  manual_seed(977);
+  Tensor weights = randn(out.shape(), TensorOptions{DType::f64});
+  auto weighted = [&](const Tensor& y) {
+    NoGradGuard no_grad;
+    return sum(mul(y, weights)).item<double>();
+  };
+  for (Tensor& x : inputs)
+    if (x.requires_grad()) x.set_grad(Tensor());
+  sum(mul(out, weights)).backward();
+
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    Tensor& x = inputs[k];
+    if (!x.requires_grad()) continue;
+    std::vector<double> analytic =
+        x.grad().defined() ? x.grad().to_vector<double>() : std::vector<double>(static_cast<size_t>(x.numel()), 0.0);
+    // Numeric side: perturb one element at a time through a contiguous alias.
+    Tensor flat = x.detach();
+    check(flat.is_contiguous(), "gradcheck: inputs must be contiguous");
+    double* data = flat.data<double>();
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      const double saved = data[i];
+      data[i] = saved + h;
+      const double plus = weighted(f(inputs));
+      data[i] = saved - h;
+      const double minus = weighted(f(inputs));
+      data[i] = saved;
+      const double numeric = (plus - minus) / (2 * h);
+      const double a = analytic[static_cast<size_t>(i)];
+      if (!(std::fabs(a - numeric) <= atol + rtol * std::fabs(numeric))) {
+        std::ostringstream os;
+        os << "input " << k << " element " << i << ": autograd " << a << " vs numeric " << numeric;
+        result.ok = false;
+        result.message = os.str();
+        return result;
+      }
+    }
+  }
+  return result;
+}
+
+// An f64 leaf with values in [lo, hi) that requires grad.
+inline Tensor random_input(const Shape& shape, double lo = -1.0, double hi = 1.0, bool requires_grad = true) {
+  Tensor t = add(mul(rand(shape, TensorOptions{DType::f64}), hi - lo), lo);
+  t.set_requires_grad(requires_grad);
+  return t;
+}
+
+}  // namespace mg::testing
+
+// CHECK-style assertion that prints the first mismatch.
+#define MG_REQUIRE_GRADCHECK(result)     \
+  do {                                   \
+    const auto& gc_result_ = (result);   \
+    INFO(gc_result_.message);            \
+    REQUIRE(gc_result_.ok);              \
+  } while (0)
