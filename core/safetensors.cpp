@@ -1,0 +1,187 @@
+#include "core/safetensors.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <vector>
+
+#include "core/grad_mode.h"
+
+namespace mg {
+namespace {
+
+using json = nlohmann::json;
+
+const char* safetensors_dtype(DType t) {
+  switch (t) {
+    case DType::f32: return "F32";
+    case DType::f64: return "F64";
+    case DType::f16: return "F16";
+    case DType::bf16: return "BF16";
+    case DType::i32: return "I32";
+    case DType::i64: return "I64";
+    case DType::boolean: return "BOOL";
+  }
+  return "?";
+}
+
+bool parse_safetensors_dtype(const std::string& name, DType& out) {
+  static const std::map<std::string, DType> table = {{"F32", DType::f32},  {"F64", DType::f64}, {"F16", DType::f16},
+                                                     {"BF16", DType::bf16}, {"I32", DType::i32}, {"I64", DType::i64},
+                                                     {"BOOL", DType::boolean}};
+  auto it = table.find(name);
+  if (it == table.end()) return false;
+  out = it->second;
+  return true;
+}
+
+std::string errno_text() { return std::strerror(errno); }
+
+void write_all(int fd, const char* data, size_t size, const std::string& path) {
+  while (size > 0) {
+    const ssize_t written = ::write(fd, data, size);
+    if (written < 0 && errno == EINTR) continue;
+    check(written > 0, "writing ", path, " failed: ", errno_text());
+    data += written;
+    size -= static_cast<size_t>(written);
+  }
+}
+
+}  // namespace
+
+void write_file_atomically(const std::string& path, const std::string& bytes) {
+  const std::string temp = path + ".tmp." + std::to_string(::getpid());
+  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  check(fd >= 0, "cannot create ", temp, ": ", errno_text());
+  try {
+    write_all(fd, bytes.data(), bytes.size(), temp);
+    check(::fsync(fd) == 0, "fsync of ", temp, " failed: ", errno_text());
+  } catch (...) {
+    ::close(fd);
+    ::unlink(temp.c_str());
+    throw;
+  }
+  check(::close(fd) == 0, "closing ", temp, " failed: ", errno_text());
+  if (::rename(temp.c_str(), path.c_str()) != 0) {
+    const std::string reason = errno_text();
+    ::unlink(temp.c_str());
+    throw Error(str_cat("cannot rename ", temp, " to ", path, ": ", reason));
+  }
+  // Make the rename itself durable: fsync the directory entry.
+  const size_t slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (dir_fd >= 0) {
+    ::fsync(dir_fd);
+    ::close(dir_fd);
+  }
+}
+
+void save_safetensors(const std::string& path, const StateDict& tensors, const SafetensorsMetadata& metadata) {
+  json header = json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::vector<Tensor> host;
+  size_t offset = 0;
+  for (const auto& [name, tensor] : tensors) {
+    check(tensor.defined(), "save_safetensors: tensor '", name, "' is undefined");
+    check(name != "__metadata__", "save_safetensors: '__metadata__' is reserved and cannot name a tensor");
+    Tensor h;
+    {
+      NoGradGuard no_grad;
+      h = tensor.detach().to(Device::cpu()).contiguous();
+    }
+    header[name] = {{"dtype", safetensors_dtype(h.dtype())},
+                    {"shape", h.shape()},
+                    {"data_offsets", {offset, offset + h.nbytes()}}};
+    offset += h.nbytes();
+    host.push_back(h);
+  }
+  std::string header_text = header.dump();
+  while ((8 + header_text.size()) % 8 != 0) header_text.push_back(' ');  // align the buffer to 8 bytes
+  std::string bytes;
+  bytes.reserve(8 + header_text.size() + offset);
+  uint64_t n = header_text.size();
+  for (int i = 0; i < 8; ++i) bytes.push_back(static_cast<char>((n >> (8 * i)) & 0xff));
+  bytes += header_text;
+  for (const Tensor& h : host) bytes.append(static_cast<const char*>(h.data_ptr()), h.nbytes());
+  write_file_atomically(path, bytes);
+}
+
+SafetensorsFile load_safetensors(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  check(in.good(), "cannot open ", path, ": ", errno_text());
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  check(bytes.size() >= 8, path, ": not a safetensors file (", bytes.size(), " bytes, shorter than the 8-byte header "
+                               "length)");
+  uint64_t header_size = 0;
+  for (int i = 0; i < 8; ++i) header_size |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
+  check(header_size <= bytes.size() - 8, path, ": header length ", header_size, " runs past the end of the file (",
+        bytes.size(), " bytes) — the file is truncated or not safetensors");
+  json header;
+  try {
+    header = json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<std::ptrdiff_t>(header_size));
+  } catch (const json::exception& e) {
+    throw Error(str_cat(path, ": the safetensors header is not valid JSON: ", e.what()));
+  }
+  check(header.is_object(), path, ": the safetensors header is not a JSON object");
+  const size_t buffer_size = bytes.size() - 8 - header_size;
+  const char* buffer = bytes.data() + 8 + header_size;
+
+  SafetensorsFile file;
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    const std::string& name = it.key();
+    const json& entry = it.value();
+    if (name == "__metadata__") {
+      check(entry.is_object(), path, ": __metadata__ must be an object of strings");
+      for (auto m = entry.begin(); m != entry.end(); ++m) {
+        check(m.value().is_string(), path, ": __metadata__ value for '", m.key(), "' is not a string");
+        file.metadata[m.key()] = m.value().get<std::string>();
+      }
+      continue;
+    }
+    check(entry.is_object() && entry.contains("dtype") && entry.contains("shape") && entry.contains("data_offsets"),
+          path, ": entry '", name, "' needs dtype, shape and data_offsets");
+    DType dtype;
+    check(entry["dtype"].is_string() && parse_safetensors_dtype(entry["dtype"].get<std::string>(), dtype), path,
+          ": entry '", name, "' has unsupported dtype ", entry["dtype"].dump());
+    check(entry["shape"].is_array(), path, ": entry '", name, "' has a non-array shape");
+    Shape shape;
+    for (const json& s : entry["shape"]) {
+      check(s.is_number_integer() && s.get<int64_t>() >= 0, path, ": entry '", name, "' has a bad dimension ",
+            s.dump());
+      shape.push_back(s.get<int64_t>());
+    }
+    const json& offsets = entry["data_offsets"];
+    check(offsets.is_array() && offsets.size() == 2 && offsets[0].is_number_unsigned() &&
+              offsets[1].is_number_unsigned(),
+          path, ": entry '", name, "' has bad data_offsets ", offsets.dump());
+    const uint64_t begin = offsets[0].get<uint64_t>(), end = offsets[1].get<uint64_t>();
+    const uint64_t expected = static_cast<uint64_t>(shape_numel(shape)) * dtype_size(dtype);
+    check(begin <= end && end <= buffer_size, path, ": entry '", name, "' data [", begin, ", ", end,
+          ") lies outside the ", buffer_size, "-byte data buffer — the file is truncated or corrupt");
+    check(end - begin == expected, path, ": entry '", name, "' of shape ", shape_str(shape), " ", dtype, " needs ",
+          expected, " bytes but data_offsets span ", end - begin);
+    ranges.emplace_back(begin, end);
+    Tensor t = empty(shape, TensorOptions{dtype});
+    if (expected > 0) std::memcpy(t.data_ptr(), buffer + begin, expected);
+    file.tensors[name] = t;
+  }
+  // Tensors must tile the buffer without overlaps or holes (the format's rule).
+  std::sort(ranges.begin(), ranges.end());
+  uint64_t cursor = 0;
+  for (const auto& [begin, end] : ranges) {
+    check(begin == cursor, path, ": tensor data is not contiguous (a gap or overlap at byte ", begin, ")");
+    cursor = end;
+  }
+  check(cursor == buffer_size, path, ": ", buffer_size - cursor, " unexpected bytes after the last tensor");
+  return file;
+}
+
+}  // namespace mg

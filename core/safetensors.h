@@ -1,0 +1,38 @@
+// Reading and writing StateDicts in the safetensors format, so PyTorch can load
+// our weights (safetensors.torch.load_file) and we can load theirs.
+//
+// The file layout (https://github.com/huggingface/safetensors):
+//   [8 bytes]  N, the header length, unsigned little-endian
+//   [N bytes]  JSON: {"<name>": {"dtype": "F32", "shape": [2, 3], "data_offsets": [begin, end]}, ...,
+//                     "__metadata__": {"<key>": "<string value>", ...}}
+//   [rest]     the tensors' bytes, little-endian, row-major, at [begin, end) of this buffer
+//
+// Writes are atomic: the file is written under a temporary name, fsync'ed, then
+// renamed over the destination, so a crash leaves either the old file or the new
+// one, never half of one. Reads validate everything (sizes, offsets, dtypes,
+// overlaps, JSON) before returning and name the problem and the file.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "core/state_dict.h"
+
+namespace mg {
+
+using SafetensorsMetadata = std::map<std::string, std::string>;
+
+// Writes `tensors` (any device; copied to the host) and string metadata to `path` atomically.
+void save_safetensors(const std::string& path, const StateDict& tensors, const SafetensorsMetadata& metadata = {});
+
+struct SafetensorsFile {
+  StateDict tensors;  // CPU tensors
+  SafetensorsMetadata metadata;
+};
+// Reads and validates `path`; throws mg::Error naming the file and the reason on any problem.
+SafetensorsFile load_safetensors(const std::string& path);
+
+// Writes `bytes` to `path` atomically (temp file in the same directory, fsync, rename, fsync dir).
+void write_file_atomically(const std::string& path, const std::string& bytes);
+
+}  // namespace mg
