@@ -6,6 +6,7 @@
 //                        dx[n]   = col2im(W^T @ dy[n])
 // The column buffer is recomputed in backward instead of saved: it is kh*kw
 // times larger than the input, so saving it would dominate activation memory.
+#include "core/autocast.h"
 #include "core/ops/op_common.h"
 #include "kernels/cpu/conv.h"
 #include "kernels/cpu/gemm.h"
@@ -58,7 +59,11 @@ kernels::cpu::Conv2dGeometry conv_geometry(const Tensor& x, const Tensor& w, con
 
 }  // namespace
 
-Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& bias, const Conv2dOptions& options) {
+Tensor conv2d(const Tensor& x_arg, const Tensor& w_arg, const Tensor& bias_arg, const Conv2dOptions& options) {
+  const Tensor x_in = autocast_to_low_precision(x_arg), w_in = autocast_to_low_precision(w_arg);
+  const Tensor bias = bias_arg.defined() && x_in.defined() && bias_arg.dtype() != x_in.dtype() && autocast_state().enabled
+                          ? bias_arg.to(x_in.dtype())
+                          : bias_arg;
   check_defined("conv2d", {x_in, w_in});
   check_same_device("conv2d", {x_in, w_in, bias});
   require_cpu("conv2d", {x_in, w_in, bias});

@@ -2,6 +2,7 @@
 // and linear. The work is one strided batched GEMM call: each operand is passed
 // with a transpose flag and leading dimension read off its strides, so
 // transposed views (x.t(), the W^T of linear) cost no copy.
+#include "core/autocast.h"
 #include "core/ops/op_common.h"
 #include "kernels/cpu/gemm.h"
 
@@ -151,7 +152,9 @@ Tensor matmul_impl(const Tensor& a, const Tensor& b, bool reference) {
 
 }  // namespace
 
-Tensor matmul(const Tensor& a, const Tensor& b) { return matmul_impl(a, b, false); }
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  return matmul_impl(autocast_to_low_precision(a), autocast_to_low_precision(b), false);
+}
 Tensor matmul_reference(const Tensor& a, const Tensor& b) { return matmul_impl(a, b, true); }
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
@@ -161,9 +164,11 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
         " does not match weight of shape ", shape_str(weight.shape()), " (last dim must be ", weight.size(1), ")");
   Tensor out = matmul(x, weight.t());
   if (bias.defined()) {
+    // Under autocast the product is 16-bit; the bias joins it in that dtype.
+    const Tensor b = bias.dtype() == out.dtype() ? bias : bias.to(out.dtype());
     check(bias.dim() == 1 && bias.size(0) == weight.size(0), "linear: bias of shape ", shape_str(bias.shape()),
           " does not match weight of shape ", shape_str(weight.shape()));
-    out = add(out, bias);
+    out = add(out, b);
   }
   return out;
 }

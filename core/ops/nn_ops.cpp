@@ -1,6 +1,7 @@
 // Neural-network ops with fused kernels: softmax / log_softmax, cross-entropy
 // (log_softmax + NLL in one pass, never materialising the probabilities in the
 // forward), layer_norm, embedding, dropout.
+#include "core/autocast.h"
 #include "core/ops/op_common.h"
 #include "core/random.h"
 #include "kernels/cpu/cross_entropy.h"
@@ -87,10 +88,15 @@ Tensor cross_entropy_2d(const Tensor& logits_in, const Tensor& targets_in, const
 
 }  // namespace
 
-Tensor softmax(const Tensor& x, int64_t dim) { return softmax_impl("softmax", x, dim, false); }
-Tensor log_softmax(const Tensor& x, int64_t dim) { return softmax_impl("log_softmax", x, dim, true); }
+Tensor softmax(const Tensor& x, int64_t dim) {
+  return softmax_impl("softmax", autocast_to_full_precision(x), dim, false);
+}
+Tensor log_softmax(const Tensor& x, int64_t dim) {
+  return softmax_impl("log_softmax", autocast_to_full_precision(x), dim, true);
+}
 
-Tensor cross_entropy(const Tensor& logits, const Tensor& targets, const CrossEntropyOptions& options) {
+Tensor cross_entropy(const Tensor& logits_arg, const Tensor& targets, const CrossEntropyOptions& options) {
+  const Tensor logits = autocast_to_full_precision(logits_arg);
   check_defined("cross_entropy", {logits, targets});
   check_same_device("cross_entropy", {logits, targets});
   require_cpu("cross_entropy", {logits, targets});
@@ -116,8 +122,9 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, const CrossEnt
   return options.reduction == Reduction::None ? out.reshape(expected) : out;
 }
 
-Tensor layer_norm(const Tensor& x_in, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
+Tensor layer_norm(const Tensor& x_arg, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
                   double eps) {
+  const Tensor x_in = autocast_to_full_precision(x_arg);
   check_defined("layer_norm", {x_in});
   check_same_device("layer_norm", {x_in, weight, bias});
   require_cpu("layer_norm", {x_in, weight, bias});

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "core/autocast.h"
 #include "core/ops/op_common.h"
 #include "kernels/cpu/reduce.h"
 
@@ -116,7 +117,8 @@ Tensor min_max(const char* name, ReduceOp op, const Tensor& x, const std::vector
 
 }  // namespace
 
-Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+Tensor sum(const Tensor& x_arg, const std::vector<int64_t>& dims, bool keepdim) {
+  const Tensor x = autocast_to_full_precision(x_arg);
   check_defined("sum", {x});
   ReducePlan plan = plan_reduction(x, dims, "sum");
   Tensor out = finish(run_reduce("sum", ReduceOp::Sum, x, plan, sum_dtype(x.dtype())), plan, keepdim);
@@ -129,7 +131,8 @@ Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   return out;
 }
 
-Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+Tensor mean(const Tensor& x_arg, const std::vector<int64_t>& dims, bool keepdim) {
+  const Tensor x = autocast_to_full_precision(x_arg);
   check_defined("mean", {x});
   check_floating("mean", x);
   ReducePlan plan = plan_reduction(x, dims, "mean");
@@ -151,7 +154,8 @@ Tensor min(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   return min_max("Min", ReduceOp::Min, x, dims, keepdim);
 }
 
-Tensor var(const Tensor& x, const std::vector<int64_t>& dims, int64_t correction, bool keepdim) {
+Tensor var(const Tensor& x_arg, const std::vector<int64_t>& dims, int64_t correction, bool keepdim) {
+  const Tensor x = autocast_to_full_precision(x_arg);
   check_defined("var", {x});
   check_floating("var", x);
   ReducePlan plan = plan_reduction(x, dims, "var");
