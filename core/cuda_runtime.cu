@@ -33,9 +33,8 @@ Probe run_probe() {
     int driver = 0, runtime = 0;
     cudaDriverGetVersion(&driver);  // 0 when no driver is installed
     cudaRuntimeGetVersion(&runtime);
-    std::string reason = err != cudaSuccess
-                             ? std::string("cudaGetDeviceCount: ") + cudaGetErrorString(err)
-                             : std::string("cudaGetDeviceCount found 0 devices");
+    std::string reason = err != cudaSuccess ? std::string("cudaGetDeviceCount: ") + cudaGetErrorString(err)
+                                            : std::string("cudaGetDeviceCount found 0 devices");
     reason += driver ? "; driver supports CUDA " + version_string(driver) : "; no CUDA driver";
     reason += ", runtime is CUDA " + version_string(runtime);
     p.description = "no CUDA device (" + reason + ")";
@@ -51,8 +50,8 @@ Probe run_probe() {
       continue;
     }
     char line[512];
-    std::snprintf(line, sizeof(line), "cuda:%d %s, sm_%d%d, %llu GiB", i, prop.name, prop.major,
-                  prop.minor, static_cast<unsigned long long>(prop.totalGlobalMem >> 30));
+    std::snprintf(line, sizeof(line), "cuda:%d %s, sm_%d%d, %llu GiB", i, prop.name, prop.major, prop.minor,
+                  static_cast<unsigned long long>(prop.totalGlobalMem >> 30));
     p.description += line;
   }
   return p;

@@ -209,11 +209,16 @@ Tensor randint(int64_t low, int64_t high, const Shape& shape, const TensorOption
 Tensor empty_like(const Tensor& t);
 Tensor zeros_like(const Tensor& t);
 Tensor ones_like(const Tensor& t);
-// From host values (converted to options.dtype).
+// From host values, converted to options.dtype (by default the dtype of T, as
+// torch::tensor keeps int64 and bool: tensor<int64_t>({1, 2}) is an i64 tensor).
 template <class T>
-Tensor tensor(const std::vector<T>& values, const Shape& shape, const TensorOptions& options = {});
+Tensor tensor(const std::vector<T>& values, const Shape& shape, const TensorOptions& options);
 template <class T>
-Tensor tensor(const std::vector<T>& values, const TensorOptions& options = {}) {
+Tensor tensor(const std::vector<T>& values, const Shape& shape) {
+  return tensor(values, shape, TensorOptions{dtype_of<T>()});
+}
+template <class T>
+Tensor tensor(const std::vector<T>& values, const TensorOptions& options = TensorOptions{dtype_of<T>()}) {
   return tensor(values, Shape{static_cast<int64_t>(values.size())}, options);
 }
 Tensor scalar_tensor(double value, const TensorOptions& options = {});

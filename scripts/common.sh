@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared by scripts/run and scripts/test (sourced, not executed).
 #
 #   mg_ensure_packages            apt-get install whatever of MG_APT_PACKAGES is missing

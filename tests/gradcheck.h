@@ -8,7 +8,9 @@
 // far below the tolerance.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
+#include <random>
 #include <functional>
 #include <sstream>
 #include <string>
@@ -44,6 +46,13 @@ inline GradcheckResult gradcheck(const TensorFunction& f, std::vector<Tensor> in
   for (size_t k = 0; k < inputs.size(); ++k) {
     Tensor& x = inputs[k];
     if (!x.requires_grad()) continue;
+    if (x.grad().defined() && (x.grad().shape() != x.shape() || x.grad().dtype() != x.dtype())) {
+      result.ok = false;
+      result.message = "input " + std::to_string(k) + ": grad has shape " + shape_str(x.grad().shape()) +
+                       " and dtype " + dtype_name(x.grad().dtype()) + ", the input " + shape_str(x.shape()) +
+                       " and " + dtype_name(x.dtype());
+      return result;
+    }
     std::vector<double> analytic =
         x.grad().defined() ? x.grad().to_vector<double>() : std::vector<double>(static_cast<size_t>(x.numel()), 0.0);
     // Numeric side: perturb one element at a time through a contiguous alias.
@@ -75,6 +84,20 @@ inline GradcheckResult gradcheck(const TensorFunction& f, std::vector<Tensor> in
 inline Tensor random_input(const Shape& shape, double lo = -1.0, double hi = 1.0, bool requires_grad = true) {
   Tensor t = add(mul(rand(shape, TensorOptions{DType::f64}), hi - lo), lo);
   t.set_requires_grad(requires_grad);
+  return t;
+}
+
+// Shuffled values start, start + step, start + 2 step, ...: all distinct and spaced
+// by `step`, so non-smooth ops (max, relu, abs, clamp, pooling) never sit on a tie
+// or a kink within the finite-difference step. An f64 leaf that requires grad.
+inline Tensor grid_input(const Shape& shape, double start, double step, uint32_t seed = 1) {
+  const int64_t n = shape_numel(shape);
+  std::vector<double> values(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) values[static_cast<size_t>(i)] = start + step * static_cast<double>(i);
+  std::mt19937 rng(seed);
+  std::shuffle(values.begin(), values.end(), rng);
+  Tensor t = tensor<double>(values, shape, TensorOptions{DType::f64});
+  t.set_requires_grad(true);
   return t;
 }
 

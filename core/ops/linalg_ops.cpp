@@ -80,7 +80,14 @@ Tensor batched_matmul_forward(const Tensor& a_in, const Tensor& b_in, bool refer
   check(b.size(-2) == k, "matmul: shapes ", shape_str(a.shape()), " and ", shape_str(b.shape()),
         " cannot be multiplied (", m, "x", k, " and ", b.size(-2), "x", n, ")");
   Shape batch_a(a.shape().begin(), a.shape().end() - 2), batch_b(b.shape().begin(), b.shape().end() - 2);
-  Shape batch = broadcast_shapes(batch_a, batch_b, "matmul (batch dims)");
+  Shape batch;
+  try {
+    batch = broadcast_shapes(batch_a, batch_b, "matmul");
+  } catch (const Error&) {
+    throw Error(str_cat("matmul: shapes ", shape_str(a.shape()), " and ", shape_str(b.shape()),
+                        " cannot be multiplied: their batch dims ", shape_str(batch_a), " and ", shape_str(batch_b),
+                        " do not broadcast"));
+  }
   Shape shape_a = batch, shape_b = batch, out_shape = batch;
   shape_a.insert(shape_a.end(), {m, k});
   shape_b.insert(shape_b.end(), {k, n});

@@ -21,6 +21,9 @@
 //      carry logic costs once per row rather than once per element.
 //   4. Maps of at least kParallelNumel elements split their rows (or their
 //      single long row) across OpenMP threads when the build has OpenMP.
+//   5. A copy that transposes (x.t().contiguous()) goes tile by tile instead
+//      of row by row, so that each cache line of the input it loads is used
+//      whole before it is evicted (several times faster on a 4096^2 f32 matrix).
 //
 // f16/bf16 are storage formats only: an element is widened to float, the op
 // runs in float, and the result is rounded to nearest even on store.
@@ -267,33 +270,22 @@ void unary_typed(UnaryOp op, const StridedView& in, const StridedView& out, doub
   using C = calc_t<T>;
   auto run = [&](const auto& f) { map_unary<T, T>(in, out, f); };
   switch (op) {  // ops defined for integers and floats
-    case UnaryOp::Neg:
-      return run([](C x) -> C { return -x; });
-    case UnaryOp::Abs:
-      return run([](C x) -> C { return std::abs(x); });
-    case UnaryOp::Relu:
-      return run([](C x) -> C { return x < C(0) ? C(0) : x; });  // NaN stays NaN
-    case UnaryOp::Square:
-      return run([](C x) -> C { return x * x; });
+    case UnaryOp::Neg: return run([](C x) -> C { return -x; });
+    case UnaryOp::Abs: return run([](C x) -> C { return std::abs(x); });
+    case UnaryOp::Relu: return run([](C x) -> C { return x < C(0) ? C(0) : x; });  // NaN stays NaN
+    case UnaryOp::Square: return run([](C x) -> C { return x * x; });
     case UnaryOp::Sign:
       return run([](C x) -> C { return is_nan(x) ? x : static_cast<C>((C(0) < x) - (x < C(0))); });
-    default:
-      break;
+    default: break;
   }
   if constexpr (std::is_floating_point<C>::value) {
     switch (op) {
-      case UnaryOp::Exp:
-        return run([](C x) { return std::exp(x); });
-      case UnaryOp::Log:
-        return run([](C x) { return std::log(x); });
-      case UnaryOp::Sqrt:
-        return run([](C x) { return std::sqrt(x); });
-      case UnaryOp::Rsqrt:
-        return run([](C x) { return C(1) / std::sqrt(x); });
-      case UnaryOp::Tanh:
-        return run([](C x) { return std::tanh(x); });
-      case UnaryOp::Sigmoid:
-        return run([](C x) { return C(1) / (C(1) + std::exp(-x)); });
+      case UnaryOp::Exp: return run([](C x) { return std::exp(x); });
+      case UnaryOp::Log: return run([](C x) { return std::log(x); });
+      case UnaryOp::Sqrt: return run([](C x) { return std::sqrt(x); });
+      case UnaryOp::Rsqrt: return run([](C x) { return C(1) / std::sqrt(x); });
+      case UnaryOp::Tanh: return run([](C x) { return std::tanh(x); });
+      case UnaryOp::Sigmoid: return run([](C x) { return C(1) / (C(1) + std::exp(-x)); });
       case UnaryOp::GeluTanh:
         return run([](C x) {
           const C k = C(0.7978845608028654);  // sqrt(2 / pi)
@@ -304,10 +296,8 @@ void unary_typed(UnaryOp op, const StridedView& in, const StridedView& out, doub
         const C p = static_cast<C>(scalar);
         return run([p](C x) { return std::pow(x, p); });
       }
-      case UnaryOp::Reciprocal:
-        return run([](C x) { return C(1) / x; });
-      default:
-        break;
+      case UnaryOp::Reciprocal: return run([](C x) { return C(1) / x; });
+      default: break;
     }
   }
   throw Error(str_cat("unary ", unary_op_name(op), ": unsupported dtype ", dtype_name(in.dtype)));
@@ -325,10 +315,8 @@ void unary_backward_typed(UnaryOp op, const StridedView& grad_out, const Strided
   auto from_input = [&](const auto& f) { map_binary<T, T>(grad_out, input, grad_in, f); };
   auto from_output = [&](const auto& f) { map_binary<T, T>(grad_out, output, grad_in, f); };
   switch (op) {
-    case UnaryOp::Neg:
-      return from_grad([](C g) { return -g; });
-    case UnaryOp::Sign:
-      return from_grad([](C) { return C(0); });
+    case UnaryOp::Neg: return from_grad([](C g) { return -g; });
+    case UnaryOp::Sign: return from_grad([](C) { return C(0); });
     case UnaryOp::Exp:
       if (have_output) return from_output([](C g, C y) { return g * y; });
       return from_input([](C g, C x) { return g * std::exp(x); });
@@ -359,12 +347,9 @@ void unary_backward_typed(UnaryOp op, const StridedView& grad_out, const Strided
         const C y = C(1) / x;
         return -g * y * y;
       });
-    case UnaryOp::Log:
-      return from_input([](C g, C x) { return g / x; });
-    case UnaryOp::Abs:
-      return from_input([](C g, C x) { return x > C(0) ? g : (x < C(0) ? -g : C(0)); });
-    case UnaryOp::Relu:
-      return from_input([](C g, C x) { return x > C(0) ? g : C(0); });
+    case UnaryOp::Log: return from_input([](C g, C x) { return g / x; });
+    case UnaryOp::Abs: return from_input([](C g, C x) { return x > C(0) ? g : (x < C(0) ? -g : C(0)); });
+    case UnaryOp::Relu: return from_input([](C g, C x) { return x > C(0) ? g : C(0); });
     case UnaryOp::GeluTanh:
       // y = 0.5 x (1 + t), t = tanh(u), u = k (x + a x^3):
       // dy/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3 a x^2)
@@ -379,8 +364,7 @@ void unary_backward_typed(UnaryOp op, const StridedView& grad_out, const Strided
       if (scalar == 2.0) return from_input([](C g, C x) { return C(2) * g * x; });
       return from_input([p](C g, C x) { return g * p * std::pow(x, p - C(1)); });
     }
-    case UnaryOp::Square:
-      return from_input([](C g, C x) { return C(2) * g * x; });
+    case UnaryOp::Square: return from_input([](C g, C x) { return C(2) * g * x; });
   }
   throw Error(str_cat("unary_backward: unknown op ", static_cast<int>(op)));
 }
@@ -391,18 +375,15 @@ enum class Saved { None, Input, Output };
 Saved saved_operand(UnaryOp op, bool have_output) {
   switch (op) {
     case UnaryOp::Neg:
-    case UnaryOp::Sign:
-      return Saved::None;
+    case UnaryOp::Sign: return Saved::None;
     case UnaryOp::Exp:
     case UnaryOp::Sqrt:
     case UnaryOp::Rsqrt:
     case UnaryOp::Tanh:
     case UnaryOp::Sigmoid:
-    case UnaryOp::Reciprocal:
-      return have_output ? Saved::Output : Saved::Input;
+    case UnaryOp::Reciprocal: return have_output ? Saved::Output : Saved::Input;
     case UnaryOp::PowScalar:  // (p == 0 reads nothing, but asking for x keeps the rule simple)
-    default:
-      return Saved::Input;
+    default: return Saved::Input;
   }
 }
 
@@ -434,33 +415,22 @@ template <class Launch>
 void dispatch_binary(BinaryOp op, const Launch& launch) {
   using T = typename Launch::type;
   switch (op) {
-    case BinaryOp::Add:
-      return launch.template run<T>([](auto x, auto y) { return x + y; });
-    case BinaryOp::Sub:
-      return launch.template run<T>([](auto x, auto y) { return x - y; });
-    case BinaryOp::Mul:
-      return launch.template run<T>([](auto x, auto y) { return x * y; });
-    case BinaryOp::Div:
-      return launch.template run<T>([](auto x, auto y) { return x / y; });
+    case BinaryOp::Add: return launch.template run<T>([](auto x, auto y) { return x + y; });
+    case BinaryOp::Sub: return launch.template run<T>([](auto x, auto y) { return x - y; });
+    case BinaryOp::Mul: return launch.template run<T>([](auto x, auto y) { return x * y; });
+    case BinaryOp::Div: return launch.template run<T>([](auto x, auto y) { return x / y; });
     // NaN wins: if y is NaN then x > y is false and y is returned.
     case BinaryOp::Maximum:
       return launch.template run<T>([](auto x, auto y) { return (x > y || is_nan(x)) ? x : y; });
     case BinaryOp::Minimum:
       return launch.template run<T>([](auto x, auto y) { return (x < y || is_nan(x)) ? x : y; });
-    case BinaryOp::Pow:
-      return launch.template run<T>([](auto x, auto y) { return pow_op(x, y); });
-    case BinaryOp::Eq:
-      return launch.template run<bool>([](auto x, auto y) { return x == y; });
-    case BinaryOp::Ne:
-      return launch.template run<bool>([](auto x, auto y) { return x != y; });
-    case BinaryOp::Lt:
-      return launch.template run<bool>([](auto x, auto y) { return x < y; });
-    case BinaryOp::Le:
-      return launch.template run<bool>([](auto x, auto y) { return x <= y; });
-    case BinaryOp::Gt:
-      return launch.template run<bool>([](auto x, auto y) { return x > y; });
-    case BinaryOp::Ge:
-      return launch.template run<bool>([](auto x, auto y) { return x >= y; });
+    case BinaryOp::Pow: return launch.template run<T>([](auto x, auto y) { return pow_op(x, y); });
+    case BinaryOp::Eq: return launch.template run<bool>([](auto x, auto y) { return x == y; });
+    case BinaryOp::Ne: return launch.template run<bool>([](auto x, auto y) { return x != y; });
+    case BinaryOp::Lt: return launch.template run<bool>([](auto x, auto y) { return x < y; });
+    case BinaryOp::Le: return launch.template run<bool>([](auto x, auto y) { return x <= y; });
+    case BinaryOp::Gt: return launch.template run<bool>([](auto x, auto y) { return x > y; });
+    case BinaryOp::Ge: return launch.template run<bool>([](auto x, auto y) { return x >= y; });
     case BinaryOp::LogicalAnd:
       return launch.template run<bool>([](auto x, auto y) { return x != 0 && y != 0; });
     case BinaryOp::LogicalOr:
@@ -525,6 +495,53 @@ void check_binary_dtype(const char* what, BinaryOp op, DType dtype) {
         dtype_name(dtype), "; promote to a floating dtype first");
 }
 
+// ---- transposing copy ------------------------------------------------------------
+
+constexpr int64_t kTransposeTile = 32;  // 32 x 32 elements: the lines a tile reads stay in L1
+
+// True when, after coalescing, the input walks the innermost dim with a large
+// stride but the one before it with stride 1: x.t().contiguous() and friends.
+bool is_transposing(const std::array<StridedView, 2>& v) {
+  const int last = v[0].ndim - 1;
+  return last >= 1 && v[1].strides[last - 1] == 1 && std::abs(v[1].strides[last]) > 1 &&
+         v[0].shape[last] > 1 && v[0].shape[last - 1] > 1;
+}
+
+// Copies the last two dims in kTransposeTile x kTransposeTile tiles. Row by
+// row, each load of the input would touch a new cache line (and soon a new
+// page); in a tile, the 32 lines it reads are used whole (16 floats each)
+// before they leave L1. v[0] is the output, v[1] the input, both coalesced.
+template <class From, class To>
+void copy_transposing(const std::array<StridedView, 2>& v) {
+  const int nd = v[0].ndim;
+  const int64_t rows = v[0].shape[nd - 2], cols = v[0].shape[nd - 1];
+  const int64_t out_rs = v[0].strides[nd - 2], out_cs = v[0].strides[nd - 1];
+  const int64_t in_rs = v[1].strides[nd - 2], in_cs = v[1].strides[nd - 1];
+  const int64_t planes = v[0].numel() / (rows * cols);
+  const int64_t row_tiles = (rows + kTransposeTile - 1) / kTransposeTile;
+  StridedView outer = v[0];
+  outer.ndim = nd - 2;
+  const std::array<const StridedView*, 2> operands = {&v[0], &v[1]};
+  const From* x = v[1].ptr<const From>();
+  To* y = v[0].ptr<To>();
+  parallel_for(planes * row_tiles, v[0].numel() >= kParallelNumel, [&](int64_t begin, int64_t end) {
+    StridedIndexer<2> it(outer, operands);
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t r0 = (t % row_tiles) * kTransposeTile;
+      const int64_t r1 = std::min(rows, r0 + kTransposeTile);
+      it.seek(t / row_tiles);
+      const From* __restrict src = x + it.offset[1];
+      To* __restrict dst = y + it.offset[0];
+      for (int64_t c0 = 0; c0 < cols; c0 += kTransposeTile) {
+        const int64_t c1 = std::min(cols, c0 + kTransposeTile);
+        for (int64_t r = r0; r < r1; ++r)
+          for (int64_t c = c0; c < c1; ++c)
+            dst[r * out_rs + c * out_cs] = convert<To>(src[r * in_rs + c * in_cs]);
+      }
+    }
+  });
+}
+
 // ---- clamp / fill helpers ---------------------------------------------------------
 
 // Converts a double to integer type C, saturating at C's range.
@@ -542,70 +559,41 @@ C saturate(double v) {
 
 const char* unary_op_name(UnaryOp op) {
   switch (op) {
-    case UnaryOp::Neg:
-      return "neg";
-    case UnaryOp::Exp:
-      return "exp";
-    case UnaryOp::Log:
-      return "log";
-    case UnaryOp::Sqrt:
-      return "sqrt";
-    case UnaryOp::Rsqrt:
-      return "rsqrt";
-    case UnaryOp::Abs:
-      return "abs";
-    case UnaryOp::Tanh:
-      return "tanh";
-    case UnaryOp::Sigmoid:
-      return "sigmoid";
-    case UnaryOp::Relu:
-      return "relu";
-    case UnaryOp::GeluTanh:
-      return "gelu_tanh";
-    case UnaryOp::PowScalar:
-      return "pow";
-    case UnaryOp::Square:
-      return "square";
-    case UnaryOp::Reciprocal:
-      return "reciprocal";
-    case UnaryOp::Sign:
-      return "sign";
+    case UnaryOp::Neg: return "neg";
+    case UnaryOp::Exp: return "exp";
+    case UnaryOp::Log: return "log";
+    case UnaryOp::Sqrt: return "sqrt";
+    case UnaryOp::Rsqrt: return "rsqrt";
+    case UnaryOp::Abs: return "abs";
+    case UnaryOp::Tanh: return "tanh";
+    case UnaryOp::Sigmoid: return "sigmoid";
+    case UnaryOp::Relu: return "relu";
+    case UnaryOp::GeluTanh: return "gelu_tanh";
+    case UnaryOp::PowScalar: return "pow";
+    case UnaryOp::Square: return "square";
+    case UnaryOp::Reciprocal: return "reciprocal";
+    case UnaryOp::Sign: return "sign";
   }
   return "?";
 }
 
 const char* binary_op_name(BinaryOp op) {
   switch (op) {
-    case BinaryOp::Add:
-      return "add";
-    case BinaryOp::Sub:
-      return "sub";
-    case BinaryOp::Mul:
-      return "mul";
-    case BinaryOp::Div:
-      return "div";
-    case BinaryOp::Maximum:
-      return "maximum";
-    case BinaryOp::Minimum:
-      return "minimum";
-    case BinaryOp::Pow:
-      return "pow";
-    case BinaryOp::Eq:
-      return "eq";
-    case BinaryOp::Ne:
-      return "ne";
-    case BinaryOp::Lt:
-      return "lt";
-    case BinaryOp::Le:
-      return "le";
-    case BinaryOp::Gt:
-      return "gt";
-    case BinaryOp::Ge:
-      return "ge";
-    case BinaryOp::LogicalAnd:
-      return "logical_and";
-    case BinaryOp::LogicalOr:
-      return "logical_or";
+    case BinaryOp::Add: return "add";
+    case BinaryOp::Sub: return "sub";
+    case BinaryOp::Mul: return "mul";
+    case BinaryOp::Div: return "div";
+    case BinaryOp::Maximum: return "maximum";
+    case BinaryOp::Minimum: return "minimum";
+    case BinaryOp::Pow: return "pow";
+    case BinaryOp::Eq: return "eq";
+    case BinaryOp::Ne: return "ne";
+    case BinaryOp::Lt: return "lt";
+    case BinaryOp::Le: return "le";
+    case BinaryOp::Gt: return "gt";
+    case BinaryOp::Ge: return "ge";
+    case BinaryOp::LogicalAnd: return "logical_and";
+    case BinaryOp::LogicalOr: return "logical_or";
   }
   return "?";
 }
@@ -619,10 +607,8 @@ bool binary_op_returns_bool(BinaryOp op) {
     case BinaryOp::Gt:
     case BinaryOp::Ge:
     case BinaryOp::LogicalAnd:
-    case BinaryOp::LogicalOr:
-      return true;
-    default:
-      return false;
+    case BinaryOp::LogicalOr: return true;
+    default: return false;
   }
 }
 
@@ -813,6 +799,8 @@ void copy(const StridedView& in, const StridedView& out) {
     using From = typename decltype(in_tag)::type;
     visit_dtype(out.dtype, [&](auto out_tag) {
       using To = typename decltype(out_tag)::type;
+      const std::array<StridedView, 2> coalesced = coalesce<2>({out, in});
+      if (is_transposing(coalesced)) return copy_transposing<From, To>(coalesced);
       const From* x = in.ptr<const From>();
       To* y = out.ptr<To>();
       for_each_row<2>({out, in}, [&](const Offsets2& off, const Offsets2& st, int64_t n) {

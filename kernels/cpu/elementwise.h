@@ -33,7 +33,23 @@ enum class UnaryOp {
   Sign,  // -1, 0 or +1; NaN stays NaN
 };
 
-enum class BinaryOp { Add, Sub, Mul, Div, Maximum, Minimum, Pow, Eq, Ne, Lt, Le, Gt, Ge, LogicalAnd, LogicalOr };
+enum class BinaryOp {
+  Add,
+  Sub,
+  Mul,
+  Div,
+  Maximum,
+  Minimum,
+  Pow,
+  Eq,
+  Ne,
+  Lt,
+  Le,
+  Gt,
+  Ge,
+  LogicalAnd,
+  LogicalOr
+};
 
 const char* unary_op_name(UnaryOp op);
 const char* binary_op_name(BinaryOp op);
@@ -69,8 +85,8 @@ void unary(UnaryOp op, const StridedView& in, const StridedView& out, double sca
 // (*) when `output.data` is null these recompute y from the input, so a
 // caller may pass either tensor. A view that is not needed may be left
 // default-constructed (data == nullptr).
-void unary_backward(UnaryOp op, const StridedView& grad_out, const StridedView& input, const StridedView& output,
-                    const StridedView& grad_in, double scalar = 0.0);
+void unary_backward(UnaryOp op, const StridedView& grad_out, const StridedView& input,
+                    const StridedView& output, const StridedView& grad_in, double scalar = 0.0);
 
 // out = a op b. a and b share a dtype and are already broadcast to out's
 // shape. out.dtype is a.dtype for arithmetic and bool for comparisons/logical.

@@ -98,7 +98,9 @@ struct SumTypes {
   using Wide = std::conditional_t<kFloating, double, int64_t>;
 };
 
-// How two partial results combine. Max/Min let a NaN on either side win.
+// How two partial results combine. Max/Min let a NaN on either side win. They
+// are written as two selects rather than `(b > a || is_nan(b)) ? b : a`,
+// which GCC compiles to branches; this form becomes compare + blend in SIMD.
 struct Plus {
   template <class A>
   A operator()(A a, A b) const {
@@ -114,13 +116,15 @@ struct Times {
 struct MaxOp {
   template <class A>
   A operator()(A a, A b) const {
-    return (b > a || is_nan(b)) ? b : a;
+    const A larger = is_nan(a) ? a : (b > a ? b : a);
+    return is_nan(b) ? b : larger;
   }
 };
 struct MinOp {
   template <class A>
   A operator()(A a, A b) const {
-    return (b < a || is_nan(b)) ? b : a;
+    const A smaller = is_nan(a) ? a : (b < a ? b : a);
+    return is_nan(b) ? b : smaller;
   }
 };
 
@@ -189,7 +193,8 @@ Wide fold_long_row(const T* x, int64_t n, Acc identity, Op op, const Map& map, b
 
 // Stores row_value(o) for every outer row o, in batches of kRowBatch.
 template <class W, class RowValue>
-void for_each_row(const ReduceShape& s, void* output, DType out_dtype, bool parallel, const RowValue& row_value) {
+void for_each_row(const ReduceShape& s, void* output, DType out_dtype, bool parallel,
+                  const RowValue& row_value) {
   parallel_for(s.outer, parallel, [&](int64_t begin, int64_t end) {
     W values[kRowBatch];
     for (int64_t r0 = begin; r0 < end; r0 += kRowBatch) {
@@ -205,8 +210,8 @@ void for_each_row(const ReduceShape& s, void* output, DType out_dtype, bool para
 // total[j] = fold over r < reduce of map(x[r * inner + j], j), for j < width.
 // x points at the tile's first column in row 0.
 template <class Acc, class Wide, class T, class Op, class Map>
-void fold_columns(const T* x, int64_t reduce, int64_t inner, int64_t width, Acc identity, Op op, const Map& map,
-                  Wide* __restrict total) {
+void fold_columns(const T* x, int64_t reduce, int64_t inner, int64_t width, Acc identity, Op op,
+                  const Map& map, Wide* __restrict total) {
   Acc acc[kTile];
   for (int64_t j = 0; j < width; ++j) total[j] = static_cast<Wide>(identity);
   for (int64_t r0 = 0; r0 < reduce; r0 += kBlockRows) {
@@ -240,21 +245,22 @@ void for_each_tile(const ReduceShape& s, void* output, DType out_dtype, bool par
 
 // ---- the ops --------------------------------------------------------------------------
 
-// Work worth splitting across threads, and the choice between splitting rows
-// among threads and splitting each (long) row into chunks.
+// For inner == 1 work worth threads: split the rows among threads, or, when
+// there are only a few rows and they are long, split each row into chunks.
 struct Plan {
   bool rows_parallel;
   bool split_rows;
 };
 Plan plan_rows(const ReduceShape& s) {
   const bool big = s.outer * s.reduce * s.inner >= kParallelNumel;
-  const bool few_rows = s.outer < 8;
-  return {big && !few_rows, big && few_rows};
+  const bool few_long_rows = s.outer < 8 && s.reduce >= 2 * kChunk;
+  return {big && !few_long_rows, big && few_long_rows};
 }
 
 // Sum, Mean, Prod, Max, Min: fold every value with `op`; Mean divides by reduce.
 template <class Acc, class Wide, class T, class Op>
-void fold_reduce(const ReduceShape& s, const T* x, void* output, DType out_dtype, Acc identity, Op op, bool mean) {
+void fold_reduce(const ReduceShape& s, const T* x, void* output, DType out_dtype, Acc identity, Op op,
+                 bool mean) {
   auto map = [](T v, int64_t) { return static_cast<Acc>(v); };
   const Wide count = static_cast<Wide>(s.reduce);
   if (s.inner == 1) {
@@ -265,11 +271,13 @@ void fold_reduce(const ReduceShape& s, const T* x, void* output, DType out_dtype
     });
   } else {
     const bool parallel = s.outer * s.reduce * s.inner >= kParallelNumel;
-    for_each_tile<Wide>(s, output, out_dtype, parallel, [&](int64_t o, int64_t j0, int64_t width, Wide* values) {
-      fold_columns<Acc, Wide>(x + o * s.reduce * s.inner + j0, s.reduce, s.inner, width, identity, op, map, values);
-      if (mean)
-        for (int64_t j = 0; j < width; ++j) values[j] /= count;
-    });
+    for_each_tile<Wide>(s, output, out_dtype, parallel,
+                        [&](int64_t o, int64_t j0, int64_t width, Wide* values) {
+                          fold_columns<Acc, Wide>(x + o * s.reduce * s.inner + j0, s.reduce, s.inner, width,
+                                                  identity, op, map, values);
+                          if (mean)
+                            for (int64_t j = 0; j < width; ++j) values[j] /= count;
+                        });
   }
 }
 
@@ -287,8 +295,8 @@ void var_reduce(const ReduceShape& s, const T* x, void* output, DType out_dtype,
     const Plan plan = plan_rows(s);
     for_each_row<Wide>(s, output, out_dtype, plan.rows_parallel, [&](int64_t o) {
       const T* row = x + o * s.reduce;
-      const Acc mean =
-          static_cast<Acc>(fold_long_row<Acc, Wide>(row, s.reduce, Acc(0), Plus{}, to_acc, plan.split_rows) / n);
+      const Acc mean = static_cast<Acc>(
+          fold_long_row<Acc, Wide>(row, s.reduce, Acc(0), Plus{}, to_acc, plan.split_rows) / n);
       auto squared_deviation = [mean](T v, int64_t) {
         const Acc d = static_cast<Acc>(v) - mean;
         return d * d;
@@ -298,18 +306,19 @@ void var_reduce(const ReduceShape& s, const T* x, void* output, DType out_dtype,
     });
   } else {
     const bool parallel = s.outer * s.reduce * s.inner >= kParallelNumel;
-    for_each_tile<Wide>(s, output, out_dtype, parallel, [&](int64_t o, int64_t j0, int64_t width, Wide* values) {
-      const T* tile = x + o * s.reduce * s.inner + j0;
-      fold_columns<Acc, Wide>(tile, s.reduce, s.inner, width, Acc(0), Plus{}, to_acc, values);
-      Acc mean[kTile];
-      for (int64_t j = 0; j < width; ++j) mean[j] = static_cast<Acc>(values[j] / n);
-      auto squared_deviation = [&mean](T v, int64_t j) {
-        const Acc d = static_cast<Acc>(v) - mean[j];
-        return d * d;
-      };
-      fold_columns<Acc, Wide>(tile, s.reduce, s.inner, width, Acc(0), Plus{}, squared_deviation, values);
-      for (int64_t j = 0; j < width; ++j) values[j] /= divisor;
-    });
+    for_each_tile<Wide>(
+        s, output, out_dtype, parallel, [&](int64_t o, int64_t j0, int64_t width, Wide* values) {
+          const T* tile = x + o * s.reduce * s.inner + j0;
+          fold_columns<Acc, Wide>(tile, s.reduce, s.inner, width, Acc(0), Plus{}, to_acc, values);
+          Acc mean[kTile];
+          for (int64_t j = 0; j < width; ++j) mean[j] = static_cast<Acc>(values[j] / n);
+          auto squared_deviation = [&mean](T v, int64_t j) {
+            const Acc d = static_cast<Acc>(v) - mean[j];
+            return d * d;
+          };
+          fold_columns<Acc, Wide>(tile, s.reduce, s.inner, width, Acc(0), Plus{}, squared_deviation, values);
+          for (int64_t j = 0; j < width; ++j) values[j] /= divisor;
+        });
   }
 }
 
@@ -340,23 +349,24 @@ void arg_reduce(const ReduceShape& s, const T* x, void* output) {
       return index;
     });
   } else {
-    for_each_tile<int64_t>(s, output, DType::i64, parallel, [&](int64_t o, int64_t j0, int64_t width, int64_t* index) {
-      const T* tile = x + o * s.reduce * s.inner + j0;
-      C best[kTile];
-      for (int64_t j = 0; j < width; ++j) {
-        best[j] = static_cast<C>(tile[j]);
-        index[j] = 0;
-      }
-      for (int64_t r = 1; r < s.reduce; ++r) {
-        const T* __restrict row = tile + r * s.inner;
-        for (int64_t j = 0; j < width; ++j) {
-          const C v = static_cast<C>(row[j]);
-          const bool take = beats<kMax>(v, best[j]);
-          best[j] = take ? v : best[j];
-          index[j] = take ? r : index[j];
-        }
-      }
-    });
+    for_each_tile<int64_t>(s, output, DType::i64, parallel,
+                           [&](int64_t o, int64_t j0, int64_t width, int64_t* index) {
+                             const T* tile = x + o * s.reduce * s.inner + j0;
+                             C best[kTile];
+                             for (int64_t j = 0; j < width; ++j) {
+                               best[j] = static_cast<C>(tile[j]);
+                               index[j] = 0;
+                             }
+                             for (int64_t r = 1; r < s.reduce; ++r) {
+                               const T* __restrict row = tile + r * s.inner;
+                               for (int64_t j = 0; j < width; ++j) {
+                                 const C v = static_cast<C>(row[j]);
+                                 const bool take = beats<kMax>(v, best[j]);
+                                 best[j] = take ? v : best[j];
+                                 index[j] = take ? r : index[j];
+                               }
+                             }
+                           });
   }
 }
 
@@ -367,7 +377,8 @@ C lowest_value() {
 }
 template <class C>
 C highest_value() {
-  return std::numeric_limits<C>::has_infinity ? std::numeric_limits<C>::infinity() : std::numeric_limits<C>::max();
+  return std::numeric_limits<C>::has_infinity ? std::numeric_limits<C>::infinity()
+                                              : std::numeric_limits<C>::max();
 }
 
 bool needs_identity(ReduceOp op) {
@@ -393,8 +404,8 @@ const char* reduce_op_name(ReduceOp op) {
 void reduce(ReduceOp op, const ReduceShape& shape, const void* input, DType in_dtype, void* output,
             DType out_dtype, int64_t correction) {
   const char* name = reduce_op_name(op);
-  check(shape.outer >= 0 && shape.reduce >= 0 && shape.inner >= 0, name, ": negative shape [", shape.outer, ", ",
-        shape.reduce, ", ", shape.inner, "]");
+  check(shape.outer >= 0 && shape.reduce >= 0 && shape.inner >= 0, name, ": negative shape [", shape.outer,
+        ", ", shape.reduce, ", ", shape.inner, "]");
   switch (op) {
     case ReduceOp::Mean:
     case ReduceOp::Var:
@@ -433,8 +444,10 @@ void reduce(ReduceOp op, const ReduceShape& shape, const void* input, DType in_d
       case ReduceOp::Sum: return fold_reduce<Acc, Wide>(shape, x, output, out_dtype, Acc(0), Plus{}, false);
       case ReduceOp::Mean: return fold_reduce<Acc, Wide>(shape, x, output, out_dtype, Acc(0), Plus{}, true);
       case ReduceOp::Prod: return fold_reduce<Acc, Wide>(shape, x, output, out_dtype, Acc(1), Times{}, false);
-      case ReduceOp::Max: return fold_reduce<C, C>(shape, x, output, out_dtype, lowest_value<C>(), MaxOp{}, false);
-      case ReduceOp::Min: return fold_reduce<C, C>(shape, x, output, out_dtype, highest_value<C>(), MinOp{}, false);
+      case ReduceOp::Max:
+        return fold_reduce<C, C>(shape, x, output, out_dtype, lowest_value<C>(), MaxOp{}, false);
+      case ReduceOp::Min:
+        return fold_reduce<C, C>(shape, x, output, out_dtype, highest_value<C>(), MinOp{}, false);
       case ReduceOp::Argmax: return arg_reduce<true>(shape, x, output);
       case ReduceOp::Argmin: return arg_reduce<false>(shape, x, output);
       case ReduceOp::Var:

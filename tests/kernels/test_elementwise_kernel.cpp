@@ -27,7 +27,8 @@ namespace cpu = mg::kernels::cpu;
 namespace {
 
 // A view of `data` with the given shape; contiguous unless strides are given.
-StridedView make_view(const void* data, DType dtype, std::vector<int64_t> shape, std::vector<int64_t> strides = {}) {
+StridedView make_view(const void* data, DType dtype, std::vector<int64_t> shape,
+                      std::vector<int64_t> strides = {}) {
   StridedView v;
   v.data = const_cast<void*>(data);
   v.dtype = dtype;
@@ -103,12 +104,12 @@ struct UnaryCase {
 // Inputs stay away from 0 where the op (or its derivative) has a kink or a pole.
 const std::vector<UnaryCase>& unary_cases() {
   static const std::vector<UnaryCase> cases = {
-      {UnaryOp::Neg, 0, -3, 3},        {UnaryOp::Exp, 0, -5, 5},          {UnaryOp::Log, 0, 0.1, 10},
-      {UnaryOp::Sqrt, 0, 0.1, 10},     {UnaryOp::Rsqrt, 0, 0.1, 10},      {UnaryOp::Abs, 0, -3, 3},
-      {UnaryOp::Tanh, 0, -3, 3},       {UnaryOp::Sigmoid, 0, -8, 8},      {UnaryOp::Relu, 0, -3, 3},
-      {UnaryOp::GeluTanh, 0, -4, 4},   {UnaryOp::PowScalar, 3.0, -2, 2},  {UnaryOp::PowScalar, 2.0, -2, 2},
+      {UnaryOp::Neg, 0, -3, 3},          {UnaryOp::Exp, 0, -5, 5},           {UnaryOp::Log, 0, 0.1, 10},
+      {UnaryOp::Sqrt, 0, 0.1, 10},       {UnaryOp::Rsqrt, 0, 0.1, 10},       {UnaryOp::Abs, 0, -3, 3},
+      {UnaryOp::Tanh, 0, -3, 3},         {UnaryOp::Sigmoid, 0, -8, 8},       {UnaryOp::Relu, 0, -3, 3},
+      {UnaryOp::GeluTanh, 0, -4, 4},     {UnaryOp::PowScalar, 3.0, -2, 2},   {UnaryOp::PowScalar, 2.0, -2, 2},
       {UnaryOp::PowScalar, 0.5, 0.1, 4}, {UnaryOp::PowScalar, -1.5, 0.2, 4}, {UnaryOp::PowScalar, 0.0, -2, 2},
-      {UnaryOp::Square, 0, -3, 3},     {UnaryOp::Reciprocal, 0, 0.2, 5},  {UnaryOp::Sign, 0, -3, 3},
+      {UnaryOp::Square, 0, -3, 3},       {UnaryOp::Reciprocal, 0, 0.2, 5},   {UnaryOp::Sign, 0, -3, 3},
   };
   return cases;
 }
@@ -137,7 +138,9 @@ void check_unary_against_std(double rel, double abs) {
 
 }  // namespace
 
-TEST_CASE("unary ops match std:: math in f64", "[kernels]") { check_unary_against_std<double>(1e-14, 1e-300); }
+TEST_CASE("unary ops match std:: math in f64", "[kernels]") {
+  check_unary_against_std<double>(1e-14, 1e-300);
+}
 
 TEST_CASE("unary ops match std:: math in f32", "[kernels]") { check_unary_against_std<float>(2e-6, 1e-7); }
 
@@ -212,10 +215,12 @@ TEST_CASE("unary_backward matches central finite differences in f64", "[kernels]
     cpu::unary(c.op, view_of(xm, {n}), view_of(ym, {n}), c.p);
     cpu::unary_backward(c.op, view_of(g, {n}), view_of(x, {n}), view_of(y, {n}), view_of(gi, {n}), c.p);
     // Same result when only the input is saved (ops that prefer y recompute it).
-    cpu::unary_backward(c.op, view_of(g, {n}), view_of(x, {n}), StridedView{}, view_of(gi_no_output, {n}), c.p);
+    cpu::unary_backward(c.op, view_of(g, {n}), view_of(x, {n}), StridedView{}, view_of(gi_no_output, {n}),
+                        c.p);
     for (int64_t i = 0; i < n; ++i) {
       const double fd = g[i] * (yp[i] - ym[i]) / (2 * h);
-      INFO("op " << cpu::unary_op_name(c.op) << " p " << c.p << " x " << x[i] << " grad " << gi[i] << " fd " << fd);
+      INFO("op " << cpu::unary_op_name(c.op) << " p " << c.p << " x " << x[i] << " grad " << gi[i] << " fd "
+                 << fd);
       REQUIRE(close(gi[i], fd, 1e-6, 1e-7));
       REQUIRE(close(gi_no_output[i], gi[i], 1e-12, 1e-14));
     }
@@ -229,9 +234,9 @@ TEST_CASE("unary_backward at the kinks: relu and abs have gradient 0 at 0", "[ke
   cpu::unary_backward(UnaryOp::Abs, view_of(g, {3}), view_of(x, {3}), StridedView{}, view_of(gi, {3}));
   CHECK(gi == std::vector<double>{0.0, 1.0, -1.0});
   // Log needs the input: passing only the output is an error.
-  CHECK_THROWS_AS(cpu::unary_backward(UnaryOp::Log, view_of(g, {3}), StridedView{}, view_of(x, {3}),
-                                      view_of(gi, {3})),
-                  mg::Error);
+  CHECK_THROWS_AS(
+      cpu::unary_backward(UnaryOp::Log, view_of(g, {3}), StridedView{}, view_of(x, {3}), view_of(gi, {3})),
+      mg::Error);
   // f32 backward of tanh through the output.
   std::vector<float> gf = {2.0f}, yf = {0.5f}, gif(1);
   cpu::unary_backward(UnaryOp::Tanh, view_of(gf, {1}), StridedView{}, view_of(yf, {1}), view_of(gif, {1}));
@@ -268,10 +273,10 @@ double ref_binary(BinaryOp op, double x, double y, bool integer) {
   return 0;
 }
 
-const std::vector<BinaryOp> kAllBinary = {BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul,   BinaryOp::Div,
-                                          BinaryOp::Maximum, BinaryOp::Minimum, BinaryOp::Pow, BinaryOp::Eq,
-                                          BinaryOp::Ne,  BinaryOp::Lt,  BinaryOp::Le,    BinaryOp::Gt,
-                                          BinaryOp::Ge,  BinaryOp::LogicalAnd, BinaryOp::LogicalOr};
+const std::vector<BinaryOp> kAllBinary = {
+    BinaryOp::Add,     BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div,        BinaryOp::Maximum,
+    BinaryOp::Minimum, BinaryOp::Pow, BinaryOp::Eq,  BinaryOp::Ne,         BinaryOp::Lt,
+    BinaryOp::Le,      BinaryOp::Gt,  BinaryOp::Ge,  BinaryOp::LogicalAnd, BinaryOp::LogicalOr};
 
 // Small integers (with halves for floats) so that ties and zeros occur.
 template <class T>
@@ -306,7 +311,8 @@ void check_binary_layout(BinaryOp op, std::vector<T>& a, std::vector<int64_t> sa
       const double got = boolean ? static_cast<double>(out_b[k]) : static_cast<double>(out_t[k]);
       double want = ref_binary(op, x, y, integer);
       if (!boolean && std::is_same<T, float>::value) want = static_cast<float>(want);
-      INFO("op " << cpu::binary_op_name(op) << " x " << x << " y " << y << " got " << got << " want " << want);
+      INFO("op " << cpu::binary_op_name(op) << " x " << x << " y " << y << " got " << got << " want "
+                 << want);
       REQUIRE(close(got, want, std::is_same<T, float>::value ? 1e-6 : 1e-15));
     }
   }
@@ -319,12 +325,12 @@ void check_binary_all_layouts() {
   for (BinaryOp op : kAllBinary) {
     if (std::is_integral<T>::value && op == BinaryOp::Div) continue;
     for (bool transposed_out : {false, true}) {
-      check_binary_layout(op, a, {4, 1}, b, {4, 1}, transposed_out);    // both contiguous
-      check_binary_layout(op, a, {4, 1}, row, {0, 1}, transposed_out);  // b broadcast over rows
-      check_binary_layout(op, a, {4, 1}, col, {1, 0}, transposed_out);  // b broadcast over columns
-      check_binary_layout(op, row, {0, 1}, b, {4, 1}, transposed_out);  // a broadcast
-      check_binary_layout(op, a, {1, 3}, b, {4, 1}, transposed_out);    // a transposed
-      check_binary_layout(op, a, {1, 3}, b, {1, 3}, transposed_out);    // both transposed
+      check_binary_layout(op, a, {4, 1}, b, {4, 1}, transposed_out);      // both contiguous
+      check_binary_layout(op, a, {4, 1}, row, {0, 1}, transposed_out);    // b broadcast over rows
+      check_binary_layout(op, a, {4, 1}, col, {1, 0}, transposed_out);    // b broadcast over columns
+      check_binary_layout(op, row, {0, 1}, b, {4, 1}, transposed_out);    // a broadcast
+      check_binary_layout(op, a, {1, 3}, b, {4, 1}, transposed_out);      // a transposed
+      check_binary_layout(op, a, {1, 3}, b, {1, 3}, transposed_out);      // both transposed
       check_binary_layout(op, row, {0, 1}, col, {1, 0}, transposed_out);  // outer product
     }
   }
@@ -456,8 +462,8 @@ TEST_CASE("where with a broadcast condition", "[kernels]") {
   std::unique_ptr<bool[]> cond(new bool[3]{true, false, true});
   std::vector<float> a = {1, 2, 3, 4, 5, 6}, b = {-1, -2, -3, -4, -5, -6}, out(6);
   // cond [3] broadcast to [2, 3]; b transposed.
-  cpu::where(make_view(cond.get(), DType::boolean, {2, 3}, {0, 1}), view_of(a, {2, 3}), view_of(b, {2, 3}, {1, 2}),
-             view_of(out, {2, 3}));
+  cpu::where(make_view(cond.get(), DType::boolean, {2, 3}, {0, 1}), view_of(a, {2, 3}),
+             view_of(b, {2, 3}, {1, 2}), view_of(out, {2, 3}));
   CHECK(out == std::vector<float>{1, -3, 3, 4, -4, 6});
   std::vector<f16> ha = {f16(1.0f), f16(2.0f)}, hb = {f16(-1.0f), f16(-2.0f)}, ho(2);
   std::unique_ptr<bool[]> c2(new bool[2]{false, true});
@@ -568,7 +574,8 @@ void check_copy_to_all(bool transposed) {
 
 TEST_CASE("copy converts between all 49 dtype pairs", "[kernels]") {
   for (bool transposed : {false, true}) {
-    for (DType from : {DType::f32, DType::f64, DType::f16, DType::bf16, DType::i32, DType::i64, DType::boolean}) {
+    for (DType from :
+         {DType::f32, DType::f64, DType::f16, DType::bf16, DType::i32, DType::i64, DType::boolean}) {
       mg::visit_dtype(from, [&](auto tag) { check_copy_to_all<typename decltype(tag)::type>(transposed); });
     }
   }
@@ -608,6 +615,14 @@ TEST_CASE("copy from transposed and broadcast views", "[kernels]") {
   cpu::copy(view_of(src, {4, 3}, {1, 4}), view_of(dst, {4, 3}));
   for (int i = 0; i < 4; ++i)
     for (int j = 0; j < 3; ++j) REQUIRE(dst[i * 3 + j] == src[j * 4 + i]);
+  // a batch of transposes with ragged tiles: [2, 37, 45] viewed from a [2, 45, 37] buffer, into f64
+  std::vector<float> batch(2 * 45 * 37);
+  for (size_t k = 0; k < batch.size(); ++k) batch[k] = static_cast<float>(k);
+  std::vector<double> batch_t(batch.size());
+  cpu::copy(view_of(batch, {2, 37, 45}, {45 * 37, 1, 37}), view_of(batch_t, {2, 37, 45}));
+  for (int b = 0; b < 2; ++b)
+    for (int i = 0; i < 37; ++i)
+      for (int j = 0; j < 45; ++j) REQUIRE(batch_t[(b * 37 + i) * 45 + j] == batch[b * 45 * 37 + j * 37 + i]);
   // a [3] row broadcast to [2, 3] (expand().contiguous())
   std::vector<double> row = {1, 2, 3}, out(6);
   cpu::copy(view_of(row, {2, 3}, {0, 1}), view_of(out, {2, 3}));

@@ -71,17 +71,18 @@ std::vector<double> reference(ReduceOp op, const ReduceShape& s, const std::vect
 }
 
 const std::vector<ReduceShape> kShapes = {
-    {1, 1, 1},    {3, 1, 4},   {1, 7, 1},    {2, 5, 3},     {4, 1000, 1}, {1, 1000, 2}, {2, 3, 1500},
-    {1, 300, 5},  {5, 1, 1},   {1, 10000, 1}, {3, 4099, 1}, {7, 17, 33},  {1, 600, 1030}, {2, 2, 1},
+    {1, 1, 1},   {3, 1, 4}, {1, 7, 1},     {2, 5, 3},    {4, 1000, 1}, {1, 1000, 2},   {2, 3, 1500},
+    {1, 300, 5}, {5, 1, 1}, {1, 10000, 1}, {3, 4099, 1}, {7, 17, 33},  {1, 600, 1030}, {2, 2, 1},
 };
 
-const std::vector<ReduceOp> kAllOps = {ReduceOp::Sum, ReduceOp::Mean,   ReduceOp::Max, ReduceOp::Min,
+const std::vector<ReduceOp> kAllOps = {ReduceOp::Sum,    ReduceOp::Mean,   ReduceOp::Max, ReduceOp::Min,
                                        ReduceOp::Argmax, ReduceOp::Argmin, ReduceOp::Var, ReduceOp::Prod};
 
 // Runs `op` on input values `xd` stored as T, output stored as Out, and compares
 // with the reference computed from the values actually stored.
 template <class T, class Out>
-void check_op(ReduceOp op, const ReduceShape& s, const std::vector<double>& xd, double rel, int64_t correction = 1) {
+void check_op(ReduceOp op, const ReduceShape& s, const std::vector<double>& xd, double rel,
+              int64_t correction = 1) {
   std::vector<T> x;
   std::vector<double> stored;
   for (double v : xd) {
@@ -97,9 +98,9 @@ void check_op(ReduceOp op, const ReduceShape& s, const std::vector<double>& xd, 
   reduce(op, s, x.data(), mg::dtype_of<T>(), out.get(), mg::dtype_of<Out>(), correction);
   for (size_t k = 0; k < want.size(); ++k) {
     const double got = static_cast<double>(static_cast<mg::compute_t<Out>>(out[k]));
-    INFO(mg::kernels::cpu::reduce_op_name(op) << " " << mg::dtype_of<T>() << " shape [" << s.outer << ", "
-                                              << s.reduce << ", " << s.inner << "] k " << k << " got " << got
-                                              << " want " << want[k]);
+    INFO(mg::kernels::cpu::reduce_op_name(op)
+         << " " << mg::dtype_of<T>() << " shape [" << s.outer << ", " << s.reduce << ", " << s.inner << "] k "
+         << k << " got " << got << " want " << want[k]);
     if (std::isnan(want[k])) {
       REQUIRE(std::isnan(got));
     } else {
@@ -190,7 +191,8 @@ TEST_CASE("argmax/argmin: first index on ties, NaN wins", "[kernels]") {
   CHECK(idx[0] == 1);
   reduce(ReduceOp::Argmin, {1, 4, 1}, with_nan.data(), DType::f32, idx.data(), DType::i64);
   CHECK(idx[0] == 1);
-  reduce(ReduceOp::Argmax, {1, 2, 2}, with_nan.data(), DType::f32, idx.data(), DType::i64);  // columns {1,5},{nan,nan}
+  reduce(ReduceOp::Argmax, {1, 2, 2}, with_nan.data(), DType::f32, idx.data(),
+         DType::i64);  // columns {1,5},{nan,nan}
   CHECK(idx == std::vector<int64_t>{1, 0});
   std::vector<float> m(2);
   reduce(ReduceOp::Max, {1, 4, 1}, with_nan.data(), DType::f32, m.data(), DType::f32);
@@ -265,7 +267,8 @@ TEST_CASE("empty reductions and empty outputs", "[kernels]") {
   CHECK(std::isnan(out[0]));
   std::vector<int64_t> idx(6);
   CHECK_THROWS_AS(reduce(ReduceOp::Max, {2, 0, 3}, x.data(), DType::f32, out.data(), DType::f32), mg::Error);
-  CHECK_THROWS_AS(reduce(ReduceOp::Argmax, {2, 0, 3}, x.data(), DType::f32, idx.data(), DType::i64), mg::Error);
+  CHECK_THROWS_AS(reduce(ReduceOp::Argmax, {2, 0, 3}, x.data(), DType::f32, idx.data(), DType::i64),
+                  mg::Error);
   CHECK_THROWS_AS(reduce(ReduceOp::Min, {1, 0, 1}, x.data(), DType::f32, out.data(), DType::f32), mg::Error);
   std::vector<int64_t> isum(2, 5);
   reduce(ReduceOp::Sum, {1, 0, 2}, x.data(), DType::i32, isum.data(), DType::i64);
@@ -274,9 +277,11 @@ TEST_CASE("empty reductions and empty outputs", "[kernels]") {
   reduce(ReduceOp::Max, {0, 5, 3}, nullptr, DType::f32, nullptr, DType::f32);
   reduce(ReduceOp::Sum, {4, 5, 0}, nullptr, DType::f32, nullptr, DType::f32);
   // dtype rules
-  CHECK_THROWS_AS(reduce(ReduceOp::Mean, {1, 1, 1}, isum.data(), DType::i64, out.data(), DType::f32), mg::Error);
+  CHECK_THROWS_AS(reduce(ReduceOp::Mean, {1, 1, 1}, isum.data(), DType::i64, out.data(), DType::f32),
+                  mg::Error);
   CHECK_THROWS_AS(reduce(ReduceOp::Max, {1, 1, 1}, x.data(), DType::f32, out.data(), DType::f64), mg::Error);
-  CHECK_THROWS_AS(reduce(ReduceOp::Argmax, {1, 1, 1}, x.data(), DType::f32, out.data(), DType::f32), mg::Error);
+  CHECK_THROWS_AS(reduce(ReduceOp::Argmax, {1, 1, 1}, x.data(), DType::f32, out.data(), DType::f32),
+                  mg::Error);
 }
 
 TEST_CASE("sum of 16M f32 ones is exact, and of random values accurate", "[kernels]") {
