@@ -1,0 +1,89 @@
+#include "optim/grad_scaler.h"
+
+#include <cmath>
+
+#include "core/grad_mode.h"
+#include "core/ops.h"
+
+namespace mg::optim {
+
+GradScaler::GradScaler(GradScalerOptions options) : options_(options), scale_(options.init_scale) {
+  check(options.init_scale > 0 && std::isfinite(options.init_scale), "GradScaler: init_scale must be positive, got ",
+        options.init_scale);
+  check(options.growth_factor > 1, "GradScaler: growth_factor must be > 1, got ", options.growth_factor);
+  check(options.backoff_factor > 0 && options.backoff_factor < 1, "GradScaler: backoff_factor must be in (0, 1), got ",
+        options.backoff_factor);
+  check(options.growth_interval > 0, "GradScaler: growth_interval must be positive, got ", options.growth_interval);
+}
+
+Tensor GradScaler::scale(const Tensor& loss) const {
+  if (!options_.enabled) return loss;
+  return mul(loss, scale_);
+}
+
+void GradScaler::unscale_(Optimizer& optimizer) {
+  if (!options_.enabled || unscaled_) return;
+  NoGradGuard no_grad;
+  const double inverse = 1.0 / scale_;
+  bool local_inf = false;
+  for (ParamGroup& group : optimizer.param_groups()) {
+    for (Tensor& p : group.params) {
+      if (!p.grad().defined()) continue;
+      Tensor& g = p.mutable_grad();
+      // max|g| is inf for an inf and NaN for a NaN (max propagates NaN), finite otherwise.
+      if (!local_inf && g.numel() > 0 && !std::isfinite(max(abs(g)).item<double>())) local_inf = true;
+      g.mul_(inverse);
+    }
+  }
+  found_inf_ = reducer_ ? reducer_(local_inf) : local_inf;
+  unscaled_ = true;
+}
+
+bool GradScaler::step(Optimizer& optimizer) {
+  if (!options_.enabled) {
+    optimizer.step();
+    return true;
+  }
+  unscale_(optimizer);
+  if (found_inf_) return false;
+  optimizer.step();
+  return true;
+}
+
+void GradScaler::update() {
+  if (!options_.enabled) return;
+  check(unscaled_, "GradScaler::update: call step() (or unscale_()) in this iteration first");
+  if (found_inf_) {
+    scale_ *= options_.backoff_factor;
+    growth_tracker_ = 0;
+  } else if (++growth_tracker_ == options_.growth_interval) {
+    scale_ *= options_.growth_factor;
+    growth_tracker_ = 0;
+  }
+  unscaled_ = false;
+  found_inf_ = false;
+}
+
+StateDict GradScaler::state_dict() const {
+  auto value = [](double v) { return scalar_tensor(v, TensorOptions{DType::f64}); };
+  return {{"scale", value(scale_)},
+          {"growth_tracker", value(static_cast<double>(growth_tracker_))},
+          {"growth_factor", value(options_.growth_factor)},
+          {"backoff_factor", value(options_.backoff_factor)},
+          {"growth_interval", value(static_cast<double>(options_.growth_interval))}};
+}
+
+void GradScaler::load_state_dict(const StateDict& state) {
+  for (const char* key : {"scale", "growth_tracker", "growth_factor", "backoff_factor", "growth_interval"})
+    check(state.count(key) && state.at(key).numel() == 1, "GradScaler::load_state_dict: missing or non-scalar '",
+          key, "'");
+  const double scale = state.at("scale").item<double>();
+  check(scale > 0 && std::isfinite(scale), "GradScaler::load_state_dict: bad scale ", scale);
+  scale_ = scale;
+  growth_tracker_ = static_cast<int64_t>(state.at("growth_tracker").item<double>());
+  options_.growth_factor = state.at("growth_factor").item<double>();
+  options_.backoff_factor = state.at("backoff_factor").item<double>();
+  options_.growth_interval = static_cast<int64_t>(state.at("growth_interval").item<double>());
+}
+
+}  // namespace mg::optim
