@@ -2,6 +2,9 @@
 //
 //   build/benchmarks/bench_ops [--quick] [--repeats N] [--json PATH]
 //
+// Default: 16M floats, [4096, 4096] and 1024^3, 2 warmup + 21 timed rounds. --quick: 4M floats,
+// [2048, 2048] and 512^3, 1 + 5 rounds. The exit status is 1 when a result check fails.
+//
 // Ceilings (measured here, never assumed):
 //   memcpy   copy bandwidth of a 16M-float (64 MiB) buffer, counting bytes read + written,
 //            split across the same number of threads the OpenMP kernels use (a 1-thread
@@ -12,19 +15,25 @@
 //
 // Rows: matmul through the public mg::matmul and the hand-written gemm_blocked (GFLOP/s,
 // ratio to sgemm); elementwise ops, a sum, a row softmax and a strided copy through the public
-// API (GB/s of the bytes that must move, each stream counted once; ratio to memcpy). Rows
-// named "ref:" are plain loops, not multigrad code, that show what bounds an op: the same
-// map calling libm's expf / tanhf per element, and a 32x32-tiled transpose.
+// API (GB/s of the bytes that must move, each stream counted once; ratio to memcpy). Public ops
+// allocate their output on every call; the CPU caching allocator hands back the block freed by
+// the previous call, so after warmup that is a free-list lookup, not fresh page faults. Rows
+// named "ref:" are plain loops, not multigrad code, that show what bounds an op: the same map
+// calling libm's expf / tanhf per element, x*2 with ordinary and with streaming stores, a
+// vectorised sum, and a 32x32-tiled transpose. The "ld N" rows
+// transpose a matrix whose rows are N floats apart, not a multiple of 4 KiB.
 //
-// Method: the machine is noisy, so every case runs once per round and the rounds interleave
-// all cases (the starting case rotates each round); after the warmup rounds, each case's time
-// is the median of its rounds. Each non-ceiling case runs right after its ceiling, and its
-// ratio is the median over rounds of the two back-to-back rates. Public ops allocate their output on every call; the CPU caching
-// allocator hands back the block freed by the previous call, so after warmup that costs a
-// free-list lookup, not fresh page faults.
+// Method: the machine is noisy. Every case runs once per round, the rounds interleave all
+// cases (the starting case rotates each round), and after the warmup rounds a case's time is
+// the median over its rounds. Each non-ceiling case runs right after its ceiling; its ratio is
+// the median over rounds of those two back-to-back rates, so drifts in what the machine
+// delivers cancel. The memcpy ceiling has buffers of its own, so it warms no case's inputs.
 //
 // JSON goes to --json PATH, or else to $MG_BENCH_OUT_DIR/bench_ops.json when that is set
 // (scripts/gpu-check sets it).
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -39,9 +48,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <sys/resource.h>
-#include <unistd.h>
 
 #include "kernels/cpu/gemm.h"
 #include "multigrad.h"
@@ -58,6 +64,9 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+#ifdef __SSE2__
+#include <immintrin.h>
+#endif
 
 namespace {
 
@@ -73,9 +82,9 @@ struct Flags {
 struct Case {
   std::string name;
   std::string size;
-  double work;         // bytes (memory-bound rows) or flops (GEMM rows)
-  bool flops;          // unit: GFLOP/s when true, GB/s otherwise
-  std::string ceiling; // "memcpy" or "sgemm"
+  double work;          // bytes (memory-bound rows) or flops (GEMM rows)
+  bool flops;           // unit: GFLOP/s when true, GB/s otherwise
+  std::string ceiling;  // "memcpy" or "sgemm"
   std::function<void()> run;
   std::vector<double> seconds;  // one per timed round (ceilings: also one per paired run)
   std::vector<double> ratios;   // per round: this case's rate / its ceiling's rate just before
@@ -120,6 +129,30 @@ void parallel_map(float* dst, const float* src, int64_t n, const F& f) {
 #endif
   for (int64_t i = 0; i < n; ++i) dst[i] = f(src[i]);
 }
+
+// Sum of n floats: OpenMP splits the range, `simd` lets the compiler vectorise the float sum.
+float parallel_sum(const float* src, int64_t n) {
+  float total = 0;
+#ifdef _OPENMP
+#pragma omp parallel for simd reduction(+ : total) schedule(static)
+#endif
+  for (int64_t i = 0; i < n; ++i) total += src[i];
+  return total;
+}
+
+#ifdef __SSE2__
+// dst[i] = 2 * src[i] with non-temporal stores: the destination lines are written without
+// first being read into cache (no read-for-ownership). dst and src 16-byte aligned.
+void parallel_scale_streaming(float* dst, const float* src, int64_t n) {
+  const __m128 two = _mm_set1_ps(2.0f);
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static)
+#endif
+  for (int64_t i = 0; i < n / 4; ++i) _mm_stream_ps(dst + 4 * i, _mm_mul_ps(_mm_load_ps(src + 4 * i), two));
+  for (int64_t i = n / 4 * 4; i < n; ++i) dst[i] = 2.0f * src[i];
+  _mm_sfence();
+}
+#endif
 
 // dst[j][i] = src[i][j] for a side x side matrix, in kTile x kTile tiles: a tile's source rows
 // and destination rows both stay in L1, so every cache line fetched is used whole.
@@ -230,7 +263,8 @@ Flags parse_flags(int argc, char** argv) {
 #ifdef MG_HAS_CLI11
   CLI::App app{"CPU op throughput vs memcpy bandwidth and OpenBLAS sgemm, measured in the same run"};
   app.add_flag("--quick", f.quick, "smaller sizes, fewer repeats (< 20 s)");
-  app.add_option("--repeats", f.repeats, "timed rounds per case (median reported)")->check(CLI::Range(1, 1000000));
+  app.add_option("--repeats", f.repeats, "timed rounds per case (median reported)")
+      ->check(CLI::Range(1, 1000000));
   app.add_option("--json", f.json_path, "write the table as JSON here");
   try {
     app.parse(argc, argv);
@@ -244,16 +278,18 @@ Flags parse_flags(int argc, char** argv) {
       if (i + 1 >= argc) throw mg::Error("missing value after " + arg);
       return argv[++i];
     };
-    if (arg == "--quick") f.quick = true;
+    if (arg == "--quick")
+      f.quick = true;
     else if (arg == "--repeats") {
       f.repeats = std::stoi(value());
       if (f.repeats < 1) throw mg::Error("--repeats must be at least 1");
-    }
-    else if (arg == "--json") f.json_path = value();
+    } else if (arg == "--json")
+      f.json_path = value();
     else if (arg == "--help" || arg == "-h") {
       std::printf("usage: bench_ops [--quick] [--repeats N] [--json PATH]\n");
       std::exit(0);
-    } else throw mg::Error("unknown flag " + arg + " (expected --quick, --repeats N, --json PATH)");
+    } else
+      throw mg::Error("unknown flag " + arg + " (expected --quick, --repeats N, --json PATH)");
   }
 #endif
   return f;
@@ -263,9 +299,12 @@ Flags parse_flags(int argc, char** argv) {
 std::string json_str(const std::string& s) {
   std::string o = "\"";
   for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\', o += c;
-    else if (static_cast<unsigned char>(c) < 0x20) o += ' ';
-    else o += c;
+    if (c == '"' || c == '\\')
+      o += '\\', o += c;
+    else if (static_cast<unsigned char>(c) < 0x20)
+      o += ' ';
+    else
+      o += c;
   }
   return o + "\"";
 }
@@ -284,6 +323,7 @@ struct Machine {
   std::string blas, cpu, date;
   double memcpy_gbs, sgemm_gflops;
   double load_before, other_cpu_share;
+  bool checks_ok;
   int repeats, warmup;
   bool quick;
 };
@@ -295,10 +335,15 @@ void write_json(const std::string& path, const Machine& m, const std::vector<Row
   nlohmann::json j;
   j["benchmark"] = "bench_ops";
   j["date_utc"] = m.date;
-  j["machine"] = {{"nproc", m.nproc},   {"omp_threads", m.omp}, {"cpu", m.cpu},
-                  {"openblas", m.openblas}, {"blas", m.blas},
-                  {"loadavg_before", m.load_before}, {"other_cpu_share", m.other_cpu_share}};
+  j["machine"] = {{"nproc", m.nproc},
+                  {"omp_threads", m.omp},
+                  {"cpu", m.cpu},
+                  {"openblas", m.openblas},
+                  {"blas", m.blas},
+                  {"loadavg_before", m.load_before},
+                  {"other_cpu_share", m.other_cpu_share}};
   j["settings"] = {{"quick", m.quick}, {"repeats", m.repeats}, {"warmup", m.warmup}};
+  j["checks_ok"] = m.checks_ok;
   j["ceilings"] = {{"memcpy_GB_per_s", m.memcpy_gbs}, {"sgemm_GFLOP_per_s", m.sgemm_gflops}};
   j["rows"] = nlohmann::json::array();
   for (const Row& r : rows)
@@ -312,11 +357,12 @@ void write_json(const std::string& path, const Machine& m, const std::vector<Row
   f << j.dump(2) << "\n";
 #else
   f << "{\n  \"benchmark\": \"bench_ops\",\n  \"date_utc\": " << json_str(m.date) << ",\n"
-    << "  \"machine\": {\"nproc\": " << m.nproc << ", \"omp_threads\": " << m.omp << ", \"cpu\": " << json_str(m.cpu)
-    << ", \"openblas\": " << (m.openblas ? "true" : "false") << ", \"blas\": " << json_str(m.blas) << ", \"loadavg_before\": " << json_num(m.load_before)
+    << "  \"machine\": {\"nproc\": " << m.nproc << ", \"omp_threads\": " << m.omp
+    << ", \"cpu\": " << json_str(m.cpu) << ", \"openblas\": " << (m.openblas ? "true" : "false")
+    << ", \"blas\": " << json_str(m.blas) << ", \"loadavg_before\": " << json_num(m.load_before)
     << ", \"other_cpu_share\": " << json_num(m.other_cpu_share) << "},\n"
     << "  \"settings\": {\"quick\": " << (m.quick ? "true" : "false") << ", \"repeats\": " << m.repeats
-    << ", \"warmup\": " << m.warmup << "},\n"
+    << ", \"warmup\": " << m.warmup << "},\n  \"checks_ok\": " << (m.checks_ok ? "true" : "false") << ",\n"
     << "  \"ceilings\": {\"memcpy_GB_per_s\": " << json_num(m.memcpy_gbs)
     << ", \"sgemm_GFLOP_per_s\": " << json_num(m.sgemm_gflops) << "},\n  \"rows\": [\n";
   for (size_t i = 0; i < rows.size(); ++i) {
@@ -355,11 +401,12 @@ int run(const Flags& flags) {
                   0,
                   load_average(),
                   -1,
+                  false,
                   repeats,
                   warmup,
                   quick};
-  std::printf("bench_ops  %s  nproc=%d  OpenMP threads=%d  load average %.2f  cpu: %s\n", machine.date.c_str(),
-              machine.nproc, threads, machine.load_before, machine.cpu.c_str());
+  std::printf("bench_ops  %s  nproc=%d  OpenMP threads=%d  load average %.2f  cpu: %s\n",
+              machine.date.c_str(), machine.nproc, threads, machine.load_before, machine.cpu.c_str());
   std::printf("BLAS: %s\n", machine.blas.c_str());
   std::printf("mode: %s, %d warmup + %d timed rounds, every case once per round (interleaved), median\n\n",
               quick ? "--quick" : "default", warmup, repeats);
@@ -381,7 +428,7 @@ int run(const Flags& flags) {
   const mg::Tensor gb = mg::randn({gn, gn});
   mg::Tensor copy_dst = mg::empty({numel});  // the reference loops write here
   // The memcpy ceiling has buffers of its own, so running it just before a case does not warm
-  // that case's inputs in cache (lscpu may report an L3 larger than these buffers).
+  // that case's inputs in cache (an L3 may be larger than these buffers).
   const mg::Tensor memcpy_src = mg::randn({numel});
   mg::Tensor memcpy_dst = mg::empty({numel});
   mg::Tensor c_blas = mg::zeros({gn, gn}), c_blocked = mg::zeros({gn, gn});
@@ -408,40 +455,59 @@ int run(const Flags& flags) {
   const std::string gsz = std::to_string(gn) + "^3 f32";
 
   std::vector<Case> cases;
-  cases.push_back({"memcpy (" + std::to_string(threads) + (threads == 1 ? " thread)" : " threads)"), vec, 2 * fbytes,
-                   false, "memcpy", [&] { parallel_memcpy(mdst, msrc, numel, threads); }, {}, {}});
-  const size_t memcpy_case = cases.size() - 1;  // the memcpy ceiling: as many threads as the kernels
+  // `work` is bytes moved (rate in GB/s) or, when is_flops, flops (GFLOP/s); `ceiling` names the
+  // ceiling case the ratio is taken against.
+  auto add = [&](std::string name, std::string size, double work, bool is_flops, const char* ceiling,
+                 std::function<void()> run) {
+    cases.push_back(Case{std::move(name), std::move(size), work, is_flops, ceiling, std::move(run), {}, {}});
+    return cases.size() - 1;
+  };
+  const double gelu_k = 0.7978845608028654;  // sqrt(2 / pi)
+  auto gelu_ref = [gelu_k](float v) {
+    return 0.5f * v * (1.0f + std::tanh(static_cast<float>(gelu_k) * (v + 0.044715f * v * v * v)));
+  };
+
+  // The ceilings. memcpy uses as many threads as the kernels; the 1-thread row is for reference.
+  const size_t memcpy_case =
+      add("memcpy (" + std::to_string(threads) + (threads == 1 ? " thread)" : " threads)"), vec, 2 * fbytes,
+          false, "memcpy", [&] { parallel_memcpy(mdst, msrc, numel, threads); });
   if (threads > 1)
-    cases.push_back(
-        {"memcpy (1 thread)", vec, 2 * fbytes, false, "memcpy", [&] { parallel_memcpy(mdst, msrc, numel, 1); }, {}, {}});
-  cases.push_back({have_openblas ? "sgemm (OpenBLAS)" : "sgemm (no OpenBLAS: blocked)", gsz, gflops, true, "sgemm",
-                   [&] { kcpu::gemm(args_blas); }, {}, {}});
-  const size_t sgemm_case = cases.size() - 1;
-  cases.push_back({"mg::matmul", gsz, gflops, true, "sgemm", [&] { keep(mg::matmul(ga, gb)); }, {}, {}});
-  cases.push_back({"gemm_blocked", gsz, gflops, true, "sgemm", [&] { kcpu::gemm_blocked(args_blocked); }, {}, {}});
-  cases.push_back({"add a+b", vec, 3 * fbytes, false, "memcpy", [&] { keep(x + y); }, {}, {}});
-  cases.push_back({"mul x*2.0", vec, 2 * fbytes, false, "memcpy", [&] { keep(x * 2.0); }, {}, {}});
-  cases.push_back({"relu", vec, 2 * fbytes, false, "memcpy", [&] { keep(mg::relu(x)); }, {}, {}});
-  cases.push_back({"exp", vec, 2 * fbytes, false, "memcpy", [&] { keep(mg::exp(x)); }, {}, {}});
-  cases.push_back({"gelu (tanh)", vec, 2 * fbytes, false, "memcpy", [&] { keep(mg::gelu(x)); }, {}, {}});
-  cases.push_back({"sum (all)", vec, fbytes, false, "memcpy", [&] { keep(mg::sum(x)); }, {}, {}});
-  cases.push_back({"softmax(dim=-1)", mat, 2 * fbytes, false, "memcpy", [&] { keep(mg::softmax(x2, -1)); }, {}, {}});
-  cases.push_back({"x.t().contiguous()", mat, 2 * fbytes, false, "memcpy", [&] { keep(xt.contiguous()); }, {}, {}});
+    add("memcpy (1 thread)", vec, 2 * fbytes, false, "memcpy",
+        [&] { parallel_memcpy(mdst, msrc, numel, 1); });
+  const size_t sgemm_case = add(have_openblas ? "sgemm (OpenBLAS)" : "sgemm (no OpenBLAS: blocked)", gsz,
+                                gflops, true, "sgemm", [&] { kcpu::gemm(args_blas); });
+
+  // multigrad: GEMM, then the memory-bound ops through the public API.
+  add("mg::matmul", gsz, gflops, true, "sgemm", [&] { keep(mg::matmul(ga, gb)); });
+  add("gemm_blocked", gsz, gflops, true, "sgemm", [&] { kcpu::gemm_blocked(args_blocked); });
+  add("add a+b", vec, 3 * fbytes, false, "memcpy", [&] { keep(x + y); });
+  add("mul x*2.0", vec, 2 * fbytes, false, "memcpy", [&] { keep(x * 2.0); });
+  add("relu", vec, 2 * fbytes, false, "memcpy", [&] { keep(mg::relu(x)); });
+  add("exp", vec, 2 * fbytes, false, "memcpy", [&] { keep(mg::exp(x)); });
+  add("gelu (tanh)", vec, 2 * fbytes, false, "memcpy", [&] { keep(mg::gelu(x)); });
+  add("sum (all)", vec, fbytes, false, "memcpy", [&] { keep(mg::sum(x)); });
+  add("softmax(dim=-1)", mat, 2 * fbytes, false, "memcpy", [&] { keep(mg::softmax(x2, -1)); });
+  add("x.t().contiguous()", mat, 2 * fbytes, false, "memcpy", [&] { keep(xt.contiguous()); });
+
   // Reference loops (not multigrad code), written to copy_dst.
-  cases.push_back({"ref: std::exp loop", vec, 2 * fbytes, false, "memcpy",
-                   [&] { parallel_map(dst, xs, numel, [](float v) { return std::exp(v); }); }, {}, {}});
-  cases.push_back({"ref: gelu std::tanh loop", vec, 2 * fbytes, false, "memcpy", [&] {
-                     parallel_map(dst, xs, numel, [](float v) {
-                       return 0.5f * v * (1.0f + std::tanh(0.7978845608f * (v + 0.044715f * v * v * v)));
-                     });
-                   }, {}, {}});
-  cases.push_back({"ref: tiled transpose 32x32", mat, 2 * fbytes, false, "memcpy",
-                   [&] { tiled_transpose(dst, xs, side, side); }, {}, {}});
+  add("ref: x*2 loop", vec, 2 * fbytes, false, "memcpy",
+      [&] { parallel_map(dst, xs, numel, [](float v) { return 2.0f * v; }); });
+#ifdef __SSE2__
+  add("ref: x*2 loop, streaming stores", vec, 2 * fbytes, false, "memcpy",
+      [&] { parallel_scale_streaming(dst, xs, numel); });
+#endif
+  add("ref: sum loop (omp simd)", vec, fbytes, false, "memcpy",
+      [&] { sink = sink + parallel_sum(xs, numel); });
+  add("ref: std::exp loop", vec, 2 * fbytes, false, "memcpy",
+      [&] { parallel_map(dst, xs, numel, [](float v) { return std::exp(v); }); });
+  add("ref: gelu std::tanh loop", vec, 2 * fbytes, false, "memcpy",
+      [&] { parallel_map(dst, xs, numel, gelu_ref); });
+  add("ref: tiled transpose 32x32", mat, 2 * fbytes, false, "memcpy",
+      [&] { tiled_transpose(dst, xs, side, side); });
   const std::string ld = ", ld " + std::to_string(ld_pad);
-  cases.push_back(
-      {"x.t().contiguous()" + ld, mat, 2 * fbytes, false, "memcpy", [&] { keep(xpt.contiguous()); }, {}, {}});
-  cases.push_back({"ref: tiled transpose 32x32" + ld, mat, 2 * fbytes, false, "memcpy",
-                   [&] { tiled_transpose(dst, xpad.data<float>(), side, ld_pad); }, {}, {}});
+  add("x.t().contiguous()" + ld, mat, 2 * fbytes, false, "memcpy", [&] { keep(xpt.contiguous()); });
+  add("ref: tiled transpose 32x32" + ld, mat, 2 * fbytes, false, "memcpy",
+      [&] { tiled_transpose(dst, xpad.data<float>(), side, ld_pad); });
 
   const CpuTimes cpu0 = cpu_times();
   const auto t_start = Clock::now();
@@ -476,8 +542,9 @@ int run(const Flags& flags) {
   const double total_s = std::chrono::duration<double>(Clock::now() - t_start).count();
   const CpuTimes cpu1 = cpu_times();
   if (cpu0.machine_busy_s >= 0 && machine.nproc > 0)
-    machine.other_cpu_share = std::max(0.0, (cpu1.machine_busy_s - cpu0.machine_busy_s) - (cpu1.self_s - cpu0.self_s)) /
-                              (total_s * machine.nproc);
+    machine.other_cpu_share =
+        std::max(0.0, (cpu1.machine_busy_s - cpu0.machine_busy_s) - (cpu1.self_s - cpu0.self_s)) /
+        (total_s * machine.nproc);
 
   // ---- sanity: the numbers are about the right computation ----
   kcpu::gemm(args_blas);
@@ -494,8 +561,13 @@ int run(const Flags& flags) {
   const mg::Tensor xptc = xpt.contiguous();
   tiled_transpose(dst, xpad.data<float>(), side, ld_pad);
   t_ok = t_ok && std::memcmp(dst, xptc.data<float>(), static_cast<size_t>(numel) * sizeof(float)) == 0;
+#ifdef __SSE2__
+  parallel_scale_streaming(dst, xs, numel);
+  for (int64_t i = 0; i < numel && t_ok; ++i) t_ok = dst[i] == 2.0f * xs[i];
+#endif
   const double tol = 1e-3 * std::sqrt(static_cast<double>(gn));  // entries ~ sqrt(gn), f32 rounding
   const bool checks_ok = d_mm <= tol && d_bl <= tol && d_cp == 0 && t_ok;
+  machine.checks_ok = checks_ok;
 
   // ---- table ----
   double memcpy_gbs = 0, sgemm_gflops = 0;
@@ -523,37 +595,42 @@ int run(const Flags& flags) {
     wn = std::max(wn, static_cast<int>(r.name.size()));
     ws = std::max(ws, static_cast<int>(r.size.size()));
   }
-  std::printf("%-*s | %-*s | %9s | %15s | %-21s | %5s\n", wn, "op", ws, "size", "time (ms)", "achieved", "ceiling",
-              "ratio");
+  std::printf("%-*s | %-*s | %9s | %15s | %-21s | %5s\n", wn, "op", ws, "size", "time (ms)", "achieved",
+              "ceiling", "ratio");
   std::printf("%s\n", std::string(wn + ws + 9 + 15 + 21 + 5 + 15, '-').c_str());
   char buf[64], cbuf[64];
   for (const Row& r : rows) {
     std::snprintf(buf, sizeof buf, "%.1f %s", r.value, r.unit.c_str());
     std::snprintf(cbuf, sizeof cbuf, "%s %.1f %s", r.ceiling.c_str(),
                   r.ceiling == "memcpy" ? memcpy_gbs : sgemm_gflops, r.unit.c_str());
-    std::printf("%-*s | %-*s | %9.2f | %15s | %-21s | %5.2f\n", wn, r.name.c_str(), ws, r.size.c_str(), r.time_ms,
-                buf, cbuf, r.ratio);
+    std::printf("%-*s | %-*s | %9.2f | %15s | %-21s | %5.2f\n", wn, r.name.c_str(), ws, r.size.c_str(),
+                r.time_ms, buf, cbuf, r.ratio);
   }
-  std::printf("\nratio: median over the rounds of (this row's rate / its ceiling's rate measured just before\n"
-              "it), so it can differ a little from achieved / ceiling (medians of the rates).\n");
-  std::printf("GB/s counts each stream once (add: 2 reads + 1 write; unary, softmax, copy: 1 read + 1 write;\n"
-              "sum: 1 read); memcpy counts its read + write. \"ref:\" rows are plain loops, not multigrad\n"
-              "code. Public ops allocate their output on every call (served by the caching allocator\n"
-              "after warmup). \"ld N\": the source rows are N floats apart (not a multiple of 4 KiB).\n"
-              "%d rounds in %.1f s.\n",
-              warmup + repeats, total_s);
+  std::printf(
+      "\nratio: median over the rounds of (this row's rate / its ceiling's rate measured just before\n"
+      "it), so it can differ a little from achieved / ceiling (medians of the rates).\n");
+  std::printf(
+      "GB/s counts each stream once (add: 2 reads + 1 write; unary, softmax, copy: 1 read + 1 write;\n"
+      "sum: 1 read); memcpy counts its read + write. \"ref:\" rows are plain loops, not multigrad\n"
+      "code. Public ops allocate their output on every call (served by the caching allocator\n"
+      "after warmup). \"ld N\": the source rows are N floats apart (not a multiple of 4 KiB).\n"
+      "%d rounds in %.1f s.\n",
+      warmup + repeats, total_s);
   if (machine.other_cpu_share >= 0)
     std::printf("other processes used %.0f%% of the %d cpus during the timed rounds\n",
                 100 * machine.other_cpu_share, machine.nproc);
-  if (machine.other_cpu_share > 0.1)
-    std::printf("WARNING: the machine was busy: multi-threaded rows (a parallel region waits for its slowest,\n"
-                "descheduled thread) understate the kernels. Rerun on a quiet machine.\n");
-  std::printf("checks: matmul vs sgemm max|diff| %.2e, gemm_blocked vs sgemm %.2e, memcpy %s, transpose %s -> %s\n",
-              d_mm, d_bl, d_cp == 0 ? "exact" : "WRONG", t_ok ? "ok" : "WRONG", checks_ok ? "ok" : "FAILED");
+  if (machine.other_cpu_share > 0.2)
+    std::printf(
+        "WARNING: the machine was busy: multi-threaded rows (a parallel region waits for its slowest,\n"
+        "descheduled thread) understate the kernels. Rerun on a quiet machine.\n");
+  std::printf(
+      "checks: matmul vs sgemm max|diff| %.2e, gemm_blocked vs sgemm %.2e, memcpy %s, copies %s -> %s\n",
+      d_mm, d_bl, d_cp == 0 ? "exact" : "WRONG", t_ok ? "ok" : "WRONG", checks_ok ? "ok" : "FAILED");
 
   std::string json_path = flags.json_path;
   if (json_path.empty()) {
-    if (const char* dir = std::getenv("MG_BENCH_OUT_DIR"); dir && *dir) json_path = std::string(dir) + "/bench_ops.json";
+    if (const char* dir = std::getenv("MG_BENCH_OUT_DIR"); dir && *dir)
+      json_path = std::string(dir) + "/bench_ops.json";
   }
   if (!json_path.empty()) {
     write_json(json_path, machine, rows);
