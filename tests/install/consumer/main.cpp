@@ -5,6 +5,9 @@
 #include "core/cuda_runtime.h"
 #include "core/dtype.h"
 #include "core/tensor.h"
+#if __has_include("multigrad.h")
+#include "multigrad.h"  // the umbrella header must be self-contained once installed
+#endif
 
 int main() {
   mg::Tensor t = mg::ones({2, 2});

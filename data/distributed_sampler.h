@@ -1,0 +1,45 @@
+// DistributedSampler: each of `world` ranks trains on its own 1/world of the dataset per epoch.
+//
+// PyTorch's semantics, so a PyTorch user's numbers carry over:
+//   1. All ranks build the same list: a permutation seeded by (seed, epoch) when shuffling
+//      (every rank must use the same seed), else 0..n-1.
+//   2. Make it divisible by world. Default: pad by wrapping around to the list's start (a few
+//      samples are seen twice per epoch) up to world * ceil(n / world). drop_last: cut the tail
+//      to world * floor(n / world) instead (a few samples are skipped this epoch).
+//   3. Rank r takes positions r, r + world, r + 2*world, ... (indices[r::world]).
+// So every rank yields the same number of samples — the DDP all-reduce needs every rank to run
+// the same number of steps — and the shards are disjoint apart from the padding.
+//
+// Call set_epoch(epoch) at the start of each epoch; without it every epoch repeats the order of
+// epoch 0 (the DataLoader never changes a user sampler's epoch).
+#pragma once
+
+#include "data/sampler.h"
+
+namespace mg::data {
+
+struct DistributedSamplerOptions {
+  bool shuffle = true;
+  uint64_t seed = 0;  // must be the same on every rank
+  bool drop_last = false;
+};
+
+class DistributedSampler : public Sampler {
+ public:
+  DistributedSampler(int64_t dataset_size, int64_t rank, int64_t world_size,
+                     const DistributedSamplerOptions& options = {});
+
+  std::vector<int64_t> indices(int64_t epoch) const override;   // this rank's shard
+  int64_t size() const override { return num_samples_; }        // per rank
+  int64_t total_size() const { return num_samples_ * world_; }  // all ranks, after padding/cutting
+  int64_t rank() const { return rank_; }
+  int64_t world_size() const { return world_; }
+  const DistributedSamplerOptions& options() const { return options_; }
+
+ private:
+  int64_t n_, rank_, world_;
+  DistributedSamplerOptions options_;
+  int64_t num_samples_;
+};
+
+}  // namespace mg::data

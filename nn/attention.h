@@ -1,0 +1,39 @@
+// CausalSelfAttention: multi-head self-attention where position t only sees
+// positions <= t (GPT's decoder attention). For x [B, T, C] with H heads of size
+// D = C / H:
+//
+//   q, k, v = split(c_attn(x), C)                     each [B, T, C] -> [B, H, T, D]
+//   att     = q k^T / sqrt(D)                         [B, H, T, T]
+//   att     = where(key <= query, att, -inf)          the causal mask
+//   att     = dropout(softmax(att, -1))
+//   y       = att v                                   [B, H, T, D] -> [B, T, C]
+//   out     = dropout(c_proj(y))
+//
+// The parameter names follow nanoGPT (c_attn: [3C, C], c_proj: [C, C]); PyTorch's
+// nn.MultiheadAttention packs the same three projections as in_proj_weight [3C, C].
+#pragma once
+
+#include "nn/dropout.h"
+#include "nn/linear.h"
+#include "nn/module.h"
+
+namespace mg::nn {
+
+class CausalSelfAttention : public Module {
+ public:
+  CausalSelfAttention(int64_t n_embd, int64_t n_head, double dropout = 0.0);
+  Tensor forward(const Tensor& x) override;  // [B, T, n_embd] -> [B, T, n_embd]
+  std::shared_ptr<Module> clone_empty() const override;
+  std::string extra_repr() const override;
+
+  // [T, T] bool, true where query i may attend to key j (j <= i).
+  static Tensor causal_mask(int64_t T, Device device);
+
+  const int64_t n_embd, n_head;
+  const double dropout_p;
+  Linear c_attn;  // q, k, v projections, stacked: [3 n_embd, n_embd]
+  Linear c_proj;  // output projection
+  Dropout attn_dropout, resid_dropout;
+};
+
+}  // namespace mg::nn

@@ -1,0 +1,100 @@
+// BatchNorm (composed from ops) and LayerNorm (the fused kernel).
+#include "nn/normalization.h"
+
+#include "core/grad_mode.h"
+#include "core/ops.h"
+
+namespace mg::nn {
+
+// ---- BatchNorm ----
+BatchNorm::BatchNorm(int64_t c, BatchNormOptions opts, int64_t min_dim, int64_t max_dim)
+    : num_features(c), options(opts), min_dim_(min_dim), max_dim_(max_dim) {
+  check(c > 0, type_name(), ": num_features must be positive, got ", c);
+  check(opts.eps > 0 && opts.momentum >= 0 && opts.momentum <= 1, type_name(), ": eps ", opts.eps,
+        " must be positive and momentum ", opts.momentum, " in [0, 1]");
+  if (opts.affine) {
+    weight = ones({c});
+    bias = zeros({c});
+    register_parameter("weight", weight);
+    register_parameter("bias", bias);
+  }
+  running_mean = zeros({c});
+  running_var = ones({c});
+  num_batches_tracked = zeros({}, TensorOptions{DType::i64});
+  register_buffer("running_mean", running_mean);
+  register_buffer("running_var", running_var);
+  register_buffer("num_batches_tracked", num_batches_tracked);
+}
+
+Tensor BatchNorm::forward(const Tensor& x) {
+  check(x.defined() && x.dim() >= min_dim_ && x.dim() <= max_dim_, type_name(), ": expected ",
+        min_dim_ == max_dim_ ? str_cat(min_dim_, "-d") : str_cat(min_dim_, "-d or ", max_dim_, "-d"),
+        " input [N, C, ...], got ", x.defined() ? shape_str(x.shape()) : std::string("an undefined tensor"));
+  check(x.size(1) == num_features, type_name(), ": input ", shape_str(x.shape()), " has ", x.size(1),
+        " channels, expected ", num_features);
+  // Reduce over every dim but the channel dim; statistics broadcast as [1, C, 1, ...].
+  std::vector<int64_t> dims{0};
+  Shape stat_shape(x.dim(), 1);
+  stat_shape[1] = num_features;
+  for (int64_t d = 2; d < x.dim(); ++d) dims.push_back(d);
+
+  Tensor mu, variance;
+  if (is_training()) {
+    const int64_t n = x.numel() / num_features;
+    check(n > 1, type_name(), ": training needs more than one value per channel, got input ",
+          shape_str(x.shape()));
+    mu = mean(x, dims, /*keepdim=*/true);
+    variance = var(x, dims, /*correction=*/0, /*keepdim=*/true);
+    NoGradGuard no_grad;
+    const double m = options.momentum;
+    const double unbias = static_cast<double>(n) / static_cast<double>(n - 1);
+    running_mean.mul_(1.0 - m).add_(mu.detach().reshape({num_features}).to(running_mean.dtype()), m);
+    running_var.mul_(1.0 - m).add_(
+        mul(variance.detach().reshape({num_features}), unbias).to(running_var.dtype()), m);
+    num_batches_tracked.add_(1.0);
+  } else {
+    mu = running_mean.reshape(stat_shape);
+    variance = running_var.reshape(stat_shape);
+  }
+  Tensor y = mul(sub(x, mu), rsqrt(add(variance, options.eps)));
+  if (options.affine) y = add(mul(y, weight.reshape(stat_shape)), bias.reshape(stat_shape));
+  return y;
+}
+
+std::string BatchNorm::extra_repr() const {
+  return str_cat(num_features, ", eps=", options.eps, ", momentum=", options.momentum,
+                 options.affine ? "" : ", affine=false");
+}
+
+std::shared_ptr<Module> BatchNorm1d::clone_empty() const {
+  return std::make_shared<BatchNorm1d>(num_features, options);
+}
+std::shared_ptr<Module> BatchNorm2d::clone_empty() const {
+  return std::make_shared<BatchNorm2d>(num_features, options);
+}
+
+// ---- LayerNorm ----
+LayerNorm::LayerNorm(Shape shape, double e, bool affine) : normalized_shape(std::move(shape)), eps(e) {
+  check(!normalized_shape.empty(), "LayerNorm: normalized_shape must not be empty");
+  for (int64_t s : normalized_shape)
+    check(s > 0, "LayerNorm: normalized_shape ", shape_str(normalized_shape), " must be positive");
+  if (affine) {
+    weight = ones(normalized_shape);
+    bias = zeros(normalized_shape);
+    register_parameter("weight", weight);
+    register_parameter("bias", bias);
+  }
+}
+
+Tensor LayerNorm::forward(const Tensor& x) { return layer_norm(x, normalized_shape, weight, bias, eps); }
+
+std::shared_ptr<Module> LayerNorm::clone_empty() const {
+  return std::make_shared<LayerNorm>(normalized_shape, eps, weight.defined());
+}
+
+std::string LayerNorm::extra_repr() const {
+  return str_cat(shape_str(normalized_shape), ", eps=", eps,
+                 weight.defined() ? "" : ", elementwise_affine=false");
+}
+
+}  // namespace mg::nn

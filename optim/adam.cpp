@@ -1,0 +1,96 @@
+// Adam and AdamW: options, range checks, lazy state creation, and the
+// per-parameter call into the fused kernel (kernels/cpu/optim.cpp).
+#include "optim/adam.h"
+
+#include "core/error.h"
+#include "kernels/cpu/optim.h"
+
+namespace mg::optim {
+
+namespace {
+
+Options adam_map(double lr, double beta1, double beta2, double eps, double weight_decay, bool amsgrad) {
+  return {{"lr", lr},
+          {"beta1", beta1},
+          {"beta2", beta2},
+          {"eps", eps},
+          {"weight_decay", weight_decay},
+          {"amsgrad", amsgrad ? 1.0 : 0.0}};
+}
+
+}  // namespace
+
+Options AdamOptions::to_map() const { return adam_map(lr, beta1, beta2, eps, weight_decay, amsgrad); }
+Options AdamWOptions::to_map() const { return adam_map(lr, beta1, beta2, eps, weight_decay, amsgrad); }
+
+Adam::Adam(Options defaults, bool decoupled) : Optimizer(std::move(defaults)), decoupled_(decoupled) {}
+
+Adam::Adam(std::vector<Tensor> params, const AdamOptions& options) : Adam(options.to_map(), false) {
+  check(!params.empty(), "Adam: got an empty parameter list");
+  add_param_group(ParamGroup{std::move(params), {}});
+}
+
+Adam::Adam(std::vector<ParamGroup> groups, const AdamOptions& defaults) : Adam(defaults.to_map(), false) {
+  check(!groups.empty(), "Adam: got an empty list of parameter groups");
+  for (ParamGroup& group : groups) add_param_group(std::move(group));
+}
+
+AdamW::AdamW(std::vector<Tensor> params, const AdamWOptions& options) : Adam(options.to_map(), true) {
+  check(!params.empty(), "AdamW: got an empty parameter list");
+  add_param_group(ParamGroup{std::move(params), {}});
+}
+
+AdamW::AdamW(std::vector<ParamGroup> groups, const AdamWOptions& defaults) : Adam(defaults.to_map(), true) {
+  check(!groups.empty(), "AdamW: got an empty list of parameter groups");
+  for (ParamGroup& group : groups) add_param_group(std::move(group));
+}
+
+void Adam::validate(const Options& o) const {
+  const double beta1 = o.at("beta1"), beta2 = o.at("beta2");
+  check(o.at("lr") >= 0.0, name(), ": invalid learning rate ", o.at("lr"), " (must be >= 0)");
+  check(o.at("eps") >= 0.0, name(), ": invalid eps ", o.at("eps"), " (must be >= 0)");
+  check(beta1 >= 0.0 && beta1 < 1.0, name(), ": invalid beta1 ", beta1, " (must be in [0, 1))");
+  check(beta2 >= 0.0 && beta2 < 1.0, name(), ": invalid beta2 ", beta2, " (must be in [0, 1))");
+  check(o.at("weight_decay") >= 0.0, name(), ": invalid weight_decay ", o.at("weight_decay"),
+        " (must be >= 0)");
+}
+
+std::vector<Optimizer::StateSpec> Adam::state_spec(const Options& o) const {
+  return {{"step", true, true},
+          {"exp_avg", false, true},
+          {"exp_avg_sq", false, true},
+          {"max_exp_avg_sq", false, o.at("amsgrad") != 0.0}};
+}
+
+void Adam::update(const ParamGroup& group, const std::vector<ParamUpdate>& batch) {
+  kernels::cpu::AdamHyper h;
+  h.lr = group.get("lr");
+  h.beta1 = group.get("beta1");
+  h.beta2 = group.get("beta2");
+  h.eps = group.get("eps");
+  h.weight_decay = group.get("weight_decay");
+  h.amsgrad = group.get("amsgrad") != 0.0;
+  require_cpu_kernel_support(batch);
+  for (const ParamUpdate& u : batch) {
+    ParamState& s = *u.state;
+    // Lazy state: zeros on the first update (max_exp_avg_sq also if amsgrad is
+    // switched on later); the step counter is a 0-d f64 on the CPU.
+    if (!s["step"].defined()) s["step"] = scalar_tensor(0.0, TensorOptions{DType::f64});
+    for (const char* key : {"exp_avg", "exp_avg_sq"})
+      if (!s[key].defined()) s[key] = zeros_like(u.param);
+    void* max_exp_avg_sq = nullptr;
+    if (h.amsgrad) {
+      Tensor& m = s["max_exp_avg_sq"];
+      if (!m.defined()) m = zeros_like(u.param);
+      max_exp_avg_sq = m.data_ptr();
+    }
+    double& step = *s["step"].data<double>();
+    step += 1.0;
+    h.step = static_cast<int64_t>(step);
+    auto kernel = decoupled_ ? kernels::cpu::adamw_step : kernels::cpu::adam_step;
+    kernel(u.param.dtype(), u.param.numel(), u.param.data_ptr(), u.grad.data_ptr(), s["exp_avg"].data_ptr(),
+           s["exp_avg_sq"].data_ptr(), max_exp_avg_sq, h);
+  }
+}
+
+}  // namespace mg::optim

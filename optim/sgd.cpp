@@ -1,0 +1,64 @@
+// SGD: the options <-> map conversion, range checks, and the per-parameter call
+// into the fused kernel (kernels/cpu/optim.cpp does the arithmetic).
+#include "optim/sgd.h"
+
+#include "core/error.h"
+#include "kernels/cpu/optim.h"
+
+namespace mg::optim {
+
+Options SGDOptions::to_map() const {
+  return {{"lr", lr},
+          {"momentum", momentum},
+          {"dampening", dampening},
+          {"weight_decay", weight_decay},
+          {"nesterov", nesterov ? 1.0 : 0.0}};
+}
+
+SGD::SGD(std::vector<Tensor> params, const SGDOptions& options) : Optimizer(options.to_map()) {
+  check(!params.empty(), "SGD: got an empty parameter list");
+  add_param_group(ParamGroup{std::move(params), {}});
+}
+
+SGD::SGD(std::vector<ParamGroup> groups, const SGDOptions& defaults) : Optimizer(defaults.to_map()) {
+  check(!groups.empty(), "SGD: got an empty list of parameter groups");
+  for (ParamGroup& group : groups) add_param_group(std::move(group));
+}
+
+void SGD::validate(const Options& o) const {
+  const double lr = o.at("lr"), momentum = o.at("momentum"), dampening = o.at("dampening");
+  check(lr >= 0.0, "SGD: invalid learning rate ", lr, " (must be >= 0)");
+  check(momentum >= 0.0, "SGD: invalid momentum ", momentum, " (must be >= 0)");
+  check(o.at("weight_decay") >= 0.0, "SGD: invalid weight_decay ", o.at("weight_decay"), " (must be >= 0)");
+  check(o.at("nesterov") == 0.0 || (momentum > 0.0 && dampening == 0.0),
+        "SGD: nesterov momentum requires momentum > 0 and dampening == 0 (got momentum ", momentum,
+        ", dampening ", dampening, ")");
+}
+
+std::vector<Optimizer::StateSpec> SGD::state_spec(const Options& o) const {
+  return {{"momentum_buffer", false, o.at("momentum") != 0.0}};
+}
+
+void SGD::update(const ParamGroup& group, const std::vector<ParamUpdate>& batch) {
+  kernels::cpu::SgdHyper h;
+  h.lr = group.get("lr");
+  h.momentum = group.get("momentum");
+  h.dampening = group.get("dampening");
+  h.weight_decay = group.get("weight_decay");
+  h.nesterov = group.get("nesterov") != 0.0;
+  require_cpu_kernel_support(batch);
+  for (const ParamUpdate& u : batch) {
+    void* buffer = nullptr;
+    bool first_step = false;
+    if (h.momentum != 0.0) {
+      Tensor& buf = (*u.state)["momentum_buffer"];
+      first_step = !buf.defined();
+      if (first_step) buf = empty_like(u.param);  // the kernel initialises it to d
+      buffer = buf.data_ptr();
+    }
+    kernels::cpu::sgd_step(u.param.dtype(), u.param.numel(), u.param.data_ptr(), u.grad.data_ptr(), buffer,
+                           first_step, h);
+  }
+}
+
+}  // namespace mg::optim
