@@ -10,3 +10,6 @@
 #include "core/ops.h"
 #include "core/random.h"
 #include "core/tensor.h"
+#include "core/autocast.h"
+#include "core/safetensors.h"
+#include "core/state_dict.h"
