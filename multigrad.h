@@ -13,3 +13,8 @@
 #include "core/autocast.h"
 #include "core/safetensors.h"
 #include "core/state_dict.h"
+#include "data/data.h"
+#include "nn/nn.h"
+#include "optim/checkpoint.h"
+#include "optim/grad_scaler.h"
+#include "optim/optim.h"
