@@ -2,6 +2,7 @@
 #pragma once
 
 #include "core/allocator.h"
+#include "core/autocast.h"
 #include "core/autograd/node.h"
 #include "core/device.h"
 #include "core/dtype.h"
@@ -9,10 +10,9 @@
 #include "core/grad_mode.h"
 #include "core/ops.h"
 #include "core/random.h"
-#include "core/tensor.h"
-#include "core/autocast.h"
 #include "core/safetensors.h"
 #include "core/state_dict.h"
+#include "core/tensor.h"
 #include "data/data.h"
 #include "nn/nn.h"
 #include "optim/checkpoint.h"

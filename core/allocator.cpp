@@ -80,7 +80,8 @@ class CpuCachingAllocator {
  private:
   void note_allocated(size_t block) {
     stats_.allocated_bytes += static_cast<int64_t>(block);
-    if (stats_.allocated_bytes > stats_.peak_allocated_bytes) stats_.peak_allocated_bytes = stats_.allocated_bytes;
+    if (stats_.allocated_bytes > stats_.peak_allocated_bytes)
+      stats_.peak_allocated_bytes = stats_.allocated_bytes;
   }
 
   std::mutex mutex_;
@@ -136,7 +137,8 @@ void device_copy(void* dst, Device dst_device, const void* src, Device src_devic
     std::memcpy(dst, src, nbytes);
     return;
   }
-  require_cuda_backend(dst_device.is_cuda() ? dst_device : src_device).copy(dst, dst_device, src, src_device, nbytes);
+  require_cuda_backend(dst_device.is_cuda() ? dst_device : src_device)
+      .copy(dst, dst_device, src, src_device, nbytes);
 }
 
 }  // namespace mg

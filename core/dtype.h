@@ -31,9 +31,12 @@ inline std::ostream& operator<<(std::ostream& os, DType t) { return os << dtype_
 
 inline size_t dtype_size(DType t) {
   switch (t) {
-    case DType::f32: case DType::i32: return 4;
-    case DType::f64: case DType::i64: return 8;
-    case DType::f16: case DType::bf16: return 2;
+    case DType::f32:
+    case DType::i32: return 4;
+    case DType::f64:
+    case DType::i64: return 8;
+    case DType::f16:
+    case DType::bf16: return 2;
     case DType::boolean: return 1;
   }
   return 0;
@@ -53,7 +56,8 @@ inline DType promote_types(DType a, DType b) {
       case DType::boolean: return 0;
       case DType::i32: return 1;
       case DType::i64: return 2;
-      case DType::f16: case DType::bf16: return 3;
+      case DType::f16:
+      case DType::bf16: return 3;
       case DType::f32: return 4;
       case DType::f64: return 5;
     }
@@ -64,21 +68,63 @@ inline DType promote_types(DType a, DType b) {
 }
 
 // C++ type for a DType, and the type kernels compute in (halves widen to float).
-template <DType D> struct dtype_traits;
-template <> struct dtype_traits<DType::f32> { using type = float; using compute = float; };
-template <> struct dtype_traits<DType::f64> { using type = double; using compute = double; };
-template <> struct dtype_traits<DType::f16> { using type = f16; using compute = float; };
-template <> struct dtype_traits<DType::bf16> { using type = bf16; using compute = float; };
-template <> struct dtype_traits<DType::i32> { using type = int32_t; using compute = int32_t; };
-template <> struct dtype_traits<DType::i64> { using type = int64_t; using compute = int64_t; };
-template <> struct dtype_traits<DType::boolean> { using type = bool; using compute = bool; };
+template <DType D>
+struct dtype_traits;
+template <>
+struct dtype_traits<DType::f32> {
+  using type = float;
+  using compute = float;
+};
+template <>
+struct dtype_traits<DType::f64> {
+  using type = double;
+  using compute = double;
+};
+template <>
+struct dtype_traits<DType::f16> {
+  using type = f16;
+  using compute = float;
+};
+template <>
+struct dtype_traits<DType::bf16> {
+  using type = bf16;
+  using compute = float;
+};
+template <>
+struct dtype_traits<DType::i32> {
+  using type = int32_t;
+  using compute = int32_t;
+};
+template <>
+struct dtype_traits<DType::i64> {
+  using type = int64_t;
+  using compute = int64_t;
+};
+template <>
+struct dtype_traits<DType::boolean> {
+  using type = bool;
+  using compute = bool;
+};
 
-template <class T> struct compute_type { using type = T; };
-template <> struct compute_type<f16> { using type = float; };
-template <> struct compute_type<bf16> { using type = float; };
-template <class T> using compute_t = typename compute_type<T>::type;
+template <class T>
+struct compute_type {
+  using type = T;
+};
+template <>
+struct compute_type<f16> {
+  using type = float;
+};
+template <>
+struct compute_type<bf16> {
+  using type = float;
+};
+template <class T>
+using compute_t = typename compute_type<T>::type;
 
-template <class T> struct type_tag { using type = T; };
+template <class T>
+struct type_tag {
+  using type = T;
+};
 
 // Calls f(type_tag<T>{}) with T the C++ element type of `t`.
 //   visit_dtype(t, [&](auto tag) { using T = typename decltype(tag)::type; ... });
@@ -109,13 +155,35 @@ decltype(auto) visit_floating(DType t, const char* what, F&& f) {
   throw Error(str_cat(what, ": expected a floating dtype (f32, f64, f16, bf16), got ", dtype_name(t)));
 }
 
-template <class T> constexpr DType dtype_of();
-template <> constexpr DType dtype_of<float>() { return DType::f32; }
-template <> constexpr DType dtype_of<double>() { return DType::f64; }
-template <> constexpr DType dtype_of<f16>() { return DType::f16; }
-template <> constexpr DType dtype_of<bf16>() { return DType::bf16; }
-template <> constexpr DType dtype_of<int32_t>() { return DType::i32; }
-template <> constexpr DType dtype_of<int64_t>() { return DType::i64; }
-template <> constexpr DType dtype_of<bool>() { return DType::boolean; }
+template <class T>
+constexpr DType dtype_of();
+template <>
+constexpr DType dtype_of<float>() {
+  return DType::f32;
+}
+template <>
+constexpr DType dtype_of<double>() {
+  return DType::f64;
+}
+template <>
+constexpr DType dtype_of<f16>() {
+  return DType::f16;
+}
+template <>
+constexpr DType dtype_of<bf16>() {
+  return DType::bf16;
+}
+template <>
+constexpr DType dtype_of<int32_t>() {
+  return DType::i32;
+}
+template <>
+constexpr DType dtype_of<int64_t>() {
+  return DType::i64;
+}
+template <>
+constexpr DType dtype_of<bool>() {
+  return DType::boolean;
+}
 
 }  // namespace mg

@@ -35,21 +35,26 @@ Tensor make_on_cpu_then_move(const Shape& shape, const TensorOptions& options, F
 }  // namespace
 
 Tensor full(const Shape& shape, double value, const TensorOptions& options) {
-  return make_on_cpu_then_move(shape, options, [value](Tensor& t) { kernels::cpu::fill(t.view_for_kernel(), value); });
+  return make_on_cpu_then_move(shape, options,
+                               [value](Tensor& t) { kernels::cpu::fill(t.view_for_kernel(), value); });
 }
 Tensor zeros(const Shape& shape, const TensorOptions& options) { return full(shape, 0.0, options); }
 Tensor ones(const Shape& shape, const TensorOptions& options) { return full(shape, 1.0, options); }
 
 Tensor arange(double start, double end, double step, const TensorOptions& options) {
   check(step != 0, "arange: step must be nonzero");
-  check((end - start) / step >= 0 || start == end, "arange: the range [", start, ", ", end, ") is empty in the "
-                                                   "direction of step ", step);
+  check((end - start) / step >= 0 || start == end, "arange: the range [", start, ", ", end,
+        ") is empty in the "
+        "direction of step ",
+        step);
   const int64_t n = static_cast<int64_t>(std::ceil((end - start) / step));
   return make_on_cpu_then_move({std::max<int64_t>(n, 0)}, options,
                                [=](Tensor& t) { kernels::cpu::arange(t.view_for_kernel(), start, step); });
 }
 
-Tensor arange(int64_t end, const TensorOptions& options) { return arange(0.0, static_cast<double>(end), 1.0, options); }
+Tensor arange(int64_t end, const TensorOptions& options) {
+  return arange(0.0, static_cast<double>(end), 1.0, options);
+}
 
 Tensor rand(const Shape& shape, const TensorOptions& options) {
   const GeneratorState call = next_random_call();

@@ -42,7 +42,7 @@ struct f16 {
     std::memcpy(&u, &value, 4);
     uint32_t sign = (u >> 16) & 0x8000u;
     uint32_t abs = u & 0x7fffffffu;
-    if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
+    if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);   // NaN
     if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow -> inf
     if (abs < 0x38800000u) {  // result is subnormal or zero: shift mantissa, round to even
       if (abs < 0x33000000u) return static_cast<uint16_t>(sign);

@@ -69,7 +69,8 @@ Tensor sum(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim 
 Tensor mean(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
 Tensor max(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
 Tensor min(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
-Tensor var(const Tensor& x, const std::vector<int64_t>& dims = {}, int64_t correction = 1, bool keepdim = false);
+Tensor var(const Tensor& x, const std::vector<int64_t>& dims = {}, int64_t correction = 1,
+           bool keepdim = false);
 Tensor argmax(const Tensor& x, int64_t dim, bool keepdim = false);  // i64, no gradient
 Tensor argmax(const Tensor& x);                                     // over all elements (flattened index)
 // Sums `x` down to `shape` (the inverse of broadcasting), used by backward formulas.
@@ -102,7 +103,8 @@ struct Conv2dOptions {
   int64_t stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0, dilation_h = 1, dilation_w = 1;
 };
 // x [N, C, H, W], weight [O, C, kh, kw], bias [O] optional -> [N, O, OH, OW]
-Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(), const Conv2dOptions& options = {});
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
+              const Conv2dOptions& options = {});
 struct Pool2dOptions {
   int64_t kernel_h, kernel_w;
   int64_t stride_h = 0, stride_w = 0;  // 0 = kernel size
@@ -117,7 +119,7 @@ Tensor avg_pool2d(const Tensor& x, int64_t kernel);
 // ---- joining, splitting, indexing ----
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
 Tensor stack(const std::vector<Tensor>& tensors, int64_t dim = 0);
-std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim = 0);         // last chunk may be smaller
+std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim = 0);  // last chunk may be smaller
 std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim = 0);
 std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim = 0);
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);

@@ -43,7 +43,10 @@ MG_HOST_DEVICE PhiloxBlock philox4x32_10(uint64_t seed, uint64_t element, uint64
     philox_mulhilo(0xD2511F53u, c0, hi0, lo0);
     philox_mulhilo(0xCD9E8D57u, c2, hi1, lo1);
     uint32_t n0 = hi1 ^ c1 ^ k0, n1 = lo1, n2 = hi0 ^ c3 ^ k1, n3 = lo0;
-    c0 = n0; c1 = n1; c2 = n2; c3 = n3;
+    c0 = n0;
+    c1 = n1;
+    c2 = n2;
+    c3 = n3;
     k0 += 0x9E3779B9u;  // the golden-ratio Weyl sequence bumps the key each round
     k1 += 0xBB67AE85u;
   }

@@ -3,8 +3,8 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -32,9 +32,9 @@ const char* safetensors_dtype(DType t) {
 }
 
 bool parse_safetensors_dtype(const std::string& name, DType& out) {
-  static const std::map<std::string, DType> table = {{"F32", DType::f32},  {"F64", DType::f64}, {"F16", DType::f16},
-                                                     {"BF16", DType::bf16}, {"I32", DType::i32}, {"I64", DType::i64},
-                                                     {"BOOL", DType::boolean}};
+  static const std::map<std::string, DType> table = {
+      {"F32", DType::f32}, {"F64", DType::f64}, {"F16", DType::f16},     {"BF16", DType::bf16},
+      {"I32", DType::i32}, {"I64", DType::i64}, {"BOOL", DType::boolean}};
   auto it = table.find(name);
   if (it == table.end()) return false;
   out = it->second;
@@ -83,7 +83,8 @@ void write_file_atomically(const std::string& path, const std::string& bytes) {
   }
 }
 
-void save_safetensors(const std::string& path, const StateDict& tensors, const SafetensorsMetadata& metadata) {
+void save_safetensors(const std::string& path, const StateDict& tensors,
+                      const SafetensorsMetadata& metadata) {
   json header = json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::vector<Tensor> host;
@@ -117,12 +118,15 @@ SafetensorsFile load_safetensors(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   check(in.good(), "cannot open ", path, ": ", errno_text());
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  check(bytes.size() >= 8, path, ": not a safetensors file (", bytes.size(), " bytes, shorter than the 8-byte header "
-                               "length)");
+  check(bytes.size() >= 8, path, ": not a safetensors file (", bytes.size(),
+        " bytes, shorter than the 8-byte header "
+        "length)");
   uint64_t header_size = 0;
-  for (int i = 0; i < 8; ++i) header_size |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
-  check(header_size <= bytes.size() - 8, path, ": header length ", header_size, " runs past the end of the file (",
-        bytes.size(), " bytes) — the file is truncated or not safetensors");
+  for (int i = 0; i < 8; ++i)
+    header_size |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
+  check(header_size <= bytes.size() - 8, path, ": header length ", header_size,
+        " runs past the end of the file (", bytes.size(),
+        " bytes) — the file is truncated or not safetensors");
   json header;
   try {
     header = json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<std::ptrdiff_t>(header_size));
@@ -146,11 +150,12 @@ SafetensorsFile load_safetensors(const std::string& path) {
       }
       continue;
     }
-    check(entry.is_object() && entry.contains("dtype") && entry.contains("shape") && entry.contains("data_offsets"),
+    check(entry.is_object() && entry.contains("dtype") && entry.contains("shape") &&
+              entry.contains("data_offsets"),
           path, ": entry '", name, "' needs dtype, shape and data_offsets");
     DType dtype;
-    check(entry["dtype"].is_string() && parse_safetensors_dtype(entry["dtype"].get<std::string>(), dtype), path,
-          ": entry '", name, "' has unsupported dtype ", entry["dtype"].dump());
+    check(entry["dtype"].is_string() && parse_safetensors_dtype(entry["dtype"].get<std::string>(), dtype),
+          path, ": entry '", name, "' has unsupported dtype ", entry["dtype"].dump());
     check(entry["shape"].is_array(), path, ": entry '", name, "' has a non-array shape");
     Shape shape;
     for (const json& s : entry["shape"]) {
@@ -166,8 +171,8 @@ SafetensorsFile load_safetensors(const std::string& path) {
     const uint64_t expected = static_cast<uint64_t>(shape_numel(shape)) * dtype_size(dtype);
     check(begin <= end && end <= buffer_size, path, ": entry '", name, "' data [", begin, ", ", end,
           ") lies outside the ", buffer_size, "-byte data buffer — the file is truncated or corrupt");
-    check(end - begin == expected, path, ": entry '", name, "' of shape ", shape_str(shape), " ", dtype, " needs ",
-          expected, " bytes but data_offsets span ", end - begin);
+    check(end - begin == expected, path, ": entry '", name, "' of shape ", shape_str(shape), " ", dtype,
+          " needs ", expected, " bytes but data_offsets span ", end - begin);
     ranges.emplace_back(begin, end);
     Tensor t = empty(shape, TensorOptions{dtype});
     if (expected > 0) std::memcpy(t.data_ptr(), buffer + begin, expected);

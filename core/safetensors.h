@@ -23,7 +23,8 @@ namespace mg {
 using SafetensorsMetadata = std::map<std::string, std::string>;
 
 // Writes `tensors` (any device; copied to the host) and string metadata to `path` atomically.
-void save_safetensors(const std::string& path, const StateDict& tensors, const SafetensorsMetadata& metadata = {});
+void save_safetensors(const std::string& path, const StateDict& tensors,
+                      const SafetensorsMetadata& metadata = {});
 
 struct SafetensorsFile {
   StateDict tensors;  // CPU tensors

@@ -33,7 +33,10 @@ struct StridedView {
     }
     return true;
   }
-  template <class T> T* ptr() const { return static_cast<T*>(data); }
+  template <class T>
+  T* ptr() const {
+    return static_cast<T*>(data);
+  }
 };
 
 // Walks the elements of an n-d shape in row-major order, keeping a running

@@ -43,7 +43,8 @@ int64_t wrap_dim(int64_t dim, int64_t ndim, const char* what) {
   return dim < 0 ? dim + std::max<int64_t>(ndim, 1) : dim;
 }
 
-Tensor make_tensor(std::shared_ptr<Storage> storage, Shape shape, Shape strides, int64_t offset, DType dtype) {
+Tensor make_tensor(std::shared_ptr<Storage> storage, Shape shape, Shape strides, int64_t offset,
+                   DType dtype) {
   check(shape.size() <= static_cast<size_t>(kMaxDims), "tensors have at most ", kMaxDims, " dims, got ",
         shape_str(shape));
   for (int64_t s : shape) check(s >= 0, "negative size in shape ", shape_str(shape));
@@ -84,23 +85,42 @@ void check_inplace_allowed(const Tensor& self, const char* op, const std::vector
         ") is not tracked by autograd; run it under NoGradGuard (as optimizer steps do) or use the "
         "out-of-place op");
   for (const Tensor& o : others)
-    check(!o.defined() || !o.requires_grad(), op,
-          ": in-place operation whose source requires grad is not tracked by autograd; detach() the source or "
-          "run under NoGradGuard");
+    check(
+        !o.defined() || !o.requires_grad(), op,
+        ": in-place operation whose source requires grad is not tracked by autograd; detach() the source or "
+        "run under NoGradGuard");
 }
 }  // namespace
 
 // ---- metadata --------------------------------------------------------------
-const Shape& Tensor::shape() const { require_defined(*this, "shape"); return impl_->shape; }
-const Shape& Tensor::strides() const { require_defined(*this, "strides"); return impl_->strides; }
+const Shape& Tensor::shape() const {
+  require_defined(*this, "shape");
+  return impl_->shape;
+}
+const Shape& Tensor::strides() const {
+  require_defined(*this, "strides");
+  return impl_->strides;
+}
 int64_t Tensor::dim() const { return static_cast<int64_t>(shape().size()); }
 int64_t Tensor::size(int64_t d) const { return shape()[wrap_dim(d, dim(), "size")]; }
 int64_t Tensor::stride(int64_t d) const { return strides()[wrap_dim(d, dim(), "stride")]; }
 int64_t Tensor::numel() const { return shape_numel(shape()); }
-int64_t Tensor::offset() const { require_defined(*this, "offset"); return impl_->offset; }
-DType Tensor::dtype() const { require_defined(*this, "dtype"); return impl_->dtype; }
-Device Tensor::device() const { require_defined(*this, "device"); return impl_->storage->device(); }
-const std::shared_ptr<Storage>& Tensor::storage() const { require_defined(*this, "storage"); return impl_->storage; }
+int64_t Tensor::offset() const {
+  require_defined(*this, "offset");
+  return impl_->offset;
+}
+DType Tensor::dtype() const {
+  require_defined(*this, "dtype");
+  return impl_->dtype;
+}
+Device Tensor::device() const {
+  require_defined(*this, "device");
+  return impl_->storage->device();
+}
+const std::shared_ptr<Storage>& Tensor::storage() const {
+  require_defined(*this, "storage");
+  return impl_->storage;
+}
 
 bool Tensor::is_contiguous() const {
   int64_t expected = 1;
@@ -178,8 +198,8 @@ Shape infer_shape(const Shape& requested, int64_t numel, const Shape& from) {
     }
   }
   if (infer_at >= 0) {
-    check(known != 0 && numel % known == 0, "view: shape ", shape_str(requested), " is invalid for input of shape ",
-          shape_str(from));
+    check(known != 0 && numel % known == 0, "view: shape ", shape_str(requested),
+          " is invalid for input of shape ", shape_str(from));
     shape[infer_at] = numel / known;
   }
   check(shape_numel(shape) == numel, "view: shape ", shape_str(requested), " is invalid for input of shape ",
@@ -225,9 +245,9 @@ bool compute_view_strides(const Shape& old_shape, const Shape& old_strides, cons
 Tensor Tensor::view(const Shape& requested) const {
   Shape shape = infer_shape(requested, numel(), this->shape());
   Shape strides;
-  check(compute_view_strides(this->shape(), this->strides(), shape, strides), "view: cannot view a tensor of shape ",
-        shape_str(this->shape()), " with strides ", shape_str(this->strides()), " as ", shape_str(shape),
-        " without copying; use reshape()");
+  check(compute_view_strides(this->shape(), this->strides(), shape, strides),
+        "view: cannot view a tensor of shape ", shape_str(this->shape()), " with strides ",
+        shape_str(this->strides()), " as ", shape_str(shape), " without copying; use reshape()");
   Shape base_shape = this->shape();
   return record_view("ViewBackward", *this, as_strided_view(*this, shape, strides, offset()),
                      [base_shape](const Tensor& g) { return g.reshape(base_shape); });
@@ -269,8 +289,8 @@ Tensor Tensor::t() const {
 }
 
 Tensor Tensor::permute(const std::vector<int64_t>& dims) const {
-  check(static_cast<int64_t>(dims.size()) == dim(), "permute: got ", dims.size(), " dims for a tensor of shape ",
-        shape_str(shape()));
+  check(static_cast<int64_t>(dims.size()) == dim(), "permute: got ", dims.size(),
+        " dims for a tensor of shape ", shape_str(shape()));
   Shape shape(dims.size()), strides(dims.size());
   std::vector<int64_t> inverse(dims.size(), -1);
   for (size_t i = 0; i < dims.size(); ++i) {
@@ -317,7 +337,8 @@ Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
 Tensor Tensor::select(int64_t d, int64_t index) const {
   d = wrap_dim(d, dim(), "select");
   const int64_t n = size(d);
-  check(index >= -n && index < n, "select: index ", index, " is out of range for dimension ", d, " of size ", n);
+  check(index >= -n && index < n, "select: index ", index, " is out of range for dimension ", d, " of size ",
+        n);
   if (index < 0) index += n;
   return narrow(d, index, 1).squeeze(d);
 }
@@ -336,8 +357,8 @@ Tensor Tensor::expand(const Shape& requested) const {
     }
     const int64_t have = this->shape()[i - lead];
     const int64_t want = requested[i] == -1 ? have : requested[i];
-    check(have == want || have == 1, "expand: the size ", have, " at dim ", i - lead, " of ", shape_str(this->shape()),
-          " must match ", want, " in ", shape_str(requested), " (or be 1)");
+    check(have == want || have == 1, "expand: the size ", have, " at dim ", i - lead, " of ",
+          shape_str(this->shape()), " must match ", want, " in ", shape_str(requested), " (or be 1)");
     shape[i] = want;
     strides[i] = have == want ? this->strides()[i - lead] : 0;
   }
@@ -404,8 +425,9 @@ Tensor Tensor::clone() const {
 
 Tensor Tensor::to(Device device, DType dtype) const {
   if (device == this->device() && dtype == this->dtype()) return *this;
-  check(!requires_grad() || is_floating(dtype), "to(", dtype, "): a tensor that requires grad can only be cast to a "
-                                                "floating dtype");
+  check(!requires_grad() || is_floating(dtype), "to(", dtype,
+        "): a tensor that requires grad can only be cast to a "
+        "floating dtype");
   Tensor out;
   {
     NoGradGuard no_grad;
@@ -430,8 +452,8 @@ Tensor& Tensor::set_requires_grad(bool requires) {
   require_defined(*this, "set_requires_grad");
   check(is_leaf(), "set_requires_grad: only leaf tensors can change requires_grad (this one comes from ",
         grad_fn() ? grad_fn()->name() : std::string("?"), "); use detach() first");
-  check(!requires || is_floating(dtype()), "set_requires_grad: only floating tensors can require grad, this one is ",
-        dtype());
+  check(!requires || is_floating(dtype()),
+        "set_requires_grad: only floating tensors can require grad, this one is ", dtype());
   impl_->autograd_meta().requires_grad = requires;
   return *this;
 }
@@ -452,9 +474,9 @@ Tensor& Tensor::mutable_grad() const {
 void Tensor::set_grad(const Tensor& grad) const {
   require_defined(*this, "set_grad");
   if (grad.defined())
-    check(grad.shape() == shape() && grad.dtype() == dtype() && grad.device() == device(), "set_grad: gradient ",
-          shape_str(grad.shape()), " ", grad.dtype(), " on ", grad.device(), " does not match the tensor ",
-          shape_str(shape()), " ", dtype(), " on ", device());
+    check(grad.shape() == shape() && grad.dtype() == dtype() && grad.device() == device(),
+          "set_grad: gradient ", shape_str(grad.shape()), " ", grad.dtype(), " on ", grad.device(),
+          " does not match the tensor ", shape_str(shape()), " ", dtype(), " on ", device());
   impl_->autograd_meta().grad = grad;
 }
 
@@ -550,8 +572,8 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
   // Hot path (gradient accumulation, optimizer updates): one fused pass, no temporary.
   if (device().is_cpu() && other.device() == device() && other.dtype() == dtype() && is_floating(dtype())) {
     Shape target = broadcast_shapes(shape(), other.shape(), "add_");
-    check(target == shape(), "add_: the result of shape ", shape_str(target), " does not fit the tensor of shape ",
-          shape_str(shape()));
+    check(target == shape(), "add_: the result of shape ", shape_str(target),
+          " does not fit the tensor of shape ", shape_str(shape()));
     const StridedView self_view = view_for_kernel();
     kernels::cpu::axpby(self_view, alpha, other.detach().expand(shape()).view_for_kernel(), self_view);
     storage()->bump_version();
@@ -611,9 +633,13 @@ Tensor& Tensor::clamp_(double lo, double hi) {
 
 // ---- method forms ------------------------------------------------------------
 Tensor Tensor::sum() const { return mg::sum(*this); }
-Tensor Tensor::sum(const std::vector<int64_t>& dims, bool keepdim) const { return mg::sum(*this, dims, keepdim); }
+Tensor Tensor::sum(const std::vector<int64_t>& dims, bool keepdim) const {
+  return mg::sum(*this, dims, keepdim);
+}
 Tensor Tensor::mean() const { return mg::mean(*this); }
-Tensor Tensor::mean(const std::vector<int64_t>& dims, bool keepdim) const { return mg::mean(*this, dims, keepdim); }
+Tensor Tensor::mean(const std::vector<int64_t>& dims, bool keepdim) const {
+  return mg::mean(*this, dims, keepdim);
+}
 Tensor Tensor::matmul(const Tensor& other) const { return mg::matmul(*this, other); }
 Tensor Tensor::pow(double exponent) const { return mg::pow(*this, exponent); }
 Tensor Tensor::exp() const { return mg::exp(*this); }

@@ -109,7 +109,7 @@ class Tensor {
   const std::shared_ptr<autograd::Node>& grad_fn() const;
   // Seeds backward with `gradient` (required unless this is a one-element tensor).
   void backward(const Tensor& gradient = Tensor(), bool retain_graph = false) const;
-  Tensor detach() const;   // same storage, no history
+  Tensor detach() const;     // same storage, no history
   void retain_grad() const;  // keep .grad on a non-leaf
   bool retains_grad() const;
   // Runs on the gradient w.r.t. this tensor before it is used; may return a replacement
@@ -160,8 +160,8 @@ std::ostream& operator<<(std::ostream& os, const Tensor& t);
 struct AutogradMeta {
   bool requires_grad = false;
   Tensor grad;
-  std::shared_ptr<autograd::Node> grad_fn;      // null for leaves
-  uint32_t output_nr = 0;                       // which output of grad_fn this is
+  std::shared_ptr<autograd::Node> grad_fn;         // null for leaves
+  uint32_t output_nr = 0;                          // which output of grad_fn this is
   std::weak_ptr<autograd::Node> grad_accumulator;  // leaves: their AccumulateGrad, while a graph holds it
   bool retains_grad = false;
   std::vector<Tensor::GradHook> leaf_hooks;  // hooks of a leaf (non-leaf hooks live on grad_fn)

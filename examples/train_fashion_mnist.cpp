@@ -29,7 +29,9 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
 
 std::shared_ptr<nn::Module> make_model(const std::string& name) {
   if (name == "mlp") return std::make_shared<nn::MLP>(784, std::vector<int64_t>{256, 128}, 10);
@@ -71,29 +73,38 @@ int main(int argc, char** argv) {
   app.add_option("--precision", precision, "f32 or bf16 (autocast for matmul/conv)");
   app.add_option("--workers", workers, "DataLoader background threads");
   app.add_option("--seed", seed, "initialisation and shuffling seed");
-  app.add_option("--limit-train", limit_train, "use only the first N batches of each epoch (0 = all; for smoke tests)");
-  app.add_option("--checkpoint-dir", checkpoint_dir, "save model + optimizer + position here after every epoch");
+  app.add_option("--limit-train", limit_train,
+                 "use only the first N batches of each epoch (0 = all; for smoke tests)");
+  app.add_option("--checkpoint-dir", checkpoint_dir,
+                 "save model + optimizer + position here after every epoch");
   app.add_flag("--resume", resume, "continue from --checkpoint-dir if it holds a checkpoint");
   CLI11_PARSE(app, argc, argv);
 
   try {
-    check(precision == "f32" || precision == "bf16", "--precision must be f32 or bf16, got '", precision, "'");
+    check(precision == "f32" || precision == "bf16", "--precision must be f32 or bf16, got '", precision,
+          "'");
     const bool bf16 = precision == "bf16";
     Device device = device_name == "auto"
                         ? (cuda::device_count() > 0 && cuda_backend() ? Device::cuda(0) : Device::cpu(0))
                         : Device::parse(device_name);
 
     data::FashionMNIST train_set(data::Split::Train), test_set(data::Split::Test);
-    auto normalize = std::make_shared<data::Normalize>(std::vector<double>{0.2860}, std::vector<double>{0.3530});
-    data::DataLoader train_loader(train_set, {.batch_size = batch_size, .shuffle = true, .drop_last = true,
-                                              .seed = seed, .workers = workers, .transform = normalize});
+    auto normalize =
+        std::make_shared<data::Normalize>(std::vector<double>{0.2860}, std::vector<double>{0.3530});
+    data::DataLoader train_loader(train_set, {.batch_size = batch_size,
+                                              .shuffle = true,
+                                              .drop_last = true,
+                                              .seed = seed,
+                                              .workers = workers,
+                                              .transform = normalize});
     data::DataLoader test_loader(test_set, {.batch_size = 1000, .workers = workers, .transform = normalize});
 
     manual_seed(seed);
     std::shared_ptr<nn::Module> model = make_model(model_name);
     model->to(device);
     optim::AdamW opt(model->parameters(), {.lr = lr, .weight_decay = weight_decay});
-    const int64_t steps_per_epoch = limit_train > 0 ? std::min(limit_train, train_loader.size()) : train_loader.size();
+    const int64_t steps_per_epoch =
+        limit_train > 0 ? std::min(limit_train, train_loader.size()) : train_loader.size();
     optim::CosineAnnealingLR schedule(opt, {.t_max = epochs * steps_per_epoch});
 
     int start_epoch = 0;
@@ -107,9 +118,11 @@ int main(int argc, char** argv) {
                   static_cast<long long>(step));
     }
 
-    std::printf("multigrad Fashion-MNIST: model %s (%lld parameters), device %s, %s, batch %lld, %d epochs, AdamW lr %g\n",
-                model_name.c_str(), static_cast<long long>(model->num_parameters()), device.str().c_str(),
-                precision.c_str(), static_cast<long long>(batch_size), epochs, lr);
+    std::printf(
+        "multigrad Fashion-MNIST: model %s (%lld parameters), device %s, %s, batch %lld, %d epochs, AdamW lr "
+        "%g\n",
+        model_name.c_str(), static_cast<long long>(model->num_parameters()), device.str().c_str(),
+        precision.c_str(), static_cast<long long>(batch_size), epochs, lr);
     const auto run_start = Clock::now();
     double accuracy = 0;
     for (int epoch = start_epoch; epoch < epochs; ++epoch) {
@@ -133,14 +146,16 @@ int main(int argc, char** argv) {
         loss_sum += loss.item<double>();
         if (batches % 20 == 0 || batches == steps_per_epoch) {
           const double rate = static_cast<double>(batches * batch_size) / seconds_since(epoch_start);
-          std::printf("\repoch %d [%5lld/%5lld] loss %.4f  %.0f samples/s", epoch + 1, static_cast<long long>(batches),
-                      static_cast<long long>(steps_per_epoch), loss_sum / static_cast<double>(batches), rate);
+          std::printf("\repoch %d [%5lld/%5lld] loss %.4f  %.0f samples/s", epoch + 1,
+                      static_cast<long long>(batches), static_cast<long long>(steps_per_epoch),
+                      loss_sum / static_cast<double>(batches), rate);
           std::fflush(stdout);
         }
       }
       accuracy = evaluate(*model, test_loader, device, bf16);
       std::printf("\nepoch %d: train loss %.4f, test accuracy %.4f, %.1f s\n", epoch + 1,
-                  loss_sum / static_cast<double>(std::max<int64_t>(batches, 1)), accuracy, seconds_since(epoch_start));
+                  loss_sum / static_cast<double>(std::max<int64_t>(batches, 1)), accuracy,
+                  seconds_since(epoch_start));
       if (!checkpoint_dir.empty())
         optim::save_checkpoint(checkpoint_dir, *model, opt, {.step = step, .epoch = epoch + 1});
     }

@@ -34,12 +34,18 @@ Flags parse_flags(int argc, char** argv) {
       check(i + 1 < argc, "missing value after ", arg);
       return argv[++i];
     };
-    if (arg == "--device") f.device = value();
-    else if (arg == "--steps") f.steps = std::stoi(value());
-    else if (arg == "--batch") f.batch = std::stoll(value());
-    else if (arg == "--hidden") f.hidden = std::stoll(value());
-    else if (arg == "--lr") f.lr = std::stod(value());
-    else throw Error("unknown flag " + arg + " (expected --device, --steps, --batch, --hidden, --lr)");
+    if (arg == "--device")
+      f.device = value();
+    else if (arg == "--steps")
+      f.steps = std::stoi(value());
+    else if (arg == "--batch")
+      f.batch = std::stoll(value());
+    else if (arg == "--hidden")
+      f.hidden = std::stoll(value());
+    else if (arg == "--lr")
+      f.lr = std::stod(value());
+    else
+      throw Error("unknown flag " + arg + " (expected --device, --steps, --batch, --hidden, --lr)");
   }
   return f;
 }
@@ -53,11 +59,12 @@ Device pick_device(const std::string& requested) {
 }
 
 // The target: y = 2 tanh(x.w1) + (x.w2)^2 / D + small noise, smooth but not linear.
-void make_batch(int64_t batch, int64_t in_features, const Tensor& w1, const Tensor& w2, Device device, Tensor& x,
-                Tensor& y) {
+void make_batch(int64_t batch, int64_t in_features, const Tensor& w1, const Tensor& w2, Device device,
+                Tensor& x, Tensor& y) {
   x = randn({batch, in_features});
   Tensor a = matmul(x, w1), b = matmul(x, w2);
-  y = add(add(mul(tanh(a), 2.0), div(square(b), static_cast<double>(in_features))), mul(randn({batch, 1}), 0.05));
+  y = add(add(mul(tanh(a), 2.0), div(square(b), static_cast<double>(in_features))),
+          mul(randn({batch, 1}), 0.05));
   x = x.to(device);
   y = y.to(device);
 }
@@ -76,16 +83,21 @@ int main(int argc, char** argv) {
     const Flags flags = parse_flags(argc, argv);
     const Device device = pick_device(flags.device);
     const int64_t in_features = 16;
-    std::printf("multigrad train_mlp: device %s (%s)\n", device.str().c_str(), cuda::describe_devices().c_str());
+    std::printf("multigrad train_mlp: device %s (%s)\n", device.str().c_str(),
+                cuda::describe_devices().c_str());
     std::printf("MLP %lld -> %lld -> %lld -> 1, batch %lld, %d steps, SGD lr %.3f momentum 0.9\n",
                 static_cast<long long>(in_features), static_cast<long long>(flags.hidden),
-                static_cast<long long>(flags.hidden), static_cast<long long>(flags.batch), flags.steps, flags.lr);
+                static_cast<long long>(flags.hidden), static_cast<long long>(flags.batch), flags.steps,
+                flags.lr);
 
     manual_seed(1234);
     const Tensor target_w1 = randn({in_features, 1}), target_w2 = randn({in_features, 1});
-    std::vector<Tensor> params = {init_weight(in_features, flags.hidden, device), zeros({flags.hidden}, {DType::f32, device, true}),
-                                  init_weight(flags.hidden, flags.hidden, device), zeros({flags.hidden}, {DType::f32, device, true}),
-                                  init_weight(flags.hidden, 1, device), zeros({1}, {DType::f32, device, true})};
+    std::vector<Tensor> params = {init_weight(in_features, flags.hidden, device),
+                                  zeros({flags.hidden}, {DType::f32, device, true}),
+                                  init_weight(flags.hidden, flags.hidden, device),
+                                  zeros({flags.hidden}, {DType::f32, device, true}),
+                                  init_weight(flags.hidden, 1, device),
+                                  zeros({1}, {DType::f32, device, true})};
     std::vector<Tensor> velocity;
     for (const Tensor& p : params) velocity.push_back(zeros_like(p));
 

@@ -47,7 +47,8 @@ T parse_number(const SafetensorsMetadata& meta, const std::string& key, const st
 }  // namespace
 
 bool checkpoint_exists(const std::string& dir) {
-  return ::access((dir + kModelFile).c_str(), F_OK) == 0 && ::access((dir + kOptimizerFile).c_str(), F_OK) == 0;
+  return ::access((dir + kModelFile).c_str(), F_OK) == 0 &&
+         ::access((dir + kOptimizerFile).c_str(), F_OK) == 0;
 }
 
 void save_checkpoint(const std::string& dir, const nn::Module& module, const Optimizer& optimizer,
@@ -62,13 +63,15 @@ void save_checkpoint(const std::string& dir, const nn::Module& module, const Opt
   save_safetensors(dir + kOptimizerFile, optimizer_state, meta);
 }
 
-CheckpointInfo load_checkpoint(const std::string& dir, nn::Module& module, Optimizer& optimizer, GradScaler* scaler) {
+CheckpointInfo load_checkpoint(const std::string& dir, nn::Module& module, Optimizer& optimizer,
+                               GradScaler* scaler) {
   const std::string model_path = dir + kModelFile, optimizer_path = dir + kOptimizerFile;
   // Read and validate both files before changing anything.
   SafetensorsFile model_file = load_safetensors(model_path);
   SafetensorsFile optimizer_file = load_safetensors(optimizer_path);
   check(model_file.metadata == optimizer_file.metadata, dir,
-        ": model.safetensors and optimizer.safetensors come from different checkpoints (their metadata differ)");
+        ": model.safetensors and optimizer.safetensors come from different checkpoints (their metadata "
+        "differ)");
   CheckpointInfo info;
   const auto& meta = model_file.metadata;
   info.step = parse_number<int64_t>(meta, "step", model_path);
@@ -77,7 +80,8 @@ CheckpointInfo load_checkpoint(const std::string& dir, nn::Module& module, Optim
   info.rng.seed = parse_number<uint64_t>(meta, "rng_seed", model_path);
   info.rng.offset = parse_number<uint64_t>(meta, "rng_offset", model_path);
   for (const auto& [key, value] : meta)
-    if (key != "step" && key != "epoch" && key != "batches_into_epoch" && key != "rng_seed" && key != "rng_offset")
+    if (key != "step" && key != "epoch" && key != "batches_into_epoch" && key != "rng_seed" &&
+        key != "rng_offset")
       info.extra[key] = value;
 
   StateDict optimizer_state, scaler_state;
@@ -88,7 +92,8 @@ CheckpointInfo load_checkpoint(const std::string& dir, nn::Module& module, Optim
       optimizer_state[key] = value;
     }
   }
-  check(!scaler || !scaler_state.empty(), optimizer_path, ": a GradScaler was given but the checkpoint has no scaler state");
+  check(!scaler || !scaler_state.empty(), optimizer_path,
+        ": a GradScaler was given but the checkpoint has no scaler state");
 
   // Nothing may be half-loaded. The scaler state is validated on a copy first;
   // module.load_state_dict validates before it writes; if the optimizer then

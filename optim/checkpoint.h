@@ -33,8 +33,8 @@ namespace mg::optim {
 struct CheckpointInfo {
   int64_t step = 0;
   int64_t epoch = 0;
-  int64_t batches_into_epoch = 0;  // the sampler position: batches already consumed this epoch
-  GeneratorState rng{};            // the default generator when the checkpoint was taken
+  int64_t batches_into_epoch = 0;              // the sampler position: batches already consumed this epoch
+  GeneratorState rng{};                        // the default generator when the checkpoint was taken
   std::map<std::string, std::string> extra{};  // user metadata
 };
 

@@ -10,8 +10,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <random>
 #include <functional>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -53,8 +53,9 @@ inline GradcheckResult gradcheck(const TensorFunction& f, std::vector<Tensor> in
                        " and " + dtype_name(x.dtype());
       return result;
     }
-    std::vector<double> analytic =
-        x.grad().defined() ? x.grad().to_vector<double>() : std::vector<double>(static_cast<size_t>(x.numel()), 0.0);
+    std::vector<double> analytic = x.grad().defined()
+                                       ? x.grad().to_vector<double>()
+                                       : std::vector<double>(static_cast<size_t>(x.numel()), 0.0);
     // Numeric side: perturb one element at a time through a contiguous alias.
     Tensor flat = x.detach();
     check(flat.is_contiguous(), "gradcheck: inputs must be contiguous");
@@ -104,9 +105,9 @@ inline Tensor grid_input(const Shape& shape, double start, double step, uint32_t
 }  // namespace mg::testing
 
 // CHECK-style assertion that prints the first mismatch.
-#define MG_REQUIRE_GRADCHECK(result)     \
-  do {                                   \
-    const auto& gc_result_ = (result);   \
-    INFO(gc_result_.message);            \
-    REQUIRE(gc_result_.ok);              \
+#define MG_REQUIRE_GRADCHECK(result)   \
+  do {                                 \
+    const auto& gc_result_ = (result); \
+    INFO(gc_result_.message);          \
+    REQUIRE(gc_result_.ok);            \
   } while (0)

@@ -108,14 +108,16 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
   std::vector<std::shared_ptr<Node>> root_nodes;
   for (size_t i = 0; i < roots.size(); ++i) {
     const Tensor& root = roots[i];
-    check(root.requires_grad(), "backward: element ", i,
-          " of the roots does not require grad and has no grad_fn (did you forget set_requires_grad(true), or "
-          "run the forward under NoGradGuard?)");
+    check(
+        root.requires_grad(), "backward: element ", i,
+        " of the roots does not require grad and has no grad_fn (did you forget set_requires_grad(true), or "
+        "run the forward under NoGradGuard?)");
     Tensor grad = grads[i];
     if (!grad.defined()) {
-      check(root.numel() == 1, "backward: grad can be implicitly created only for scalar outputs, but this "
-                               "tensor has shape ", shape_str(root.shape()),
-            "; pass a gradient of that shape to backward()");
+      check(root.numel() == 1,
+            "backward: grad can be implicitly created only for scalar outputs, but this "
+            "tensor has shape ",
+            shape_str(root.shape()), "; pass a gradient of that shape to backward()");
       grad = ones(root.shape(), TensorOptions{root.dtype(), root.device(), false});
     }
     check(grad.shape() == root.shape(), "backward: gradient shape ", shape_str(grad.shape()),

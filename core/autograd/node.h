@@ -98,7 +98,8 @@ class SavedTensor {
 class FunctionNode : public Node {
  public:
   using Backward = std::function<std::vector<Tensor>(const std::vector<Tensor>& grad_outputs)>;
-  FunctionNode(std::string name, Backward backward) : name_(std::move(name)), backward_(std::move(backward)) {}
+  FunctionNode(std::string name, Backward backward)
+      : name_(std::move(name)), backward_(std::move(backward)) {}
   std::vector<Tensor> apply(std::vector<Tensor>&& grad_outputs) override;
   std::string name() const override { return name_; }
   void release_saved() override { backward_ = nullptr; }

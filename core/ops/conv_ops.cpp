@@ -17,8 +17,9 @@ using namespace ops_detail;
 
 namespace {
 
-kernels::cpu::GemmArgs gemm_args(DType dtype, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* a,
-                                 int64_t lda, const void* b, int64_t ldb, void* c, int64_t ldc, double beta) {
+kernels::cpu::GemmArgs gemm_args(DType dtype, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                                 const void* a, int64_t lda, const void* b, int64_t ldb, void* c, int64_t ldc,
+                                 double beta) {
   kernels::cpu::GemmArgs args;
   args.dtype = dtype;
   args.trans_a = ta;
@@ -59,19 +60,22 @@ kernels::cpu::Conv2dGeometry conv_geometry(const Tensor& x, const Tensor& w, con
 
 }  // namespace
 
-Tensor conv2d(const Tensor& x_arg, const Tensor& w_arg, const Tensor& bias_arg, const Conv2dOptions& options) {
+Tensor conv2d(const Tensor& x_arg, const Tensor& w_arg, const Tensor& bias_arg,
+              const Conv2dOptions& options) {
   const Tensor x_in = autocast_to_low_precision(x_arg), w_in = autocast_to_low_precision(w_arg);
-  const Tensor bias = bias_arg.defined() && x_in.defined() && bias_arg.dtype() != x_in.dtype() && autocast_state().enabled
-                          ? bias_arg.to(x_in.dtype())
-                          : bias_arg;
+  const Tensor bias =
+      bias_arg.defined() && x_in.defined() && bias_arg.dtype() != x_in.dtype() && autocast_state().enabled
+          ? bias_arg.to(x_in.dtype())
+          : bias_arg;
   check_defined("conv2d", {x_in, w_in});
   check_same_device("conv2d", {x_in, w_in, bias});
   require_cpu("conv2d", {x_in, w_in, bias});
   check_floating("conv2d", x_in);
   check(x_in.dim() == 4, "conv2d: input must be [N, C, H, W], got ", shape_str(x_in.shape()));
-  check(w_in.dim() == 4, "conv2d: weight must be [out_channels, in_channels, kh, kw], got ", shape_str(w_in.shape()));
-  check(x_in.size(1) == w_in.size(1), "conv2d: input of shape ", shape_str(x_in.shape()), " has ", x_in.size(1),
-        " channels but weight of shape ", shape_str(w_in.shape()), " expects ", w_in.size(1));
+  check(w_in.dim() == 4, "conv2d: weight must be [out_channels, in_channels, kh, kw], got ",
+        shape_str(w_in.shape()));
+  check(x_in.size(1) == w_in.size(1), "conv2d: input of shape ", shape_str(x_in.shape()), " has ",
+        x_in.size(1), " channels but weight of shape ", shape_str(w_in.shape()), " expects ", w_in.size(1));
   check(x_in.dtype() == w_in.dtype(), "conv2d: input dtype ", x_in.dtype(), " differs from weight dtype ",
         w_in.dtype());
   if (bias.defined())
@@ -89,8 +93,8 @@ Tensor conv2d(const Tensor& x_arg, const Tensor& w_arg, const Tensor& bias_arg, 
   for (int64_t n = 0; n < batch; ++n) {
     kernels::cpu::im2col(geo, x.dtype(), element_ptr(x, n * image_elems), columns.data_ptr());
     kernels::cpu::gemm(gemm_args(x.dtype(), false, false, out_channels, spatial, ck, w.data_ptr(), ck,
-                                 columns.data_ptr(), spatial, element_ptr(y, n * out_channels * spatial), spatial,
-                                 0.0));
+                                 columns.data_ptr(), spatial, element_ptr(y, n * out_channels * spatial),
+                                 spatial, 0.0));
   }
   if (bias.defined()) {
     NoGradGuard no_grad;
@@ -110,12 +114,12 @@ Tensor conv2d(const Tensor& x_arg, const Tensor& w_arg, const Tensor& bias_arg, 
         const void* gy_n = element_ptr(gy, n * out_channels * spatial);
         if (need_w) {
           kernels::cpu::im2col(geo, dt, element_ptr(xs, n * image_elems), cols.data_ptr());
-          kernels::cpu::gemm(gemm_args(dt, false, true, out_channels, ck, spatial, gy_n, spatial, cols.data_ptr(),
-                                       spatial, gw.data_ptr(), ck, 1.0));
+          kernels::cpu::gemm(gemm_args(dt, false, true, out_channels, ck, spatial, gy_n, spatial,
+                                       cols.data_ptr(), spatial, gw.data_ptr(), ck, 1.0));
         }
         if (need_x) {
-          kernels::cpu::gemm(gemm_args(dt, true, false, ck, spatial, out_channels, ws.data_ptr(), ck, gy_n, spatial,
-                                       cols.data_ptr(), spatial, 0.0));
+          kernels::cpu::gemm(gemm_args(dt, true, false, ck, spatial, out_channels, ws.data_ptr(), ck, gy_n,
+                                       spatial, cols.data_ptr(), spatial, 0.0));
           kernels::cpu::col2im(geo, dt, cols.data_ptr(), element_ptr(gx, n * image_elems));
         }
       }
@@ -129,7 +133,8 @@ Tensor conv2d(const Tensor& x_arg, const Tensor& w_arg, const Tensor& bias_arg, 
 namespace {
 
 kernels::cpu::Pool2dGeometry pool_geometry(const char* name, const Tensor& x, const Pool2dOptions& o) {
-  check(x.dim() == 3 || x.dim() == 4, name, ": input must be [N, C, H, W] or [C, H, W], got ", shape_str(x.shape()));
+  check(x.dim() == 3 || x.dim() == 4, name, ": input must be [N, C, H, W] or [C, H, W], got ",
+        shape_str(x.shape()));
   kernels::cpu::Pool2dGeometry g;
   g.height = x.size(-2);
   g.width = x.size(-1);
@@ -169,7 +174,8 @@ Tensor max_pool2d(const Tensor& x_in, const Pool2dOptions& options) {
     autograd::record("MaxPool2dBackward", {x_in}, {y}, [=](const std::vector<Tensor>& g) {
       Tensor gy = g[0].contiguous();
       Tensor gx = new_output(input_shape, gy.dtype(), gy);
-      kernels::cpu::max_pool2d_backward(geo, gy.dtype(), gy.data_ptr(), argmax.data<int64_t>(), gx.data_ptr());
+      kernels::cpu::max_pool2d_backward(geo, gy.dtype(), gy.data_ptr(), argmax.data<int64_t>(),
+                                        gx.data_ptr());
       return std::vector<Tensor>{gx};
     });
   }

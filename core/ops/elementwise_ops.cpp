@@ -20,8 +20,8 @@ void check_same_device(const char* op, const std::vector<Tensor>& tensors) {
       first = &t;
       continue;
     }
-    check(t.device() == first->device(), op, ": expected all tensors on the same device, but found ", first->device(),
-          " and ", t.device());
+    check(t.device() == first->device(), op, ": expected all tensors on the same device, but found ",
+          first->device(), " and ", t.device());
   }
 }
 
@@ -29,7 +29,7 @@ void require_cpu(const char* op, const std::vector<Tensor>& tensors) {
   for (const Tensor& t : tensors)
     if (t.defined())  // (optional arguments such as a missing bias are undefined)
       check(t.device().is_cpu(), op, ": got a tensor on ", t.device(),
-          ", but this build has no CUDA kernel for ", op, " (the CUDA kernels come with the CUDA backend)");
+            ", but this build has no CUDA kernel for ", op, " (the CUDA kernels come with the CUDA backend)");
 }
 
 Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
@@ -68,7 +68,8 @@ Tensor unary_op(const char* name, UnaryOp op, const Tensor& x, double scalar = 0
                        Tensor grad_out = g[0].contiguous();
                        Tensor grad_in = new_output(input.shape(), input.dtype(), input);
                        kernels::cpu::unary_backward(op, grad_out.view_for_kernel(), input.view_for_kernel(),
-                                                    output.view_for_kernel(), grad_in.view_for_kernel(), scalar);
+                                                    output.view_for_kernel(), grad_in.view_for_kernel(),
+                                                    scalar);
                        return std::vector<Tensor>{grad_in};
                      });
   }
@@ -127,12 +128,11 @@ Tensor binary_op(const char* name, BinaryOp op, const Tensor& a, const Tensor& b
     }
     const autograd::TensorMeta meta_a = meta_of(a), meta_b = meta_of(b);
     const bool need_a = a.requires_grad(), need_b = b.requires_grad();
-    autograd::record(std::string(name) + "Backward", {a, b}, {out},
-                     [=](const std::vector<Tensor>& g) {
-                       std::vector<Tensor> full = grads(g[0], saved_a.unpack(), saved_b.unpack());
-                       return std::vector<Tensor>{need_a ? grad_like(full[0], meta_a) : Tensor(),
-                                                  need_b ? grad_like(full[1], meta_b) : Tensor()};
-                     });
+    autograd::record(std::string(name) + "Backward", {a, b}, {out}, [=](const std::vector<Tensor>& g) {
+      std::vector<Tensor> full = grads(g[0], saved_a.unpack(), saved_b.unpack());
+      return std::vector<Tensor>{need_a ? grad_like(full[0], meta_a) : Tensor(),
+                                 need_b ? grad_like(full[1], meta_b) : Tensor()};
+    });
   }
   return out;
 }
@@ -164,7 +164,8 @@ std::vector<Tensor> select_grads(const Tensor& g, const Tensor& a, const Tensor&
 Tensor neg(const Tensor& x) {
   Tensor out = unary_forward("neg", UnaryOp::Neg, x);
   if (autograd::any_requires_grad({x}))
-    autograd::record("NegBackward", {x}, {out}, [](const std::vector<Tensor>& g) { return std::vector<Tensor>{neg(g[0])}; });
+    autograd::record("NegBackward", {x}, {out},
+                     [](const std::vector<Tensor>& g) { return std::vector<Tensor>{neg(g[0])}; });
   return out;
 }
 Tensor exp(const Tensor& x) { return unary_op("Exp", UnaryOp::Exp, to_floating(x)); }
@@ -176,7 +177,9 @@ Tensor tanh(const Tensor& x) { return unary_op("Tanh", UnaryOp::Tanh, to_floatin
 Tensor sigmoid(const Tensor& x) { return unary_op("Sigmoid", UnaryOp::Sigmoid, to_floating(x)); }
 Tensor relu(const Tensor& x) { return unary_op("Relu", UnaryOp::Relu, x); }
 Tensor gelu(const Tensor& x) { return unary_op("Gelu", UnaryOp::GeluTanh, to_floating(x)); }
-Tensor pow(const Tensor& x, double exponent) { return unary_op("Pow", UnaryOp::PowScalar, to_floating(x), exponent); }
+Tensor pow(const Tensor& x, double exponent) {
+  return unary_op("Pow", UnaryOp::PowScalar, to_floating(x), exponent);
+}
 Tensor square(const Tensor& x) { return unary_op("Square", UnaryOp::Square, x); }
 Tensor reciprocal(const Tensor& x) { return unary_op("Reciprocal", UnaryOp::Reciprocal, to_floating(x)); }
 Tensor sign(const Tensor& x) { return unary_forward("sign", UnaryOp::Sign, x); }
@@ -184,70 +187,88 @@ Tensor sign(const Tensor& x) { return unary_forward("sign", UnaryOp::Sign, x); }
 // ---- binary entry points -------------------------------------------------------
 Tensor add(const Tensor& a, const Tensor& b, double alpha) {
   if (alpha == 1.0) {
-    return binary_op("Add", BinaryOp::Add, a, b,
-                     [](const Tensor& g, const Tensor&, const Tensor&) { return std::vector<Tensor>{g, g}; }, false);
+    return binary_op(
+        "Add", BinaryOp::Add, a, b,
+        [](const Tensor& g, const Tensor&, const Tensor&) {
+          return std::vector<Tensor>{g, g};
+        },
+        false);
   }
   return add(a, mul(b, alpha));
 }
 Tensor sub(const Tensor& a, const Tensor& b) {
-  return binary_op("Sub", BinaryOp::Sub, a, b,
-                   [](const Tensor& g, const Tensor&, const Tensor&) { return std::vector<Tensor>{g, neg(g)}; }, false);
+  return binary_op(
+      "Sub", BinaryOp::Sub, a, b,
+      [](const Tensor& g, const Tensor&, const Tensor&) {
+        return std::vector<Tensor>{g, neg(g)};
+      },
+      false);
 }
 Tensor mul(const Tensor& a, const Tensor& b) {
-  return binary_op("Mul", BinaryOp::Mul, a, b,
-                   [](const Tensor& g, const Tensor& a, const Tensor& b) {
-                     return std::vector<Tensor>{mul(g, b), mul(g, a)};
-                   },
-                   true);
+  return binary_op(
+      "Mul", BinaryOp::Mul, a, b,
+      [](const Tensor& g, const Tensor& a, const Tensor& b) {
+        return std::vector<Tensor>{mul(g, b), mul(g, a)};
+      },
+      true);
 }
 Tensor div(const Tensor& a, const Tensor& b) {
-  return binary_op("Div", BinaryOp::Div, a, b,
-                   [](const Tensor& g, const Tensor& a, const Tensor& b) {
-                     Tensor ga = div(g, b);
-                     return std::vector<Tensor>{ga, neg(mul(ga, div(a, b)))};
-                   },
-                   true);
+  return binary_op(
+      "Div", BinaryOp::Div, a, b,
+      [](const Tensor& g, const Tensor& a, const Tensor& b) {
+        Tensor ga = div(g, b);
+        return std::vector<Tensor>{ga, neg(mul(ga, div(a, b)))};
+      },
+      true);
 }
 Tensor maximum(const Tensor& a, const Tensor& b) {
-  return binary_op("Maximum", BinaryOp::Maximum, a, b,
-                   [](const Tensor& g, const Tensor& a, const Tensor& b) { return select_grads(g, a, b, BinaryOp::Gt); },
-                   true);
+  return binary_op(
+      "Maximum", BinaryOp::Maximum, a, b,
+      [](const Tensor& g, const Tensor& a, const Tensor& b) { return select_grads(g, a, b, BinaryOp::Gt); },
+      true);
 }
 Tensor minimum(const Tensor& a, const Tensor& b) {
-  return binary_op("Minimum", BinaryOp::Minimum, a, b,
-                   [](const Tensor& g, const Tensor& a, const Tensor& b) { return select_grads(g, a, b, BinaryOp::Lt); },
-                   true);
+  return binary_op(
+      "Minimum", BinaryOp::Minimum, a, b,
+      [](const Tensor& g, const Tensor& a, const Tensor& b) { return select_grads(g, a, b, BinaryOp::Lt); },
+      true);
 }
 
 Tensor add(const Tensor& a, double b) {
-  return scalar_op("AddScalar", BinaryOp::Add, a, b, [](const Tensor& g, const Tensor&) { return g; }, false);
+  return scalar_op(
+      "AddScalar", BinaryOp::Add, a, b, [](const Tensor& g, const Tensor&) { return g; }, false);
 }
 Tensor sub(const Tensor& a, double b) {
-  return scalar_op("SubScalar", BinaryOp::Sub, a, b, [](const Tensor& g, const Tensor&) { return g; }, false);
+  return scalar_op(
+      "SubScalar", BinaryOp::Sub, a, b, [](const Tensor& g, const Tensor&) { return g; }, false);
 }
 Tensor mul(const Tensor& a, double b) {
-  return scalar_op("MulScalar", BinaryOp::Mul, a, b, [b](const Tensor& g, const Tensor&) { return mul(g, b); }, false);
+  return scalar_op(
+      "MulScalar", BinaryOp::Mul, a, b, [b](const Tensor& g, const Tensor&) { return mul(g, b); }, false);
 }
 Tensor div(const Tensor& a, double b) {
-  return scalar_op("DivScalar", BinaryOp::Div, a, b, [b](const Tensor& g, const Tensor&) { return div(g, b); }, false);
+  return scalar_op(
+      "DivScalar", BinaryOp::Div, a, b, [b](const Tensor& g, const Tensor&) { return div(g, b); }, false);
 }
 Tensor rsub(const Tensor& a, double b) { return add(neg(a), b); }
 Tensor rdiv(const Tensor& a, double b) { return mul(reciprocal(a), b); }
 Tensor maximum(const Tensor& a, double b) {
-  return scalar_op("MaximumScalar", BinaryOp::Maximum, a, b,
-                   [b](const Tensor& g, const Tensor& a) {
-                     Tensor share = add(gt(a, b).to(g.dtype()), mul(eq(a, b).to(g.dtype()), 0.5));
-                     return mul(g, share);
-                   },
-                   true);
+  return scalar_op(
+      "MaximumScalar", BinaryOp::Maximum, a, b,
+      [b](const Tensor& g, const Tensor& a) {
+        Tensor share = add(gt(a, b).to(g.dtype()), mul(eq(a, b).to(g.dtype()), 0.5));
+        return mul(g, share);
+      },
+      true);
 }
 Tensor minimum(const Tensor& a, double b) {
-  return scalar_op("MinimumScalar", BinaryOp::Minimum, a, b,
-                   [b](const Tensor& g, const Tensor& a) {
-                     Tensor share = add(lt(a, b).to(g.dtype()), mul(eq(a, b).to(g.dtype()), 0.5));
-                     return mul(g, share);
-                   },
-                   true);
+  return scalar_op(
+      "MinimumScalar", BinaryOp::Minimum, a, b,
+      [b](const Tensor& g, const Tensor& a) {
+        Tensor share = add(lt(a, b).to(g.dtype()), mul(eq(a, b).to(g.dtype()), 0.5));
+        return mul(g, share);
+      },
+      true);
 }
 
 // ---- comparisons -----------------------------------------------------------------
@@ -276,7 +297,8 @@ Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b) {
   check_same_device("where", {condition, a, b});
   require_cpu("where", {condition, a, b});
   check(condition.dtype() == DType::boolean, "where: the condition must be bool, got ", condition.dtype());
-  const Shape shape = broadcast_shapes(broadcast_shapes(condition.shape(), a.shape(), "where"), b.shape(), "where");
+  const Shape shape =
+      broadcast_shapes(broadcast_shapes(condition.shape(), a.shape(), "where"), b.shape(), "where");
   const DType common = promote_types(a.dtype(), b.dtype());
   Tensor av = a.detach().to(common), bv = b.detach().to(common);
   Tensor out = new_output(shape, common, av);

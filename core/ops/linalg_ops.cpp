@@ -85,8 +85,8 @@ Tensor batched_matmul_forward(const Tensor& a_in, const Tensor& b_in, bool refer
     batch = broadcast_shapes(batch_a, batch_b, "matmul");
   } catch (const Error&) {
     throw Error(str_cat("matmul: shapes ", shape_str(a.shape()), " and ", shape_str(b.shape()),
-                        " cannot be multiplied: their batch dims ", shape_str(batch_a), " and ", shape_str(batch_b),
-                        " do not broadcast"));
+                        " cannot be multiplied: their batch dims ", shape_str(batch_a), " and ",
+                        shape_str(batch_b), " do not broadcast"));
   }
   Shape shape_a = batch, shape_b = batch, out_shape = batch;
   shape_a.insert(shape_a.end(), {m, k});
@@ -145,8 +145,8 @@ Tensor matmul_impl(const Tensor& a, const Tensor& b, bool reference) {
   check(a.dtype() == b.dtype(), name, ": both operands must have the same dtype, got ", a.dtype(), " and ",
         b.dtype());
   check_floating(name, a);
-  check(a.dim() >= 1 && b.dim() >= 1, name, ": both operands need at least 1 dim, got shapes ", shape_str(a.shape()),
-        " and ", shape_str(b.shape()));
+  check(a.dim() >= 1 && b.dim() >= 1, name, ": both operands need at least 1 dim, got shapes ",
+        shape_str(a.shape()), " and ", shape_str(b.shape()));
   if (a.dim() == 1 && b.dim() == 1) {
     check(a.size(0) == b.size(0), name, ": dot product of shapes ", shape_str(a.shape()), " and ",
           shape_str(b.shape()), " needs equal lengths");
@@ -166,15 +166,17 @@ Tensor matmul_reference(const Tensor& a, const Tensor& b) { return matmul_impl(a
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   check_defined("linear", {x, weight});
-  check(weight.dim() == 2, "linear: weight must be 2-d [out_features, in_features], got ", shape_str(weight.shape()));
+  check(weight.dim() == 2, "linear: weight must be 2-d [out_features, in_features], got ",
+        shape_str(weight.shape()));
   check(x.dim() >= 1 && x.size(-1) == weight.size(1), "linear: input of shape ", shape_str(x.shape()),
-        " does not match weight of shape ", shape_str(weight.shape()), " (last dim must be ", weight.size(1), ")");
+        " does not match weight of shape ", shape_str(weight.shape()), " (last dim must be ", weight.size(1),
+        ")");
   Tensor out = matmul(x, weight.t());
   if (bias.defined()) {
     // Under autocast the product is 16-bit; the bias joins it in that dtype.
     const Tensor b = bias.dtype() == out.dtype() ? bias : bias.to(out.dtype());
-    check(bias.dim() == 1 && bias.size(0) == weight.size(0), "linear: bias of shape ", shape_str(bias.shape()),
-          " does not match weight of shape ", shape_str(weight.shape()));
+    check(bias.dim() == 1 && bias.size(0) == weight.size(0), "linear: bias of shape ",
+          shape_str(bias.shape()), " does not match weight of shape ", shape_str(weight.shape()));
     out = add(out, b);
   }
   return out;

@@ -33,20 +33,21 @@ Tensor softmax_impl(const char* name, const Tensor& x_in, int64_t dim, bool log)
   kernels::cpu::softmax_forward(x.dtype(), shape, x.data_ptr(), out.data_ptr(), log);
   if (autograd::any_requires_grad({x_in})) {
     autograd::SavedTensor saved_out(out, name);
-    autograd::record(log ? "LogSoftmaxBackward" : "SoftmaxBackward", {x_in}, {out},
-                     [=](const std::vector<Tensor>& g) {
-                       Tensor y = saved_out.unpack();
-                       Tensor gy = g[0].contiguous();
-                       Tensor gx = new_output(y.shape(), y.dtype(), y);
-                       kernels::cpu::softmax_backward(y.dtype(), shape, gy.data_ptr(), y.data_ptr(), gx.data_ptr(), log);
-                       return std::vector<Tensor>{gx};
-                     });
+    autograd::record(
+        log ? "LogSoftmaxBackward" : "SoftmaxBackward", {x_in}, {out}, [=](const std::vector<Tensor>& g) {
+          Tensor y = saved_out.unpack();
+          Tensor gy = g[0].contiguous();
+          Tensor gx = new_output(y.shape(), y.dtype(), y);
+          kernels::cpu::softmax_backward(y.dtype(), shape, gy.data_ptr(), y.data_ptr(), gx.data_ptr(), log);
+          return std::vector<Tensor>{gx};
+        });
   }
   return out;
 }
 
 // logits [rows, classes] contiguous-able, targets [rows] i64.
-Tensor cross_entropy_2d(const Tensor& logits_in, const Tensor& targets_in, const CrossEntropyOptions& options) {
+Tensor cross_entropy_2d(const Tensor& logits_in, const Tensor& targets_in,
+                        const CrossEntropyOptions& options) {
   Tensor logits = logits_in.detach().contiguous();
   Tensor targets = targets_in.detach().to(DType::i64).contiguous();
   const int64_t rows = logits.size(0), classes = logits.size(1);
@@ -105,7 +106,8 @@ Tensor cross_entropy(const Tensor& logits_arg, const Tensor& targets, const Cros
         targets.dtype());
   check(options.label_smoothing >= 0 && options.label_smoothing < 1,
         "cross_entropy: label_smoothing must be in [0, 1), got ", options.label_smoothing);
-  check(logits.dim() >= 2, "cross_entropy: logits must be [N, C] or [N, C, d1, ...], got ", shape_str(logits.shape()));
+  check(logits.dim() >= 2, "cross_entropy: logits must be [N, C] or [N, C, d1, ...], got ",
+        shape_str(logits.shape()));
   // Expected targets shape: logits shape without the class dim.
   Shape expected = logits.shape();
   expected.erase(expected.begin() + 1);
@@ -122,8 +124,8 @@ Tensor cross_entropy(const Tensor& logits_arg, const Tensor& targets, const Cros
   return options.reduction == Reduction::None ? out.reshape(expected) : out;
 }
 
-Tensor layer_norm(const Tensor& x_arg, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
-                  double eps) {
+Tensor layer_norm(const Tensor& x_arg, const Shape& normalized_shape, const Tensor& weight,
+                  const Tensor& bias, double eps) {
   const Tensor x_in = autocast_to_full_precision(x_arg);
   check_defined("layer_norm", {x_in});
   check_same_device("layer_norm", {x_in, weight, bias});
@@ -131,14 +133,14 @@ Tensor layer_norm(const Tensor& x_arg, const Shape& normalized_shape, const Tens
   check_floating("layer_norm", x_in);
   const int64_t k = static_cast<int64_t>(normalized_shape.size());
   check(k >= 1 && k <= x_in.dim() && Shape(x_in.shape().end() - k, x_in.shape().end()) == normalized_shape,
-        "layer_norm: normalized_shape ", shape_str(normalized_shape), " must match the trailing dims of the input ",
-        shape_str(x_in.shape()));
+        "layer_norm: normalized_shape ", shape_str(normalized_shape),
+        " must match the trailing dims of the input ", shape_str(x_in.shape()));
   for (const Tensor* p : {&weight, &bias}) {
     if (!p->defined()) continue;
     check(p->shape() == normalized_shape, "layer_norm: weight/bias of shape ", shape_str(p->shape()),
           " must have normalized_shape ", shape_str(normalized_shape));
-    check(p->dtype() == x_in.dtype(), "layer_norm: weight/bias dtype ", p->dtype(), " differs from input dtype ",
-          x_in.dtype());
+    check(p->dtype() == x_in.dtype(), "layer_norm: weight/bias dtype ", p->dtype(),
+          " differs from input dtype ", x_in.dtype());
   }
   const int64_t cols = shape_numel(normalized_shape), rows = cols == 0 ? 0 : x_in.numel() / cols;
   Tensor x = x_in.detach().contiguous();
@@ -152,16 +154,18 @@ Tensor layer_norm(const Tensor& x_arg, const Shape& normalized_shape, const Tens
                                    mean.data_ptr(), rstd.data_ptr());
   if (autograd::any_requires_grad({x_in, weight, bias})) {
     autograd::SavedTensor saved_x(x, "layer_norm"), saved_w(w, "layer_norm");
-    const bool need_w = weight.defined() && weight.requires_grad(), need_b = bias.defined() && bias.requires_grad();
+    const bool need_w = weight.defined() && weight.requires_grad(),
+               need_b = bias.defined() && bias.requires_grad();
     const bool has_w = weight.defined(), has_b = bias.defined();
     autograd::record("LayerNormBackward", {x_in, weight, bias}, {y}, [=](const std::vector<Tensor>& g) {
       Tensor xs = saved_x.unpack(), ws = saved_w.unpack(), gy = g[0].contiguous();
       Tensor gx = new_output(xs.shape(), xs.dtype(), xs);
       Tensor gw = has_w ? new_output(normalized_shape, xs.dtype(), xs) : Tensor();
       Tensor gb = has_b ? new_output(normalized_shape, xs.dtype(), xs) : Tensor();
-      kernels::cpu::layer_norm_backward(xs.dtype(), gy.data_ptr(), xs.data_ptr(), mean.data_ptr(), rstd.data_ptr(),
-                                        ws.defined() ? ws.data_ptr() : nullptr, rows, cols, gx.data_ptr(),
-                                        gw.defined() ? gw.data_ptr() : nullptr, gb.defined() ? gb.data_ptr() : nullptr);
+      kernels::cpu::layer_norm_backward(xs.dtype(), gy.data_ptr(), xs.data_ptr(), mean.data_ptr(),
+                                        rstd.data_ptr(), ws.defined() ? ws.data_ptr() : nullptr, rows, cols,
+                                        gx.data_ptr(), gw.defined() ? gw.data_ptr() : nullptr,
+                                        gb.defined() ? gb.data_ptr() : nullptr);
       return std::vector<Tensor>{gx, need_w ? gw : Tensor(), need_b ? gb : Tensor()};
     });
   }
@@ -176,7 +180,8 @@ Tensor embedding(const Tensor& weight, const Tensor& indices_in, int64_t padding
         shape_str(weight.shape()));
   check(is_integral(indices_in.dtype()), "embedding: indices must be i64 or i32, got ", indices_in.dtype());
   const int64_t num = weight.size(0), dim = weight.size(1);
-  check(padding_idx >= -1 && padding_idx < num, "embedding: padding_idx ", padding_idx, " is outside [0, ", num, ")");
+  check(padding_idx >= -1 && padding_idx < num, "embedding: padding_idx ", padding_idx, " is outside [0, ",
+        num, ")");
   Tensor w = weight.detach().contiguous();
   Tensor indices = indices_in.detach().to(DType::i64).contiguous();
   Shape out_shape = indices.shape();
@@ -190,8 +195,8 @@ Tensor embedding(const Tensor& weight, const Tensor& indices_in, int64_t padding
     autograd::record("EmbeddingBackward", {weight}, {out}, [=](const std::vector<Tensor>& g) {
       Tensor idx = saved_indices.unpack(), gy = g[0].contiguous();
       Tensor gw = new_output({num, dim}, dtype, gy);
-      kernels::cpu::embedding_backward(dtype, gy.data_ptr(), idx.data<int64_t>(), idx.numel(), dim, num, padding_idx,
-                                       gw.data_ptr());
+      kernels::cpu::embedding_backward(dtype, gy.data_ptr(), idx.data<int64_t>(), idx.numel(), dim, num,
+                                       padding_idx, gw.data_ptr());
       return std::vector<Tensor>{gw};
     });
   }
@@ -208,8 +213,8 @@ Tensor dropout(const Tensor& x_in, double p, bool training) {
   Tensor y = new_output(x.shape(), x.dtype(), x);
   Tensor mask = new_output(x.shape(), DType::boolean, x);
   const GeneratorState call = next_random_call();
-  kernels::cpu::dropout_forward(x.dtype(), x.data_ptr(), y.data_ptr(), mask.data<bool>(), x.numel(), p, call.seed,
-                                call.offset);
+  kernels::cpu::dropout_forward(x.dtype(), x.data_ptr(), y.data_ptr(), mask.data<bool>(), x.numel(), p,
+                                call.seed, call.offset);
   if (autograd::any_requires_grad({x_in})) {
     autograd::SavedTensor saved_mask(mask, "dropout");
     autograd::record("DropoutBackward", {x_in}, {y}, [=](const std::vector<Tensor>& g) {

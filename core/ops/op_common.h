@@ -30,7 +30,9 @@ inline Tensor grad_like(const Tensor& g, const autograd::TensorMeta& input) {
   return r.dtype() == input.dtype ? r : r.to(input.dtype);
 }
 
-inline autograd::TensorMeta meta_of(const Tensor& t) { return autograd::TensorMeta{t.shape(), t.dtype(), t.device()}; }
+inline autograd::TensorMeta meta_of(const Tensor& t) {
+  return autograd::TensorMeta{t.shape(), t.dtype(), t.device()};
+}
 
 inline void check_defined(const char* op, const std::vector<Tensor>& tensors) {
   for (size_t i = 0; i < tensors.size(); ++i)

@@ -47,8 +47,8 @@ ReducePlan plan_reduction(const Tensor& x, const std::vector<int64_t>& dims, con
 }
 
 // Runs the kernel; returns the result in the keepdim shape.
-Tensor run_reduce(const char* op_name, ReduceOp op, const Tensor& x_in, const ReducePlan& plan, DType out_dtype,
-                  int64_t correction = 1) {
+Tensor run_reduce(const char* op_name, ReduceOp op, const Tensor& x_in, const ReducePlan& plan,
+                  DType out_dtype, int64_t correction = 1) {
   require_cpu(op_name, {x_in});
   Tensor x = x_in.detach();
   const int64_t nd = x.dim();
@@ -93,10 +93,12 @@ Tensor expand_grad(const Tensor& g, const Shape& keep_shape, const Shape& input_
 
 DType sum_dtype(DType t) { return is_floating(t) ? t : DType::i64; }
 
-Tensor min_max(const char* name, ReduceOp op, const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+Tensor min_max(const char* name, ReduceOp op, const Tensor& x, const std::vector<int64_t>& dims,
+               bool keepdim) {
   check_defined(name, {x});
   ReducePlan plan = plan_reduction(x, dims, name);
-  check(plan.reduce_count > 0, name, ": cannot reduce over an empty dimension (shape ", shape_str(x.shape()), ")");
+  check(plan.reduce_count > 0, name, ": cannot reduce over an empty dimension (shape ", shape_str(x.shape()),
+        ")");
   Tensor keep = run_reduce(name, op, x, plan, x.dtype());
   Tensor out = finish(keep, plan, keepdim);
   if (autograd::any_requires_grad({x})) {
@@ -171,7 +173,8 @@ Tensor var(const Tensor& x_arg, const std::vector<int64_t>& dims, int64_t correc
       // d var / dx_i = 2 (x_i - mean) / (n - correction)
       Tensor input = saved_x.unpack();
       Tensor centered = sub(input, mean(input, reduced_dims, true));
-      return std::vector<Tensor>{mul(expand_grad(g[0], keep_shape, input_shape), mul(centered, 2.0 / denominator))};
+      return std::vector<Tensor>{
+          mul(expand_grad(g[0], keep_shape, input_shape), mul(centered, 2.0 / denominator))};
     });
   }
   return out;
@@ -180,7 +183,8 @@ Tensor var(const Tensor& x_arg, const std::vector<int64_t>& dims, int64_t correc
 Tensor argmax(const Tensor& x, int64_t dim, bool keepdim) {
   check_defined("argmax", {x});
   ReducePlan plan = plan_reduction(x, {dim}, "argmax");
-  check(plan.reduce_count > 0, "argmax: cannot reduce over an empty dimension (shape ", shape_str(x.shape()), ")");
+  check(plan.reduce_count > 0, "argmax: cannot reduce over an empty dimension (shape ", shape_str(x.shape()),
+        ")");
   return finish(run_reduce("argmax", ReduceOp::Argmax, x, plan, DType::i64), plan, keepdim);
 }
 

@@ -61,8 +61,9 @@ Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
   dim = wrap_dim(dim, tensors[0].dim() + 1, "stack");
   std::vector<Tensor> expanded;
   for (size_t i = 0; i < tensors.size(); ++i) {
-    check(tensors[i].shape() == tensors[0].shape(), "stack: tensor 0 has shape ", shape_str(tensors[0].shape()),
-          " but tensor ", i, " has shape ", shape_str(tensors[i].shape()), "; stack needs equal shapes");
+    check(tensors[i].shape() == tensors[0].shape(), "stack: tensor 0 has shape ",
+          shape_str(tensors[0].shape()), " but tensor ", i, " has shape ", shape_str(tensors[i].shape()),
+          "; stack needs equal shapes");
     expanded.push_back(tensors[i].unsqueeze(dim));
   }
   return cat(expanded, dim);
@@ -109,7 +110,8 @@ Tensor index_select(const Tensor& x_in, int64_t dim, const Tensor& index_in) {
   check_same_device("index_select", {x_in, index_in});
   require_cpu("index_select", {x_in, index_in});
   check(is_integral(index_in.dtype()), "index_select: index must be i64 or i32, got ", index_in.dtype());
-  check(index_in.dim() <= 1, "index_select: index must be 0-d or 1-d, got shape ", shape_str(index_in.shape()));
+  check(index_in.dim() <= 1, "index_select: index must be 0-d or 1-d, got shape ",
+        shape_str(index_in.shape()));
   dim = wrap_dim(dim, x_in.dim(), "index_select");
   Tensor x = x_in.detach().contiguous();
   Tensor index = index_in.detach().to(DType::i64).contiguous();
@@ -119,14 +121,16 @@ Tensor index_select(const Tensor& x_in, int64_t dim, const Tensor& index_in) {
   Shape out_shape = x.shape();
   if (!out_shape.empty()) out_shape[dim] = index.numel();
   Tensor out = new_output(out_shape, x.dtype(), x);
-  kernels::cpu::index_select(x.dtype(), shape, x.data_ptr(), index.data<int64_t>(), index.numel(), out.data_ptr());
+  kernels::cpu::index_select(x.dtype(), shape, x.data_ptr(), index.data<int64_t>(), index.numel(),
+                             out.data_ptr());
   if (autograd::any_requires_grad({x_in})) {
     autograd::SavedTensor saved_index(index, "index_select");
     const Shape input_shape = x.shape();
     autograd::record("IndexSelectBackward", {x_in}, {out}, [=](const std::vector<Tensor>& g) {
       Tensor idx = saved_index.unpack(), gy = g[0].contiguous();
       Tensor gx = zeros(input_shape, TensorOptions{gy.dtype(), gy.device()});
-      kernels::cpu::index_add(gy.dtype(), shape, gy.data_ptr(), idx.data<int64_t>(), idx.numel(), gx.data_ptr());
+      kernels::cpu::index_add(gy.dtype(), shape, gy.data_ptr(), idx.data<int64_t>(), idx.numel(),
+                              gx.data_ptr());
       return std::vector<Tensor>{gx};
     });
   }

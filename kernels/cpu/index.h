@@ -17,10 +17,10 @@ struct IndexShape {
 };
 
 // out[o, i, :] = input[o, indices[i], :]; throws naming the position and value of a bad index.
-void index_select(DType dtype, const IndexShape& shape, const void* input, const int64_t* indices, int64_t count,
-                  void* out);
+void index_select(DType dtype, const IndexShape& shape, const void* input, const int64_t* indices,
+                  int64_t count, void* out);
 // grad_input[o, indices[i], :] += grad_out[o, i, :]; grad_input must be zeroed by the caller.
-void index_add(DType dtype, const IndexShape& shape, const void* grad_out, const int64_t* indices, int64_t count,
-               void* grad_input);
+void index_add(DType dtype, const IndexShape& shape, const void* grad_out, const int64_t* indices,
+               int64_t count, void* grad_input);
 
 }  // namespace mg::kernels::cpu

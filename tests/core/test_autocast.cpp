@@ -32,7 +32,8 @@ TEST_CASE("autocast runs matmul/linear/conv in the low dtype and keeps reduction
     REQUIRE(sum(half).dtype() == DType::f32);
     REQUIRE(mean(half, {1}).dtype() == DType::f32);
     REQUIRE(layer_norm(half, {5}).dtype() == DType::f32);
-    REQUIRE(cross_entropy(half, tensor<int64_t>({0, 1, 4}, {3}, TensorOptions{DType::i64})).dtype() == DType::f32);
+    REQUIRE(cross_entropy(half, tensor<int64_t>({0, 1, 4}, {3}, TensorOptions{DType::i64})).dtype() ==
+            DType::f32);
   }
   REQUIRE_FALSE(autocast_state().enabled);  // the guard restored the previous state
 }
@@ -60,7 +61,8 @@ TEST_CASE("autocast gradients reach f32 parameters in f32, close to full precisi
   REQUIRE(w1.grad().dtype() == DType::f32);
   REQUIRE(w2.grad().dtype() == DType::f32);
   // bf16 keeps 8 bits of mantissa: ~0.4% per rounding; a few percent end to end.
-  CHECK(std::fabs(mixed_loss.item<double>() - full_loss.item<double>()) < 0.02 * std::fabs(full_loss.item<double>()));
+  CHECK(std::fabs(mixed_loss.item<double>() - full_loss.item<double>()) <
+        0.02 * std::fabs(full_loss.item<double>()));
   CHECK(relative_error(w1.grad(), g1) < 0.05);
   CHECK(relative_error(w2.grad(), g2) < 0.05);
   // And the low-precision result really differs (the cast happened).

@@ -11,16 +11,6 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-// tensor<T> with T's own dtype spelled out: tensor<T>(values) without options
-// gives f32 (see "tensor<T> infers its dtype from T" in test_factories_rng.cpp).
-template <class T>
-Tensor typed(const std::vector<T>& v) {
-  return tensor<T>(v, TensorOptions{dtype_of<T>()});
-}
-template <class T>
-Tensor typed(const std::vector<T>& v, const Shape& shape) {
-  return tensor<T>(v, shape, TensorOptions{dtype_of<T>()});
-}
 
 std::vector<float> values(const Tensor& t) { return t.to_vector<float>(); }
 
@@ -181,11 +171,11 @@ TEST_CASE("gradients of broadcast inputs are summed back to their shapes", "[bro
 }
 
 TEST_CASE("type promotion of binary ops", "[broadcast][dtype]") {
-  Tensor i32 = typed<int32_t>({1, 2, 3});
-  Tensor i64 = typed<int64_t>({4, 5, 6});
+  Tensor i32 = tensor<int32_t>({1, 2, 3});
+  Tensor i64 = tensor<int64_t>({4, 5, 6});
   Tensor f32 = tensor<float>({0.5f, 0.25f, -1.0f});
-  Tensor f64 = typed<double>({0.125, 1.0, 2.0});
-  Tensor bl = typed<bool>({true, false, true});
+  Tensor f64 = tensor<double>({0.125, 1.0, 2.0});
+  Tensor bl = tensor<bool>({true, false, true});
   Tensor h16 = tensor<float>({1.5f, 2.0f, -3.0f}, TensorOptions{DType::f16});
   Tensor b16 = tensor<float>({0.5f, 4.0f, 8.0f}, TensorOptions{DType::bf16});
 
@@ -218,16 +208,16 @@ TEST_CASE("type promotion of binary ops", "[broadcast][dtype]") {
   CHECK(mul(i32, i32).to_vector<int32_t>() == std::vector<int32_t>{1, 4, 9});
 
   // Integer / integer is true division in f32.
-  Tensor q = div(typed<int32_t>({7, -7, 1}), typed<int32_t>({2, 2, 4}));
+  Tensor q = div(tensor<int32_t>({7, -7, 1}), tensor<int32_t>({2, 2, 4}));
   CHECK(q.dtype() == DType::f32);
   CHECK(values(q) == std::vector<float>{3.5f, -3.5f, 0.25f});
-  Tensor q64 = div(typed<int64_t>({9}), typed<int64_t>({4}));
+  Tensor q64 = div(tensor<int64_t>({9}), tensor<int64_t>({4}));
   CHECK(q64.dtype() == DType::f32);
   CHECK(q64.item<float>() == 2.25f);
   CHECK(div(f64, i32).dtype() == DType::f64);
 
   // Promotion combined with broadcasting.
-  Tensor col = typed<int64_t>({1, 2}, {2, 1});
+  Tensor col = tensor<int64_t>({1, 2}, {2, 1});
   Tensor pr = add(col, tensor<float>({0.5f, 0.25f, 0.125f}));
   CHECK(pr.dtype() == DType::f32);
   CHECK(pr.shape() == Shape{2, 3});
@@ -235,7 +225,7 @@ TEST_CASE("type promotion of binary ops", "[broadcast][dtype]") {
 }
 
 TEST_CASE("scalar operands: integers stay integral unless the scalar is fractional", "[broadcast][dtype]") {
-  Tensor i = typed<int32_t>({1, 2, 3});
+  Tensor i = tensor<int32_t>({1, 2, 3});
   Tensor times2 = mul(i, 2.0);
   CHECK(times2.dtype() == DType::i32);
   CHECK(times2.to_vector<int32_t>() == std::vector<int32_t>{2, 4, 6});
@@ -245,7 +235,7 @@ TEST_CASE("scalar operands: integers stay integral unless the scalar is fraction
   Tensor d = div(i, 2.0);
   CHECK(d.dtype() == DType::f32);
   CHECK(values(d) == std::vector<float>{0.5f, 1.0f, 1.5f});
-  CHECK(add(typed<double>({1.0}), 1.0).dtype() == DType::f64);
+  CHECK(add(tensor<double>({1.0}), 1.0).dtype() == DType::f64);
 }
 
 TEST_CASE("comparisons return bool and broadcast", "[broadcast][dtype]") {
@@ -268,14 +258,14 @@ TEST_CASE("comparisons return bool and broadcast", "[broadcast][dtype]") {
         std::vector<bool>{true, false, false, false, true, false, false, false, true});
 
   // Mixed dtypes compare by value after promotion; result is still bool.
-  Tensor mixed = lt(typed<int32_t>({1, 2, 3}), typed<double>({1.5, 1.5, 3.0}));
+  Tensor mixed = lt(tensor<int32_t>({1, 2, 3}), tensor<double>({1.5, 1.5, 3.0}));
   CHECK(mixed.dtype() == DType::boolean);
   CHECK(mixed.to_vector<bool>() == std::vector<bool>{true, false, false});
 
   Tensor sc = gt(a, 1.5);
   CHECK(sc.dtype() == DType::boolean);
   CHECK(sc.to_vector<bool>() == std::vector<bool>{false, true, true});
-  CHECK(eq(typed<int64_t>({2, 3}), 2.0).to_vector<bool>() == std::vector<bool>{true, false});
+  CHECK(eq(tensor<int64_t>({2, 3}), 2.0).to_vector<bool>() == std::vector<bool>{true, false});
 
   // Comparisons carry no gradient.
   Tensor w = tensor<float>({1, 2}, {2}, TensorOptions{DType::f32, Device::cpu(), true});
@@ -283,8 +273,8 @@ TEST_CASE("comparisons return bool and broadcast", "[broadcast][dtype]") {
   CHECK_FALSE(eq(w, w).requires_grad());
 
   // logical ops and where.
-  Tensor m1 = typed<bool>({true, true, false, false});
-  Tensor m2 = typed<bool>({true, false, true, false});
+  Tensor m1 = tensor<bool>({true, true, false, false});
+  Tensor m2 = tensor<bool>({true, false, true, false});
   CHECK(logical_and(m1, m2).to_vector<bool>() == std::vector<bool>{true, false, false, false});
   CHECK(logical_or(m1, m2).to_vector<bool>() == std::vector<bool>{true, true, true, false});
   Tensor picked = where(gt(a, 1.5), a, tensor<float>({-1}));

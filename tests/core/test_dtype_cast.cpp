@@ -14,16 +14,6 @@ using namespace mg;
 
 namespace {
 
-// tensor<T> with T's own dtype spelled out: tensor<T>(values) without options
-// gives f32 (see "tensor<T> infers its dtype from T" in test_factories_rng.cpp).
-template <class T>
-Tensor typed(const std::vector<T>& v) {
-  return tensor<T>(v, TensorOptions{dtype_of<T>()});
-}
-template <class T>
-Tensor typed(const std::vector<T>& v, const Shape& shape) {
-  return tensor<T>(v, shape, TensorOptions{dtype_of<T>()});
-}
 
 const std::vector<DType> kAllDTypes = {DType::f32, DType::f64, DType::f16,    DType::bf16,
                                        DType::i32, DType::i64, DType::boolean};
@@ -175,15 +165,15 @@ TEST_CASE("float -> int truncates toward zero; -> bool tests != 0", "[cast]") {
         std::vector<bool>{false, true});
   CHECK(tensor<float>({-0.999f, 0.999f}).to(DType::i64).to_vector<int64_t>() == std::vector<int64_t>{0, 0});
   // Large values.
-  CHECK(typed<double>({1099511627776.0}).to(DType::i64).item<int64_t>() == (int64_t(1) << 40));
-  CHECK(typed<double>({-2147483648.0}).to(DType::i32).item<int32_t>() == INT32_MIN);
-  CHECK(typed<int64_t>({(int64_t(1) << 53)}).to(DType::f64).item<double>() == 9007199254740992.0);
-  CHECK(typed<int64_t>({(int64_t(1) << 24) + 1}).to(DType::f32).item<float>() == 16777216.0f);
-  CHECK(typed<int32_t>({-7}).to(DType::f16).item<float>() == -7.0f);
-  CHECK(typed<int32_t>({-7, 0}).to(DType::boolean).to_vector<bool>() == std::vector<bool>{true, false});
-  CHECK(typed<bool>({true, false}).to(DType::f32).to_vector<float>() == std::vector<float>{1.0f, 0.0f});
-  CHECK(typed<bool>({true, false}).to(DType::bf16).to_vector<float>() == std::vector<float>{1.0f, 0.0f});
-  CHECK(typed<bool>({true, false}).to(DType::i64).to_vector<int64_t>() == std::vector<int64_t>{1, 0});
+  CHECK(tensor<double>({1099511627776.0}).to(DType::i64).item<int64_t>() == (int64_t(1) << 40));
+  CHECK(tensor<double>({-2147483648.0}).to(DType::i32).item<int32_t>() == INT32_MIN);
+  CHECK(tensor<int64_t>({(int64_t(1) << 53)}).to(DType::f64).item<double>() == 9007199254740992.0);
+  CHECK(tensor<int64_t>({(int64_t(1) << 24) + 1}).to(DType::f32).item<float>() == 16777216.0f);
+  CHECK(tensor<int32_t>({-7}).to(DType::f16).item<float>() == -7.0f);
+  CHECK(tensor<int32_t>({-7, 0}).to(DType::boolean).to_vector<bool>() == std::vector<bool>{true, false});
+  CHECK(tensor<bool>({true, false}).to(DType::f32).to_vector<float>() == std::vector<float>{1.0f, 0.0f});
+  CHECK(tensor<bool>({true, false}).to(DType::bf16).to_vector<float>() == std::vector<float>{1.0f, 0.0f});
+  CHECK(tensor<bool>({true, false}).to(DType::i64).to_vector<int64_t>() == std::vector<int64_t>{1, 0});
 }
 
 TEST_CASE("0.1 in bf16 and f16: rounding error within half an ulp", "[cast][half]") {
@@ -196,8 +186,8 @@ TEST_CASE("0.1 in bf16 and f16: rounding error within half an ulp", "[cast][half
   CHECK(h == 0.0999755859375f);  // 0x2E66
 
   // From f64 as well.
-  CHECK(typed<double>({0.1}).to(DType::bf16).item<float>() == 0.10009765625f);
-  CHECK(typed<double>({0.1}).to(DType::f16).item<float>() == 0.0999755859375f);
+  CHECK(tensor<double>({0.1}).to(DType::bf16).item<float>() == 0.10009765625f);
+  CHECK(tensor<double>({0.1}).to(DType::f16).item<float>() == 0.0999755859375f);
 
   // bf16 -> f16 -> bf16 of a value exact in both.
   CHECK(tensor<float>({0.375f}).to(DType::bf16).to(DType::f16).to(DType::bf16).item<float>() == 0.375f);
@@ -244,9 +234,9 @@ TEST_CASE("overflow, underflow, NaN", "[cast][half]") {
   CHECK(std::isinf(b[2]));
   CHECK(bf16(1.0f).bits == 0x3f80);
 
-  CHECK(std::isinf(typed<double>({1e300}).to(DType::f32).item<float>()));
-  CHECK(std::isinf(typed<double>({1e10}).to(DType::f16).item<float>()));
-  CHECK(typed<double>({1e-300}).to(DType::f32).item<float>() == 0.0f);
+  CHECK(std::isinf(tensor<double>({1e300}).to(DType::f32).item<float>()));
+  CHECK(std::isinf(tensor<double>({1e10}).to(DType::f16).item<float>()));
+  CHECK(tensor<double>({1e-300}).to(DType::f32).item<float>() == 0.0f);
 
   const float nan = std::numeric_limits<float>::quiet_NaN();
   Tensor n = tensor<float>({nan, 1.0f});

@@ -14,16 +14,6 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-// tensor<T> with T's own dtype spelled out: tensor<T>(values) without options
-// gives f32 (see "tensor<T> infers its dtype from T" in test_factories_rng.cpp).
-template <class T>
-Tensor typed(const std::vector<T>& v) {
-  return tensor<T>(v, TensorOptions{dtype_of<T>()});
-}
-template <class T>
-Tensor typed(const std::vector<T>& v, const Shape& shape) {
-  return tensor<T>(v, shape, TensorOptions{dtype_of<T>()});
-}
 
 // Runs `f`, which must throw mg::Error, and returns the message.
 template <class F>
@@ -144,28 +134,28 @@ TEST_CASE("out-of-range dims name the dim and the valid range", "[errors]") {
 TEST_CASE("bad indices name the offending value", "[errors]") {
   SECTION("index_select") {
     Tensor x = zeros({3, 2});
-    const std::string m = error_of([&] { index_select(x, 0, typed<int64_t>({0, 7})); });
+    const std::string m = error_of([&] { index_select(x, 0, tensor<int64_t>({0, 7})); });
     CHECK_THAT(m, Contains("7"));
     CHECK_THAT(m, Contains("3"));  // the size of the indexed dim
-    CHECK_THAT(error_of([&] { index_select(x, 0, typed<int64_t>({-1})); }), Contains("-1"));
+    CHECK_THAT(error_of([&] { index_select(x, 0, tensor<int64_t>({-1})); }), Contains("-1"));
     CHECK_THAT(error_of([&] { index_select(x, 0, tensor<float>({0})); }), Contains("f32"));
   }
   SECTION("embedding") {
     Tensor w = zeros({4, 2});
-    const std::string m = error_of([&] { embedding(w, typed<int64_t>({1, 9, 2})); });
+    const std::string m = error_of([&] { embedding(w, tensor<int64_t>({1, 9, 2})); });
     CHECK_THAT(m, Contains("9"));
     CHECK_THAT(m, Contains("4"));
-    CHECK_THAT(error_of([&] { embedding(w, typed<int32_t>({-3})); }), Contains("-3"));
+    CHECK_THAT(error_of([&] { embedding(w, tensor<int32_t>({-3})); }), Contains("-3"));
   }
   SECTION("cross_entropy target") {
-    const std::string m = error_of([] { cross_entropy(zeros({2, 3}), typed<int64_t>({1, 5})); });
+    const std::string m = error_of([] { cross_entropy(zeros({2, 3}), tensor<int64_t>({1, 5})); });
     CHECK_THAT(m, Contains("5"));
     CHECK_THAT(m, Contains("3"));  // number of classes
-    CHECK_THAT(error_of([] { cross_entropy(zeros({2, 3}), typed<int64_t>({-2, 0})); }), Contains("-2"));
+    CHECK_THAT(error_of([] { cross_entropy(zeros({2, 3}), tensor<int64_t>({-2, 0})); }), Contains("-2"));
     // ignore_index is not an error.
     CrossEntropyOptions options;
     options.ignore_index = -100;
-    CHECK_NOTHROW(cross_entropy(zeros({2, 3}), typed<int64_t>({-100, 1}), options));
+    CHECK_NOTHROW(cross_entropy(zeros({2, 3}), tensor<int64_t>({-100, 1}), options));
   }
   SECTION("select / narrow") {
     Tensor x = zeros({4, 5});
@@ -194,13 +184,13 @@ TEST_CASE("backward on a non-scalar needs a gradient", "[errors]") {
 }
 
 TEST_CASE("set_requires_grad on an integer tensor", "[errors]") {
-  Tensor i = typed<int64_t>({1, 2});
+  Tensor i = tensor<int64_t>({1, 2});
   const std::string m = error_of([&] { i.set_requires_grad(true); });
   CHECK_THAT(m, Contains("i64"));
   CHECK_THAT(m, Contains("floating"));
-  CHECK_THAT(error_of([] { typed<bool>({true}).set_requires_grad(true); }), Contains("bool"));
+  CHECK_THAT(error_of([] { tensor<bool>({true}).set_requires_grad(true); }), Contains("bool"));
   CHECK_THAT(error_of([] { zeros({2}, TensorOptions{DType::i32, Device::cpu(), true}); }), Contains("i32"));
-  CHECK_NOTHROW(typed<int64_t>({1}).set_requires_grad(false));
+  CHECK_NOTHROW(tensor<int64_t>({1}).set_requires_grad(false));
   // A non-leaf cannot change requires_grad.
   Tensor x = ones({2}, requires_grad_f32());
   Tensor y = mul(x, 2.0);

@@ -1,10 +1,10 @@
 // safetensors round trips, a file written by another program, atomic writes,
 // and rejection of truncated or tampered files.
+#include <unistd.h>
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <fstream>
 #include <string>
-#include <unistd.h>
 
 #include "core/safetensors.h"
 #include "multigrad.h"

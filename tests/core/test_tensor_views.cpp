@@ -13,16 +13,6 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-// tensor<T> with T's own dtype spelled out: tensor<T>(values) without options
-// gives f32 (see "tensor<T> infers its dtype from T" in test_factories_rng.cpp).
-template <class T>
-Tensor typed(const std::vector<T>& v) {
-  return tensor<T>(v, TensorOptions{dtype_of<T>()});
-}
-template <class T>
-Tensor typed(const std::vector<T>& v, const Shape& shape) {
-  return tensor<T>(v, shape, TensorOptions{dtype_of<T>()});
-}
 
 std::vector<float> values(const Tensor& t) { return t.to_vector<float>(); }
 
@@ -401,7 +391,7 @@ TEST_CASE("printing shows values, shape, dtype and device", "[views][print]") {
   CHECK_THAT(s, Contains("cpu:0"));
   CHECK_THAT(s, !Contains("..."));
 
-  Tensor m = typed<int64_t>({7, -8, 9, 10}, {2, 2});
+  Tensor m = tensor<int64_t>({7, -8, 9, 10}, {2, 2});
   const std::string ms = m.str();
   CHECK_THAT(ms, Contains("7"));
   CHECK_THAT(ms, Contains("-8"));
@@ -415,8 +405,8 @@ TEST_CASE("printing shows values, shape, dtype and device", "[views][print]") {
 
   Tensor moved = tensor<float>({1, 2}).to(Device::cpu(1));
   CHECK_THAT(moved.str(), Contains("cpu:1"));
-  CHECK_THAT(typed<double>({0.5}).str(), Contains("f64"));
-  CHECK_THAT(typed<bool>({true, false}).str(), Contains("bool"));
+  CHECK_THAT(tensor<double>({0.5}).str(), Contains("f64"));
+  CHECK_THAT(tensor<bool>({true, false}).str(), Contains("bool"));
 
   Tensor w = ones({2}, TensorOptions{DType::f32, Device::cpu(), true});
   CHECK_THAT(w.str(), Contains("requires_grad"));

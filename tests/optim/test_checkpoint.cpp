@@ -1,9 +1,9 @@
 // Checkpoints: exact resume (bitwise on the CPU), scaler state, and a damaged
 // checkpoint rejected without touching the model.
+#include <unistd.h>
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <fstream>
-#include <unistd.h>
 
 #include "multigrad.h"
 #include "nn/zoo.h"
@@ -87,7 +87,8 @@ TEST_CASE("a damaged checkpoint is rejected and leaves the model and optimizer u
     std::ifstream in(dir + "/optimizer.safetensors", std::ios::binary);
     std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     std::ofstream(dir + "/optimizer.safetensors", std::ios::binary) << bytes.substr(0, bytes.size() / 2);
-    REQUIRE_THROWS_WITH(optim::load_checkpoint(dir, other, other_opt), Catch::Contains("optimizer.safetensors"));
+    REQUIRE_THROWS_WITH(optim::load_checkpoint(dir, other, other_opt),
+                        Catch::Contains("optimizer.safetensors"));
   }
   SECTION("files from two different checkpoints") {
     const std::string dir2 = temp_dir("damaged2");
@@ -95,7 +96,8 @@ TEST_CASE("a damaged checkpoint is rejected and leaves the model and optimizer u
     std::rename((dir2 + "/optimizer.safetensors").c_str(), (dir + "/optimizer.safetensors").c_str());
     std::remove((dir2 + "/model.safetensors").c_str());
     ::rmdir(dir2.c_str());
-    REQUIRE_THROWS_WITH(optim::load_checkpoint(dir, other, other_opt), Catch::Contains("different checkpoints"));
+    REQUIRE_THROWS_WITH(optim::load_checkpoint(dir, other, other_opt),
+                        Catch::Contains("different checkpoints"));
   }
   SECTION("optimizer state for another model: the model is restored") {
     nn::MLP wider(8, {20}, 3);

@@ -28,7 +28,8 @@ TEST_CASE("GradScaler unscales gradients and steps when they are finite", "[grad
 TEST_CASE("GradScaler skips the step on inf/NaN and backs off; grows after clean steps", "[grad_scaler]") {
   Tensor w = tensor<float>({1.0f}).set_requires_grad(true);
   optim::SGD opt({w}, {.lr = 0.1});
-  optim::GradScaler scaler({.init_scale = 8.0, .growth_factor = 2.0, .backoff_factor = 0.5, .growth_interval = 2});
+  optim::GradScaler scaler(
+      {.init_scale = 8.0, .growth_factor = 2.0, .backoff_factor = 0.5, .growth_interval = 2});
   for (float bad : {std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
     w.set_grad(tensor<float>({bad}));
     REQUIRE_FALSE(scaler.step(opt));
