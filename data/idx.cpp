@@ -12,17 +12,12 @@ namespace mg::data {
 int idx_element_size(uint8_t type) {
   switch (type) {
     case 0x08:
-    case 0x09:
-      return 1;  // u8, i8
-    case 0x0B:
-      return 2;  // i16
+    case 0x09: return 1;  // u8, i8
+    case 0x0B: return 2;  // i16
     case 0x0C:
-    case 0x0D:
-      return 4;  // i32, f32
-    case 0x0E:
-      return 8;  // f64
-    default:
-      return 0;
+    case 0x0D: return 4;  // i32, f32
+    case 0x0E: return 8;  // f64
+    default: return 0;
   }
 }
 

@@ -11,7 +11,6 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-
 std::vector<float> values(const Tensor& t) { return t.to_vector<float>(); }
 
 std::vector<float> iota_values(int64_t n, float scale = 1.0f, float shift = 0.0f) {

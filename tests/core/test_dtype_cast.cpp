@@ -14,7 +14,6 @@ using namespace mg;
 
 namespace {
 
-
 const std::vector<DType> kAllDTypes = {DType::f32, DType::f64, DType::f16,    DType::bf16,
                                        DType::i32, DType::i64, DType::boolean};
 

@@ -14,7 +14,6 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-
 // Runs `f`, which must throw mg::Error, and returns the message.
 template <class F>
 std::string error_of(F&& f) {

@@ -13,7 +13,6 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-
 std::vector<float> values(const Tensor& t) { return t.to_vector<float>(); }
 
 // 0, 1, ..., n-1 as f32 with the given shape.

@@ -81,7 +81,9 @@ Tensor make_tensor(const json& t, bool requires_grad) {
 using Inputs = std::vector<Tensor>;
 using OpFn = std::function<std::vector<Tensor>(const Inputs&, const json&)>;
 
-std::vector<int64_t> ints(const json& attrs, const char* key) { return attrs.at(key).get<std::vector<int64_t>>(); }
+std::vector<int64_t> ints(const json& attrs, const char* key) {
+  return attrs.at(key).get<std::vector<int64_t>>();
+}
 Tensor optional_input(const Inputs& in, size_t i) { return in.size() > i ? in[i] : Tensor(); }
 
 template <class F>
@@ -100,8 +102,9 @@ OpFn reduction(F f) {
 }
 template <class F>
 OpFn with_scalar(F f) {
-  return
-      [f](const Inputs& in, const json& a) { return std::vector<Tensor>{f(in.at(0), a.at("scalar").get<double>())}; };
+  return [f](const Inputs& in, const json& a) {
+    return std::vector<Tensor>{f(in.at(0), a.at("scalar").get<double>())};
+  };
 }
 
 mg::Reduction parse_reduction(const std::string& s) {
@@ -290,7 +293,8 @@ void run_case(const json& c) {
   const std::vector<Tensor> outputs = it->second(inputs, attrs);
   const auto& expected = c.at("outputs");
   REQUIRE(outputs.size() == expected.size());
-  for (size_t k = 0; k < outputs.size(); ++k) check_tensor("output " + std::to_string(k), outputs[k], expected[k]);
+  for (size_t k = 0; k < outputs.size(); ++k)
+    check_tensor("output " + std::to_string(k), outputs[k], expected[k]);
 
   if (!c.contains("grads")) return;
   const auto& weights = c.at("weights");

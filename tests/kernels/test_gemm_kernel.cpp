@@ -46,16 +46,11 @@ struct Tolerance {
 
 Tolerance tolerance_for(DType dtype) {
   switch (dtype) {
-    case DType::f64:
-      return {1e-14, 1e-14};
-    case DType::f32:
-      return {1e-6, 1e-6};
-    case DType::f16:
-      return {1.0 / 512, 1e-6};
-    case DType::bf16:
-      return {1.0 / 64, 1e-6};
-    default:
-      return {0, 0};
+    case DType::f64: return {1e-14, 1e-14};
+    case DType::f32: return {1e-6, 1e-6};
+    case DType::f16: return {1.0 / 512, 1e-6};
+    case DType::bf16: return {1.0 / 64, 1e-6};
+    default: return {0, 0};
   }
 }
 

@@ -155,14 +155,10 @@ double dot(const std::vector<double>& a, const std::vector<double>& b) {
 // Relative tolerance of one rounding to T (values here are O(1)).
 double rounding_tolerance(DType dtype) {
   switch (dtype) {
-    case DType::f64:
-      return 1e-14;
-    case DType::f32:
-      return 1e-6;
-    case DType::f16:
-      return 1.0 / 1024;
-    default:
-      return 1.0 / 128;
+    case DType::f64: return 1e-14;
+    case DType::f32: return 1e-6;
+    case DType::f16: return 1.0 / 1024;
+    default: return 1.0 / 128;
   }
 }
 
