@@ -1,0 +1,261 @@
+// ProcessGroup: launcher detection, device choice, argument checks and dispatch to a backend.
+//
+// The backends (process_group_mpi.cpp, single_process_backend below) only move bytes; every
+// check a user can trip over lives here, once, so each backend can trust its inputs.
+#include "parallel/process_group.h"
+
+#include <cstdlib>
+#include <string>
+
+#include "core/allocator.h"
+#include "core/cuda_runtime.h"
+#include "core/error.h"
+#include "core/grad_mode.h"
+
+namespace mg::parallel {
+
+// Defined in process_group_mpi.cpp (nullptr-returning fallback when built without MPI).
+std::shared_ptr<Backend> make_mpi_backend(const LaunchInfo& launch, std::chrono::milliseconds timeout,
+                                          bool verify_collectives);
+
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return "sum";
+    case ReduceOp::Avg: return "avg";
+    case ReduceOp::Max: return "max";
+    case ReduceOp::Min: return "min";
+  }
+  return "?";
+}
+
+namespace {
+
+// An integer from the environment, or nullopt when the variable is absent.
+std::optional<int> env_int(const char* name) {
+  const char* text = std::getenv(name);
+  if (text == nullptr || *text == '\0') return std::nullopt;
+  char* end = nullptr;
+  long value = std::strtol(text, &end, 10);
+  check(end != text && *end == '\0', "init_process_group: environment variable ", name, "='", text,
+        "' is not an integer");
+  return static_cast<int>(value);
+}
+
+}  // namespace
+
+LaunchInfo detect_launch() {
+  LaunchInfo info;
+  // Each launcher names the same four facts differently. OpenMPI first: srun can also start
+  // OpenMPI programs, and then OMPI_* are the authoritative ones.
+  struct Names {
+    const char* launcher;
+    const char* rank;
+    const char* size;
+    const char* local_rank;
+    const char* local_size;
+  };
+  const Names launchers[] = {
+      {"openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+       "OMPI_COMM_WORLD_LOCAL_SIZE"},
+      {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"},
+      {"pmi", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"},
+  };
+  for (const Names& names : launchers) {
+    auto rank = env_int(names.rank);
+    auto size = env_int(names.size);
+    if (!rank || !size) continue;
+    check(*size >= 1 && *rank >= 0 && *rank < *size, "init_process_group: ", names.rank, "=", *rank, " and ",
+          names.size, "=", *size, " do not describe a rank of the job");
+    info.launcher = names.launcher;
+    info.rank = *rank;
+    info.world_size = *size;
+    info.local_rank = env_int(names.local_rank).value_or(*rank);
+    info.local_size = env_int(names.local_size).value_or(*size);
+    break;
+  }
+  return info;
+}
+
+ProcessGroup init_process_group(const InitOptions& options) {
+  LaunchInfo launch = detect_launch();
+  std::chrono::milliseconds timeout = options.timeout;
+  if (auto seconds = env_int("MG_TIMEOUT_S")) timeout = std::chrono::seconds(*seconds);
+  check(timeout.count() > 0, "init_process_group: the timeout must be positive, got ", timeout.count(),
+        " ms");
+
+  // The device: asked for, else cuda:<local rank> when this build can hold CUDA tensors and a
+  // GPU is there, else cpu:0. Ranks on one node thus each take their own GPU.
+  Device device = Device::cpu(0);
+  const char* forced = std::getenv("MG_DEVICE");
+  if (options.device) {
+    device = *options.device;
+  } else if (forced != nullptr && *forced != '\0') {
+    device = Device::parse(forced);
+  } else if (cuda_backend() != nullptr && cuda::device_count() > 0) {
+    device = Device::cuda(launch.local_rank % cuda::device_count());
+  }
+
+  std::shared_ptr<Backend> backend;
+  if (launch.world_size == 1) {
+    // No launcher (or a job of one): no MPI needed at all.
+    backend = make_single_process_backend();
+  } else {
+    backend = make_mpi_backend(launch, timeout, options.verify_collectives);
+    check(backend != nullptr, "init_process_group: launched as rank ", launch.rank, " of ", launch.world_size,
+          " by ", launch.launcher,
+          ", but multigrad was built without MPI (install libopenmpi-dev and rebuild)");
+  }
+  backend->set_timeout(timeout);
+  return ProcessGroup(std::move(backend), device, launch);
+}
+
+// ---- the handle ----------------------------------------------------------------------------------
+
+ProcessGroup::ProcessGroup(std::shared_ptr<Backend> cpu_backend, Device device, LaunchInfo launch)
+    : cpu_(std::move(cpu_backend)), device_(device), launch_(std::move(launch)) {
+  check(cpu_ != nullptr, "ProcessGroup: null backend");
+  launch_.rank = cpu_->rank();
+  launch_.world_size = cpu_->size();
+}
+
+int ProcessGroup::rank() const { return any_backend("rank").rank(); }
+int ProcessGroup::size() const { return any_backend("size").size(); }
+
+std::string ProcessGroup::backend_name(DeviceType type) const {
+  if (type == DeviceType::CUDA) return "none (no NCCL backend in this build yet)";
+  return any_backend("backend_name").name();
+}
+
+void ProcessGroup::set_timeout(std::chrono::milliseconds timeout) {
+  check(timeout.count() > 0, "ProcessGroup::set_timeout: the timeout must be positive, got ", timeout.count(),
+        " ms");
+  any_backend("set_timeout").set_timeout(timeout);
+}
+
+std::chrono::milliseconds ProcessGroup::timeout() const { return any_backend("timeout").timeout(); }
+
+Backend& ProcessGroup::any_backend(const char* op) const {
+  check(cpu_ != nullptr, "ProcessGroup::", op,
+        ": the group is undefined (use parallel::init_process_group())");
+  return *cpu_;
+}
+
+Backend& ProcessGroup::backend_for(const Tensor& tensor, const char* op) const {
+  Backend& backend = any_backend(op);
+  check(tensor.defined(), "ProcessGroup::", op, ": the tensor is undefined");
+  check(tensor.is_contiguous(), "ProcessGroup::", op, ": the tensor must be contiguous (shape ",
+        shape_str(tensor.shape()), ", strides ", shape_str(tensor.strides()), "); call .contiguous() first");
+  check(!tensor.device().is_cuda(), "ProcessGroup::", op, ": the tensor is on ", tensor.device(),
+        " but this build has no NCCL backend for CUDA tensors (the MPI backend takes CPU tensors)");
+  return backend;
+}
+
+WorkPtr ProcessGroup::allreduce(Tensor& tensor, ReduceOp op) {
+  Backend& backend = backend_for(tensor, "allreduce");
+  check(op != ReduceOp::Avg || is_floating(tensor.dtype()),
+        "ProcessGroup::allreduce: avg needs a floating dtype, the tensor is ", tensor.dtype());
+  return backend.allreduce(tensor, op);
+}
+
+WorkPtr ProcessGroup::broadcast(Tensor& tensor, int root) {
+  Backend& backend = backend_for(tensor, "broadcast");
+  check(root >= 0 && root < size(), "ProcessGroup::broadcast: root ", root, " is not a rank of a world of ",
+        size());
+  return backend.broadcast(tensor, root);
+}
+
+WorkPtr ProcessGroup::reduce(Tensor& tensor, int root, ReduceOp op) {
+  Backend& backend = backend_for(tensor, "reduce");
+  check(root >= 0 && root < size(), "ProcessGroup::reduce: root ", root, " is not a rank of a world of ",
+        size());
+  check(op != ReduceOp::Avg || is_floating(tensor.dtype()),
+        "ProcessGroup::reduce: avg needs a floating dtype, the tensor is ", tensor.dtype());
+  return backend.reduce(tensor, root, op);
+}
+
+WorkPtr ProcessGroup::allgather(Tensor& output, const Tensor& input) {
+  Backend& backend = backend_for(input, "allgather");
+  backend_for(output, "allgather");
+  check(output.dtype() == input.dtype(), "ProcessGroup::allgather: output dtype ", output.dtype(),
+        " differs from input dtype ", input.dtype());
+  check(output.numel() == input.numel() * size(), "ProcessGroup::allgather: output has ", output.numel(),
+        " elements but needs world size (", size(), ") x input (", input.numel(), ")");
+  return backend.allgather(output, input);
+}
+
+WorkPtr ProcessGroup::reduce_scatter(Tensor& output, const Tensor& input, ReduceOp op) {
+  Backend& backend = backend_for(input, "reduce_scatter");
+  backend_for(output, "reduce_scatter");
+  check(output.dtype() == input.dtype(), "ProcessGroup::reduce_scatter: output dtype ", output.dtype(),
+        " differs from input dtype ", input.dtype());
+  check(input.numel() == output.numel() * size(), "ProcessGroup::reduce_scatter: input has ", input.numel(),
+        " elements but needs world size (", size(), ") x output (", output.numel(), ")");
+  check(op != ReduceOp::Avg || is_floating(input.dtype()),
+        "ProcessGroup::reduce_scatter: avg needs a floating dtype, the tensor is ", input.dtype());
+  return backend.reduce_scatter(output, input, op);
+}
+
+WorkPtr ProcessGroup::send(const Tensor& tensor, int dst, int tag) {
+  Backend& backend = backend_for(tensor, "send");
+  check(dst >= 0 && dst < size() && dst != rank(), "ProcessGroup::send: destination ", dst,
+        " must be another rank of a world of ", size(), " (this is rank ", rank(), ")");
+  check(tag >= 0, "ProcessGroup::send: tag must be >= 0, got ", tag);
+  return backend.send(tensor, dst, tag);
+}
+
+WorkPtr ProcessGroup::recv(Tensor& tensor, int src, int tag) {
+  Backend& backend = backend_for(tensor, "recv");
+  check(src >= 0 && src < size() && src != rank(), "ProcessGroup::recv: source ", src,
+        " must be another rank of a world of ", size(), " (this is rank ", rank(), ")");
+  check(tag >= 0, "ProcessGroup::recv: tag must be >= 0, got ", tag);
+  return backend.recv(tensor, src, tag);
+}
+
+WorkPtr ProcessGroup::barrier() { return any_backend("barrier").barrier(); }
+
+// ---- the world of one ------------------------------------------------------------------------------
+
+namespace {
+
+class SingleProcessBackend : public Backend {
+ public:
+  std::string name() const override { return "single-process"; }
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  void set_timeout(std::chrono::milliseconds timeout) override { timeout_ = timeout; }
+  std::chrono::milliseconds timeout() const override { return timeout_; }
+
+  // One rank: the sum, average, max and min of one tensor is the tensor.
+  WorkPtr allreduce(Tensor&, ReduceOp op) override {
+    return completed_work(str_cat("allreduce(", reduce_op_name(op), ")"));
+  }
+  WorkPtr broadcast(Tensor&, int) override { return completed_work("broadcast"); }
+  WorkPtr reduce(Tensor&, int, ReduceOp) override { return completed_work("reduce"); }
+  WorkPtr allgather(Tensor& output, const Tensor& input) override {
+    NoGradGuard no_grad;
+    output.copy_(input.view(output.shape()));
+    return completed_work("allgather");
+  }
+  WorkPtr reduce_scatter(Tensor& output, const Tensor& input, ReduceOp) override {
+    NoGradGuard no_grad;
+    output.copy_(input.view(output.shape()));
+    return completed_work("reduce_scatter");
+  }
+  // ProcessGroup refuses send/recv to oneself before they get here.
+  WorkPtr send(const Tensor&, int dst, int) override {
+    throw Error(str_cat("send to rank ", dst, " in a world of one"));
+  }
+  WorkPtr recv(Tensor&, int src, int) override {
+    throw Error(str_cat("recv from rank ", src, " in a world of one"));
+  }
+  WorkPtr barrier() override { return completed_work("barrier"); }
+
+ private:
+  std::chrono::milliseconds timeout_ = std::chrono::minutes(10);
+};
+
+}  // namespace
+
+std::shared_ptr<Backend> make_single_process_backend() { return std::make_shared<SingleProcessBackend>(); }
+
+}  // namespace mg::parallel

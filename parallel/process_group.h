@@ -1,0 +1,128 @@
+// ProcessGroup: the ranks of one training job and the collectives between them.
+//
+// One process per device ("rank"), started by a launcher:
+//
+//   mpirun -np 4 ./train_ddp            (OpenMPI; also `mpiexec`)
+//   srun -n 8 --gpus-per-task 1 ./train_ddp      (Slurm)
+//
+// init_process_group() reads the launcher's environment, initialises MPI and returns the
+// group. Without a launcher it returns a world of one (every collective is then a no-op), so
+// the same program runs unchanged on a laptop.
+//
+// Every operation is asynchronous and returns a Work (work.h); the caller overlaps compute with
+// it and calls wait() when it needs the result. Operations are *in place* on contiguous tensors
+// and are executed in the order they were called, which must be the same order on every rank
+// (as with MPI and NCCL). Tensors on the CPU go through the MPI backend; CUDA tensors will go
+// through NCCL (not in this build yet: they get a clear error).
+//
+// Failures never hang silently: an op that has not finished after `timeout` (default 10
+// minutes) fails with an error naming the op, this rank and the timeout, and so does every later
+// op of the group (its communicator can no longer be trusted); at exit the job is then aborted
+// instead of finalized. With `verify_collectives` (the default) each collective first
+// exchanges a small signature (op, dtype, element count, sequence number) so that ranks calling
+// different things fail at once with both sides named, instead of corrupting memory or hanging.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "core/device.h"
+#include "core/tensor.h"
+#include "parallel/work.h"
+
+namespace mg::parallel {
+
+enum class ReduceOp { Sum, Avg, Max, Min };
+const char* reduce_op_name(ReduceOp op);  // "sum", "avg", "max", "min"
+
+struct InitOptions {
+  // The device this rank computes on. Default: cuda:<local rank> when CUDA devices exist (and
+  // the build has them), else cpu:0. MG_DEVICE=cpu in the environment forces the CPU.
+  std::optional<Device> device;
+  // An op not finished after this long fails (and poisons the group). MG_TIMEOUT_S overrides.
+  std::chrono::milliseconds timeout = std::chrono::minutes(10);
+  // Exchange a signature before each collective to catch mismatched calls (see above).
+  bool verify_collectives = true;
+};
+
+// Where this process sits in the job, as the launcher describes it.
+struct LaunchInfo {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;  // rank among the processes on this node
+  int local_size = 1;
+  std::string launcher = "none";  // "openmpi", "slurm", "pmi", "none"
+};
+// Reads OMPI_COMM_WORLD_*, SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID, PMI_RANK/PMI_SIZE.
+LaunchInfo detect_launch();
+
+// One communicator's implementation (MPI for CPU tensors; NCCL for CUDA tensors later).
+// Tensors reaching a backend are contiguous and on the right device type (ProcessGroup checks).
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual void set_timeout(std::chrono::milliseconds timeout) = 0;
+  virtual std::chrono::milliseconds timeout() const = 0;
+
+  virtual WorkPtr allreduce(Tensor& tensor, ReduceOp op) = 0;
+  virtual WorkPtr broadcast(Tensor& tensor, int root) = 0;
+  virtual WorkPtr reduce(Tensor& tensor, int root, ReduceOp op) = 0;
+  // output holds size() blocks of input.numel() elements, rank r's input in block r.
+  virtual WorkPtr allgather(Tensor& output, const Tensor& input) = 0;
+  // input holds size() blocks of output.numel() elements; rank r gets the reduction of block r.
+  virtual WorkPtr reduce_scatter(Tensor& output, const Tensor& input, ReduceOp op) = 0;
+  virtual WorkPtr send(const Tensor& tensor, int dst, int tag) = 0;
+  virtual WorkPtr recv(Tensor& tensor, int src, int tag) = 0;
+  virtual WorkPtr barrier() = 0;
+};
+
+// A cheap, copyable handle (copies share the same communicators).
+class ProcessGroup {
+ public:
+  ProcessGroup() = default;  // undefined: every call throws
+  ProcessGroup(std::shared_ptr<Backend> cpu_backend, Device device, LaunchInfo launch);
+
+  bool defined() const { return cpu_ != nullptr; }
+  int rank() const;
+  int size() const;
+  int local_rank() const { return launch_.local_rank; }
+  const LaunchInfo& launch() const { return launch_; }
+  // This rank's compute device (see InitOptions::device).
+  Device device() const { return device_; }
+  bool is_main() const { return rank() == 0; }
+  std::string backend_name(DeviceType type = DeviceType::CPU) const;
+  void set_timeout(std::chrono::milliseconds timeout);
+  std::chrono::milliseconds timeout() const;
+
+  // All in place; tensors must be contiguous. Avg = sum / size() (floating dtypes only).
+  WorkPtr allreduce(Tensor& tensor, ReduceOp op = ReduceOp::Sum);
+  WorkPtr broadcast(Tensor& tensor, int root = 0);
+  WorkPtr reduce(Tensor& tensor, int root = 0, ReduceOp op = ReduceOp::Sum);  // result on root
+  WorkPtr allgather(Tensor& output, const Tensor& input);
+  WorkPtr reduce_scatter(Tensor& output, const Tensor& input, ReduceOp op = ReduceOp::Sum);
+  WorkPtr send(const Tensor& tensor, int dst, int tag = 0);
+  WorkPtr recv(Tensor& tensor, int src, int tag = 0);
+  WorkPtr barrier();
+
+ private:
+  Backend& backend_for(const Tensor& tensor, const char* op) const;
+  Backend& any_backend(const char* op) const;
+
+  std::shared_ptr<Backend> cpu_;
+  Device device_;
+  LaunchInfo launch_;
+};
+
+// Builds the group from the launcher's environment (a world of one without a launcher).
+ProcessGroup init_process_group(const InitOptions& options = {});
+
+// The world-of-one backend: collectives leave tensors as they are (Avg/Sum of one rank is the
+// tensor itself), send/recv to oneself are refused. Used without a launcher and in tests.
+std::shared_ptr<Backend> make_single_process_backend();
+
+}  // namespace mg::parallel

@@ -1,0 +1,78 @@
+// Work: completion, errors and callbacks of one asynchronous communication op (see work.h).
+#include "parallel/work.h"
+
+#include "core/error.h"
+
+namespace mg::parallel {
+
+void Work::wait() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  done_cv_.wait(lock, [this] { return done_; });
+  if (!error_.empty()) throw Error(error_);
+}
+
+bool Work::is_completed() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return done_;
+}
+
+bool Work::failed() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return done_ && !error_.empty();
+}
+
+void Work::then(std::function<void()> fn) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!done_) {
+      callbacks_.push_back(std::move(fn));
+      return;
+    }
+    if (!error_.empty()) return;  // a failed op runs no callbacks; wait() reports the error
+  }
+  fn();
+}
+
+void Work::mark_completed() {
+  std::vector<std::function<void()>> callbacks;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (done_) return;
+    callbacks.swap(callbacks_);
+  }
+  // Callbacks run before waiters wake, so whatever they write is visible after wait().
+  std::string callback_error;
+  for (auto& fn : callbacks) {
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      if (callback_error.empty())
+        callback_error = str_cat(description_, ": completion callback failed: ", e.what());
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    done_ = true;
+    error_ = callback_error;
+  }
+  done_cv_.notify_all();
+}
+
+void Work::mark_failed(const std::string& message) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (done_) return;
+    done_ = true;
+    error_ = message.empty() ? description_ + ": failed" : message;
+    callbacks_.clear();
+  }
+  done_cv_.notify_all();
+}
+
+WorkPtr completed_work(const std::string& description) {
+  auto work = std::make_shared<Work>(description);
+  work->mark_completed();
+  return work;
+}
+
+}  // namespace mg::parallel

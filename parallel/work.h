@@ -1,0 +1,57 @@
+// Work: the handle an asynchronous collective returns (c10d's Work).
+//
+//   auto work = pg.allreduce(grad);   // posted; returns at once
+//   ...                               // compute overlaps the communication
+//   work->wait();                     // blocks until done; throws the op's error, if any
+//
+// A Work is completed exactly once, by the backend's progress thread, either with success or
+// with an error message (a peer failed, the op timed out, the ranks' calls did not match).
+// wait() rethrows that message as an mg::Error on the waiting thread. Callbacks registered with
+// then() run on the progress thread right after completion: DDP uses one to scale a bucket.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace mg::parallel {
+
+class Work {
+ public:
+  explicit Work(std::string description) : description_(std::move(description)) {}
+
+  // Blocks until the op has completed; throws mg::Error with the op's failure.
+  void wait();
+  // Non-blocking: true once the op has finished (successfully or not).
+  bool is_completed() const;
+  // True when the op finished with an error (only meaningful once completed).
+  bool failed() const;
+  // "allreduce(sum) f32[1048576] #17": what this op is, for error messages.
+  const std::string& description() const { return description_; }
+  // Runs fn(*this) once the op has completed successfully (at once if it already has); fn runs
+  // on the progress thread, so it must be short and must not call back into the group.
+  void then(std::function<void()> fn);
+
+  // ---- for backends ----
+  void mark_completed();
+  void mark_failed(const std::string& message);
+
+ private:
+  std::string description_;
+  mutable std::mutex mutex_;
+  std::condition_variable done_cv_;
+  bool done_ = false;
+  std::string error_;
+  std::vector<std::function<void()>> callbacks_;
+};
+
+using WorkPtr = std::shared_ptr<Work>;
+
+// A Work that is already complete (world size 1, zero elements).
+WorkPtr completed_work(const std::string& description);
+
+}  // namespace mg::parallel
