@@ -1,0 +1,47 @@
+// A job in which one rank fails, to show that the others get an error instead of a hang.
+//
+//   mpiexec -n 3 timeout_worker stuck   rank 1 never joins the second allreduce (it sleeps)
+//   mpiexec -n 3 timeout_worker dead    rank 1 is killed (SIGKILL) before the second allreduce
+//
+// Every surviving rank prints "rank R caught: <the error>" and the time it took; ctest checks
+// the output (tests/mpi/CMakeLists.txt). The group's timeout is 2 s, so "within the timeout" is
+// checked by the elapsed time printed next to the message.
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+
+#include "core/tensor.h"
+#include "parallel/process_group.h"
+
+using namespace mg;
+using namespace mg::parallel;
+
+int main(int argc, char** argv) {
+  const char* mode = argc > 1 ? argv[1] : "stuck";
+  InitOptions options;
+  options.timeout = std::chrono::seconds(2);
+  ProcessGroup pg = init_process_group(options);
+  if (pg.size() < 2) {
+    std::printf("timeout_worker needs at least 2 ranks\n");
+    return 1;
+  }
+  Tensor t = ones({1024});
+  pg.allreduce(t)->wait();  // everyone is alive here
+  if (pg.rank() == 1) {
+    if (std::strcmp(mode, "dead") == 0) std::raise(SIGKILL);
+    std::this_thread::sleep_for(std::chrono::seconds(30));  // stuck: never reaches the collective
+    return 0;
+  }
+  auto start = std::chrono::steady_clock::now();
+  try {
+    pg.allreduce(t)->wait();
+    std::printf("rank %d: the second allreduce completed, which it must not\n", pg.rank());
+  } catch (const std::exception& e) {
+    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::printf("rank %d caught after %.1f s: %s\n", pg.rank(), seconds, e.what());
+  }
+  std::fflush(stdout);
+  return 3;  // the group is poisoned: its destructor aborts the job (never a hang)
+}
