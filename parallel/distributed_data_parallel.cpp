@@ -1,0 +1,168 @@
+// DistributedDataParallel: construction checks, initial broadcast, per-forward buffer sync and
+// the replica-consistency check (the gradient work is the Reducer's, reducer.cpp).
+#include "parallel/distributed_data_parallel.h"
+
+#include <sstream>
+#include <vector>
+
+#include "core/error.h"
+#include "core/grad_mode.h"
+#include "core/ops.h"
+
+namespace mg::parallel {
+
+namespace {
+
+// "name [shape] dtype" per line, for comparing ranks' models.
+std::vector<std::string> describe_parameters(const nn::Module& module) {
+  std::vector<std::string> lines;
+  for (auto& [name, p] : module.named_parameters())
+    lines.push_back(str_cat(name, " ", shape_str(p.shape()), " ", dtype_name(p.dtype())));
+  for (auto& [name, b] : module.named_buffers())
+    lines.push_back(str_cat("buffer ", name, " ", shape_str(b.shape()), " ", dtype_name(b.dtype())));
+  return lines;
+}
+
+std::string join_lines(const std::vector<std::string>& lines) {
+  std::string text;
+  for (const auto& line : lines) text += line + "\n";
+  return text;
+}
+
+std::vector<std::string> split_lines(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+// Broadcasts rank 0's string to every rank.
+std::string broadcast_string(ProcessGroup& group, const std::string& mine) {
+  Tensor length = full({1}, static_cast<double>(mine.size()), TensorOptions{DType::i64});
+  group.broadcast(length, 0)->wait();
+  int64_t n = length.item<int64_t>();
+  Tensor bytes = zeros({n}, TensorOptions{DType::i32});
+  if (group.rank() == 0) {
+    int32_t* data = bytes.data<int32_t>();
+    for (int64_t i = 0; i < n; ++i) data[i] = static_cast<unsigned char>(mine[static_cast<size_t>(i)]);
+  }
+  group.broadcast(bytes, 0)->wait();
+  std::string out(static_cast<size_t>(n), ' ');
+  const int32_t* data = bytes.data<int32_t>();
+  for (int64_t i = 0; i < n; ++i) out[static_cast<size_t>(i)] = static_cast<char>(data[i]);
+  return out;
+}
+
+// True on every rank iff `ok` on every rank.
+bool all_ranks_agree(ProcessGroup& group, bool ok) {
+  Tensor flag = full({1}, ok ? 1.0 : 0.0, TensorOptions{DType::i32});
+  group.allreduce(flag, ReduceOp::Min)->wait();
+  return flag.item<int32_t>() == 1;
+}
+
+}  // namespace
+
+DistributedDataParallel::DistributedDataParallel(nn::Module& module, ProcessGroup group, DDPOptions options)
+    : module_(&module), group_(std::move(group)), options_(options) {
+  check(group_.defined(),
+        "DistributedDataParallel: the process group is undefined (use init_process_group())");
+  register_module("module", module);
+  for (auto& [name, p] : module.named_parameters()) {
+    check(p.device() == group_.device(), "DistributedDataParallel: parameter '", name, "' is on ", p.device(),
+          " but this rank's device is ", group_.device(), "; call module.to(pg.device()) before wrapping it");
+  }
+  verify_same_parameters_everywhere();
+  broadcast_state_from_rank0(/*parameters=*/true, /*buffers=*/true);
+
+  ReducerOptions reducer_options;
+  reducer_options.bucket_cap_mb = options_.bucket_cap_mb;
+  reducer_options.first_bucket_cap_mb = options_.first_bucket_cap_mb;
+  reducer_options.algo = options_.algo;
+  reducer_options.find_unused_parameters = options_.find_unused_parameters;
+  reducer_options.gradient_as_bucket_view = options_.gradient_as_bucket_view;
+  reducer_ = Reducer::create(module.named_parameters(), group_, reducer_options);
+}
+
+// Every rank compares its own description with rank 0's; then all ranks learn whether any
+// differed, so they all fail together (a lone failing rank would leave the others hanging).
+void DistributedDataParallel::verify_same_parameters_everywhere() const {
+  ProcessGroup group = group_;
+  std::vector<std::string> mine = describe_parameters(*module_);
+  std::vector<std::string> reference = split_lines(broadcast_string(group, join_lines(mine)));
+  std::string problem;
+  for (size_t i = 0; i < std::max(mine.size(), reference.size()) && problem.empty(); ++i) {
+    std::string a = i < mine.size() ? mine[i] : "(nothing)";
+    std::string b = i < reference.size() ? reference[i] : "(nothing)";
+    if (a != b)
+      problem = str_cat("tensor #", i, " is '", a, "' on rank ", group.rank(), " but '", b, "' on rank 0");
+  }
+  bool everyone_ok = all_ranks_agree(group, problem.empty());
+  if (!problem.empty())
+    throw Error(str_cat("DistributedDataParallel: the ranks hold different models: ", problem,
+                        " (every rank must build the same model before wrapping it)"));
+  check(everyone_ok,
+        "DistributedDataParallel: another rank holds a different model than rank 0 (its error names "
+        "the first difference)");
+}
+
+void DistributedDataParallel::broadcast_state_from_rank0(bool parameters, bool buffers) {
+  if (group_.size() == 1) return;
+  std::vector<WorkPtr> works;
+  std::vector<Tensor> tensors;
+  if (parameters)
+    for (Tensor& p : module_->parameters()) tensors.push_back(p);
+  if (buffers)
+    for (Tensor& b : module_->buffers()) tensors.push_back(b);
+  // The broadcast writes the tensors' memory directly (no autograd involved).
+  for (Tensor& t : tensors) works.push_back(group_.broadcast(t, 0));
+  for (auto& w : works) w->wait();
+}
+
+Tensor DistributedDataParallel::forward(const Tensor& x) {
+  ++forward_count_;
+  if (options_.broadcast_buffers) broadcast_state_from_rank0(/*parameters=*/false, /*buffers=*/true);
+  if (options_.check_replicas_every > 0 && forward_count_ % options_.check_replicas_every == 0)
+    check_replicas();
+  return module_->forward(x);
+}
+
+// Each parameter's checksum (sum and sum of squares, in f64) is all-gathered; a rank whose
+// checksum differs from rank 0's bit for bit names the tensor. Bitwise is right: replicas that
+// took identical steps from identical values are identical.
+void DistributedDataParallel::check_replicas() const {
+  ProcessGroup group = group_;
+  auto named = module_->named_parameters();
+  int64_t p = static_cast<int64_t>(named.size());
+  Tensor sums = zeros({2 * p}, TensorOptions{DType::f64});
+  {
+    NoGradGuard no_grad;
+    double* s = sums.data<double>();
+    for (int64_t i = 0; i < p; ++i) {
+      Tensor v = named[static_cast<size_t>(i)].second.detach().to(Device::cpu(), DType::f64);
+      s[2 * i] = v.sum().item<double>();
+      s[2 * i + 1] = (v * v).sum().item<double>();
+    }
+  }
+  Tensor all = zeros({group.size(), 2 * p}, TensorOptions{DType::f64});
+  group.allgather(all, sums)->wait();
+  const double* a = all.data<double>();
+  for (int r = 1; r < group.size(); ++r) {
+    for (int64_t i = 0; i < p; ++i) {
+      double s0 = a[2 * i], q0 = a[2 * i + 1];
+      double sr = a[r * 2 * p + 2 * i], qr = a[r * 2 * p + 2 * i + 1];
+      if (s0 != sr || q0 != qr)
+        throw Error(str_cat("DistributedDataParallel: replicas diverged after ", forward_count_,
+                            " forward passes: parameter '", named[static_cast<size_t>(i)].first, "' has sum ",
+                            sr, " on rank ", r, " but ", s0,
+                            " on rank 0 (look for rank-dependent code: unsynchronised buffers, different "
+                            "seeds for initialisation, a rank skipping optimizer.step)"));
+    }
+  }
+}
+
+std::string DistributedDataParallel::extra_repr() const {
+  return str_cat("world_size=", group_.size(), ", device=", group_.device(),
+                 ", algo=", allreduce_algo_name(options_.algo), ", bucket_cap_mb=", options_.bucket_cap_mb);
+}
+
+}  // namespace mg::parallel
