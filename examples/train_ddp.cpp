@@ -1,0 +1,209 @@
+// Train on Fashion-MNIST with DistributedDataParallel: one process per device.
+//
+//   mpirun -np 2 build/examples/train_ddp --model cnn --epochs 3          (one node, 2 ranks)
+//   mpirun -np 8 -H node1:4,node2:4 build/examples/train_ddp --epochs 3   (two nodes, 4 GPUs each)
+//   srun -n 8 --ntasks-per-node 4 --gpus-per-task 1 build/examples/train_ddp
+//   (as root add --allow-run-as-root; more ranks than cores needs --oversubscribe)
+//
+// Each rank builds the same model from the same seed (DDP checks it and broadcasts rank 0's
+// weights anyway), reads its own 1/N of every epoch through a DistributedSampler (set_epoch
+// each epoch, or every epoch repeats epoch 0's order), and trains on --batch-size samples per
+// step: the global batch is batch-size × world size, so the learning rate that suits a
+// single-process run at that global batch suits this one. Gradients are averaged across ranks
+// by bucketed all-reduces overlapped with backward. Dropout uses seed + rank (different masks
+// per rank), rank 0 prints and checkpoints while the others wait, and every rank resumes.
+// Same flags and output as train_fashion_mnist, plus the DDP knobs.
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "core/autocast.h"
+#include "data/dataloader.h"
+#include "data/distributed_sampler.h"
+#include "data/fashion_mnist.h"
+#include "data/transforms.h"
+#include "multigrad.h"
+#include "nn/zoo.h"
+#include "optim/adam.h"
+#include "optim/lr_scheduler.h"
+#include "parallel/distributed.h"
+#include "parallel/distributed_data_parallel.h"
+
+using namespace mg;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+std::shared_ptr<nn::Module> make_model(const std::string& name) {
+  if (name == "mlp") return std::make_shared<nn::MLP>(784, std::vector<int64_t>{256, 128}, 10);
+  if (name == "cnn") return std::make_shared<nn::FashionCNN>();
+  throw Error("--model must be mlp or cnn, got '" + name + "'");
+}
+
+// Test accuracy over the whole test set: each rank scores its shard, the counts are summed.
+double evaluate(nn::Module& model, parallel::ProcessGroup& pg, data::DataLoader& loader, Device device,
+                bool bf16) {
+  NoGradGuard no_grad;
+  model.eval();
+  Tensor counts = zeros({2}, TensorOptions{DType::i64});
+  int64_t* c = counts.data<int64_t>();
+  for (auto& [x, y] : loader) {
+    AutocastGuard autocast(DType::bf16, bf16);
+    Tensor predicted = argmax(model.forward(x.to(device)), 1);
+    c[0] += sum(eq(predicted, y.to(device))).item<int64_t>();
+    c[1] += y.numel();
+  }
+  pg.allreduce(counts)->wait();
+  model.train();
+  return static_cast<double>(c[0]) / static_cast<double>(c[1]);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Train on Fashion-MNIST with DistributedDataParallel (launch with mpirun -np N)"};
+  std::string model_name = "cnn", device_name = "auto", precision = "f32", checkpoint_dir, algo = "native";
+  int epochs = 3, workers = 1;
+  int64_t batch_size = 64, limit_train = 0, check_replicas_every = 0;
+  double lr = 2e-3, weight_decay = 1e-4, bucket_cap_mb = 25.0;
+  bool resume = false;
+  uint64_t seed = 42;
+  app.add_option("--model", model_name, "mlp (784-256-128-10) or cnn (2 conv + BN + pooling)");
+  app.add_option("--epochs", epochs, "passes over the training set");
+  app.add_option("--batch-size", batch_size, "samples per step PER RANK (global batch = this x world size)");
+  app.add_option("--lr", lr, "AdamW learning rate (cosine-annealed to 0 over the run)");
+  app.add_option("--weight-decay", weight_decay, "AdamW decoupled weight decay");
+  app.add_option("--device", device_name, "auto (cuda:<local rank> if GPUs, else cpu:0), cpu, ...");
+  app.add_option("--precision", precision, "f32 or bf16 (autocast for matmul/conv)");
+  app.add_option("--workers", workers, "DataLoader background threads per rank");
+  app.add_option("--seed", seed, "initialisation and shuffling seed (the same on every rank)");
+  app.add_option("--limit-train", limit_train, "use only the first N batches of each epoch (0 = all)");
+  app.add_option("--checkpoint-dir", checkpoint_dir,
+                 "rank 0 saves model + optimizer + position here each epoch");
+  app.add_flag("--resume", resume, "continue from --checkpoint-dir if it holds a checkpoint");
+  app.add_option("--bucket-cap-mb", bucket_cap_mb, "DDP gradient bucket size");
+  app.add_option("--algo", algo, "all-reduce: native (MPI/NCCL) or ring (multigrad's own)");
+  app.add_option("--check-replicas-every", check_replicas_every,
+                 "compare parameter checksums across ranks every K steps (0 = never)");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    check(precision == "f32" || precision == "bf16", "--precision must be f32 or bf16, got '", precision,
+          "'");
+    check(algo == "native" || algo == "ring", "--algo must be native or ring, got '", algo, "'");
+    const bool bf16 = precision == "bf16";
+    parallel::InitOptions init;
+    if (device_name != "auto") init.device = Device::parse(device_name);
+    parallel::ProcessGroup pg = parallel::init_process_group(init);
+    const Device device = pg.device();
+    const bool main_rank = pg.is_main();
+
+    data::FashionMNIST train_set(data::Split::Train), test_set(data::Split::Test);
+    auto normalize =
+        std::make_shared<data::Normalize>(std::vector<double>{0.2860}, std::vector<double>{0.3530});
+    data::DistributedSampler train_sampler(train_set.size(), pg.rank(), pg.size(),
+                                           {.shuffle = true, .seed = seed});
+    data::DistributedSampler test_sampler(test_set.size(), pg.rank(), pg.size(), {.shuffle = false});
+    data::DataLoader train_loader(train_set, {.batch_size = batch_size,
+                                              .drop_last = true,
+                                              .seed = seed,
+                                              .sampler = &train_sampler,
+                                              .workers = workers,
+                                              .transform = normalize});
+    data::DataLoader test_loader(
+        test_set, {.batch_size = 1000, .sampler = &test_sampler, .workers = workers, .transform = normalize});
+
+    manual_seed(seed);  // identical initialisation on every rank...
+    std::shared_ptr<nn::Module> model = make_model(model_name);
+    model->to(device);
+    parallel::DDPOptions ddp_options;
+    ddp_options.bucket_cap_mb = bucket_cap_mb;
+    ddp_options.algo = algo == "ring" ? parallel::AllreduceAlgo::Ring : parallel::AllreduceAlgo::Native;
+    ddp_options.check_replicas_every = check_replicas_every;
+    parallel::DistributedDataParallel ddp(*model, pg, ddp_options);  // ...verified and broadcast
+    manual_seed(parallel::seed_for_rank(seed, pg.rank()));           // ...while dropout differs per rank
+    optim::AdamW opt(ddp.parameters(), {.lr = lr, .weight_decay = weight_decay});
+    const int64_t steps_per_epoch =
+        limit_train > 0 ? std::min(limit_train, train_loader.size()) : train_loader.size();
+    optim::CosineAnnealingLR schedule(opt, {.t_max = epochs * steps_per_epoch});
+
+    int start_epoch = 0;
+    int64_t step = 0;
+    if (resume && !checkpoint_dir.empty() && optim::checkpoint_exists(checkpoint_dir)) {
+      optim::CheckpointInfo info = parallel::load_checkpoint(pg, checkpoint_dir, *model, opt);
+      start_epoch = static_cast<int>(info.epoch);
+      step = info.step;
+      for (int64_t i = 0; i < step; ++i) schedule.step();
+      manual_seed(parallel::seed_for_rank(seed + static_cast<uint64_t>(start_epoch) * 1000003u, pg.rank()));
+      if (main_rank)
+        std::printf("resumed from %s at epoch %d, step %lld\n", checkpoint_dir.c_str(), start_epoch,
+                    static_cast<long long>(step));
+    }
+
+    if (main_rank)
+      std::printf(
+          "multigrad DDP Fashion-MNIST: model %s (%lld parameters), %d ranks (%s launcher), device %s per "
+          "rank, "
+          "%s, batch %lld per rank = %lld global, %d epochs, AdamW lr %g, all-reduce %s, buckets %g MB\n",
+          model_name.c_str(), static_cast<long long>(model->num_parameters()), pg.size(),
+          pg.launch().launcher.c_str(), device.str().c_str(), precision.c_str(),
+          static_cast<long long>(batch_size), static_cast<long long>(batch_size * pg.size()), epochs, lr,
+          algo.c_str(), bucket_cap_mb);
+    const auto run_start = Clock::now();
+    double accuracy = 0;
+    for (int epoch = start_epoch; epoch < epochs; ++epoch) {
+      train_sampler.set_epoch(epoch);  // a new shuffle each epoch, the same on every rank
+      ddp.reset_stats();
+      const auto epoch_start = Clock::now();
+      double loss_sum = 0;
+      int64_t batches = 0;
+      for (auto& [x, y] : train_loader) {
+        if (batches == steps_per_epoch) break;
+        Tensor loss;
+        {
+          AutocastGuard autocast(DType::bf16, bf16);
+          loss = cross_entropy(ddp(x.to(device)), y.to(device));
+        }
+        opt.zero_grad();
+        loss.backward();
+        opt.step();
+        schedule.step();
+        ++step;
+        ++batches;
+        loss_sum += loss.item<double>();
+        if (main_rank && (batches % 20 == 0 || batches == steps_per_epoch)) {
+          const double rate =
+              static_cast<double>(batches * batch_size * pg.size()) / seconds_since(epoch_start);
+          std::printf("\repoch %d [%5lld/%5lld] loss %.4f (rank 0)  %.0f samples/s (all ranks)", epoch + 1,
+                      static_cast<long long>(batches), static_cast<long long>(steps_per_epoch),
+                      loss_sum / static_cast<double>(batches), rate);
+          std::fflush(stdout);
+        }
+      }
+      accuracy = evaluate(*model, pg, test_loader, device, bf16);
+      const auto& stats = ddp.stats();
+      if (main_rank)
+        std::printf(
+            "\nepoch %d: train loss %.4f (rank 0), test accuracy %.4f, %.1f s; all-reduce %.0f ms busy, %.0f "
+            "ms "
+            "exposed\n",
+            epoch + 1, loss_sum / static_cast<double>(std::max<int64_t>(batches, 1)), accuracy,
+            seconds_since(epoch_start), stats.comm_ms, stats.exposed_ms);
+      if (!checkpoint_dir.empty())
+        parallel::save_checkpoint(pg, checkpoint_dir, *model, opt, {.step = step, .epoch = epoch + 1});
+    }
+    if (main_rank)
+      std::printf("final: model %s, %d ranks, test accuracy %.4f, wall time %.1f s\n", model_name.c_str(),
+                  pg.size(), accuracy, seconds_since(run_start));
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "train_ddp: %s\n", e.what());
+    return 1;
+  }
+}
