@@ -1,5 +1,7 @@
 #include "core/allocator.h"
 
+#include <atomic>
+
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -121,13 +123,51 @@ void register_cuda_backend(const DeviceBackend& backend) {
 }
 const DeviceBackend* cuda_backend() { return cuda_backend_slot().get(); }
 
+// Live and peak bytes per logical CPU device (cpu:0, cpu:1, ...): they share one allocator, but
+// DataParallel's benchmark must show how much each "device" holds (device 0's imbalance).
+namespace {
+struct LogicalDeviceUsage {
+  std::atomic<int64_t> live{0};
+  std::atomic<int64_t> peak{0};
+};
+constexpr int kMaxLogicalCpuDevices = 64;
+LogicalDeviceUsage& logical_usage(int index) {
+  static LogicalDeviceUsage usage[kMaxLogicalCpuDevices];
+  return usage[index >= 0 && index < kMaxLogicalCpuDevices ? index : kMaxLogicalCpuDevices - 1];
+}
+void account(Device device, int64_t delta) {
+  LogicalDeviceUsage& usage = logical_usage(device.index);
+  int64_t now = usage.live.fetch_add(delta) + delta;
+  int64_t peak = usage.peak.load();
+  while (now > peak && !usage.peak.compare_exchange_weak(peak, now)) {
+  }
+}
+}  // namespace
+
+DeviceMemoryUsage cpu_device_memory(int index) {
+  LogicalDeviceUsage& usage = logical_usage(index);
+  return {usage.live.load(), usage.peak.load()};
+}
+
+void reset_cpu_device_peak(int index) {
+  LogicalDeviceUsage& usage = logical_usage(index);
+  usage.peak.store(usage.live.load());
+}
+
 void* device_allocate(size_t nbytes, Device device) {
-  if (device.is_cpu()) return cpu_allocate(nbytes);
+  if (device.is_cpu()) {
+    void* ptr = cpu_allocate(nbytes);
+    account(device, static_cast<int64_t>(nbytes));
+    return ptr;
+  }
   return require_cuda_backend(device).allocate(nbytes, device);
 }
 
 void device_free(void* ptr, size_t nbytes, Device device) {
-  if (device.is_cpu()) return cpu_free(ptr, nbytes);
+  if (device.is_cpu()) {
+    account(device, -static_cast<int64_t>(nbytes));
+    return cpu_free(ptr, nbytes);
+  }
   if (const DeviceBackend* backend = cuda_backend()) backend->free(ptr, nbytes, device);
 }
 

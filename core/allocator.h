@@ -44,6 +44,14 @@ struct DeviceBackend {
 void register_cuda_backend(const DeviceBackend& backend);
 const DeviceBackend* cuda_backend();  // nullptr when none is registered
 
+// Bytes held by tensors on one logical CPU device (cpu:N) now, and the most since the last reset.
+struct DeviceMemoryUsage {
+  int64_t live_bytes = 0;
+  int64_t peak_bytes = 0;
+};
+DeviceMemoryUsage cpu_device_memory(int index);
+void reset_cpu_device_peak(int index);
+
 // Allocation/copy by device, used by Storage and Tensor::to.
 void* device_allocate(size_t nbytes, Device device);
 void device_free(void* ptr, size_t nbytes, Device device);
