@@ -1,0 +1,516 @@
+// bench_dp_vs_ddp: the same model, the same global batch, the same optimizer, trained three ways:
+//
+//   single  one device, the whole global batch
+//   dp      DataParallel over N devices in one process (scatter → replicate → apply → gather)
+//   ddp     DistributedDataParallel over N processes (this binary relaunches itself under mpiexec)
+//
+// and reported side by side: samples/s, scaling efficiency vs single, where a step's time goes
+// (forward / backward / communication / exposed communication / optimizer), each device's peak
+// memory (DataParallel's device-0 imbalance shows here), and whether the three runs end with the
+// same parameters (they should, up to summation order, unless the model normalises per chunk).
+//
+// On a machine without GPUs the devices are logical CPU devices, one core each: the benchmark
+// pins every device (thread or process) to one BLAS/OpenMP thread, so "N devices" really is N
+// cores and the single-device baseline is one core. --device-type cuda uses GPUs when the
+// build has CUDA tensors.
+//
+//   build/benchmarks/bench_dp_vs_ddp --model cnn --devices 2 --global-batch 128 --steps 20
+//   build/benchmarks/bench_dp_vs_ddp --model mlp --algo ring --json dp_vs_ddp.json
+//   mpirun -np 2 build/benchmarks/bench_dp_vs_ddp --model mlp     (DDP only, launched by mpirun)
+//
+// Output: a table, and with --json a file that scripts/plot_bench turns into charts.
+#if defined(MG_HAS_CLI11) && defined(MG_HAS_NLOHMANN_JSON)
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#endif
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/allocator.h"
+#include "core/safetensors.h"
+#include "multigrad.h"
+#include "nn/zoo.h"
+#include "optim/sgd.h"
+#include "parallel/data_parallel.h"
+#include "parallel/distributed_data_parallel.h"
+#include "parallel/process_group.h"
+
+#if !defined(MG_HAS_CLI11) || !defined(MG_HAS_NLOHMANN_JSON)
+int main() {
+  std::printf(
+      "bench_dp_vs_ddp needs CLI11 and nlohmann-json (apt-get install libcli11-dev nlohmann-json3-dev)\n");
+  return 77;
+}
+#else
+
+using namespace mg;
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double ms_since(Clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
+
+struct Config {
+  std::string model = "mlp";
+  int devices = 2;
+  int64_t global_batch = 128;
+  int steps = 20;
+  int warmup = 3;
+  double bucket_cap_mb = 25.0;
+  std::string algo = "native";
+  std::string device_type = "cpu";
+  std::string modes = "single,dp,ddp";
+  std::string json_path;
+  std::string role = "launcher";  // or "ddp-worker"
+  std::string result_file;
+  std::string work_dir;
+  double lr = 0.01;
+};
+
+json config_json(const Config& c) {
+  return {{"model", c.model}, {"devices", c.devices},         {"global_batch", c.global_batch},
+          {"steps", c.steps}, {"warmup", c.warmup},           {"bucket_cap_mb", c.bucket_cap_mb},
+          {"algo", c.algo},   {"device_type", c.device_type}, {"lr", c.lr}};
+}
+
+// ---- the workload: model, data, loss -------------------------------------------------------------
+
+std::shared_ptr<nn::Module> make_model(const std::string& name) {
+  manual_seed(1234);  // identical initial parameters in every mode and on every rank
+  if (name == "mlp") return std::make_shared<nn::MLP>(784, std::vector<int64_t>{256, 128}, 10);
+  // No dropout: its masks would differ between a thread per replica and a single device, and the
+  // comparison of final parameters would then measure the noise instead of the parallelism.
+  if (name == "cnn") return std::make_shared<nn::FashionCNN>(nn::FashionCNNOptions{.dropout = 0.0});
+  if (name == "resnet") return std::make_shared<nn::ResNetSmall>();
+  if (name == "gpt") return std::make_shared<nn::TinyGPT>(nn::GPTConfig{.block_size = 32});
+  throw Error("--model must be mlp, cnn, resnet or gpt, got '" + name + "'");
+}
+
+// Step `step`'s global batch: the same in every mode (the seed depends only on the step).
+std::pair<Tensor, Tensor> global_batch(const Config& c, int step) {
+  GeneratorState saved = generator_state();
+  manual_seed(777 + static_cast<uint64_t>(step));
+  Tensor x, y;
+  if (c.model == "mlp") {
+    x = randn({c.global_batch, 784});
+    y = randint(0, 10, {c.global_batch});
+  } else if (c.model == "gpt") {
+    x = randint(0, 65, {c.global_batch, 32});
+    y = randint(0, 65, {c.global_batch, 32});
+  } else {
+    x = randn({c.global_batch, 1, 28, 28});
+    y = randint(0, 10, {c.global_batch});
+  }
+  set_generator_state(saved);
+  return {x, y};
+}
+
+Tensor loss_of(const Tensor& out, const Tensor& y) {
+  if (out.dim() == 3) return nn::cross_entropy(out.reshape({-1, out.size(-1)}), y.reshape({-1}));
+  return nn::cross_entropy(out, y);
+}
+
+Device device_of(const Config& c, int index) {
+  return c.device_type == "cuda" ? Device::cuda(index) : Device::cpu(index);
+}
+
+// ---- one mode's measurements ----------------------------------------------------------------------
+
+struct Result {
+  std::string mode;
+  int devices = 1;
+  double step_ms = 0, forward_ms = 0, backward_ms = 0, comm_ms = 0, exposed_ms = 0, optimizer_ms = 0;
+  double samples_per_s = 0;
+  std::vector<double> peak_mb;  // per device
+  std::vector<double> losses;   // per step (all steps, warm-up included)
+  std::string params_file;
+  std::string note;
+
+  json to_json() const {
+    return {{"mode", mode},
+            {"devices", devices},
+            {"step_ms", step_ms},
+            {"forward_ms", forward_ms},
+            {"backward_ms", backward_ms},
+            {"comm_ms", comm_ms},
+            {"exposed_ms", exposed_ms},
+            {"optimizer_ms", optimizer_ms},
+            {"samples_per_s", samples_per_s},
+            {"peak_mb", peak_mb},
+            {"losses", losses},
+            {"params_file", params_file},
+            {"note", note}};
+  }
+  static Result from_json(const json& j) {
+    Result r;
+    r.mode = j.at("mode");
+    r.devices = j.at("devices");
+    r.step_ms = j.at("step_ms");
+    r.forward_ms = j.at("forward_ms");
+    r.backward_ms = j.at("backward_ms");
+    r.comm_ms = j.at("comm_ms");
+    r.exposed_ms = j.at("exposed_ms");
+    r.optimizer_ms = j.at("optimizer_ms");
+    r.samples_per_s = j.at("samples_per_s");
+    r.peak_mb = j.at("peak_mb").get<std::vector<double> >();
+    r.losses = j.at("losses").get<std::vector<double> >();
+    r.params_file = j.at("params_file");
+    r.note = j.at("note");
+    return r;
+  }
+};
+
+// Accumulates per-step phase times over the timed steps.
+struct PhaseTimer {
+  double forward = 0, backward = 0, optimizer = 0, comm = 0, exposed = 0, total = 0;
+  int steps = 0;
+  void finish(Result& r, int64_t global_batch) const {
+    r.forward_ms = forward / steps;
+    r.backward_ms = backward / steps;
+    r.optimizer_ms = optimizer / steps;
+    r.comm_ms = comm / steps;
+    r.exposed_ms = exposed / steps;
+    r.step_ms = total / steps;
+    r.samples_per_s = static_cast<double>(global_batch) / (r.step_ms / 1000.0);
+  }
+};
+
+double peak_mb_of(Device device) {
+  if (!device.is_cpu()) return 0;
+  return static_cast<double>(cpu_device_memory(device.index).peak_bytes) / (1024.0 * 1024.0);
+}
+
+std::string save_params(const Config& c, const std::string& mode, nn::Module& model) {
+  std::string path = c.work_dir + "/" + mode + ".safetensors";
+  save_safetensors(path, model.state_dict());
+  return path;
+}
+
+Result run_single(const Config& c) {
+  Result r;
+  r.mode = "single";
+  Device device = device_of(c, 0);
+  auto model = make_model(c.model);
+  model->to(device);
+  optim::SGD opt(model->parameters(), {.lr = c.lr, .momentum = 0.9});
+  PhaseTimer timer;
+  reset_cpu_device_peak(device.index);
+  for (int s = 0; s < c.warmup + c.steps; ++s) {
+    auto [x, y] = global_batch(c, s);
+    x = x.to(device);
+    y = y.to(device);
+    auto t0 = Clock::now();
+    Tensor loss = loss_of((*model)(x), y);
+    double f = ms_since(t0);
+    auto t1 = Clock::now();
+    opt.zero_grad();
+    loss.backward();
+    double b = ms_since(t1);
+    auto t2 = Clock::now();
+    opt.step();
+    double o = ms_since(t2);
+    r.losses.push_back(loss.item<double>());
+    if (s < c.warmup) continue;
+    timer.forward += f;
+    timer.backward += b;
+    timer.optimizer += o;
+    timer.total += ms_since(t0);
+    timer.steps += 1;
+  }
+  timer.finish(r, c.global_batch);
+  r.peak_mb = {peak_mb_of(device)};
+  r.params_file = save_params(c, "single", *model);
+  return r;
+}
+
+Result run_dp(const Config& c) {
+  Result r;
+  r.mode = "dp";
+  r.devices = c.devices;
+  std::vector<Device> devices;
+  for (int i = 0; i < c.devices; ++i) devices.push_back(device_of(c, i));
+  auto model = make_model(c.model);
+  model->to(devices[0]);
+  parallel::DataParallel dp(*model, devices);
+  optim::SGD opt(model->parameters(), {.lr = c.lr, .momentum = 0.9});
+  PhaseTimer timer;
+  for (Device d : devices) reset_cpu_device_peak(d.index);
+  for (int s = 0; s < c.warmup + c.steps; ++s) {
+    auto [x, y] = global_batch(c, s);
+    x = x.to(devices[0]);
+    y = y.to(devices[0]);
+    auto t0 = Clock::now();
+    Tensor loss = loss_of(dp(x), y);
+    double f = ms_since(t0);
+    auto t1 = Clock::now();
+    opt.zero_grad();
+    loss.backward();
+    double b = ms_since(t1);
+    auto t2 = Clock::now();
+    opt.step();
+    double o = ms_since(t2);
+    r.losses.push_back(loss.item<double>());
+    if (s < c.warmup) continue;
+    const auto& phases = dp.last_timings();
+    timer.forward += f;
+    timer.backward += b;
+    timer.optimizer += o;
+    // DataParallel's communication is the data movement of forward (scatter, replicate, gather);
+    // nothing of it overlaps with compute, so all of it is exposed. (Backward's reduce-add onto
+    // device 0 is inside backward_ms.)
+    double comm = phases.scatter_ms + phases.replicate_ms + phases.gather_ms;
+    timer.comm += comm;
+    timer.exposed += comm;
+    timer.total += ms_since(t0);
+    timer.steps += 1;
+  }
+  timer.finish(r, c.global_batch);
+  for (Device d : devices) r.peak_mb.push_back(peak_mb_of(d));
+  r.params_file = save_params(c, "dp", *model);
+  return r;
+}
+
+// One rank of the DDP run (under mpiexec). Rank 0 writes the result file.
+Result run_ddp_rank(const Config& c) {
+  parallel::InitOptions init;
+  if (c.device_type == "cpu") init.device = Device::cpu(0);  // cuda: cuda:<local rank>
+  parallel::ProcessGroup pg = parallel::init_process_group(init);
+  check(c.global_batch % pg.size() == 0, "--global-batch ", c.global_batch, " must divide by the world size ",
+        pg.size());
+  const int64_t per_rank = c.global_batch / pg.size();
+  Device device = pg.device();
+  auto model = make_model(c.model);
+  model->to(device);
+  parallel::DDPOptions options;
+  options.bucket_cap_mb = c.bucket_cap_mb;
+  options.algo = c.algo == "ring" ? parallel::AllreduceAlgo::Ring : parallel::AllreduceAlgo::Native;
+  parallel::DistributedDataParallel ddp(*model, pg, options);
+  optim::SGD opt(ddp.parameters(), {.lr = c.lr, .momentum = 0.9});
+  Result r;
+  r.mode = "ddp";
+  r.devices = pg.size();
+  PhaseTimer timer;
+  reset_cpu_device_peak(device.index);
+  for (int s = 0; s < c.warmup + c.steps; ++s) {
+    if (s == c.warmup) ddp.reset_stats();
+    auto [x, y] = global_batch(c, s);
+    x = x.narrow(0, pg.rank() * per_rank, per_rank).to(device);
+    y = y.narrow(0, pg.rank() * per_rank, per_rank).to(device);
+    pg.barrier()->wait();  // steps start together, so the step time is the slowest rank's
+    auto t0 = Clock::now();
+    Tensor loss = loss_of(ddp(x), y);
+    double f = ms_since(t0);
+    auto t1 = Clock::now();
+    opt.zero_grad();
+    loss.backward();
+    double b = ms_since(t1);
+    auto t2 = Clock::now();
+    opt.step();
+    double o = ms_since(t2);
+    // The global loss (mean over ranks), comparable with the other modes.
+    Tensor global_loss = loss.detach().reshape({1}).clone();
+    pg.allreduce(global_loss, parallel::ReduceOp::Avg)->wait();
+    r.losses.push_back(global_loss.item<double>());
+    if (s < c.warmup) continue;
+    timer.forward += f;
+    timer.backward += b;
+    timer.optimizer += o;
+    timer.total += ms_since(t0);
+    timer.steps += 1;
+  }
+  timer.comm = ddp.stats().comm_ms;
+  timer.exposed = ddp.stats().exposed_ms;
+  timer.finish(r, c.global_batch);
+  // Each rank's peak, gathered to rank 0.
+  Tensor mine = full({1}, peak_mb_of(device), TensorOptions{DType::f64});
+  Tensor all = zeros({pg.size()}, TensorOptions{DType::f64});
+  pg.allgather(all, mine)->wait();
+  r.peak_mb = all.to_vector<double>();
+  // The slowest rank's step time is the job's: average the phase times, take the max step time.
+  Tensor step = full({1}, r.step_ms, TensorOptions{DType::f64});
+  pg.allreduce(step, parallel::ReduceOp::Max)->wait();
+  r.step_ms = step.item<double>();
+  r.samples_per_s = static_cast<double>(c.global_batch) / (r.step_ms / 1000.0);
+  r.note = str_cat(ddp.bucket_layout().size(), " buckets, ", c.algo);
+  if (pg.is_main()) {
+    r.params_file = save_params(c, "ddp", *model);
+    if (!c.result_file.empty()) {
+      std::ofstream out(c.result_file);
+      out << r.to_json().dump(2);
+    }
+  }
+  pg.barrier()->wait();
+  return r;
+}
+
+// Relaunches this binary under mpiexec for the DDP mode and reads rank 0's result.
+Result launch_ddp(const Config& c, const std::vector<std::string>& forwarded_args) {
+  std::string result_file = c.work_dir + "/ddp_result.json";
+  std::filesystem::remove(result_file);
+  std::string command = "mpiexec -n " + std::to_string(c.devices);
+  if (std::system("mpiexec --version 2>/dev/null | grep -Eq 'Open MPI|OpenRTE'") == 0) {
+    command += " --oversubscribe";
+    if (geteuid() == 0) command += " --allow-run-as-root";
+  }
+  command += " " + std::filesystem::read_symlink("/proc/self/exe").string();
+  for (const auto& arg : forwarded_args) command += " '" + arg + "'";
+  command += " --role ddp-worker --result-file '" + result_file + "' --work-dir '" + c.work_dir + "'";
+  int status = std::system(command.c_str());
+  check(status == 0 && std::filesystem::exists(result_file), "the DDP run failed (", command,
+        " exited with status ", status, ")");
+  std::ifstream in(result_file);
+  return Result::from_json(json::parse(in));
+}
+
+// max over tensors of ‖a − b‖ / ‖b‖.
+double max_relative_difference(const std::string& a_path, const std::string& b_path) {
+  auto a = load_safetensors(a_path).tensors;
+  auto b = load_safetensors(b_path).tensors;
+  double worst = 0;
+  for (auto& [name, tb] : b) {
+    auto it = a.find(name);
+    check(it != a.end(), "bench_dp_vs_ddp: '", name, "' missing from ", a_path);
+    auto u = it->second.to_vector<double>(), v = tb.to_vector<double>();
+    double diff = 0, norm = 0;
+    for (size_t i = 0; i < u.size(); ++i) {
+      diff += (u[i] - v[i]) * (u[i] - v[i]);
+      norm += v[i] * v[i];
+    }
+    worst = std::max(worst, std::sqrt(diff) / std::max(std::sqrt(norm), 1e-30));
+  }
+  return worst;
+}
+
+void print_table(const Config& c, const std::vector<Result>& results, const std::vector<double>& diffs) {
+  std::printf(
+      "\nbench_dp_vs_ddp: model %s, global batch %lld, %d timed steps (+%d warm-up), %s devices, SGD "
+      "momentum\n",
+      c.model.c_str(), static_cast<long long>(c.global_batch), c.steps, c.warmup, c.device_type.c_str());
+  std::printf("%-7s %3s %10s %7s %9s %9s %9s %9s %9s %9s  %-22s %s\n", "mode", "N", "samples/s", "scale",
+              "step ms", "fwd ms", "bwd ms", "comm ms", "exposed", "optim ms", "peak MB per device",
+              "params vs single");
+  double base = results.front().mode == "single" ? results.front().samples_per_s : 0;
+  for (size_t i = 0; i < results.size(); ++i) {
+    const Result& r = results[i];
+    std::string peaks;
+    for (double p : r.peak_mb)
+      peaks += str_cat(peaks.empty() ? "" : "/", static_cast<int64_t>(std::lround(p)));
+    std::string scale =
+        base > 0 ? str_cat(static_cast<int>(std::lround(100 * r.samples_per_s / base / r.devices)), "%")
+                 : "-";
+    std::string agree = r.mode == "single" ? "(reference)"
+                        : diffs[i] < 0     ? "-"
+                                           : str_cat("rel diff ", diffs[i]);
+    std::printf("%-7s %3d %10.0f %7s %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f  %-22s %s\n", r.mode.c_str(),
+                r.devices, r.samples_per_s, scale.c_str(), r.step_ms, r.forward_ms, r.backward_ms, r.comm_ms,
+                r.exposed_ms, r.optimizer_ms, peaks.c_str(), agree.c_str());
+  }
+  std::printf(
+      "scale = samples/s ÷ (single's samples/s × N): 100%% is perfect scaling. comm for dp = scatter + "
+      "replicate + gather (never overlapped); for ddp = bucket all-reduce busy time, of which 'exposed' "
+      "was not hidden behind backward.\n");
+  for (const Result& r : results)
+    if (!r.note.empty()) std::printf("%s: %s\n", r.mode.c_str(), r.note.c_str());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"DataParallel vs DistributedDataParallel on the same model and global batch"};
+  Config c;
+  app.add_option("--model", c.model, "mlp, cnn, resnet or gpt");
+  app.add_option("--devices", c.devices, "N: devices for dp, ranks for ddp");
+  app.add_option("--global-batch", c.global_batch, "samples per step over all devices");
+  app.add_option("--steps", c.steps, "timed steps");
+  app.add_option("--warmup", c.warmup, "untimed steps first");
+  app.add_option("--bucket-cap-mb", c.bucket_cap_mb, "DDP bucket size");
+  app.add_option("--algo", c.algo, "DDP all-reduce: native or ring");
+  app.add_option("--device-type", c.device_type, "cpu (logical devices, one core each) or cuda");
+  app.add_option("--modes", c.modes, "comma-separated subset of single,dp,ddp");
+  app.add_option("--lr", c.lr, "SGD learning rate");
+  app.add_option("--json", c.json_path, "write the results here");
+  app.add_option("--role", c.role, "internal: launcher or ddp-worker");
+  app.add_option("--result-file", c.result_file, "internal: where a ddp worker writes rank 0's result");
+  app.add_option("--work-dir", c.work_dir, "where final parameters are written (default: a temp dir)");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    check(c.algo == "native" || c.algo == "ring", "--algo must be native or ring, got '", c.algo, "'");
+    check(c.devices >= 1, "--devices must be >= 1");
+    check(c.steps >= 1 && c.warmup >= 0, "--steps must be >= 1 and --warmup >= 0");
+    // One core per device: a logical CPU device is one thread of BLAS/OpenMP, or "N devices"
+    // would just be N threads fighting over the same cores. The variables must be set before
+    // the libraries start, so the benchmark re-executes itself once with them.
+    if (c.device_type == "cpu" && std::getenv("MG_BENCH_PINNED") == nullptr) {
+      setenv("MG_BENCH_PINNED", "1", 1);
+      setenv("OMP_NUM_THREADS", "1", 1);
+      setenv("OPENBLAS_NUM_THREADS", "1", 1);
+      execv("/proc/self/exe", argv);
+      throw Error("bench_dp_vs_ddp: could not re-execute itself with one thread per device");
+    }
+    if (c.work_dir.empty()) {
+      c.work_dir =
+          (std::filesystem::temp_directory_path() / ("mg_bench_dp_vs_ddp_" + std::to_string(getpid())))
+              .string();
+    }
+    std::filesystem::create_directories(c.work_dir);
+
+    bool under_mpi = parallel::detect_launch().world_size > 1;
+    if (c.role == "ddp-worker" || under_mpi) {
+      Result r = run_ddp_rank(c);
+      if (c.role != "ddp-worker" && parallel::detect_launch().rank == 0) print_table(c, {r}, {-1});
+      return 0;
+    }
+
+    // Flags to forward to the DDP workers: everything the user gave.
+    std::vector<std::string> forwarded;
+    for (int i = 1; i < argc; ++i) forwarded.push_back(argv[i]);
+
+    std::vector<Result> results;
+    auto wants = [&](const std::string& mode) {
+      return ("," + c.modes + ",").find("," + mode + ",") != std::string::npos;
+    };
+    if (wants("single")) results.push_back(run_single(c));
+    if (wants("dp")) results.push_back(run_dp(c));
+    if (wants("ddp")) results.push_back(launch_ddp(c, forwarded));
+
+    std::vector<double> diffs;
+    for (const Result& r : results) {
+      bool comparable = !results.empty() && results.front().mode == "single" && r.mode != "single";
+      diffs.push_back(comparable ? max_relative_difference(r.params_file, results.front().params_file) : -1);
+    }
+    print_table(c, results, diffs);
+
+    if (!c.json_path.empty()) {
+      json out = {{"benchmark", "bench_dp_vs_ddp"}, {"config", config_json(c)}, {"results", json::array()}};
+      for (size_t i = 0; i < results.size(); ++i) {
+        json r = results[i].to_json();
+        r["params_rel_diff_vs_single"] = diffs[i];
+        out["results"].push_back(r);
+      }
+      std::ofstream(c.json_path) << out.dump(2) << "\n";
+      std::printf("wrote %s\n", c.json_path.c_str());
+    }
+    std::filesystem::remove_all(c.work_dir);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_dp_vs_ddp: %s\n", e.what());
+    return 1;
+  }
+}
+
+#endif
