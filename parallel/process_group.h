@@ -88,6 +88,8 @@ class ProcessGroup {
   ProcessGroup(std::shared_ptr<Backend> cpu_backend, Device device, LaunchInfo launch);
 
   bool defined() const { return cpu_ != nullptr; }
+  // Identifies the communicator: equal for copies of one group, different for different groups.
+  const void* id() const { return cpu_.get(); }
   int rank() const;
   int size() const;
   int local_rank() const { return launch_.local_rank; }

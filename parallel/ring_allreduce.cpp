@@ -249,11 +249,14 @@ class RingWorker {
 // init_process_group(), so it is destroyed (threads joined) before the MPI backend shuts down.
 RingWorker& worker_for(const ProcessGroup& pg) {
   static std::mutex mutex;
-  static std::map<std::string, std::unique_ptr<RingWorker>> workers;
-  const std::string key = str_cat(pg.backend_name(DeviceType::CPU), " rank ", pg.rank(), " of ", pg.size());
+  // Keyed by the communicator (copies of one group share it). A worker holds no group of its own
+  // (each task carries one), so a later group at a recycled address may reuse it safely.
+  static std::map<const void*, std::unique_ptr<RingWorker>> workers;
   std::lock_guard<std::mutex> lock(mutex);
-  std::unique_ptr<RingWorker>& worker = workers[key];
-  if (!worker) worker = std::make_unique<RingWorker>(key);
+  std::unique_ptr<RingWorker>& worker = workers[pg.id()];
+  if (!worker)
+    worker = std::make_unique<RingWorker>(
+        str_cat(pg.backend_name(DeviceType::CPU), " rank ", pg.rank(), " of ", pg.size()));
   return *worker;
 }
 

@@ -34,26 +34,30 @@ void Work::then(std::function<void()> fn) {
 }
 
 void Work::mark_completed() {
-  std::vector<std::function<void()>> callbacks;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (done_) return;
-    callbacks.swap(callbacks_);
-  }
-  // Callbacks run before waiters wake, so whatever they write is visible after wait().
+  // Callbacks run before waiters wake, so whatever they write is visible after wait(). A then()
+  // that arrives while callbacks are running appends to the (emptied) list, so loop until the
+  // list is empty under the lock, and only then publish done_.
   std::string callback_error;
-  for (auto& fn : callbacks) {
-    try {
-      fn();
-    } catch (const std::exception& e) {
-      if (callback_error.empty())
-        callback_error = str_cat(description_, ": completion callback failed: ", e.what());
+  for (;;) {
+    std::vector<std::function<void()>> callbacks;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (done_) return;
+      if (callbacks_.empty()) {
+        done_ = true;
+        error_ = callback_error;
+        break;
+      }
+      callbacks.swap(callbacks_);
     }
-  }
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    done_ = true;
-    error_ = callback_error;
+    for (auto& fn : callbacks) {
+      try {
+        fn();
+      } catch (const std::exception& e) {
+        if (callback_error.empty())
+          callback_error = str_cat(description_, ": completion callback failed: ", e.what());
+      }
+    }
   }
   done_cv_.notify_all();
 }
