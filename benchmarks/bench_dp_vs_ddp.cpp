@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "core/allocator.h"
+#include "core/cuda_runtime.h"
 #include "core/safetensors.h"
 #include "data/fashion_mnist.h"
 #include "multigrad.h"
@@ -67,13 +68,13 @@ double ms_since(Clock::time_point t) {
 
 struct Config {
   std::string model = "mlp";
-  int devices = 2;
+  int devices = 0;  // 0: every GPU, or 2 logical CPU devices
   int64_t global_batch = 128;
   int steps = 20;
   int warmup = 3;
   double bucket_cap_mb = 25.0;
   std::string algo = "native";
-  std::string device_type = "cpu";
+  std::string device_type = "auto";  // cuda when this build has CUDA tensors and a GPU, else cpu
   std::string modes = "single,dp,ddp";
   std::string data = "synthetic";  // or "fashion": real Fashion-MNIST images (mlp, cnn, resnet)
   std::string json_path;
@@ -86,7 +87,8 @@ struct Config {
 json config_json(const Config& c) {
   return {{"model", c.model}, {"devices", c.devices},         {"global_batch", c.global_batch},
           {"steps", c.steps}, {"warmup", c.warmup},           {"bucket_cap_mb", c.bucket_cap_mb},
-          {"algo", c.algo},   {"device_type", c.device_type}, {"lr", c.lr}};
+          {"algo", c.algo},   {"device_type", c.device_type}, {"lr", c.lr},
+          {"data", c.data}};
 }
 
 // ---- the workload: model, data, loss -------------------------------------------------------------
@@ -452,13 +454,13 @@ int main(int argc, char** argv) {
   CLI::App app{"DataParallel vs DistributedDataParallel on the same model and global batch"};
   Config c;
   app.add_option("--model", c.model, "mlp, cnn, resnet or gpt");
-  app.add_option("--devices", c.devices, "N: devices for dp, ranks for ddp");
+  app.add_option("--devices", c.devices, "N: devices for dp, ranks for ddp (0: all GPUs, or 2 CPU devices)");
   app.add_option("--global-batch", c.global_batch, "samples per step over all devices");
   app.add_option("--steps", c.steps, "timed steps");
   app.add_option("--warmup", c.warmup, "untimed steps first");
   app.add_option("--bucket-cap-mb", c.bucket_cap_mb, "DDP bucket size");
   app.add_option("--algo", c.algo, "DDP all-reduce: native or ring");
-  app.add_option("--device-type", c.device_type, "cpu (logical devices, one core each) or cuda");
+  app.add_option("--device-type", c.device_type, "auto, cpu (logical devices, one core each) or cuda");
   app.add_option("--modes", c.modes, "comma-separated subset of single,dp,ddp");
   app.add_option("--data", c.data, "synthetic, or fashion (Fashion-MNIST training images; not with gpt)");
   app.add_option("--lr", c.lr, "SGD learning rate");
@@ -470,6 +472,10 @@ int main(int argc, char** argv) {
 
   try {
     check(c.algo == "native" || c.algo == "ring", "--algo must be native or ring, got '", c.algo, "'");
+    if (c.device_type == "auto") c.device_type = cuda_backend() && cuda::device_count() > 0 ? "cuda" : "cpu";
+    check(c.device_type == "cpu" || c.device_type == "cuda", "--device-type must be auto, cpu or cuda, got '",
+          c.device_type, "'");
+    if (c.devices == 0) c.devices = c.device_type == "cuda" ? cuda::device_count() : 2;
     check(c.devices >= 1, "--devices must be >= 1");
     check(c.data == "synthetic" || (c.data == "fashion" && c.model != "gpt"),
           "--data must be synthetic, or fashion with mlp/cnn/resnet; got '", c.data, "' with ", c.model);

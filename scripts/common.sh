@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # Shared by scripts/run and scripts/test (sourced, not executed).
 #
-#   mg_ensure_packages            apt-get install whatever of MG_APT_PACKAGES is missing
+#   mg_ensure_packages [PKG...]   apt-get install whatever of MG_APT_PACKAGES (and PKG...) is missing
 #   mg_configure_build DIR ARGS   cmake -G Ninja -S <repo> -B DIR ARGS, then build it
 #
 # Environment: MG_JOBS (build parallelism, default nproc), MG_SKIP_APT=1 (trust the machine).
@@ -40,7 +40,7 @@ mg_ensure_packages() {
     return 0
   fi
   local missing=() pkg
-  for pkg in "${MG_APT_PACKAGES[@]}"; do
+  for pkg in "${MG_APT_PACKAGES[@]}" "$@"; do
     if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
       missing+=("$pkg")
     fi
