@@ -9,8 +9,19 @@
 //    edge points to; a node whose count drops to zero becomes ready.
 // 4. Run the callbacks queued during the pass (DDP waits for its buckets here).
 //
-// Single-threaded per backward call: easy to trace, and deterministic.
+// A graph on one device runs on the calling thread: easy to trace, and deterministic.
+// A graph that spans several devices (DataParallel's replicas on cpu:0, cpu:1, ... or
+// cuda:0, cuda:1, ...) runs each device's nodes on a thread of its own, as PyTorch's engine
+// does for GPUs: otherwise every replica's backward would run one after the other and
+// DataParallel would parallelise only the forward. The caller's thread takes the device of
+// the first root; the others get a worker for the duration of the pass. Bookkeeping
+// (dependency counts, gradient buffers) is shared under one mutex; formulas run outside it.
+#include <condition_variable>
+#include <exception>
+#include <map>
+#include <mutex>
 #include <queue>
+#include <thread>
 #include <unordered_map>
 
 #include "core/autograd/node.h"
@@ -24,6 +35,7 @@ struct GraphTask {
   std::unordered_map<Node*, int> dependencies;
   std::unordered_map<Node*, std::vector<Tensor>> input_buffers;
   std::vector<std::function<void()>> callbacks;
+  std::mutex callbacks_mutex;  // hooks on several device threads may queue callbacks
 };
 
 thread_local GraphTask* current_task = nullptr;
@@ -93,6 +105,114 @@ void check_gradient(const Node& node, size_t input, const Tensor& grad) {
         input, " on ", meta.device);
 }
 
+// The device whose thread runs `node`: where its incoming gradients live.
+Device node_device(const Node& node) {
+  if (!node.output_meta.empty()) return node.output_meta[0].device;
+  if (!node.input_meta.empty()) return node.input_meta[0].device;
+  return Device::cpu(0);
+}
+
+// Hooks, the formula, and the checks of what it returned.
+std::vector<Tensor> run_node(Node& node, std::vector<Tensor> grads_in, bool retain_graph) {
+  run_pre_hooks(node, grads_in);
+  std::vector<Tensor> grads_out;
+  if (materialize_missing_grads(node, grads_in)) {
+    grads_out = node.apply(std::move(grads_in));
+    if (!retain_graph) node.release_saved();
+  }
+  const bool is_accumulator = dynamic_cast<AccumulateGrad*>(&node) != nullptr;
+  check(is_accumulator || grads_out.empty() || grads_out.size() == node.next_edges.size(), node.name(),
+        " returned ", grads_out.size(), " gradients for ", node.next_edges.size(), " inputs");
+  for (size_t i = 0; i < node.next_edges.size() && i < grads_out.size(); ++i)
+    if (node.next_edges[i].is_valid() && grads_out[i].defined()) check_gradient(node, i, grads_out[i]);
+  return grads_out;
+}
+
+using ReadyQueue = std::priority_queue<std::shared_ptr<Node>, std::vector<std::shared_ptr<Node>>, LaterFirst>;
+
+// Whether the graph under `roots` has nodes on more than one device.
+bool spans_devices(const std::vector<std::shared_ptr<Node>>& roots, const GraphTask& task) {
+  Device first = node_device(*roots.front());
+  for (const auto& root : roots)
+    if (node_device(*root) != first) return true;
+  for (const auto& entry : task.dependencies)
+    if (node_device(*entry.first) != first) return true;
+  return false;
+}
+
+// The multi-device pass: one ready queue and one thread per device.
+void run_on_device_threads(const std::vector<std::shared_ptr<Node>>& initial, GraphTask& task,
+                           bool retain_graph, Device caller_device) {
+  std::mutex mutex;
+  std::condition_variable wake;
+  std::map<std::pair<int, int>, ReadyQueue> queues;  // (device type, index) -> its ready nodes
+  auto key_of = [](Device d) { return std::make_pair(static_cast<int>(d.type), d.index); };
+  std::unordered_map<Node*, bool> queued;
+  int64_t outstanding = 0;  // nodes queued and not yet finished
+  std::exception_ptr error;
+
+  for (const auto& node : initial) {
+    queued[node.get()] = true;
+    queues[key_of(node_device(*node))].push(node);
+    ++outstanding;
+  }
+  // Every device that may get work needs its queue (and thread) from the start.
+  for (const auto& entry : task.dependencies) queues[key_of(node_device(*entry.first))];
+
+  auto work = [&](std::pair<int, int> key) {
+    GraphTask* outer = current_task;
+    current_task = &task;
+    NoGradGuard no_grad;
+    for (;;) {
+      std::shared_ptr<Node> node;
+      std::vector<Tensor> grads_in;
+      {
+        std::unique_lock<std::mutex> lock(mutex);
+        wake.wait(lock, [&] { return outstanding == 0 || error || !queues[key].empty(); });
+        if (outstanding == 0 || error) break;
+        node = queues[key].top();
+        queues[key].pop();
+        grads_in = std::move(task.input_buffers[node.get()]);
+        task.input_buffers.erase(node.get());
+      }
+      try {
+        std::vector<Tensor> grads_out = run_node(*node, std::move(grads_in), retain_graph);
+        std::lock_guard<std::mutex> lock(mutex);
+        for (size_t i = 0; i < node->next_edges.size(); ++i) {
+          const Edge& edge = node->next_edges[i];
+          if (!edge.is_valid()) continue;
+          if (i < grads_out.size() && grads_out[i].defined())
+            accumulate_into(task.input_buffers[edge.node.get()], edge.input_nr, grads_out[i]);
+          if (--task.dependencies[edge.node.get()] == 0 && !queued[edge.node.get()]) {
+            queued[edge.node.get()] = true;
+            queues[key_of(node_device(*edge.node))].push(edge.node);
+            ++outstanding;
+          }
+        }
+        --outstanding;
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mutex);
+        if (!error) error = std::current_exception();
+      }
+      wake.notify_all();
+    }
+    current_task = outer;
+  };
+
+  std::vector<std::thread> workers;
+  for (const auto& entry : queues)
+    if (entry.first != key_of(caller_device)) workers.emplace_back(work, entry.first);
+  work(key_of(caller_device));
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (outstanding != 0 && !error)
+      error = std::make_exception_ptr(Error("backward: device threads stopped early"));
+  }
+  wake.notify_all();
+  for (auto& t : workers) t.join();
+  if (error) std::rethrow_exception(error);
+}
+
 }  // namespace
 
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, bool retain_graph) {
@@ -128,42 +248,36 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
   }
   count_dependencies(root_nodes, task);
 
-  std::priority_queue<std::shared_ptr<Node>, std::vector<std::shared_ptr<Node>>, LaterFirst> ready;
+  std::vector<std::shared_ptr<Node>> initial;
   std::unordered_map<Node*, bool> queued;
   for (const auto& node : root_nodes) {
     if (task.dependencies[node.get()] == 0 && !queued[node.get()]) {
       queued[node.get()] = true;
-      ready.push(node);
+      initial.push_back(node);
     }
   }
 
   NoGradGuard no_grad;  // formulas compute plain tensors; no graph of the graph
-  while (!ready.empty()) {
-    std::shared_ptr<Node> node = ready.top();
-    ready.pop();
-    std::vector<Tensor> grads_in = std::move(task.input_buffers[node.get()]);
-    task.input_buffers.erase(node.get());
-    run_pre_hooks(*node, grads_in);
-
-    std::vector<Tensor> grads_out;
-    if (materialize_missing_grads(*node, grads_in)) {
-      grads_out = node->apply(std::move(grads_in));
-      if (!retain_graph) node->release_saved();
-    }
-    const bool is_accumulator = dynamic_cast<AccumulateGrad*>(node.get()) != nullptr;
-    check(is_accumulator || grads_out.empty() || grads_out.size() == node->next_edges.size(), node->name(),
-          " returned ", grads_out.size(), " gradients for ", node->next_edges.size(), " inputs");
-
-    for (size_t i = 0; i < node->next_edges.size(); ++i) {
-      const Edge& edge = node->next_edges[i];
-      if (!edge.is_valid()) continue;
-      if (i < grads_out.size() && grads_out[i].defined()) {
-        check_gradient(*node, i, grads_out[i]);
-        accumulate_into(task.input_buffers[edge.node.get()], edge.input_nr, grads_out[i]);
-      }
-      if (--task.dependencies[edge.node.get()] == 0 && !queued[edge.node.get()]) {
-        queued[edge.node.get()] = true;
-        ready.push(edge.node);
+  if (spans_devices(root_nodes, task)) {
+    run_on_device_threads(initial, task, retain_graph, node_device(*root_nodes.front()));
+  } else {
+    ReadyQueue ready;
+    for (const auto& node : initial) ready.push(node);
+    while (!ready.empty()) {
+      std::shared_ptr<Node> node = ready.top();
+      ready.pop();
+      std::vector<Tensor> grads_in = std::move(task.input_buffers[node.get()]);
+      task.input_buffers.erase(node.get());
+      std::vector<Tensor> grads_out = run_node(*node, std::move(grads_in), retain_graph);
+      for (size_t i = 0; i < node->next_edges.size(); ++i) {
+        const Edge& edge = node->next_edges[i];
+        if (!edge.is_valid()) continue;
+        if (i < grads_out.size() && grads_out[i].defined())
+          accumulate_into(task.input_buffers[edge.node.get()], edge.input_nr, grads_out[i]);
+        if (--task.dependencies[edge.node.get()] == 0 && !queued[edge.node.get()]) {
+          queued[edge.node.get()] = true;
+          ready.push(edge.node);
+        }
       }
     }
   }
@@ -177,6 +291,7 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
 
 void queue_callback(std::function<void()> callback) {
   check(current_task != nullptr, "queue_callback: only valid while a backward pass is running");
+  std::lock_guard<std::mutex> lock(current_task->callbacks_mutex);
   current_task->callbacks.push_back(std::move(callback));
 }
 
