@@ -318,3 +318,16 @@ TEST_CASE("rank 0 checkpoints, every rank resumes, and the run continues exactly
   pg.barrier()->wait();
   if (pg.rank() == 0) std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("uneven datasets: every rank gets the same number of batches", "[mpi][ddp]") {
+  ProcessGroup pg = test_group();
+  for (int64_t n : {10, 11, 13, 1}) {
+    data::DistributedSampler sampler(n, pg.rank(), pg.size(), {.shuffle = true, .seed = 3});
+    Tensor count = full({1}, static_cast<double>(sampler.indices(0).size()), TensorOptions{DType::i64});
+    Tensor most = count.clone(), least = count.clone();
+    pg.allreduce(most, ReduceOp::Max)->wait();
+    pg.allreduce(least, ReduceOp::Min)->wait();
+    CHECK(most.item<int64_t>() == least.item<int64_t>());  // nobody waits for a rank with one more batch
+    CHECK(least.item<int64_t>() * pg.size() >= n);         // padding by wrapping: nothing is left out
+  }
+}
