@@ -47,6 +47,7 @@
 #include "parallel/data_parallel.h"
 #include "parallel/distributed_data_parallel.h"
 #include "parallel/process_group.h"
+#include "scaling_model.h"
 
 #if !defined(MG_HAS_CLI11) || !defined(MG_HAS_NLOHMANN_JSON)
 int main() {
@@ -82,6 +83,8 @@ struct Config {
   std::string result_file;
   std::string work_dir;
   double lr = 0.01;
+  std::string sweep_buckets;  // "1,5,25,100": DDP step vs bucket size
+  bool predict = false;       // the scaling model (scaling_model.h)
 };
 
 json config_json(const Config& c) {
@@ -154,21 +157,33 @@ struct Result {
   std::vector<double> losses;   // per step (all steps, warm-up included)
   std::string params_file;
   std::string note;
+  // single: when each gradient became ready in the last backward (fraction of backward, bytes).
+  std::vector<std::pair<double, int64_t> > gradient_arrivals;
+  int64_t batch_io_bytes = 0;
+  // ddp: the link measured by all-reducing 8 B and 4 MiB (latency s, inverse bandwidth s/B).
+  double link_alpha_s = 0, link_beta_s_per_byte = 0;
+  double bucket_cap_mb = 0;
 
   json to_json() const {
-    return {{"mode", mode},
-            {"devices", devices},
-            {"step_ms", step_ms},
-            {"forward_ms", forward_ms},
-            {"backward_ms", backward_ms},
-            {"comm_ms", comm_ms},
-            {"exposed_ms", exposed_ms},
-            {"optimizer_ms", optimizer_ms},
-            {"samples_per_s", samples_per_s},
-            {"peak_mb", peak_mb},
-            {"losses", losses},
-            {"params_file", params_file},
-            {"note", note}};
+    json j = {{"mode", mode},
+              {"devices", devices},
+              {"step_ms", step_ms},
+              {"forward_ms", forward_ms},
+              {"backward_ms", backward_ms},
+              {"comm_ms", comm_ms},
+              {"exposed_ms", exposed_ms},
+              {"optimizer_ms", optimizer_ms},
+              {"samples_per_s", samples_per_s},
+              {"peak_mb", peak_mb},
+              {"losses", losses},
+              {"params_file", params_file},
+              {"note", note}};
+    j["gradient_arrivals"] = gradient_arrivals;
+    j["batch_io_bytes"] = batch_io_bytes;
+    j["link_alpha_s"] = link_alpha_s;
+    j["link_beta_s_per_byte"] = link_beta_s_per_byte;
+    j["bucket_cap_mb"] = bucket_cap_mb;
+    return j;
   }
   static Result from_json(const json& j) {
     Result r;
@@ -185,6 +200,11 @@ struct Result {
     r.losses = j.at("losses").get<std::vector<double> >();
     r.params_file = j.at("params_file");
     r.note = j.at("note");
+    r.gradient_arrivals = j.at("gradient_arrivals").get<std::vector<std::pair<double, int64_t> > >();
+    r.batch_io_bytes = j.at("batch_io_bytes");
+    r.link_alpha_s = j.at("link_alpha_s");
+    r.link_beta_s_per_byte = j.at("link_beta_s_per_byte");
+    r.bucket_cap_mb = j.at("bucket_cap_mb");
     return r;
   }
 };
@@ -224,17 +244,32 @@ Result run_single(const Config& c) {
   optim::SGD opt(model->parameters(), {.lr = c.lr, .momentum = 0.9});
   PhaseTimer timer;
   reset_cpu_device_peak(device.index);
+  // When does each gradient become ready during backward? (The scaling model needs it.)
+  Clock::time_point backward_start;
+  std::vector<std::pair<double, int64_t> > arrivals;  // (ms since backward start, bytes)
+  for (Tensor& p : model->parameters()) {
+    int64_t bytes = static_cast<int64_t>(p.nbytes());
+    p.register_post_accumulate_grad_hook([&arrivals, &backward_start, bytes](const Tensor&) {
+      arrivals.emplace_back(ms_since(backward_start), bytes);
+    });
+  }
   for (int s = 0; s < c.warmup + c.steps; ++s) {
     auto [x, y] = global_batch(c, s);
     x = x.to(device);
     y = y.to(device);
+    r.batch_io_bytes = static_cast<int64_t>(x.nbytes() + y.nbytes());
     auto t0 = Clock::now();
     Tensor loss = loss_of((*model)(x), y);
     double f = ms_since(t0);
+    r.batch_io_bytes += static_cast<int64_t>(loss.nbytes());
     auto t1 = Clock::now();
     opt.zero_grad();
+    arrivals.clear();
+    backward_start = Clock::now();
     loss.backward();
     double b = ms_since(t1);
+    r.gradient_arrivals.clear();
+    for (auto& [ms, bytes] : arrivals) r.gradient_arrivals.emplace_back(ms / b, bytes);
     auto t2 = Clock::now();
     opt.step();
     double o = ms_since(t2);
@@ -299,6 +334,32 @@ Result run_dp(const Config& c) {
   return r;
 }
 
+// α and β of the link as the native all-reduce sees it: median times of 8 B and 4 MiB, solved
+// from T = 2(N−1)α + 2(N−1)/N·S·β (scaling_model.h).
+void measure_link(parallel::ProcessGroup& pg, Result& r) {
+  if (pg.size() < 2) return;
+  auto median_seconds = [&](int64_t elements, int iterations) {
+    Tensor t = zeros({elements});
+    std::vector<double> times;
+    for (int i = 0; i < iterations; ++i) {
+      pg.barrier()->wait();
+      auto t0 = Clock::now();
+      pg.allreduce(t)->wait();
+      times.push_back(ms_since(t0) / 1000.0);
+    }
+    std::sort(times.begin(), times.end());
+    Tensor median = full({1}, times[times.size() / 2], TensorOptions{DType::f64});
+    pg.allreduce(median, parallel::ReduceOp::Max)->wait();
+    return median.item<double>();
+  };
+  const int n = pg.size();
+  const double small = median_seconds(2, 21);
+  const double big_bytes = 4.0 * 1024 * 1024;
+  const double big = median_seconds(1 << 20, 9);
+  r.link_alpha_s = small / (2.0 * (n - 1));
+  r.link_beta_s_per_byte = std::max(big - small, 0.0) / (2.0 * (n - 1) / n * big_bytes);
+}
+
 // One rank of the DDP run (under mpiexec). Rank 0 writes the result file.
 Result run_ddp_rank(const Config& c) {
   parallel::InitOptions init;
@@ -360,7 +421,9 @@ Result run_ddp_rank(const Config& c) {
   pg.allreduce(step, parallel::ReduceOp::Max)->wait();
   r.step_ms = step.item<double>();
   r.samples_per_s = static_cast<double>(c.global_batch) / (r.step_ms / 1000.0);
-  r.note = str_cat(ddp.bucket_layout().size(), " buckets, ", c.algo);
+  r.note = str_cat(ddp.bucket_layout().size(), " buckets of at most ", c.bucket_cap_mb, " MB, ", c.algo);
+  r.bucket_cap_mb = c.bucket_cap_mb;
+  measure_link(pg, r);
   if (pg.is_main()) {
     r.params_file = save_params(c, "ddp", *model);
     if (!c.result_file.empty()) {
@@ -448,6 +511,122 @@ void print_table(const Config& c, const std::vector<Result>& results, const std:
         "agree to rounding.\n");
 }
 
+// `args` without the given options (as "--key value" or "--key=value"; flags have no value).
+std::vector<std::string> without_options(const std::vector<std::string>& args,
+                                         const std::vector<std::string>& keys) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < args.size(); ++i) {
+    bool drop = false;
+    for (const auto& key : keys) {
+      if (args[i] == key) {
+        drop = true;
+        bool is_flag = key == "--predict";
+        if (!is_flag && i + 1 < args.size()) ++i;  // its value
+      } else if (args[i].rfind(key + "=", 0) == 0) {
+        drop = true;
+      }
+    }
+    if (!drop) out.push_back(args[i]);
+  }
+  return out;
+}
+
+// DDP once per bucket cap: how bucket size trades latency (many small all-reduces) against
+// overlap (one big all-reduce can only start when backward is over).
+json run_bucket_sweep(const Config& c, const std::vector<std::string>& forwarded) {
+  std::printf("\nDDP bucket-size sweep (%s, N=%d, %s):\n", c.model.c_str(), c.devices, c.algo.c_str());
+  std::printf("%10s %8s %9s %9s %9s %9s\n", "cap MB", "buckets", "step ms", "comm ms", "exposed", "exposed%");
+  json rows = json::array();
+  std::string list = c.sweep_buckets + ",";
+  for (size_t start = 0, comma; (comma = list.find(',', start)) != std::string::npos; start = comma + 1) {
+    std::string item = list.substr(start, comma - start);
+    if (item.empty()) continue;
+    double cap = std::stod(item);
+    Config one = c;
+    one.bucket_cap_mb = cap;
+    std::vector<std::string> args = without_options(forwarded, {"--bucket-cap-mb", "--modes"});
+    args.push_back("--bucket-cap-mb");
+    args.push_back(item);
+    Result r = launch_ddp(one, args);
+    double share = r.comm_ms > 0 ? 100.0 * r.exposed_ms / r.comm_ms : 0;
+    std::printf("%10g %8s %9.2f %9.2f %9.2f %8.0f%%\n", cap, r.note.substr(0, r.note.find(' ')).c_str(),
+                r.step_ms, r.comm_ms, r.exposed_ms, share);
+    json row = r.to_json();
+    row["exposed_share"] = share / 100.0;
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+// The scaling model fed with this run's single-device measurements; checked against the DDP and
+// DP runs it could measure.
+json predict_scaling(const Config& c, const std::vector<Result>& results) {
+  const Result* single = nullptr;
+  const Result* ddp = nullptr;
+  const Result* dp = nullptr;
+  for (const Result& r : results) {
+    if (r.mode == "single") single = &r;
+    if (r.mode == "ddp") ddp = &r;
+    if (r.mode == "dp") dp = &r;
+  }
+  check(single != nullptr, "--predict needs the single mode (it measures the per-layer backward times)");
+  bench::Workload w;
+  w.forward_s = single->forward_ms / 1000;
+  w.backward_s = single->backward_ms / 1000;
+  w.optimizer_s = single->optimizer_ms / 1000;
+  w.gradients = single->gradient_arrivals;
+  w.batch_io_bytes = single->batch_io_bytes;
+  w.bucket_cap_mb = c.bucket_cap_mb;
+  std::vector<bench::Link> links = bench::link_presets();
+  if (ddp != nullptr && ddp->link_beta_s_per_byte > 0)
+    links.insert(links.begin(), {"measured here (MPI)", ddp->link_alpha_s, ddp->link_beta_s_per_byte});
+
+  json out = json::array();
+  std::printf(
+      "\nPredicted step time (ms) and speedup over one device, global batch %lld (scaling_model.h):\n",
+      static_cast<long long>(c.global_batch));
+  const double one = (w.forward_s + w.backward_s + w.optimizer_s) * 1000;
+  for (const bench::Link& link : links) {
+    std::printf("  link: %s (alpha %.1f us, %.2f GB/s)\n", link.name.c_str(), link.alpha_s * 1e6,
+                1e-9 / link.beta_s_per_byte);
+    std::printf("  %5s %10s %8s %10s %8s %9s\n", "N", "DP ms", "DP x", "DDP ms", "DDP x", "exposed");
+    for (int n : {2, 4, 8, 16, 32, 64}) {
+      bench::Prediction pdp = bench::predict_dp(w, link, n), pddp = bench::predict_ddp(w, link, n);
+      std::printf("  %5d %10.2f %8.2f %10.2f %8.2f %8.0f%%\n", n, pdp.step_s * 1000,
+                  one / (pdp.step_s * 1000), pddp.step_s * 1000, one / (pddp.step_s * 1000),
+                  pddp.comm_s > 0 ? 100 * pddp.exposed_s / pddp.comm_s : 0.0);
+      out.push_back({{"link", link.name},
+                     {"devices", n},
+                     {"dp_step_ms", pdp.step_s * 1000},
+                     {"ddp_step_ms", pddp.step_s * 1000},
+                     {"ddp_exposed_ms", pddp.exposed_s * 1000},
+                     {"ddp_comm_ms", pddp.comm_s * 1000}});
+    }
+  }
+  // The model against what was measured at N = c.devices.
+  if (ddp != nullptr && ddp->link_beta_s_per_byte > 0) {
+    bench::Prediction p = bench::predict_ddp(w, links.front(), ddp->devices);
+    std::printf("  check: DDP at N=%d predicted %.2f ms, measured %.2f ms (error %+.0f%%)\n", ddp->devices,
+                p.step_s * 1000, ddp->step_ms, 100 * (p.step_s * 1000 - ddp->step_ms) / ddp->step_ms);
+    out.push_back({{"check", "ddp"},
+                   {"devices", ddp->devices},
+                   {"predicted_ms", p.step_s * 1000},
+                   {"measured_ms", ddp->step_ms}});
+    if (dp != nullptr) {
+      bench::Prediction q = bench::predict_dp(w, links.front(), dp->devices);
+      std::printf(
+          "  check: DP at N=%d predicted %.2f ms, measured %.2f ms (error %+.0f%%; on logical CPU devices "
+          "DP's copies are memcpy, not the MPI link, so the model overestimates them)\n",
+          dp->devices, q.step_s * 1000, dp->step_ms, 100 * (q.step_s * 1000 - dp->step_ms) / dp->step_ms);
+      out.push_back({{"check", "dp"},
+                     {"devices", dp->devices},
+                     {"predicted_ms", q.step_s * 1000},
+                     {"measured_ms", dp->step_ms}});
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -468,6 +647,8 @@ int main(int argc, char** argv) {
   app.add_option("--role", c.role, "internal: launcher or ddp-worker");
   app.add_option("--result-file", c.result_file, "internal: where a ddp worker writes rank 0's result");
   app.add_option("--work-dir", c.work_dir, "where final parameters are written (default: a temp dir)");
+  app.add_option("--sweep-buckets", c.sweep_buckets, "comma-separated bucket caps in MB: one DDP run each");
+  app.add_flag("--predict", c.predict, "predict DP and DDP at 2-64 devices from this run (scaling_model.h)");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -504,9 +685,9 @@ int main(int argc, char** argv) {
       return 0;
     }
 
-    // Flags to forward to the DDP workers: everything the user gave.
-    std::vector<std::string> forwarded;
-    for (int i = 1; i < argc; ++i) forwarded.push_back(argv[i]);
+    // Flags to forward to the DDP workers: everything the user gave but the launcher-only ones.
+    std::vector<std::string> forwarded = without_options(std::vector<std::string>(argv + 1, argv + argc),
+                                                         {"--json", "--sweep-buckets", "--predict"});
 
     std::vector<Result> results;
     auto wants = [&](const std::string& mode) {
@@ -523,6 +704,11 @@ int main(int argc, char** argv) {
     }
     print_table(c, results, diffs);
 
+    json sweep = json::array();
+    if (!c.sweep_buckets.empty()) sweep = run_bucket_sweep(c, forwarded);
+    json prediction = json::array();
+    if (c.predict) prediction = predict_scaling(c, results);
+
     if (!c.json_path.empty()) {
       json out = {{"benchmark", "bench_dp_vs_ddp"}, {"config", config_json(c)}, {"results", json::array()}};
       for (size_t i = 0; i < results.size(); ++i) {
@@ -530,6 +716,8 @@ int main(int argc, char** argv) {
         r["params_rel_diff_vs_single"] = diffs[i];
         out["results"].push_back(r);
       }
+      out["bucket_sweep"] = sweep;
+      out["prediction"] = prediction;
       std::ofstream(c.json_path) << out.dump(2) << "\n";
       std::printf("wrote %s\n", c.json_path.c_str());
     }
