@@ -18,3 +18,4 @@
 #include "optim/checkpoint.h"
 #include "optim/grad_scaler.h"
 #include "optim/optim.h"
+#include "parallel/parallel.h"

@@ -2,11 +2,19 @@
 //
 //   DataParallel (one process, several devices): replicate → scatter → parallel_apply → gather
 //   ProcessGroup (one process per device): the collectives DistributedDataParallel is built on
+//   DistributedDataParallel: bucketed gradient all-reduce overlapped with backward (Reducer)
+//   ring_allreduce: multigrad's own all-reduce over the group's send/recv
+//   distributed.h: seed_for_rank, synchronize_grad_scaler, rank-0 checkpoints
 #pragma once
 
 #include "parallel/broadcast.h"
 #include "parallel/data_parallel.h"
+#include "parallel/distributed.h"
+#include "parallel/distributed_data_parallel.h"
 #include "parallel/parallel_apply.h"
 #include "parallel/process_group.h"
+#include "parallel/reducer.h"
 #include "parallel/replicate.h"
+#include "parallel/ring_allreduce.h"
 #include "parallel/scatter_gather.h"
+#include "parallel/work.h"
