@@ -6,6 +6,7 @@
 // libcudart at run time, never linked, so this file's binary still starts on a
 // machine without the driver.
 #include "core/cuda_runtime.h"
+#include "core/cuda_stream.h"
 
 #include <cuda_runtime.h>
 
@@ -72,7 +73,9 @@ const Probe& probe() {
 
 int device_count() noexcept {
   try {
-    return probe().count;
+    // MG_VIRTUAL_GPUS=K: K logical devices on physical GPU 0 (core/cuda_stream.h).
+    const int physical = probe().count;
+    return physical > 0 && virtual_gpus() > 0 ? virtual_gpus() : physical;
   } catch (...) {
     return 0;
   }
@@ -82,7 +85,11 @@ bool is_available() noexcept { return device_count() > 0; }
 
 std::string describe_devices() {
   const Probe& p = probe();
-  return p.description.empty() ? std::string("no CUDA device (probe failed)") : p.description;
+  if (p.description.empty()) return "no CUDA device (probe failed)";
+  if (p.count > 0 && virtual_gpus() > 0)
+    return p.description + " (MG_VIRTUAL_GPUS=" + std::to_string(virtual_gpus()) +
+           ": cuda:0..cuda:" + std::to_string(virtual_gpus() - 1) + " share physical GPU 0)";
+  return p.description;
 }
 
 bool built_with_cuda() noexcept { return true; }

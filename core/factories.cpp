@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "core/ops.h"
+#include "core/ops/op_common.h"
 #include "core/philox.h"
 #include "core/random.h"
 #include "core/tensor.h"
@@ -35,6 +36,12 @@ Tensor make_on_cpu_then_move(const Shape& shape, const TensorOptions& options, F
 }  // namespace
 
 Tensor full(const Shape& shape, double value, const TensorOptions& options) {
+  if (options.device.is_cuda()) {  // filled where it lives: no host buffer, no transfer
+    Tensor t = empty(shape, TensorOptions{options.dtype, options.device, false});
+    MG_KERNEL(t.device(), fill, t.view_for_kernel(), value);
+    if (options.requires_grad) t.set_requires_grad(true);
+    return t;
+  }
   return make_on_cpu_then_move(shape, options,
                                [value](Tensor& t) { kernels::cpu::fill(t.view_for_kernel(), value); });
 }

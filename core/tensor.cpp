@@ -10,6 +10,7 @@
 #include "core/autograd/node.h"
 #include "core/grad_mode.h"
 #include "core/ops.h"
+#include "core/ops/op_common.h"  // MG_KERNEL: the CPU or CUDA twin by device
 #include "kernels/cpu/elementwise.h"
 
 namespace mg {
@@ -536,9 +537,10 @@ Tensor& Tensor::copy_(const Tensor& src) {
   Shape target = broadcast_shapes(shape(), src.shape(), "copy_");
   check(target == shape(), "copy_: source of shape ", shape_str(src.shape()), " cannot be broadcast to ",
         shape_str(shape()));
-  if (src.device().is_cpu() && device().is_cpu()) {
-    // Logical CPU devices share host memory: one strided, converting copy.
-    kernels::cpu::copy(src.detach().expand(shape()).view_for_kernel(), view_for_kernel());
+  if ((src.device().is_cpu() && device().is_cpu()) || src.device() == device()) {
+    // Logical CPU devices share host memory, and within one GPU a kernel reads
+    // the source directly: one strided, converting copy.
+    MG_KERNEL(device(), copy, src.detach().expand(shape()).view_for_kernel(), view_for_kernel());
   } else {
     // Across a GPU boundary: make the source one contiguous block on its own
     // device, move the raw bytes, then convert/scatter on this device if needed.
@@ -558,8 +560,7 @@ Tensor& Tensor::copy_(const Tensor& src) {
 
 Tensor& Tensor::fill_(double value) {
   check_inplace_allowed(*this, "fill_");
-  require_cpu("fill_", {*this});
-  kernels::cpu::fill(view_for_kernel(), value);
+  MG_KERNEL(device(), fill, view_for_kernel(), value);
   storage()->bump_version();
   return *this;
 }
@@ -570,12 +571,12 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
   check_inplace_allowed(*this, "add_", {other});
   require_defined(other, "add_");
   // Hot path (gradient accumulation, optimizer updates): one fused pass, no temporary.
-  if (device().is_cpu() && other.device() == device() && other.dtype() == dtype() && is_floating(dtype())) {
+  if (other.device() == device() && other.dtype() == dtype() && is_floating(dtype())) {
     Shape target = broadcast_shapes(shape(), other.shape(), "add_");
     check(target == shape(), "add_: the result of shape ", shape_str(target),
           " does not fit the tensor of shape ", shape_str(shape()));
     const StridedView self_view = view_for_kernel();
-    kernels::cpu::axpby(self_view, alpha, other.detach().expand(shape()).view_for_kernel(), self_view);
+    MG_KERNEL(device(), axpby, self_view, alpha, other.detach().expand(shape()).view_for_kernel(), self_view);
     storage()->bump_version();
     return *this;
   }

@@ -3,6 +3,7 @@
 #include "optim/adam.h"
 
 #include "core/error.h"
+#include "core/ops/op_common.h"  // MG_KERNEL
 #include "kernels/cpu/optim.h"
 
 namespace mg::optim {
@@ -87,9 +88,13 @@ void Adam::update(const ParamGroup& group, const std::vector<ParamUpdate>& batch
     double& step = *s["step"].data<double>();
     step += 1.0;
     h.step = static_cast<int64_t>(step);
-    auto kernel = decoupled_ ? kernels::cpu::adamw_step : kernels::cpu::adam_step;
-    kernel(u.param.dtype(), u.param.numel(), u.param.data_ptr(), u.grad.data_ptr(), s["exp_avg"].data_ptr(),
-           s["exp_avg_sq"].data_ptr(), max_exp_avg_sq, h);
+    if (decoupled_) {
+      MG_KERNEL(u.param.device(), adamw_step, u.param.dtype(), u.param.numel(), u.param.data_ptr(),
+                u.grad.data_ptr(), s["exp_avg"].data_ptr(), s["exp_avg_sq"].data_ptr(), max_exp_avg_sq, h);
+    } else {
+      MG_KERNEL(u.param.device(), adam_step, u.param.dtype(), u.param.numel(), u.param.data_ptr(),
+                u.grad.data_ptr(), s["exp_avg"].data_ptr(), s["exp_avg_sq"].data_ptr(), max_exp_avg_sq, h);
+    }
   }
 }
 

@@ -1,6 +1,6 @@
 // optim/: everything for updating parameters in one include -- optimizers
 // (SGD, Adam, AdamW), learning-rate schedulers, gradient clipping and
-// gradient accumulation. See docs/optim.md.
+// gradient accumulation. See docs/nn-and-optim.md.
 #pragma once
 
 #include "optim/adam.h"

@@ -140,8 +140,7 @@ void Optimizer::step() {
 
 void Optimizer::require_cpu_kernel_support(const std::vector<ParamUpdate>& batch) const {
   for (const ParamUpdate& u : batch) {
-    check(u.param.device().is_cpu(), name(), ".step: parameter ", u.index, " is on ", u.param.device(),
-          "; only the CPU kernel exists yet (the fused CUDA kernel belongs in kernels/cuda/optim)");
+    // Any device: CPU and CUDA both have the fused kernels (kernels/cpu/optim, kernels/cuda/optim.cu).
     check(u.param.dtype() == DType::f32 || u.param.dtype() == DType::f64, name(), ".step: parameter ",
           u.index, " is ", u.param.dtype(),
           "; the optimizer kernels take f32 or f64 (keep f32 master weights)");

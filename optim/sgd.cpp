@@ -3,6 +3,7 @@
 #include "optim/sgd.h"
 
 #include "core/error.h"
+#include "core/ops/op_common.h"  // MG_KERNEL
 #include "kernels/cpu/optim.h"
 
 namespace mg::optim {
@@ -56,8 +57,8 @@ void SGD::update(const ParamGroup& group, const std::vector<ParamUpdate>& batch)
       if (first_step) buf = empty_like(u.param);  // the kernel initialises it to d
       buffer = buf.data_ptr();
     }
-    kernels::cpu::sgd_step(u.param.dtype(), u.param.numel(), u.param.data_ptr(), u.grad.data_ptr(), buffer,
-                           first_step, h);
+    MG_KERNEL(u.param.device(), sgd_step, u.param.dtype(), u.param.numel(), u.param.data_ptr(),
+              u.grad.data_ptr(), buffer, first_step, h);
   }
 }
 

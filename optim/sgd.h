@@ -9,7 +9,7 @@
 //
 // Options are a plain aggregate with defaults, like every options struct in
 // multigrad:
-//   optim::SGD opt(params, {.lr = 0.1, .momentum = 0.9});   // GCC/Clang, see docs/optim.md
+//   optim::SGD opt(params, {.lr = 0.1, .momentum = 0.9});   // GCC/Clang, see docs/nn-and-optim.md
 //   optim::SGDOptions o; o.lr = 0.1; o.momentum = 0.9;       // strictly portable C++17
 #pragma once
 

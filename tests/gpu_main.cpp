@@ -1,6 +1,9 @@
 // Runner for tests/gpu/*: exits 77 (ctest SKIP_RETURN_CODE) when this process
 // has no usable CUDA device, and says why; otherwise runs the Catch2 session.
 //
+// With a device it registers the CUDA backend (mg::cuda::enable_backend) before
+// running the tests, so they can create CUDA tensors.
+//
 // MG_REQUIRE_GPU=1 (set by scripts/gpu-check) turns "no device" into a failure,
 // so a GPU machine that lost its GPU cannot pass by skipping everything.
 #define CATCH_CONFIG_RUNNER
@@ -11,7 +14,9 @@
 #include <cstring>
 #include <string>
 
+#include "core/cuda_allocator.h"
 #include "core/cuda_runtime.h"
+#include "core/error.h"
 
 int main(int argc, char** argv) {
   const std::string devices = mg::cuda::describe_devices();
@@ -25,6 +30,13 @@ int main(int argc, char** argv) {
     return 77;
   }
   std::printf("GPU tests on %s\n", devices.c_str());
+  // CUDA tensors need the backend; it is not registered at load yet (core/cuda_allocator.h).
+  try {
+    mg::cuda::enable_backend();
+  } catch (const mg::Error& e) {
+    std::fprintf(stderr, "FAIL: could not enable the CUDA backend: %s\n", e.what());
+    return 1;
+  }
   const int failures = Catch::Session().run(argc, argv);
   // Catch returns the number of failed assertions (capped at 255): never let
   // exactly 77 failures read as "skipped".

@@ -1,9 +1,16 @@
 // conv2d as im2col + GEMM, and 2-d max/avg pooling.
 //
-// conv2d, per image n:   columns = im2col(x[n])            [C*kh*kw, OH*OW]
-//                        y[n]    = W[O, C*kh*kw] @ columns  [O, OH*OW]
-// backward, per image:   dW     += dy[n] @ columns^T
-//                        dx[n]   = col2im(W^T @ dy[n])
+// conv2d works on chunks of B images at a time (B = the whole batch when the column
+// buffer stays under kColumnBudget elements):
+//   forward:   columns = im2col(x[n0:n0+B])          [C*kh*kw, B*OH*OW]
+//              out     = W[O, C*kh*kw] @ columns     [O, B, OH*OW]
+//              y[n0:n0+B] = out permuted to           [B, O, OH*OW]
+//   backward:  gyp     = dy[n0:n0+B] permuted to     [O, B*OH*OW]
+//              dW     += gyp @ columns^T
+//              dx[n0:n0+B] = col2im(W^T @ gyp)
+// One GEMM per chunk instead of one per image: each OpenBLAS call wakes its worker
+// threads, and for Fashion-MNIST's 28x28 images a per-image call (a [32, 9] x [9, 784]
+// product for the first layer) cost more in wake-ups than in arithmetic.
 // The column buffer is recomputed in backward instead of saved: it is kh*kw
 // times larger than the input, so saving it would dominate activation memory.
 #include "core/autocast.h"
@@ -35,6 +42,16 @@ kernels::cpu::GemmArgs gemm_args(DType dtype, bool ta, bool tb, int64_t m, int64
   args.ldc = ldc;
   args.beta = beta;
   return args;
+}
+
+// Column-buffer elements per conv2d chunk (16 MiB of f32): big enough that a Fashion-MNIST
+// batch of 128 is one or two GEMMs, small enough to stay a modest temporary for large images.
+constexpr int64_t kColumnBudget = int64_t{1} << 22;
+
+// Images per chunk: as many as fit the budget, at least one.
+int64_t images_per_chunk(int64_t batch, int64_t column_elements_per_image) {
+  const int64_t fit = kColumnBudget / std::max<int64_t>(column_elements_per_image, 1);
+  return std::max<int64_t>(1, std::min(batch, fit));
 }
 
 char* element_ptr(const Tensor& t, int64_t element) {
@@ -89,12 +106,18 @@ Tensor conv2d(const Tensor& x_arg, const Tensor& w_arg, const Tensor& bias_arg,
   check(geo.out_h() > 0 && geo.out_w() > 0, "conv2d: kernel ", geo.kernel_h, "x", geo.kernel_w,
         " (dilated) is larger than the padded input of shape ", shape_str(x.shape()));
   Tensor y = new_output({batch, out_channels, geo.out_h(), geo.out_w()}, x.dtype(), x);
-  Tensor columns = new_output({ck, spatial}, x.dtype(), x);
-  for (int64_t n = 0; n < batch; ++n) {
-    kernels::cpu::im2col(geo, x.dtype(), element_ptr(x, n * image_elems), columns.data_ptr());
-    kernels::cpu::gemm(gemm_args(x.dtype(), false, false, out_channels, spatial, ck, w.data_ptr(), ck,
-                                 columns.data_ptr(), spatial, element_ptr(y, n * out_channels * spatial),
-                                 spatial, 0.0));
+  const int64_t chunk = images_per_chunk(batch, ck * spatial);
+  {
+    NoGradGuard no_grad;  // the permuting copy below is bookkeeping, not part of the graph
+    for (int64_t n0 = 0; n0 < batch; n0 += chunk) {
+      const int64_t b = std::min(chunk, batch - n0);
+      Tensor columns = new_output({ck, b * spatial}, x.dtype(), x);
+      Tensor out = new_output({out_channels, b, spatial}, x.dtype(), x);
+      kernels::cpu::im2col(geo, x.dtype(), element_ptr(x, n0 * image_elems), columns.data_ptr(), b);
+      kernels::cpu::gemm(gemm_args(x.dtype(), false, false, out_channels, b * spatial, ck, w.data_ptr(), ck,
+                                   columns.data_ptr(), b * spatial, out.data_ptr(), b * spatial, 0.0));
+      y.narrow(0, n0, b).view({b, out_channels, spatial}).copy_(out.permute({1, 0, 2}));
+    }
   }
   if (bias.defined()) {
     NoGradGuard no_grad;
@@ -109,18 +132,20 @@ Tensor conv2d(const Tensor& x_arg, const Tensor& w_arg, const Tensor& bias_arg,
       const DType dt = xs.dtype();
       Tensor gx = need_x ? zeros(xs.shape(), TensorOptions{dt, xs.device()}) : Tensor();
       Tensor gw = need_w ? zeros(ws.shape(), TensorOptions{dt, ws.device()}) : Tensor();
-      Tensor cols = new_output({ck, spatial}, dt, xs);
-      for (int64_t n = 0; n < batch; ++n) {
-        const void* gy_n = element_ptr(gy, n * out_channels * spatial);
+      for (int64_t n0 = 0; n0 < batch; n0 += chunk) {
+        const int64_t b = std::min(chunk, batch - n0);
+        // [b, O, S] -> [O, b, S]: the layout of the forward GEMM's output.
+        Tensor gyp = gy.narrow(0, n0, b).view({b, out_channels, spatial}).permute({1, 0, 2}).contiguous();
+        Tensor cols = new_output({ck, b * spatial}, dt, xs);
         if (need_w) {
-          kernels::cpu::im2col(geo, dt, element_ptr(xs, n * image_elems), cols.data_ptr());
-          kernels::cpu::gemm(gemm_args(dt, false, true, out_channels, ck, spatial, gy_n, spatial,
-                                       cols.data_ptr(), spatial, gw.data_ptr(), ck, 1.0));
+          kernels::cpu::im2col(geo, dt, element_ptr(xs, n0 * image_elems), cols.data_ptr(), b);
+          kernels::cpu::gemm(gemm_args(dt, false, true, out_channels, ck, b * spatial, gyp.data_ptr(),
+                                       b * spatial, cols.data_ptr(), b * spatial, gw.data_ptr(), ck, 1.0));
         }
         if (need_x) {
-          kernels::cpu::gemm(gemm_args(dt, true, false, ck, spatial, out_channels, ws.data_ptr(), ck, gy_n,
-                                       spatial, cols.data_ptr(), spatial, 0.0));
-          kernels::cpu::col2im(geo, dt, cols.data_ptr(), element_ptr(gx, n * image_elems));
+          kernels::cpu::gemm(gemm_args(dt, true, false, ck, b * spatial, out_channels, ws.data_ptr(), ck,
+                                       gyp.data_ptr(), b * spatial, cols.data_ptr(), b * spatial, 0.0));
+          kernels::cpu::col2im(geo, dt, cols.data_ptr(), element_ptr(gx, n0 * image_elems), b);
         }
       }
       Tensor gb = need_b ? sum(gy, {0, 2, 3}) : Tensor();

@@ -73,6 +73,13 @@ GemmOperand describe_operand(const Tensor& t) {
   return op;
 }
 
+// True for a matrix (or batch of matrices) stored column by column, e.g. w.t() of a
+// contiguous w: its last two dims have strides (1, rows).
+bool is_column_major(const Tensor& t) {
+  const int64_t rows = t.size(-2), cols = t.size(-1);
+  return rows > 1 && cols > 1 && t.stride(-2) == 1 && t.stride(-1) == rows;
+}
+
 // a [..., m, k] @ b [..., k, n] for tensors with >= 2 dims, no autograd.
 Tensor batched_matmul_forward(const Tensor& a_in, const Tensor& b_in, bool reference) {
   Tensor a = a_in.detach(), b = b_in.detach();
@@ -115,7 +122,7 @@ Tensor batched_matmul_forward(const Tensor& a_in, const Tensor& b_in, bool refer
   if (reference) {
     kernels::cpu::gemm_reference(args);
   } else {
-    kernels::cpu::gemm(args);
+    MG_KERNEL(out.device(), gemm, args);
   }
   return out;
 }
@@ -126,11 +133,26 @@ Tensor batched_matmul(const Tensor& a, const Tensor& b, bool reference) {
     autograd::SavedTensor saved_a(a, "matmul"), saved_b(b, "matmul");
     const autograd::TensorMeta meta_a = meta_of(a), meta_b = meta_of(b);
     const bool need_a = a.requires_grad(), need_b = b.requires_grad();
+    // An operand that is a transposed view (Linear's weight.t()) gets its gradient computed
+    // transposed, (dC^T A)^T instead of A^T dC: the same numbers, but the transpose view's
+    // backward then hands the weight a contiguous gradient, so accumulating it needs no copy.
+    const bool a_transposed = is_column_major(a), b_transposed = is_column_major(b);
     autograd::record("MatmulBackward", {a, b}, {out}, [=](const std::vector<Tensor>& g) {
       // C = A B  =>  dA = dC B^T,  dB = A^T dC  (then undo batch broadcasting)
       Tensor ga, gb;
-      if (need_a) ga = grad_like(batched_matmul(g[0], saved_b.unpack().transpose(-1, -2), false), meta_a);
-      if (need_b) gb = grad_like(batched_matmul(saved_a.unpack().transpose(-1, -2), g[0], false), meta_b);
+      const Tensor gt = g[0].transpose(-1, -2);
+      if (need_a) {
+        const Tensor bt = saved_b.unpack().transpose(-1, -2);
+        ga = a_transposed ? batched_matmul(bt.transpose(-1, -2), gt, false).transpose(-1, -2)
+                          : batched_matmul(g[0], bt, false);
+        ga = grad_like(ga, meta_a);
+      }
+      if (need_b) {
+        const Tensor at = saved_a.unpack().transpose(-1, -2);
+        gb = b_transposed ? batched_matmul(gt, at.transpose(-1, -2), false).transpose(-1, -2)
+                          : batched_matmul(at, g[0], false);
+        gb = grad_like(gb, meta_b);
+      }
       return std::vector<Tensor>{ga, gb};
     });
   }
@@ -141,7 +163,7 @@ Tensor matmul_impl(const Tensor& a, const Tensor& b, bool reference) {
   const char* name = reference ? "matmul_reference" : "matmul";
   check_defined(name, {a, b});
   check_same_device(name, {a, b});
-  require_cpu(name, {a, b});
+  if (reference) require_cpu(name, {a, b});  // the triple-loop yardstick exists on the CPU only
   check(a.dtype() == b.dtype(), name, ": both operands must have the same dtype, got ", a.dtype(), " and ",
         b.dtype());
   check_floating(name, a);

@@ -24,23 +24,23 @@ kernels::cpu::SoftmaxShape softmax_shape(const Tensor& x, int64_t dim) {
 
 Tensor softmax_impl(const char* name, const Tensor& x_in, int64_t dim, bool log) {
   check_defined(name, {x_in});
-  require_cpu(name, {x_in});
   check_floating(name, x_in);
   dim = wrap_dim(dim, x_in.dim(), name);
   Tensor x = x_in.detach().contiguous();
   const kernels::cpu::SoftmaxShape shape = softmax_shape(x, dim);
   Tensor out = new_output(x.shape(), x.dtype(), x);
-  kernels::cpu::softmax_forward(x.dtype(), shape, x.data_ptr(), out.data_ptr(), log);
+  MG_KERNEL(x.device(), softmax_forward, x.dtype(), shape, x.data_ptr(), out.data_ptr(), log);
   if (autograd::any_requires_grad({x_in})) {
     autograd::SavedTensor saved_out(out, name);
-    autograd::record(
-        log ? "LogSoftmaxBackward" : "SoftmaxBackward", {x_in}, {out}, [=](const std::vector<Tensor>& g) {
-          Tensor y = saved_out.unpack();
-          Tensor gy = g[0].contiguous();
-          Tensor gx = new_output(y.shape(), y.dtype(), y);
-          kernels::cpu::softmax_backward(y.dtype(), shape, gy.data_ptr(), y.data_ptr(), gx.data_ptr(), log);
-          return std::vector<Tensor>{gx};
-        });
+    autograd::record(log ? "LogSoftmaxBackward" : "SoftmaxBackward", {x_in}, {out},
+                     [=](const std::vector<Tensor>& g) {
+                       Tensor y = saved_out.unpack();
+                       Tensor gy = g[0].contiguous();
+                       Tensor gx = new_output(y.shape(), y.dtype(), y);
+                       MG_KERNEL(y.device(), softmax_backward, y.dtype(), shape, gy.data_ptr(), y.data_ptr(),
+                                 gx.data_ptr(), log);
+                       return std::vector<Tensor>{gx};
+                     });
   }
   return out;
 }
@@ -52,9 +52,9 @@ Tensor cross_entropy_2d(const Tensor& logits_in, const Tensor& targets_in,
   Tensor targets = targets_in.detach().to(DType::i64).contiguous();
   const int64_t rows = logits.size(0), classes = logits.size(1);
   Tensor losses = new_output({rows}, logits.dtype(), logits);
-  const int64_t counted = kernels::cpu::cross_entropy_forward(
-      logits.dtype(), logits.data_ptr(), targets.data<int64_t>(), rows, classes, options.ignore_index,
-      options.label_smoothing, losses.data_ptr());
+  const int64_t counted = MG_KERNEL(logits.device(), cross_entropy_forward, logits.dtype(), logits.data_ptr(),
+                                    targets.data<int64_t>(), rows, classes, options.ignore_index,
+                                    options.label_smoothing, losses.data_ptr());
   Tensor out;
   {
     NoGradGuard no_grad;
@@ -78,9 +78,8 @@ Tensor cross_entropy_2d(const Tensor& logits_in, const Tensor& targets_in,
         grad_losses = scale.reshape({1}).expand({rows}).contiguous();
       }
       Tensor gx = new_output(x.shape(), x.dtype(), x);
-      kernels::cpu::cross_entropy_backward(x.dtype(), x.data_ptr(), t.data<int64_t>(), rows, classes,
-                                           opts.ignore_index, opts.label_smoothing, grad_losses.data_ptr(),
-                                           gx.data_ptr());
+      MG_KERNEL(x.device(), cross_entropy_backward, x.dtype(), x.data_ptr(), t.data<int64_t>(), rows, classes,
+                opts.ignore_index, opts.label_smoothing, grad_losses.data_ptr(), gx.data_ptr());
       return std::vector<Tensor>{gx};
     });
   }
@@ -100,7 +99,6 @@ Tensor cross_entropy(const Tensor& logits_arg, const Tensor& targets, const Cros
   const Tensor logits = autocast_to_full_precision(logits_arg);
   check_defined("cross_entropy", {logits, targets});
   check_same_device("cross_entropy", {logits, targets});
-  require_cpu("cross_entropy", {logits, targets});
   check_floating("cross_entropy", logits);
   check(is_integral(targets.dtype()), "cross_entropy: targets must be class indices (i64 or i32), got ",
         targets.dtype());

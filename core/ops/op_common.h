@@ -8,6 +8,10 @@
 #include "core/grad_mode.h"
 #include "core/ops.h"
 #include "core/tensor.h"
+#include "kernels/cuda/kernels.h"  // declarations only: no CUDA headers
+#if defined(MG_HAS_CUDA)
+#include "core/cuda_stream.h"
+#endif
 
 namespace mg::ops_detail {
 
@@ -42,5 +46,28 @@ inline void check_defined(const char* op, const std::vector<Tensor>& tensors) {
 inline void check_floating(const char* op, const Tensor& t) {
   check(is_floating(t.dtype()), op, ": expected a floating tensor (f32, f64, f16, bf16), got ", t.dtype());
 }
+
+// MG_KERNEL(device, fn, args...) runs kernels::cpu::fn(args...) for a CPU device
+// and kernels::cuda::fn(args...) for a CUDA one, with that GPU made current
+// (the CUDA twin has the same signature; see kernels/cuda/kernels.h). Only for
+// ops that have both kernels: the others call require_cpu, whose error names
+// the op, so a CUDA tensor never falls back to the CPU silently.
+#if defined(MG_HAS_CUDA)
+#define MG_KERNEL(device, fn, ...)                              \
+  ([&]() {                                                      \
+    if ((device).is_cuda()) {                                   \
+      ::mg::cuda::DeviceGuard mg_kernel_guard_((device).index); \
+      return ::mg::kernels::cuda::fn(__VA_ARGS__);              \
+    }                                                           \
+    return ::mg::kernels::cpu::fn(__VA_ARGS__);                 \
+  }())
+#else
+#define MG_KERNEL(device, fn, ...)                                                     \
+  ([&]() {                                                                             \
+    ::mg::check((device).is_cpu(), #fn, ": ", (device),                                \
+                " needs the CUDA backend, and this multigrad was built without CUDA"); \
+    return ::mg::kernels::cpu::fn(__VA_ARGS__);                                        \
+  }())
+#endif
 
 }  // namespace mg::ops_detail

@@ -3,8 +3,11 @@
 //
 // The kernel reduces the middle axis of a contiguous [outer, reduce, inner]
 // block. When the reduced dims are adjacent in a contiguous tensor that is just
-// a reinterpretation of the shape (no copy); otherwise the kept dims are
-// permuted to the front and the tensor is copied once into that layout.
+// a reinterpretation of the shape (no copy). Floating sums and means over
+// non-adjacent dims (BatchNorm's [N, C, H, W] over {0, 2, 3}) run as two such
+// reductions, the trailing run of reduced dims first, in f64; anything else
+// (var, max, ...) permutes the kept dims to the front and copies the tensor
+// once into that layout.
 #include <algorithm>
 #include <numeric>
 
@@ -46,10 +49,38 @@ ReducePlan plan_reduction(const Tensor& x, const std::vector<int64_t>& dims, con
   return plan;
 }
 
+Tensor run_reduce(const char* op_name, ReduceOp op, const Tensor& x_in, const ReducePlan& plan,
+                  DType out_dtype, int64_t correction = 1);
+
+// Sum or mean over dims that are not adjacent, without copying the input: first reduce the
+// trailing run of reduced dims [run_first, last] (adjacent, so no copy) into f64, then the
+// remaining reduced dims of that much smaller result. Every partial covers the same number
+// of elements, so a mean of the partial means is the mean. For BatchNorm's statistics and
+// every per-channel bias gradient this replaces a permuting copy of the whole activation.
+Tensor reduce_in_two_steps(const char* op_name, ReduceOp op, const Tensor& x, const ReducePlan& plan,
+                           DType out_dtype, int64_t last) {
+  int64_t run_first = last;
+  while (run_first > 0 && plan.reduced[run_first - 1]) --run_first;
+  ReducePlan trailing, rest = plan;
+  for (int64_t d = 0; d < x.dim(); ++d) {
+    const bool in_run = d >= run_first && d <= last;
+    trailing.reduced.push_back(in_run);
+    trailing.keep_shape.push_back(in_run ? 1 : x.size(d));
+    if (in_run) {
+      trailing.reduce_count *= x.size(d);
+      rest.reduced[d] = false;  // size 1 in the partial result: nothing left to reduce there
+    } else {
+      trailing.out_shape.push_back(x.size(d));
+    }
+  }
+  rest.reduce_count = plan.reduce_count / trailing.reduce_count;
+  const Tensor partial = run_reduce(op_name, op, x, trailing, DType::f64);
+  return run_reduce(op_name, op, partial, rest, out_dtype);
+}
+
 // Runs the kernel; returns the result in the keepdim shape.
 Tensor run_reduce(const char* op_name, ReduceOp op, const Tensor& x_in, const ReducePlan& plan,
-                  DType out_dtype, int64_t correction = 1) {
-  require_cpu(op_name, {x_in});
+                  DType out_dtype, int64_t correction) {
   Tensor x = x_in.detach();
   const int64_t nd = x.dim();
   int64_t first = -1, last = -1;
@@ -68,6 +99,9 @@ Tensor run_reduce(const char* op_name, ReduceOp op, const Tensor& x_in, const Re
     x = x.contiguous();
     for (int64_t d = 0; d < first; ++d) shape.outer *= x.size(d);
     for (int64_t d = last + 1; d < nd; ++d) shape.inner *= x.size(d);
+  } else if ((op == ReduceOp::Sum || op == ReduceOp::Mean) && is_floating(x.dtype()) &&
+             plan.reduce_count > 0) {
+    return reduce_in_two_steps(op_name, op, x, plan, out_dtype, last);
   } else {
     std::vector<int64_t> order;
     for (int64_t d = 0; d < nd; ++d)
@@ -78,7 +112,7 @@ Tensor run_reduce(const char* op_name, ReduceOp op, const Tensor& x_in, const Re
     shape.outer = shape_numel(plan.out_shape);
   }
   Tensor out = new_output(plan.keep_shape, out_dtype, x);
-  kernels::cpu::reduce(op, shape, x.data_ptr(), x.dtype(), out.data_ptr(), out_dtype, correction);
+  MG_KERNEL(x.device(), reduce, op, shape, x.data_ptr(), x.dtype(), out.data_ptr(), out_dtype, correction);
   return out;
 }
 

@@ -1,4 +1,4 @@
-// im2col / col2im for Conv2d on the CPU (one NCHW image per call).
+// im2col / col2im for Conv2d on the CPU (a batch of NCHW images per call).
 //
 // Cost. Neither function does arithmetic worth counting; they move memory.
 // im2col reads the C*H*W image and writes C*kh*kw * out_h*out_w column
@@ -7,13 +7,21 @@
 // 2*Cout*C*kh*kw*out_h*out_w flops on it, and usually dominates). col2im reads
 // that many entries and adds each into the image.
 //
-// Decomposition. im2col: each of the C*kh*kw rows of `columns` is filled
-// independently (one (c, i, j) kernel tap; its row is the image channel c
-// shifted by (i*dh - ph, j*dw - pw) and subsampled by the stride), so rows
-// split across threads. col2im: rows of the same channel add into the same
-// image plane, so the unit of work is a channel: a thread owns the plane, adds
-// all kh*kw taps into a compute_t copy of it (float for halves, so the sum is
-// rounded once instead of once per tap) and stores it back.
+// Batches. Both functions take `images` consecutive NCHW images and lay their
+// columns side by side: image b owns columns [b*out_h*out_w, (b+1)*out_h*out_w)
+// of a [C*kh*kw, images*out_h*out_w] matrix. One GEMM then convolves the whole
+// batch (conv2d in core/ops/conv_ops.cpp): one library call instead of one per
+// image, which matters because every OpenBLAS call wakes its threads, and for
+// small images that wake-up costs more than the arithmetic.
+//
+// Decomposition. im2col: each (image, row) pair -- one (c, i, j) kernel tap of
+// one image; its row segment is the image's channel c shifted by
+// (i*dh - ph, j*dw - pw) and subsampled by the stride -- is filled
+// independently, so the pairs split across threads. col2im: rows of the same
+// channel add into the same image plane, so the unit of work is an (image,
+// channel) plane: a thread owns the plane, adds all kh*kw taps into a compute_t
+// copy of it (float for halves, so the sum is rounded once instead of once per
+// tap) and stores it back.
 //
 // Boundaries. For a tap with offset off = i*d - p, output index o reads input
 // o*s + off, which is inside [0, H) exactly for o in [lo, hi) computed by
@@ -47,17 +55,21 @@ Range valid_range(int64_t offset, int64_t stride, int64_t in, int64_t out) {
 }
 
 template <class T>
-void im2col_typed(const Conv2dGeometry& g, const T* image, T* columns) {
+void im2col_typed(const Conv2dGeometry& g, const T* images, T* columns, int64_t count) {
   const int64_t out_h = g.out_h(), out_w = g.out_w();
   const int64_t rows = g.column_rows(), cols = out_h * out_w;
+  const int64_t row_length = count * cols;  // one row of `columns` spans every image
+  const int64_t image_size = g.channels * g.height * g.width;
   const T zero = static_cast<T>(0.0f);
-  const bool worth_threads = rows * cols >= kMinParallelElements;
+  const bool worth_threads = rows * row_length >= kMinParallelElements;
   (void)worth_threads;  // only read by the OpenMP pragma
 
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) if (worth_threads)
 #endif
-  for (int64_t r = 0; r < rows; ++r) {
+  for (int64_t unit = 0; unit < count * rows; ++unit) {
+    const int64_t b = unit / rows, r = unit % rows;  // image b, column row r
+    const T* image = images + b * image_size;
     const int64_t c = r / (g.kernel_h * g.kernel_w);
     const int64_t i = (r / g.kernel_w) % g.kernel_h;
     const int64_t j = r % g.kernel_w;
@@ -66,7 +78,7 @@ void im2col_typed(const Conv2dGeometry& g, const T* image, T* columns) {
     const Range valid_h = valid_range(offset_h, g.stride_h, g.height, out_h);
     const Range valid_w = valid_range(offset_w, g.stride_w, g.width, out_w);
     const T* plane = image + c * g.height * g.width;
-    T* dst_row = columns + r * cols;
+    T* dst_row = columns + r * row_length + b * cols;
 
     for (int64_t oh = 0; oh < out_h; ++oh) {
       T* dst = dst_row + oh * out_w;
@@ -76,20 +88,26 @@ void im2col_typed(const Conv2dGeometry& g, const T* image, T* columns) {
       }
       const T* src = plane + (oh * g.stride_h + offset_h) * g.width;  // input row ih
       std::fill(dst, dst + valid_w.lo, zero);
-      for (int64_t ow = valid_w.lo; ow < valid_w.hi; ++ow) dst[ow] = src[ow * g.stride_w + offset_w];
+      if (g.stride_w == 1) {  // a contiguous run of the input row: a plain copy
+        std::copy(src + valid_w.lo + offset_w, src + valid_w.hi + offset_w, dst + valid_w.lo);
+      } else {
+        for (int64_t ow = valid_w.lo; ow < valid_w.hi; ++ow) dst[ow] = src[ow * g.stride_w + offset_w];
+      }
       std::fill(dst + valid_w.hi, dst + out_w, zero);
     }
   }
 }
 
 template <class T>
-void col2im_typed(const Conv2dGeometry& g, const T* columns, T* image) {
+void col2im_typed(const Conv2dGeometry& g, const T* columns, T* images, int64_t count) {
   using Acc = compute_t<T>;
   const int64_t out_h = g.out_h(), out_w = g.out_w();
   const int64_t cols = out_h * out_w;
+  const int64_t row_length = count * cols;
   const int64_t taps = g.kernel_h * g.kernel_w;
   const int64_t plane_size = g.height * g.width;
-  const bool worth_threads = g.channels > 1 && g.column_rows() * cols >= kMinParallelElements;
+  const int64_t planes = count * g.channels;  // (image, channel) pairs
+  const bool worth_threads = planes > 1 && g.column_rows() * row_length >= kMinParallelElements;
   (void)worth_threads;  // only read by the OpenMP pragma
 
 #ifdef _OPENMP
@@ -100,8 +118,9 @@ void col2im_typed(const Conv2dGeometry& g, const T* columns, T* image) {
 #ifdef _OPENMP
 #pragma omp for schedule(static)
 #endif
-    for (int64_t c = 0; c < g.channels; ++c) {
-      T* plane = image + c * plane_size;
+    for (int64_t unit = 0; unit < planes; ++unit) {
+      const int64_t b = unit / g.channels, c = unit % g.channels;  // image b, channel c
+      T* plane = images + unit * plane_size;
       for (int64_t e = 0; e < plane_size; ++e) sum[e] = static_cast<Acc>(plane[e]);
 
       for (int64_t tap = 0; tap < taps; ++tap) {
@@ -110,7 +129,7 @@ void col2im_typed(const Conv2dGeometry& g, const T* columns, T* image) {
         const int64_t offset_w = j * g.dilation_w - g.pad_w;
         const Range valid_h = valid_range(offset_h, g.stride_h, g.height, out_h);
         const Range valid_w = valid_range(offset_w, g.stride_w, g.width, out_w);
-        const T* src_row = columns + (c * taps + tap) * cols;
+        const T* src_row = columns + (c * taps + tap) * row_length + b * cols;
         for (int64_t oh = valid_h.lo; oh < valid_h.hi; ++oh) {
           const T* src = src_row + oh * out_w;
           Acc* dst = sum.data() + (oh * g.stride_h + offset_h) * g.width;  // input row ih
@@ -144,21 +163,25 @@ void check_conv2d_geometry(const Conv2dGeometry& g) {
         "x", span_w, " (input ", g.height, "x", g.width, ", padding ", g.pad_h, "x", g.pad_w, ")");
 }
 
-void im2col(const Conv2dGeometry& g, DType dtype, const void* image, void* columns) {
+void im2col(const Conv2dGeometry& g, DType dtype, const void* image, void* columns, int64_t images) {
   check_conv2d_geometry(g);
-  check(g.column_rows() == 0 || (image != nullptr && columns != nullptr), "im2col: null buffer");
+  check(images >= 0, "im2col: the number of images must be non-negative, got ", images);
+  check(g.column_rows() == 0 || images == 0 || (image != nullptr && columns != nullptr),
+        "im2col: null buffer");
   visit_floating(dtype, "im2col", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    im2col_typed(g, static_cast<const T*>(image), static_cast<T*>(columns));
+    im2col_typed(g, static_cast<const T*>(image), static_cast<T*>(columns), images);
   });
 }
 
-void col2im(const Conv2dGeometry& g, DType dtype, const void* columns, void* image) {
+void col2im(const Conv2dGeometry& g, DType dtype, const void* columns, void* image, int64_t images) {
   check_conv2d_geometry(g);
-  check(g.column_rows() == 0 || (image != nullptr && columns != nullptr), "col2im: null buffer");
+  check(images >= 0, "col2im: the number of images must be non-negative, got ", images);
+  check(g.column_rows() == 0 || images == 0 || (image != nullptr && columns != nullptr),
+        "col2im: null buffer");
   visit_floating(dtype, "col2im", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    col2im_typed(g, static_cast<const T*>(columns), static_cast<T*>(image));
+    col2im_typed(g, static_cast<const T*>(columns), static_cast<T*>(image), images);
   });
 }
 

@@ -1,4 +1,4 @@
-// im2col / col2im: Conv2d expressed as one GEMM per image (NCHW).
+// im2col / col2im: Conv2d expressed as one GEMM per image, or per batch of images (NCHW).
 //
 // A 2-d convolution of an image x[C, H, W] with weights w[Cout, C, kh, kw] is
 //   y[co, oh, ow] = sum_{c, i, j} w[co, c, i, j] * x[c, oh*sh - ph + i*dh, ow*sw - pw + j*dw]
@@ -36,10 +36,14 @@ struct Conv2dGeometry {
 void check_conv2d_geometry(const Conv2dGeometry& g);
 
 // image [C, H, W] -> columns [C*kh*kw, out_h*out_w], row-major; padding reads as 0.
-void im2col(const Conv2dGeometry& g, DType dtype, const void* image, void* columns);
+// With images = B: B consecutive images [B, C, H, W] -> columns [C*kh*kw, B*out_h*out_w],
+// image b's columns at [b*out_h*out_w, (b+1)*out_h*out_w) of every row (so one GEMM
+// convolves all B).
+void im2col(const Conv2dGeometry& g, DType dtype, const void* image, void* columns, int64_t images = 1);
 
 // columns [C*kh*kw, out_h*out_w] -> image [C, H, W]. ACCUMULATES into image
-// (the caller zeroes it); entries that fall on padding are dropped.
-void col2im(const Conv2dGeometry& g, DType dtype, const void* columns, void* image);
+// (the caller zeroes it); entries that fall on padding are dropped. With images = B,
+// the batched layout of im2col above: columns [C*kh*kw, B*out_h*out_w] -> [B, C, H, W].
+void col2im(const Conv2dGeometry& g, DType dtype, const void* columns, void* image, int64_t images = 1);
 
 }  // namespace mg::kernels::cpu

@@ -56,12 +56,46 @@ bool worth_threads(const Pool2dGeometry& g) {
   return g.planes > 1 && g.planes * g.height * g.width >= kMinParallelElements;
 }
 
+// The window rule of max pooling: a larger value, or any NaN (PyTorch's rule: a NaN beats
+// everything), replaces the best so far; on a tie the first element in row-major order stays.
+template <class Acc>
+inline void consider(Acc v, int64_t i, Acc& best, int64_t& best_index) {
+  if (v > best || std::isnan(v)) {
+    best = v;
+    best_index = i;
+  }
+}
+
+// The common 2x2, stride 2, unpadded case (every CNN's "maxpool 2"): each window lies inside
+// the input, so the four candidates are read directly, in the generic loop's order.
+template <class T>
+void max_forward_2x2(const Pool2dGeometry& g, const T* x, T* y, int64_t* index) {
+  using Acc = compute_t<T>;
+  const int64_t out_h = g.out_h(), out_w = g.out_w(), width = g.width;
+  for (int64_t oh = 0; oh < out_h; ++oh) {
+    const int64_t top = 2 * oh * width, bottom = top + width;  // the window's two input rows
+    for (int64_t ow = 0; ow < out_w; ++ow) {
+      const int64_t left = 2 * ow;
+      Acc best = -std::numeric_limits<Acc>::infinity();
+      int64_t best_index = top + left;
+      consider(static_cast<Acc>(x[top + left]), top + left, best, best_index);
+      consider(static_cast<Acc>(x[top + left + 1]), top + left + 1, best, best_index);
+      consider(static_cast<Acc>(x[bottom + left]), bottom + left, best, best_index);
+      consider(static_cast<Acc>(x[bottom + left + 1]), bottom + left + 1, best, best_index);
+      y[oh * out_w + ow] = static_cast<T>(best);
+      index[oh * out_w + ow] = best_index;
+    }
+  }
+}
+
 template <class T>
 void max_forward_typed(const Pool2dGeometry& g, const T* input, T* output, int64_t* argmax) {
   using Acc = compute_t<T>;
   const int64_t out_h = g.out_h(), out_w = g.out_w();
   const bool parallel = worth_threads(g);
   (void)parallel;  // only read by the OpenMP pragma
+  const bool two_by_two = g.kernel_h == 2 && g.kernel_w == 2 && g.stride_h == 2 && g.stride_w == 2 &&
+                          g.pad_h == 0 && g.pad_w == 0;
 
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) if (parallel)
@@ -70,20 +104,18 @@ void max_forward_typed(const Pool2dGeometry& g, const T* input, T* output, int64
     const T* x = input + p * g.height * g.width;
     T* y = output + p * out_h * out_w;
     int64_t* index = argmax + p * out_h * out_w;
+    if (two_by_two) {
+      max_forward_2x2(g, x, y, index);
+      continue;
+    }
     for (int64_t oh = 0; oh < out_h; ++oh) {
       for (int64_t ow = 0; ow < out_w; ++ow) {
         const Window win(g, oh, ow);
         Acc best = -std::numeric_limits<Acc>::infinity();
         int64_t best_index = win.h0 * g.width + win.w0;  // wins if every element is -inf
-        for (int64_t ih = win.h0; ih < win.h1; ++ih) {
-          for (int64_t iw = win.w0; iw < win.w1; ++iw) {
-            const Acc v = static_cast<Acc>(x[ih * g.width + iw]);
-            if (v > best || std::isnan(v)) {  // PyTorch's rule: a NaN beats everything
-              best = v;
-              best_index = ih * g.width + iw;
-            }
-          }
-        }
+        for (int64_t ih = win.h0; ih < win.h1; ++ih)
+          for (int64_t iw = win.w0; iw < win.w1; ++iw)
+            consider(static_cast<Acc>(x[ih * g.width + iw]), ih * g.width + iw, best, best_index);
         y[oh * out_w + ow] = static_cast<T>(best);
         index[oh * out_w + ow] = best_index;
       }

@@ -70,7 +70,7 @@ TEST_CASE("optimizer trajectories match PyTorch", "[optim][torch]") {
 TEST_CASE("options structs take designated initializers", "[optim]") {
   Problem prob(mg::DType::f64);
   // GCC and Clang accept C++20 designated initializers in C++17 mode with no
-  // warning under -Wall -Wextra (only -Wpedantic complains); see docs/optim.md.
+  // warning under -Wall -Wextra (only -Wpedantic complains); see docs/nn-and-optim.md.
   mg::optim::AdamW adamw({prob.W, prob.b}, {.lr = 2e-3, .weight_decay = 0.05});
   CHECK(adamw.param_groups()[0].lr() == 2e-3);
   CHECK(adamw.param_groups()[0].get("weight_decay") == 0.05);

@@ -1,0 +1,290 @@
+// The CUDA caching allocator and copy routine, registered as mg's DeviceBackend.
+//
+// Why cache: cudaMalloc and cudaFree are slow (tens of microseconds up to
+// milliseconds) and cudaFree synchronises the whole device, so a training step
+// that allocated and freed every activation through them would crawl and lose
+// all overlap. Instead a freed block goes to a free list and the next request
+// of a similar size takes it back.
+//
+// The rules, in the order a request meets them:
+//   1. Round the size up: to a multiple of 512 bytes below 1 MiB (small blocks),
+//      to a multiple of 1 MiB above (large blocks). Rounding is what lets
+//      slightly different sizes (a last, shorter batch) share blocks.
+//   2. Look for a cached block of the same logical device and the same stream
+//      whose size is at least the request and at most 2x (small) or the
+//      request + 1/8 (large, at least 1 MiB): best fit, smallest first.
+//      Same stream: work queued on that stream that used the block is ordered
+//      before any new work on it, so reusing it needs no synchronisation.
+//      (A block used on another stream would need record_stream, not
+//      implemented yet: tensors are used on the stream that allocated them.)
+//   3. Otherwise cudaMalloc. If that fails for lack of memory, free every cached
+//      block of the device (cudaFree) and try once more; if it still fails,
+//      throw an mg::Error saying what was asked and what is held.
+// Blocks are never split or merged; that keeps the bookkeeping readable at the
+// cost of some fragmentation (PyTorch's allocator splits large blocks).
+#include <cuda_runtime.h>
+
+#include <array>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <unordered_map>
+
+#include "core/allocator.h"
+#include "core/cuda_allocator.h"
+#include "core/cuda_check.cuh"
+#include "core/cuda_runtime.h"
+#include "core/cuda_stream.h"
+#include "core/error.h"
+
+namespace mg::cuda {
+namespace {
+
+// Flip to true once every op used by examples/ has a CUDA kernel: the backend is
+// then registered at library load whenever a GPU is usable (core/cuda_allocator.h).
+constexpr bool kCudaKernelsCoverExamples = false;
+
+constexpr size_t kSmallLimit = size_t(1) << 20;  // 1 MiB
+constexpr size_t kSmallRound = 512;
+constexpr size_t kLargeRound = size_t(1) << 20;
+constexpr int kMaxDevices = 64;
+
+size_t round_size(size_t nbytes) {
+  if (nbytes == 0) nbytes = 1;
+  const size_t unit = nbytes < kSmallLimit ? kSmallRound : kLargeRound;
+  return (nbytes + unit - 1) / unit * unit;
+}
+
+bool fits(size_t block, size_t request) {
+  if (block < request) return false;
+  if (request < kSmallLimit) return block <= 2 * request;
+  return block <= request + std::max(kLargeRound, request / 8);
+}
+
+std::string bytes_str(int64_t n) {
+  const double v = static_cast<double>(n);
+  if (n >= (int64_t(1) << 30)) return str_cat(v / double(1 << 30), " GiB");
+  if (n >= (int64_t(1) << 20)) return str_cat(v / double(1 << 20), " MiB");
+  if (n >= (int64_t(1) << 10)) return str_cat(v / double(1 << 10), " KiB");
+  return str_cat(n, " bytes");
+}
+
+struct Block {
+  size_t size = 0;
+  int device = 0;  // logical
+  void* stream = nullptr;
+};
+
+class CudaCachingAllocator {
+ public:
+  void* allocate(size_t nbytes, int device) {
+    const size_t size = round_size(nbytes);
+    DeviceGuard guard(device);
+    void* stream = current_stream(device).handle;
+    std::lock_guard<std::mutex> lock(mutex_);
+    // 2. a cached block on the same device and stream
+    auto& pool = free_[device];
+    for (auto it = pool.lower_bound(size); it != pool.end() && fits(it->first, size); ++it) {
+      if (it->second.stream != stream) continue;
+      void* ptr = it->second.ptr;
+      live_[ptr] = Block{it->first, device, stream};
+      note_allocated(device, it->first);
+      cached_[device] -= static_cast<int64_t>(it->first);
+      ++stats_[device].cache_hits;
+      pool.erase(it);
+      return ptr;
+    }
+    // 3. cudaMalloc, once more after emptying this device's cache
+    void* ptr = nullptr;
+    cudaError_t err = cudaMalloc(&ptr, size);
+    if (err == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      release_cached(device);
+      err = cudaMalloc(&ptr, size);
+    }
+    if (err == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      size_t free_bytes = 0, total_bytes = 0;
+      cudaMemGetInfo(&free_bytes, &total_bytes);
+      cudaGetLastError();
+      throw Error(str_cat("CUDA out of memory on cuda:", device, ": asked for ", bytes_str(int64_t(nbytes)),
+                          " (", nbytes, " bytes, rounded to ", size, "); this process's allocator holds ",
+                          bytes_str(stats_[device].allocated_bytes), " in live tensors and ",
+                          bytes_str(cached_[device]),
+                          " cached (freed by empty_cache before this retry); the GPU ", "reports ",
+                          bytes_str(int64_t(free_bytes)), " free of ", bytes_str(int64_t(total_bytes))));
+    }
+    MG_CUDA_CHECK(err);
+    ++stats_[device].system_allocations;
+    live_[ptr] = Block{size, device, stream};
+    note_allocated(device, size);
+    return ptr;
+  }
+
+  void free(void* ptr) {
+    if (ptr == nullptr) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto found = live_.find(ptr);
+    if (found == live_.end()) return;
+    const Block b = found->second;
+    live_.erase(found);
+    stats_[b.device].allocated_bytes -= static_cast<int64_t>(b.size);
+    cached_[b.device] += static_cast<int64_t>(b.size);
+    free_[b.device].emplace(b.size, Cached{ptr, b.stream});
+  }
+
+  void empty_cache() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (int d = 0; d < kMaxDevices; ++d)
+      if (!free_[d].empty()) release_cached(d);
+  }
+
+  AllocatorStats stats(int device) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    AllocatorStats s = stats_[device];
+    s.reserved_bytes = s.allocated_bytes + cached_[device];
+    return s;
+  }
+
+  void reset_peak(int device) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_[device].peak_allocated_bytes = stats_[device].allocated_bytes;
+  }
+
+ private:
+  struct Cached {
+    void* ptr;
+    void* stream;
+  };
+
+  void note_allocated(int device, size_t size) {
+    AllocatorStats& s = stats_[device];
+    s.allocated_bytes += static_cast<int64_t>(size);
+    if (s.allocated_bytes > s.peak_allocated_bytes) s.peak_allocated_bytes = s.allocated_bytes;
+  }
+
+  // Caller holds mutex_. cudaFree waits for the device, so queued work that
+  // still used a cached block finishes before the block goes back.
+  void release_cached(int device) {
+    DeviceGuard guard(device);
+    for (auto& entry : free_[device]) MG_CUDA_CHECK(cudaFree(entry.second.ptr));
+    free_[device].clear();
+    cached_[device] = 0;
+  }
+
+  std::mutex mutex_;
+  std::array<std::multimap<size_t, Cached>, kMaxDevices> free_;
+  std::unordered_map<void*, Block> live_;
+  std::array<int64_t, kMaxDevices> cached_{};
+  std::array<AllocatorStats, kMaxDevices> stats_{};
+};
+
+CudaCachingAllocator& allocator() {
+  // Leaked on purpose: tensors in static objects may be freed after main returns,
+  // when a destroyed allocator (or an unloaded runtime) would crash.
+  static CudaCachingAllocator* instance = new CudaCachingAllocator();
+  return *instance;
+}
+
+// Copies between host and device or two devices, ordered on the current streams.
+//   host -> device    cudaMemcpyAsync on the destination's stream. From pageable
+//                     host memory it returns once the bytes are staged, so the
+//                     source may be reused right away.
+//   device -> host    cudaMemcpyAsync, then wait for the stream: the caller reads
+//                     the host buffer next.
+//   device -> device  the destination's stream first waits for the source's
+//                     (the data must be written), copies, and then the source's
+//                     stream waits for the copy (the source block may be freed
+//                     and reused on its own stream right after we return).
+void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes) {
+  if (src_device.is_cpu()) {
+    DeviceGuard guard(dst_device.index);
+    const Stream s = current_stream(dst_device.index);
+    MG_CUDA_CHECK(
+        cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, static_cast<cudaStream_t>(s.handle)));
+    return;
+  }
+  if (dst_device.is_cpu()) {
+    DeviceGuard guard(src_device.index);
+    const Stream s = current_stream(src_device.index);
+    MG_CUDA_CHECK(
+        cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(s.handle)));
+    MG_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(s.handle)));
+    return;
+  }
+  const Stream src_stream = current_stream(src_device.index);
+  const Stream dst_stream = current_stream(dst_device.index);
+  const bool same_stream =
+      src_stream == dst_stream || (physical_device(src_device.index) == physical_device(dst_device.index) &&
+                                   src_stream.handle == dst_stream.handle);
+  if (!same_stream) {
+    Event source_ready;
+    source_ready.record(src_stream);
+    source_ready.wait(dst_stream);
+  }
+  {
+    DeviceGuard guard(dst_device.index);
+    const int dst_phys = physical_device(dst_device.index), src_phys = physical_device(src_device.index);
+    auto stream = static_cast<cudaStream_t>(dst_stream.handle);
+    if (dst_phys == src_phys) {
+      MG_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, stream));
+    } else {
+      MG_CUDA_CHECK(cudaMemcpyPeerAsync(dst, dst_phys, src, src_phys, nbytes, stream));
+    }
+  }
+  if (!same_stream) {
+    Event copied;
+    copied.record(dst_stream);
+    copied.wait(src_stream);
+  }
+}
+
+std::once_flag g_register_once;
+
+void register_now() {
+  DeviceBackend backend;
+  backend.allocate = [](size_t nbytes, Device device) { return allocator().allocate(nbytes, device.index); };
+  backend.free = [](void* ptr, size_t, Device) { allocator().free(ptr); };
+  backend.copy = copy;
+  register_cuda_backend(backend);
+}
+
+// At library load: register when the kernels cover the examples (see the flag
+// above) or when the user asked with MG_CUDA_BACKEND=1, and a GPU is usable.
+// Nothing here touches the CUDA runtime unless one of those holds.
+bool register_at_load() {
+  const char* env = std::getenv("MG_CUDA_BACKEND");
+  const bool asked = env != nullptr && env[0] == '1' && env[1] == '\0';
+  if (!kCudaKernelsCoverExamples && !asked) return false;
+  if (device_count() == 0) return false;
+  std::call_once(g_register_once, register_now);
+  return true;
+}
+[[maybe_unused]] const bool g_registered_at_load = register_at_load();
+
+void check_index(int device) {
+  check(device >= 0 && device < kMaxDevices, "cuda memory stats: bad device index ", device);
+}
+
+}  // namespace
+
+void enable_backend() {
+  check(device_count() > 0, "mg::cuda::enable_backend: ", describe_devices());
+  std::call_once(g_register_once, register_now);
+}
+
+bool backend_enabled() { return cuda_backend() != nullptr; }
+
+AllocatorStats memory_stats(int device) {
+  check_index(device);
+  return allocator().stats(device);
+}
+
+void reset_peak_memory_stats(int device) {
+  check_index(device);
+  allocator().reset_peak(device);
+}
+
+void empty_cache() { allocator().empty_cache(); }
+
+}  // namespace mg::cuda

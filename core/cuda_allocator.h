@@ -1,0 +1,37 @@
+// The CUDA backend's memory side: the caching allocator's statistics and cache,
+// and switching the backend on. No CUDA headers here (see core/cuda_allocator.cu).
+//
+// Switching on. Registering the backend (core/allocator.h's DeviceBackend) is
+// what makes Device::cuda(i) tensors possible, and what makes
+// parallel::init_process_group() and the examples choose cuda:<local rank>.
+// It therefore happens automatically at library load only once the CUDA kernels
+// cover every op the examples use (kCudaKernelsCoverExamples in
+// core/cuda_allocator.cu, false today: conv2d, pooling, batch/layer norm,
+// embedding, dropout, cat and index_select have no CUDA kernel yet). Until then
+// it happens when asked:
+//   - mg::cuda::enable_backend() (the gpu tests call it), or
+//   - MG_CUDA_BACKEND=1 in the environment (at library load),
+// and an op without a CUDA kernel then fails with an error naming the op.
+#pragma once
+
+#include "core/allocator.h"
+
+namespace mg::cuda {
+
+// Registers the CUDA backend (idempotent). Throws mg::Error when this build has
+// no CUDA or no device is usable.
+void enable_backend();
+// Whether the CUDA backend is registered.
+bool backend_enabled();
+
+// Caching-allocator statistics of logical device cuda:<device>: bytes held by
+// live tensors, bytes reserved from cudaMalloc (live + cached), the peak of the
+// former, the number of cudaMalloc calls and of requests served from the cache.
+AllocatorStats memory_stats(int device);
+// Sets the peak back to the bytes allocated now.
+void reset_peak_memory_stats(int device);
+// Returns every cached (free) block of every device to the driver (cudaFree).
+// Blocks held by tensors stay.
+void empty_cache();
+
+}  // namespace mg::cuda

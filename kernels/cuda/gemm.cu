@@ -1,0 +1,88 @@
+// Matrix multiply on the GPU through cuBLAS: C = alpha op(A) op(B) + beta C,
+// batched, row-major, with the argument conventions of kernels/cpu/gemm.h.
+//
+// Row-major vs column-major. cuBLAS is column-major. A row-major m x n matrix C
+// with leading dimension ldc is, byte for byte, the column-major n x m matrix
+// C^T. Since C^T = op(B)^T op(A)^T, we ask cuBLAS for that product: its first
+// operand is our B (transposed iff trans_b), its second our A (iff trans_a), and
+// its m, n are our n, m. No data moves.
+//
+// Precision. f32: CUBLAS_COMPUTE_32F, which never uses TF32 (so results match
+// the CPU's sgemm to rounding; TF32 would be ~8x faster on tensor cores but
+// keeps only 10 mantissa bits). f64: CUBLAS_COMPUTE_64F. f16 and bf16: 16-bit
+// inputs and outputs with f32 accumulation (CUBLAS_COMPUTE_32F) on tensor cores.
+// One cublasGemmStridedBatchedEx call covers a whole batch; a batch stride of 0
+// reuses one matrix for every batch entry.
+//
+// Cost: 2 m n k FLOPs over (m k + k n + 2 m n) s bytes: compute bound for all
+// but skinny shapes. The hand-written GEMM ladder that DESIGN.md asks for (to
+// compare against this) is not written yet.
+//
+// Handles: one cuBLAS handle per (host thread, physical GPU), created on first
+// use and bound to the current stream on every call (cuBLAS handles must not
+// be shared by threads running concurrently).
+#include <array>
+#include <climits>
+
+#include "core/cuda_stream.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/kernels.h"
+
+namespace mg::kernels::cuda {
+namespace {
+
+cublasHandle_t handle_for_current_device() {
+  thread_local std::array<cublasHandle_t, 64> handles{};
+  int device = 0;
+  MG_CUDA_CHECK(cudaGetDevice(&device));
+  check(device >= 0 && device < 64, "gemm (CUDA): device index ", device, " out of range");
+  if (handles[device] == nullptr) MG_CUBLAS_CHECK(cublasCreate(&handles[device]));
+  return handles[device];
+}
+
+int as_int(int64_t v, const char* what) {
+  check(v >= 0 && v <= INT_MAX, "gemm (CUDA): ", what, " = ", v, " does not fit cuBLAS's 32-bit int");
+  return static_cast<int>(v);
+}
+
+}  // namespace
+
+void gemm(const GemmArgs& a) {
+  check(a.m >= 0 && a.n >= 0 && a.k >= 0 && a.batch >= 0, "gemm (CUDA): negative size (m=", a.m, ", n=", a.n,
+        ", k=", a.k, ", batch=", a.batch, ")");
+  check(a.ldc >= (a.n > 1 ? a.n : 1), "gemm (CUDA): ldc ", a.ldc, " < n ", a.n);
+  if (a.m == 0 || a.n == 0 || a.batch == 0) return;
+  cudaStream_t stream = mg::cuda::current_cuda_stream();
+  if (a.k == 0 || a.alpha == 0.0) {
+    // No product to add: C = beta C. The op layer only gets here with beta == 0
+    // and a contiguous C, which we clear; anything else is refused.
+    check(a.beta == 0.0 && a.ldc == a.n && (a.batch == 1 || a.batch_stride_c == a.m * a.n),
+          "gemm (CUDA): k == 0 or alpha == 0 is only supported with beta == 0 and a contiguous C");
+    MG_CUDA_CHECK(
+        cudaMemsetAsync(a.c, 0, static_cast<size_t>(a.batch * a.m * a.n) * dtype_size(a.dtype), stream));
+    return;
+  }
+  cudaDataType_t type;
+  cublasComputeType_t compute;
+  switch (a.dtype) {
+    case DType::f32: type = CUDA_R_32F, compute = CUBLAS_COMPUTE_32F; break;
+    case DType::f64: type = CUDA_R_64F, compute = CUBLAS_COMPUTE_64F; break;
+    case DType::f16: type = CUDA_R_16F, compute = CUBLAS_COMPUTE_32F; break;
+    case DType::bf16: type = CUDA_R_16BF, compute = CUBLAS_COMPUTE_32F; break;
+    default: throw Error(str_cat("gemm (CUDA): expected f32, f64, f16 or bf16, got ", dtype_name(a.dtype)));
+  }
+  const double alpha_d = a.alpha, beta_d = a.beta;
+  const float alpha_f = static_cast<float>(a.alpha), beta_f = static_cast<float>(a.beta);
+  const void* alpha = a.dtype == DType::f64 ? static_cast<const void*>(&alpha_d) : &alpha_f;
+  const void* beta = a.dtype == DType::f64 ? static_cast<const void*>(&beta_d) : &beta_f;
+  cublasHandle_t handle = handle_for_current_device();
+  MG_CUBLAS_CHECK(cublasSetStream(handle, stream));
+  // Column-major C^T (n x m) = op(B)^T (n x k) * op(A)^T (k x m).
+  MG_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+      handle, a.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, a.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, as_int(a.n, "n"),
+      as_int(a.m, "m"), as_int(a.k, "k"), alpha, a.b, type, as_int(a.ldb, "ldb"), a.batch_stride_b, a.a, type,
+      as_int(a.lda, "lda"), a.batch_stride_a, beta, a.c, type, as_int(a.ldc, "ldc"), a.batch_stride_c,
+      as_int(a.batch, "batch"), compute, CUBLAS_GEMM_DEFAULT));
+}
+
+}  // namespace mg::kernels::cuda

@@ -1,0 +1,310 @@
+// Softmax, log-softmax and cross-entropy (fused with log-softmax) on the GPU.
+// Semantics: kernels/cpu/softmax.h and kernels/cpu/cross_entropy.h.
+//
+// Decomposition. The softmax axis is the middle one of [outer, dim, inner].
+//   - inner == 1 (last-axis softmax: classifiers, attention): one thread block
+//     per row. Threads stride over the row in coalesced sweeps, three times:
+//     (1) the row max, combined with a warp-shuffle + shared-memory block
+//     reduction, (2) the sum of exp(x - max), reduced the same way, (3) the
+//     outputs. The row is re-read from global memory (L2-resident for rows up
+//     to a few MB), never staged in shared memory, so any row length works.
+//     Block size: 32..256 threads, the power of two nearest the row length.
+//   - inner > 1: one thread per (outer, inner) column walking the dim axis.
+//     Neighbouring threads read neighbouring inner indices: coalesced.
+// Cross-entropy: one block per row of logits, the same three sweeps, but the
+// forward writes ONE number per row (no [rows, classes] log-probabilities in
+// memory) and the backward recomputes the softmax from the logits.
+//
+// Cost. Forward reads each element twice or three times (max, sum, write pass)
+// and writes it once: ~4 n s bytes at L2/HBM speed, ~10 FLOPs and one exp per
+// element. Backward: reads y and gy twice, writes gx: ~5 n s bytes. Memory
+// bound for rows longer than a few hundred elements; short rows (10 classes)
+// are bound by the block reductions' latency, with many rows in flight.
+//
+// Arithmetic in float for f32/f16/bf16 and double for f64, like the CPU.
+#include <cmath>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/kernels.h"
+
+namespace mg::kernels::cuda {
+namespace {
+
+template <class T>
+using acc_t = std::conditional_t<std::is_same<T, double>::value, double, float>;
+
+__device__ __forceinline__ float exp_(float x) { return expf(x); }
+__device__ __forceinline__ double exp_(double x) { return exp(x); }
+__device__ __forceinline__ float log_(float x) { return logf(x); }
+__device__ __forceinline__ double log_(double x) { return log(x); }
+
+template <class A>
+__device__ __forceinline__ A neg_inf() {
+  return -INFINITY;
+}
+
+// ---- softmax, inner == 1: a block per row ----------------------------------------------------
+template <class T>
+__global__ void softmax_rows_kernel(int64_t rows, int64_t dim, const T* in, T* out, bool log_out) {
+  using A = acc_t<T>;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T* x = in + row * dim;
+    T* y = out + row * dim;
+    A m = neg_inf<A>();
+    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) {
+      const A v = load(x + j);
+      m = (v > m || v != v) ? v : m;
+    }
+    m = block_max(m);
+    A s = 0;
+    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) s += exp_(A(load(x + j)) - m);
+    s = block_sum(s);
+    const A log_s = log_(s);
+    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) {
+      const A z = A(load(x + j)) - m;
+      store(y + j, log_out ? z - log_s : exp_(z) / s);
+    }
+  }
+}
+
+// ---- softmax, inner > 1: a thread per column -------------------------------------------------
+template <class T>
+__global__ void softmax_columns_kernel(int64_t outer, int64_t dim, int64_t inner, const T* in, T* out,
+                                       bool log_out) {
+  using A = acc_t<T>;
+  const int64_t columns = outer * inner;
+  for (int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; c < columns;
+       c += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t o = c / inner, i = c % inner;
+    const T* x = in + o * dim * inner + i;
+    T* y = out + o * dim * inner + i;
+    A m = neg_inf<A>();
+    for (int64_t d = 0; d < dim; ++d) {
+      const A v = load(x + d * inner);
+      m = (v > m || v != v) ? v : m;
+    }
+    A s = 0;
+    for (int64_t d = 0; d < dim; ++d) s += exp_(A(load(x + d * inner)) - m);
+    const A log_s = log_(s);
+    for (int64_t d = 0; d < dim; ++d) {
+      const A z = A(load(x + d * inner)) - m;
+      store(y + d * inner, log_out ? z - log_s : exp_(z) / s);
+    }
+  }
+}
+
+// softmax:      gx = y * (gy - sum(gy * y))
+// log_softmax:  gx = gy - exp(y) * sum(gy)
+template <class T>
+__global__ void softmax_backward_rows_kernel(int64_t rows, int64_t dim, const T* gy, const T* y, T* gx,
+                                             bool log_out) {
+  using A = acc_t<T>;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const int64_t base = row * dim;
+    A s = 0;
+    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x)
+      s += log_out ? A(load(gy + base + j)) : A(load(gy + base + j)) * A(load(y + base + j));
+    s = block_sum(s);
+    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) {
+      const A g = load(gy + base + j), v = load(y + base + j);
+      store(gx + base + j, log_out ? g - exp_(v) * s : v * (g - s));
+    }
+  }
+}
+
+template <class T>
+__global__ void softmax_backward_columns_kernel(int64_t outer, int64_t dim, int64_t inner, const T* gy,
+                                                const T* y, T* gx, bool log_out) {
+  using A = acc_t<T>;
+  const int64_t columns = outer * inner;
+  for (int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; c < columns;
+       c += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t base = (c / inner) * dim * inner + c % inner;
+    A s = 0;
+    for (int64_t d = 0; d < dim; ++d) {
+      const int64_t k = base + d * inner;
+      s += log_out ? A(load(gy + k)) : A(load(gy + k)) * A(load(y + k));
+    }
+    for (int64_t d = 0; d < dim; ++d) {
+      const int64_t k = base + d * inner;
+      const A g = load(gy + k), v = load(y + k);
+      store(gx + k, log_out ? g - exp_(v) * s : v * (g - s));
+    }
+  }
+}
+
+// ---- cross-entropy ---------------------------------------------------------------------------
+// status[0]: rows counted (not ignored); status[1]: the first row with a bad
+// target (rows when none).
+template <class T>
+__global__ void cross_entropy_forward_kernel(int64_t rows, int64_t classes, const T* logits,
+                                             const int64_t* targets, int64_t ignore_index, double smoothing,
+                                             T* losses, unsigned long long* status) {
+  using A = acc_t<T>;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const int64_t t = targets[row];
+    const bool ignored = t == ignore_index;
+    if (!ignored && (t < 0 || t >= classes)) {
+      if (threadIdx.x == 0) atomicMin(status + 1, static_cast<unsigned long long>(row));
+      continue;  // uniform across the block: every thread read the same t
+    }
+    if (ignored) {
+      if (threadIdx.x == 0) store(losses + row, A(0));
+      continue;
+    }
+    const T* x = logits + row * classes;
+    A m = neg_inf<A>();
+    for (int64_t j = threadIdx.x; j < classes; j += blockDim.x) {
+      const A v = load(x + j);
+      m = (v > m || v != v) ? v : m;
+    }
+    m = block_max(m);
+    A s = 0, total = 0;
+    for (int64_t j = threadIdx.x; j < classes; j += blockDim.x) {
+      const A v = load(x + j);
+      s += exp_(v - m);
+      total += v;
+    }
+    s = block_sum(s);
+    total = block_sum(total);
+    if (threadIdx.x == 0) {
+      const A lse = m + log_(s);
+      const A eps = A(smoothing);
+      const A nll = lse - A(load(x + t));
+      const A smooth = lse - total / A(classes);
+      store(losses + row, (A(1) - eps) * nll + eps * smooth);
+      atomicAdd(status, 1ull);
+    }
+  }
+}
+
+template <class T>
+__global__ void cross_entropy_backward_kernel(int64_t rows, int64_t classes, const T* logits,
+                                              const int64_t* targets, int64_t ignore_index, double smoothing,
+                                              const T* grad_losses, T* grad_logits) {
+  using A = acc_t<T>;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const int64_t t = targets[row];
+    const T* x = logits + row * classes;
+    T* gx = grad_logits + row * classes;
+    // Ignored rows (and, defensively, out-of-range targets, which the forward
+    // already refused) get a zero gradient.
+    if (t == ignore_index || t < 0 || t >= classes) {
+      for (int64_t j = threadIdx.x; j < classes; j += blockDim.x) store(gx + j, A(0));
+      continue;
+    }
+    A m = neg_inf<A>();
+    for (int64_t j = threadIdx.x; j < classes; j += blockDim.x) {
+      const A v = load(x + j);
+      m = (v > m || v != v) ? v : m;
+    }
+    m = block_max(m);
+    A s = 0;
+    for (int64_t j = threadIdx.x; j < classes; j += blockDim.x) s += exp_(A(load(x + j)) - m);
+    s = block_sum(s);
+    const A g = load(grad_losses + row);
+    const A eps = A(smoothing);
+    const A uniform = eps / A(classes);
+    for (int64_t j = threadIdx.x; j < classes; j += blockDim.x) {
+      const A p = exp_(A(load(x + j)) - m) / s;
+      const A target_weight = j == t ? A(1) - eps : A(0);
+      store(gx + j, g * (p - target_weight - uniform));
+    }
+  }
+}
+
+int row_block(int64_t dim) {
+  int threads = 32;
+  while (threads < 256 && threads < dim) threads *= 2;
+  return threads;
+}
+unsigned row_grid(int64_t rows) {
+  return static_cast<unsigned>(rows < 65535 ? (rows < 1 ? 1 : rows) : 65535);
+}
+
+}  // namespace
+
+void softmax_forward(DType dtype, const SoftmaxShape& s, const void* input, void* output, bool log) {
+  if (s.outer * s.dim * s.inner == 0) return;
+  cudaStream_t stream = mg::cuda::current_cuda_stream();
+  visit_float(dtype, log ? "log_softmax" : "softmax", [&](auto t) {
+    using T = typename decltype(t)::type;
+    if (s.inner == 1) {
+      softmax_rows_kernel<T><<<row_grid(s.outer), row_block(s.dim), 0, stream>>>(
+          s.outer, s.dim, static_cast<const T*>(input), static_cast<T*>(output), log);
+    } else {
+      softmax_columns_kernel<T><<<grid_for(s.outer * s.inner), kThreads, 0, stream>>>(
+          s.outer, s.dim, s.inner, static_cast<const T*>(input), static_cast<T*>(output), log);
+    }
+  });
+  MG_CUDA_CHECK_LAUNCH();
+}
+
+void softmax_backward(DType dtype, const SoftmaxShape& s, const void* grad_output, const void* output,
+                      void* grad_input, bool log) {
+  if (s.outer * s.dim * s.inner == 0) return;
+  cudaStream_t stream = mg::cuda::current_cuda_stream();
+  visit_float(dtype, log ? "log_softmax backward" : "softmax backward", [&](auto t) {
+    using T = typename decltype(t)::type;
+    const T* gy = static_cast<const T*>(grad_output);
+    const T* y = static_cast<const T*>(output);
+    T* gx = static_cast<T*>(grad_input);
+    if (s.inner == 1) {
+      softmax_backward_rows_kernel<T>
+          <<<row_grid(s.outer), row_block(s.dim), 0, stream>>>(s.outer, s.dim, gy, y, gx, log);
+    } else {
+      softmax_backward_columns_kernel<T>
+          <<<grid_for(s.outer * s.inner), kThreads, 0, stream>>>(s.outer, s.dim, s.inner, gy, y, gx, log);
+    }
+  });
+  MG_CUDA_CHECK_LAUNCH();
+}
+
+int64_t cross_entropy_forward(DType dtype, const void* logits, const int64_t* targets, int64_t rows,
+                              int64_t classes, int64_t ignore_index, double label_smoothing, void* losses) {
+  check(label_smoothing >= 0.0 && label_smoothing < 1.0,
+        "cross_entropy (CUDA): label_smoothing must be in [0, 1), got ", label_smoothing);
+  if (rows == 0) return 0;
+  check(classes > 0, "cross_entropy (CUDA): no classes");
+  cudaStream_t stream = mg::cuda::current_cuda_stream();
+  // Two counters on the device (stream-ordered allocation), read back below.
+  unsigned long long* status = nullptr;
+  MG_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&status), 2 * sizeof(unsigned long long), stream));
+  const unsigned long long init[2] = {0ull, static_cast<unsigned long long>(rows)};
+  MG_CUDA_CHECK(cudaMemcpyAsync(status, init, sizeof(init), cudaMemcpyHostToDevice, stream));
+  visit_float(dtype, "cross_entropy", [&](auto t) {
+    using T = typename decltype(t)::type;
+    cross_entropy_forward_kernel<T><<<row_grid(rows), row_block(classes), 0, stream>>>(
+        rows, classes, static_cast<const T*>(logits), targets, ignore_index, label_smoothing,
+        static_cast<T*>(losses), status);
+  });
+  MG_CUDA_CHECK_LAUNCH();
+  unsigned long long result[2] = {0, 0};
+  MG_CUDA_CHECK(cudaMemcpyAsync(result, status, sizeof(result), cudaMemcpyDeviceToHost, stream));
+  MG_CUDA_CHECK(cudaFreeAsync(status, stream));
+  MG_CUDA_CHECK(cudaStreamSynchronize(stream));
+  if (result[1] < static_cast<unsigned long long>(rows)) {
+    int64_t bad = 0;
+    MG_CUDA_CHECK(cudaMemcpyAsync(&bad, targets + result[1], sizeof(bad), cudaMemcpyDeviceToHost, stream));
+    MG_CUDA_CHECK(cudaStreamSynchronize(stream));
+    throw Error(str_cat("cross_entropy: target ", bad, " of row ", result[1], " is out of range [0, ",
+                        classes, ") (and is not ignore_index ", ignore_index, ")"));
+  }
+  return static_cast<int64_t>(result[0]);
+}
+
+void cross_entropy_backward(DType dtype, const void* logits, const int64_t* targets, int64_t rows,
+                            int64_t classes, int64_t ignore_index, double label_smoothing,
+                            const void* grad_losses, void* grad_logits) {
+  if (rows == 0 || classes == 0) return;
+  cudaStream_t stream = mg::cuda::current_cuda_stream();
+  visit_float(dtype, "cross_entropy backward", [&](auto t) {
+    using T = typename decltype(t)::type;
+    cross_entropy_backward_kernel<T><<<row_grid(rows), row_block(classes), 0, stream>>>(
+        rows, classes, static_cast<const T*>(logits), targets, ignore_index, label_smoothing,
+        static_cast<const T*>(grad_losses), static_cast<T*>(grad_logits));
+  });
+  MG_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace mg::kernels::cuda
