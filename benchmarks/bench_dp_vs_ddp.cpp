@@ -74,6 +74,7 @@ struct Config {
   int steps = 20;
   int warmup = 3;
   double bucket_cap_mb = 25.0;
+  double first_bucket_cap_mb = 1.0;
   std::string algo = "native";
   std::string device_type = "auto";  // cuda when this build has CUDA tensors and a GPU, else cpu
   std::string modes = "single,dp,ddp";
@@ -88,9 +89,16 @@ struct Config {
 };
 
 json config_json(const Config& c) {
-  return {{"model", c.model}, {"devices", c.devices},         {"global_batch", c.global_batch},
-          {"steps", c.steps}, {"warmup", c.warmup},           {"bucket_cap_mb", c.bucket_cap_mb},
-          {"algo", c.algo},   {"device_type", c.device_type}, {"lr", c.lr},
+  return {{"model", c.model},
+          {"devices", c.devices},
+          {"global_batch", c.global_batch},
+          {"steps", c.steps},
+          {"warmup", c.warmup},
+          {"bucket_cap_mb", c.bucket_cap_mb},
+          {"first_bucket_cap_mb", c.first_bucket_cap_mb},
+          {"algo", c.algo},
+          {"device_type", c.device_type},
+          {"lr", c.lr},
           {"data", c.data}};
 }
 
@@ -373,6 +381,7 @@ Result run_ddp_rank(const Config& c) {
   model->to(device);
   parallel::DDPOptions options;
   options.bucket_cap_mb = c.bucket_cap_mb;
+  options.first_bucket_cap_mb = c.first_bucket_cap_mb;
   options.algo = c.algo == "ring" ? parallel::AllreduceAlgo::Ring : parallel::AllreduceAlgo::Native;
   parallel::DistributedDataParallel ddp(*model, pg, options);
   optim::SGD opt(ddp.parameters(), {.lr = c.lr, .momentum = 0.9});
@@ -577,6 +586,7 @@ json predict_scaling(const Config& c, const std::vector<Result>& results) {
   w.gradients = single->gradient_arrivals;
   w.batch_io_bytes = single->batch_io_bytes;
   w.bucket_cap_mb = c.bucket_cap_mb;
+  w.first_bucket_cap_mb = c.first_bucket_cap_mb;
   std::vector<bench::Link> links = bench::link_presets();
   if (ddp != nullptr && ddp->link_beta_s_per_byte > 0)
     links.insert(links.begin(), {"measured here (MPI)", ddp->link_alpha_s, ddp->link_beta_s_per_byte});
@@ -638,6 +648,7 @@ int main(int argc, char** argv) {
   app.add_option("--steps", c.steps, "timed steps");
   app.add_option("--warmup", c.warmup, "untimed steps first");
   app.add_option("--bucket-cap-mb", c.bucket_cap_mb, "DDP bucket size");
+  app.add_option("--first-bucket-cap-mb", c.first_bucket_cap_mb, "DDP first bucket size");
   app.add_option("--algo", c.algo, "DDP all-reduce: native or ring");
   app.add_option("--device-type", c.device_type, "auto, cpu (logical devices, one core each) or cuda");
   app.add_option("--modes", c.modes, "comma-separated subset of single,dp,ddp");

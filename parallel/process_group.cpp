@@ -17,6 +17,10 @@ namespace mg::parallel {
 // Defined in process_group_mpi.cpp (nullptr-returning fallback when built without MPI).
 std::shared_ptr<Backend> make_mpi_backend(const LaunchInfo& launch, std::chrono::milliseconds timeout,
                                           bool verify_collectives);
+// Defined in process_group_nccl.cpp (nullptr-returning fallback when built without NCCL or CUDA).
+// The CPU backend carries NCCL's unique id from rank 0 to the others, and the call signatures.
+std::shared_ptr<Backend> make_nccl_backend(std::shared_ptr<Backend> cpu_backend, Device device,
+                                           std::chrono::milliseconds timeout, bool verify_collectives);
 
 const char* reduce_op_name(ReduceOp op) {
   switch (op) {
@@ -106,13 +110,27 @@ ProcessGroup init_process_group(const InitOptions& options) {
           ", but multigrad was built without MPI (install libopenmpi-dev and rebuild)");
   }
   backend->set_timeout(timeout);
-  return ProcessGroup(std::move(backend), device, launch);
+
+  // CUDA tensors: in a world of one the single-process backend takes them too (every collective
+  // of one rank is local); otherwise NCCL, when this build has it and the rank computes on a GPU.
+  std::shared_ptr<Backend> cuda_backend;
+  if (device.is_cuda()) {
+    if (launch.world_size == 1)
+      cuda_backend = backend;
+    else
+      cuda_backend = make_nccl_backend(backend, device, timeout, options.verify_collectives);
+  }
+  return ProcessGroup(std::move(backend), device, launch, std::move(cuda_backend));
 }
 
 // ---- the handle ----------------------------------------------------------------------------------
 
-ProcessGroup::ProcessGroup(std::shared_ptr<Backend> cpu_backend, Device device, LaunchInfo launch)
-    : cpu_(std::move(cpu_backend)), device_(device), launch_(std::move(launch)) {
+ProcessGroup::ProcessGroup(std::shared_ptr<Backend> cpu_backend, Device device, LaunchInfo launch,
+                           std::shared_ptr<Backend> cuda_backend)
+    : cpu_(std::move(cpu_backend)),
+      cuda_(std::move(cuda_backend)),
+      device_(device),
+      launch_(std::move(launch)) {
   check(cpu_ != nullptr, "ProcessGroup: null backend");
   launch_.rank = cpu_->rank();
   launch_.world_size = cpu_->size();
@@ -122,14 +140,18 @@ int ProcessGroup::rank() const { return any_backend("rank").rank(); }
 int ProcessGroup::size() const { return any_backend("size").size(); }
 
 std::string ProcessGroup::backend_name(DeviceType type) const {
-  if (type == DeviceType::CUDA) return "none (no NCCL backend in this build yet)";
-  return any_backend("backend_name").name();
+  Backend& cpu = any_backend("backend_name");
+  if (type != DeviceType::CUDA) return cpu.name();
+  if (cuda_ != nullptr) return cuda_->name();
+  if (!device_.is_cuda()) return str_cat("none (this rank computes on ", device_, ")");
+  return "none (this build has no NCCL backend)";
 }
 
 void ProcessGroup::set_timeout(std::chrono::milliseconds timeout) {
   check(timeout.count() > 0, "ProcessGroup::set_timeout: the timeout must be positive, got ", timeout.count(),
         " ms");
   any_backend("set_timeout").set_timeout(timeout);
+  if (cuda_ != nullptr && cuda_ != cpu_) cuda_->set_timeout(timeout);
 }
 
 std::chrono::milliseconds ProcessGroup::timeout() const { return any_backend("timeout").timeout(); }
@@ -145,9 +167,11 @@ Backend& ProcessGroup::backend_for(const Tensor& tensor, const char* op) const {
   check(tensor.defined(), "ProcessGroup::", op, ": the tensor is undefined");
   check(tensor.is_contiguous(), "ProcessGroup::", op, ": the tensor must be contiguous (shape ",
         shape_str(tensor.shape()), ", strides ", shape_str(tensor.strides()), "); call .contiguous() first");
-  check(!tensor.device().is_cuda(), "ProcessGroup::", op, ": the tensor is on ", tensor.device(),
-        " but this build has no NCCL backend for CUDA tensors (the MPI backend takes CPU tensors)");
-  return backend;
+  if (!tensor.device().is_cuda()) return backend;
+  check(cuda_ != nullptr, "ProcessGroup::", op, ": the tensor is on ", tensor.device(),
+        " but this group has no ", "backend for CUDA tensors: ", backend_name(DeviceType::CUDA), " (the ",
+        backend.name(), " backend takes CPU tensors)");
+  return *cuda_;
 }
 
 WorkPtr ProcessGroup::allreduce(Tensor& tensor, ReduceOp op) {
@@ -176,6 +200,8 @@ WorkPtr ProcessGroup::reduce(Tensor& tensor, int root, ReduceOp op) {
 WorkPtr ProcessGroup::allgather(Tensor& output, const Tensor& input) {
   Backend& backend = backend_for(input, "allgather");
   backend_for(output, "allgather");
+  check(output.device() == input.device(), "ProcessGroup::allgather: output is on ", output.device(),
+        " but input is on ", input.device());
   check(output.dtype() == input.dtype(), "ProcessGroup::allgather: output dtype ", output.dtype(),
         " differs from input dtype ", input.dtype());
   check(output.numel() == input.numel() * size(), "ProcessGroup::allgather: output has ", output.numel(),
@@ -186,6 +212,8 @@ WorkPtr ProcessGroup::allgather(Tensor& output, const Tensor& input) {
 WorkPtr ProcessGroup::reduce_scatter(Tensor& output, const Tensor& input, ReduceOp op) {
   Backend& backend = backend_for(input, "reduce_scatter");
   backend_for(output, "reduce_scatter");
+  check(output.device() == input.device(), "ProcessGroup::reduce_scatter: output is on ", output.device(),
+        " but input is on ", input.device());
   check(output.dtype() == input.dtype(), "ProcessGroup::reduce_scatter: output dtype ", output.dtype(),
         " differs from input dtype ", input.dtype());
   check(input.numel() == output.numel() * size(), "ProcessGroup::reduce_scatter: input has ", input.numel(),

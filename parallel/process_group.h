@@ -12,8 +12,10 @@
 // Every operation is asynchronous and returns a Work (work.h); the caller overlaps compute with
 // it and calls wait() when it needs the result. Operations are *in place* on contiguous tensors
 // and are executed in the order they were called, which must be the same order on every rank
-// (as with MPI and NCCL). Tensors on the CPU go through the MPI backend; CUDA tensors will go
-// through NCCL (not in this build yet: they get a clear error).
+// (as with MPI and NCCL). Tensors on the CPU go through the MPI backend; CUDA tensors go through
+// the NCCL backend (process_group_nccl.cpp), which init_process_group() builds when this build has
+// NCCL and the rank's device is a GPU. Without it, CUDA tensors get a clear error. barrier() is
+// always the CPU backend's (a host-level barrier).
 //
 // Failures never hang silently: an op that has not finished after `timeout` (default 10
 // minutes) fails with an error naming the op, this rank and the timeout, and so does every later
@@ -58,7 +60,7 @@ struct LaunchInfo {
 // Reads OMPI_COMM_WORLD_*, SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID, PMI_RANK/PMI_SIZE.
 LaunchInfo detect_launch();
 
-// One communicator's implementation (MPI for CPU tensors; NCCL for CUDA tensors later).
+// One communicator's implementation (MPI for CPU tensors; NCCL for CUDA tensors).
 // Tensors reaching a backend are contiguous and on the right device type (ProcessGroup checks).
 class Backend {
  public:
@@ -85,7 +87,9 @@ class Backend {
 class ProcessGroup {
  public:
   ProcessGroup() = default;  // undefined: every call throws
-  ProcessGroup(std::shared_ptr<Backend> cpu_backend, Device device, LaunchInfo launch);
+  // `cuda_backend` takes the CUDA tensors (nullptr: none, they are refused with an error).
+  ProcessGroup(std::shared_ptr<Backend> cpu_backend, Device device, LaunchInfo launch,
+               std::shared_ptr<Backend> cuda_backend = nullptr);
 
   bool defined() const { return cpu_ != nullptr; }
   // Identifies the communicator: equal for copies of one group, different for different groups.
@@ -97,6 +101,7 @@ class ProcessGroup {
   // This rank's compute device (see InitOptions::device).
   Device device() const { return device_; }
   bool is_main() const { return rank() == 0; }
+  // The backend that takes tensors of `type`: "mpi", "nccl", "single-process", or "none (why)".
   std::string backend_name(DeviceType type = DeviceType::CPU) const;
   void set_timeout(std::chrono::milliseconds timeout);
   std::chrono::milliseconds timeout() const;
@@ -116,6 +121,7 @@ class ProcessGroup {
   Backend& any_backend(const char* op) const;
 
   std::shared_ptr<Backend> cpu_;
+  std::shared_ptr<Backend> cuda_;  // nullptr when CUDA tensors have no backend
   Device device_;
   LaunchInfo launch_;
 };

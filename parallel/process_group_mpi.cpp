@@ -48,6 +48,7 @@
 #include "core/grad_mode.h"
 #include "core/half.h"
 #include "parallel/process_group.h"
+#include "parallel/process_group_signature.h"
 
 #ifdef MG_HAS_MPI
 #include <mpi.h>
@@ -170,55 +171,9 @@ MPI_Datatype mpi_datatype(DType dtype) {
 
 // ---- one queued operation --------------------------------------------------------------------
 
-enum class OpKind : int64_t {
-  Allreduce = 1,
-  Broadcast,
-  Reduce,
-  Allgather,
-  ReduceScatter,
-  Barrier,
-  Send,
-  Recv
-};
-
-const char* op_kind_name(OpKind kind) {
-  switch (kind) {
-    case OpKind::Allreduce: return "allreduce";
-    case OpKind::Broadcast: return "broadcast";
-    case OpKind::Reduce: return "reduce";
-    case OpKind::Allgather: return "allgather";
-    case OpKind::ReduceScatter: return "reduce_scatter";
-    case OpKind::Barrier: return "barrier";
-    case OpKind::Send: return "send";
-    case OpKind::Recv: return "recv";
-  }
-  return "?";
-}
-
-// What a collective call looks like, exchanged between ranks to catch mismatched calls.
-struct Signature {
-  int64_t kind = 0;
-  int64_t detail = 0;  // the reduce op, or the root
-  int64_t dtype = 0;
-  int64_t count = 0;
-
-  bool operator==(const Signature& o) const {
-    return kind == o.kind && detail == o.detail && dtype == o.dtype && count == o.count;
-  }
-  // "allreduce(sum) f32[1024]", "broadcast(root 0) f32[10]", "barrier"
-  std::string str() const {
-    auto op_kind = static_cast<OpKind>(kind);
-    std::string text = op_kind_name(op_kind);
-    if (op_kind == OpKind::Barrier) return text;
-    if (op_kind == OpKind::Broadcast)
-      text += str_cat("(root ", detail, ")");
-    else if (op_kind == OpKind::Reduce)
-      text += str_cat("(", reduce_op_name(static_cast<ReduceOp>(detail % 16)), ", root ", detail / 16, ")");
-    else if (op_kind != OpKind::Allgather)
-      text += str_cat("(", reduce_op_name(static_cast<ReduceOp>(detail)), ")");
-    return str_cat(text, " ", dtype_name(static_cast<DType>(dtype)), "[", count, "]");
-  }
-};
+using detail::mismatch_message;
+using detail::OpKind;
+using detail::Signature;
 
 struct Op {
   WorkPtr work;
@@ -514,10 +469,7 @@ class MpiBackend : public Backend {
         if (theirs == op.signature) continue;
         // Every rank sees the same table, so every rank fails this op with the same words and
         // the group stays in step for the next call.
-        op.work->mark_failed(str_cat(op.work->description(), ": the ranks' calls do not match: rank ", rank_,
-                                     " called ", op.signature.str(), ", rank ", r, " called ", theirs.str(),
-                                     " (collectives must be called in the same order with the same dtype and "
-                                     "element count on every rank)"));
+        op.work->mark_failed(mismatch_message(op.work->description(), rank_, op.signature, r, theirs));
         return;
       }
     }

@@ -14,6 +14,7 @@
 #include <thread>
 #include <utility>
 
+#include "core/cuda_stream.h"
 #include "core/error.h"
 #include "core/grad_mode.h"
 #include "core/ops.h"
@@ -262,6 +263,17 @@ RingWorker& worker_for(const ProcessGroup& pg) {
 
 std::atomic<uint64_t> ring_sequence{0};
 
+// One stream per CUDA device for the rings' kernels, created on first use and shared by every
+// group's ring thread (rings of different groups then serialise on the device, which is correct).
+cuda::Stream ring_stream(int device) {
+  static std::mutex mutex;
+  static std::map<int, cuda::Stream> streams;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto found = streams.find(device);
+  if (found == streams.end()) found = streams.emplace(device, cuda::create_stream(device)).first;
+  return found->second;
+}
+
 }  // namespace
 
 WorkPtr ring_allreduce_async(ProcessGroup& pg, Tensor& tensor, ReduceOp op, RingOptions opts) {
@@ -287,9 +299,37 @@ WorkPtr ring_allreduce_async(ProcessGroup& pg, Tensor& tensor, ReduceOp op, Ring
   // until the ring is over, whatever the caller does with theirs.
   Tensor flat = tensor.detach().view({tensor.numel()});
   ProcessGroup group = pg;
-  worker_for(pg).enqueue(work, [group, flat, op, opts]() mutable {
+  // A CUDA tensor: the ring runs on a stream of its own, ordered after what the caller has queued
+  // so far on its current stream (e.g. the kernel that filled the bucket).
+  std::shared_ptr<cuda::Event> queued_before;
+  if (flat.device().is_cuda()) {
+    queued_before = std::make_shared<cuda::Event>();
+    queued_before->record(cuda::current_stream(flat.device().index));
+  }
+  worker_for(pg).enqueue(work, [group, flat, op, opts, queued_before]() mutable {
     NoGradGuard no_grad;  // the reduction is communication, never part of a graph
-    run_ring(group, flat, op, opts);
+    if (!flat.device().is_cuda()) {
+      run_ring(group, flat, op, opts);
+      return;
+    }
+    // The worker thread's kernels (reductions, scratch) go to the ring stream of the tensor's
+    // device; the group's send/recv order their transfers after it, and their wait() orders it
+    // after the transfers. The ring is complete when that stream has drained (no device sync).
+    const cuda::Stream stream = ring_stream(flat.device().index);
+    cuda::StreamGuard guard(stream);
+    queued_before->wait(stream);
+    try {
+      run_ring(group, flat, op, opts);
+    } catch (...) {
+      // Kernels already queued may still use the tensor and the scratch: let them finish before
+      // the job lets go of its references (the original error is the one worth reporting).
+      try {
+        cuda::synchronize(stream);
+      } catch (...) {
+      }
+      throw;
+    }
+    cuda::synchronize(stream);
   });
   return work;
 }

@@ -6,9 +6,12 @@
 namespace mg::parallel {
 
 void Work::wait() {
-  std::unique_lock<std::mutex> lock(mutex_);
-  done_cv_.wait(lock, [this] { return done_; });
-  if (!error_.empty()) throw Error(error_);
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_cv_.wait(lock, [this] { return done_; });
+    if (!error_.empty()) throw Error(error_);
+  }
+  if (wait_hook_) wait_hook_();
 }
 
 bool Work::is_completed() const {

@@ -7,7 +7,11 @@
 // A Work is completed exactly once, by the backend's progress thread, either with success or
 // with an error message (a peer failed, the op timed out, the ranks' calls did not match).
 // wait() rethrows that message as an mg::Error on the waiting thread. Callbacks registered with
-// then() run on the progress thread right after completion: DDP uses one to scale a bucket.
+// then() run on the progress thread right after completion: DDP uses one to time a bucket.
+//
+// Ops that finish on a GPU (the NCCL backend) also set a wait hook: after a successful wait()
+// it runs on the waiting thread and makes that thread's current CUDA stream wait for the op,
+// so kernels queued after wait() are ordered after the communication on the device too.
 #pragma once
 
 #include <chrono>
@@ -37,6 +41,9 @@ class Work {
   void then(std::function<void()> fn);
 
   // ---- for backends ----
+  // Runs on the waiting thread at the end of every successful wait(); set it before handing the
+  // Work out (it is not synchronised with a concurrent wait()).
+  void set_wait_hook(std::function<void()> hook) { wait_hook_ = std::move(hook); }
   void mark_completed();
   void mark_failed(const std::string& message);
 
@@ -47,6 +54,7 @@ class Work {
   bool done_ = false;
   std::string error_;
   std::vector<std::function<void()>> callbacks_;
+  std::function<void()> wait_hook_;
 };
 
 using WorkPtr = std::shared_ptr<Work>;
