@@ -12,8 +12,8 @@
 // same buffer, side by side:
 //   ring    parallel::ring_allreduce: the hand-written ring over the group's send/recv, reduced
 //           by our own kernels, run on the group's ring thread (the path DDP takes).
-//   native  ProcessGroup::allreduce: MPI_Iallreduce posted and polled by the MPI backend's
-//           progress thread (the other path DDP can take).
+//   native  ProcessGroup::allreduce: MPI_Allreduce run by the MPI backend's collective thread
+//           (the other path DDP can take).
 //   mpi     MPI_Allreduce called directly on MPI_COMM_WORLD from this thread: the library's
 //           own blocking collective with no framework in between; the ceiling (f32/f64 only:
 //           MPI has no bf16/f16 datatype).

@@ -38,7 +38,7 @@ struct DDPOptions {
   bool broadcast_buffers = true;     // buffers from rank 0 at every forward
   bool find_unused_parameters = false;
   bool gradient_as_bucket_view = false;        // .grad aliases the bucket (saves one copy and memory)
-  AllreduceAlgo algo = AllreduceAlgo::Native;  // MPI_Iallreduce, or our ring (ring_allreduce.h)
+  AllreduceAlgo algo = AllreduceAlgo::Native;  // MPI/NCCL all-reduce, or our ring (ring_allreduce.h)
   int64_t check_replicas_every = 0;            // > 0: parameter checksum comparison every K forwards
 };
 

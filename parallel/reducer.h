@@ -21,7 +21,8 @@
 // * Each parameter gets a post-accumulate-grad hook. When it fires, the gradient goes into its
 //   bucket slot; when a bucket's last member arrives the bucket is *ready*, and ready buckets
 //   are launched strictly in bucket order (every rank must issue the same collectives in the
-//   same order) as asynchronous all-reduces: native (MPI_Iallreduce) or our ring.
+//   same order) as asynchronous all-reduces: native (MPI_Allreduce or ncclAllReduce on the group's
+//   communication thread/stream) or our ring.
 // * The first hook of a backward queues an end-of-backward callback (autograd::queue_callback)
 //   that waits for every bucket and writes the averaged gradients back into .grad (or, with
 //   gradient_as_bucket_view, makes .grad a view of the bucket: no second copy).
