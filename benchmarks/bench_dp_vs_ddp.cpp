@@ -33,6 +33,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -221,6 +222,13 @@ struct Result {
 struct PhaseTimer {
   double forward = 0, backward = 0, optimizer = 0, comm = 0, exposed = 0, total = 0;
   int steps = 0;
+  void add(double f, double b, double o, double all) {
+    forward += f;
+    backward += b;
+    optimizer += o;
+    total += all;
+    steps += 1;
+  }
   void finish(Result& r, int64_t global_batch) const {
     r.forward_ms = forward / steps;
     r.backward_ms = backward / steps;
@@ -231,6 +239,31 @@ struct PhaseTimer {
     r.samples_per_s = static_cast<double>(global_batch) / (r.step_ms / 1000.0);
   }
 };
+
+// One training step, timed phase by phase. `before_backward` runs just before loss.backward().
+struct StepTimes {
+  double forward = 0, backward = 0, optimizer = 0, total = 0;  // ms
+  Tensor output, loss;
+};
+StepTimes timed_step(const std::function<Tensor(const Tensor&)>& forward, optim::Optimizer& opt,
+                     const Tensor& x, const Tensor& y,
+                     const std::function<void()>& before_backward = nullptr) {
+  StepTimes t;
+  auto t0 = Clock::now();
+  t.output = forward(x);
+  t.loss = loss_of(t.output, y);
+  t.forward = ms_since(t0);
+  auto t1 = Clock::now();
+  opt.zero_grad();
+  if (before_backward) before_backward();
+  t.loss.backward();
+  t.backward = ms_since(t1);
+  auto t2 = Clock::now();
+  opt.step();
+  t.optimizer = ms_since(t2);
+  t.total = ms_since(t0);
+  return t;
+}
 
 double peak_mb_of(Device device) {
   if (!device.is_cpu()) return 0;
@@ -265,29 +298,16 @@ Result run_single(const Config& c) {
     auto [x, y] = global_batch(c, s);
     x = x.to(device);
     y = y.to(device);
-    r.batch_io_bytes = static_cast<int64_t>(x.nbytes() + y.nbytes());
-    auto t0 = Clock::now();
-    Tensor loss = loss_of((*model)(x), y);
-    double f = ms_since(t0);
-    r.batch_io_bytes += static_cast<int64_t>(loss.nbytes());
-    auto t1 = Clock::now();
-    opt.zero_grad();
-    arrivals.clear();
-    backward_start = Clock::now();
-    loss.backward();
-    double b = ms_since(t1);
+    StepTimes t = timed_step([&](const Tensor& in) { return (*model)(in); }, opt, x, y,
+                             [&] {
+                               arrivals.clear();
+                               backward_start = Clock::now();
+                             });
+    r.batch_io_bytes = static_cast<int64_t>(x.nbytes() + y.nbytes() + t.output.nbytes());
     r.gradient_arrivals.clear();
-    for (auto& [ms, bytes] : arrivals) r.gradient_arrivals.emplace_back(ms / b, bytes);
-    auto t2 = Clock::now();
-    opt.step();
-    double o = ms_since(t2);
-    r.losses.push_back(loss.item<double>());
-    if (s < c.warmup) continue;
-    timer.forward += f;
-    timer.backward += b;
-    timer.optimizer += o;
-    timer.total += ms_since(t0);
-    timer.steps += 1;
+    for (auto& [ms, bytes] : arrivals) r.gradient_arrivals.emplace_back(ms / t.backward, bytes);
+    r.losses.push_back(t.loss.item<double>());
+    if (s >= c.warmup) timer.add(t.forward, t.backward, t.optimizer, t.total);
   }
   timer.finish(r, c.global_batch);
   r.peak_mb = {peak_mb_of(device)};
@@ -311,30 +331,17 @@ Result run_dp(const Config& c) {
     auto [x, y] = global_batch(c, s);
     x = x.to(devices[0]);
     y = y.to(devices[0]);
-    auto t0 = Clock::now();
-    Tensor loss = loss_of(dp(x), y);
-    double f = ms_since(t0);
-    auto t1 = Clock::now();
-    opt.zero_grad();
-    loss.backward();
-    double b = ms_since(t1);
-    auto t2 = Clock::now();
-    opt.step();
-    double o = ms_since(t2);
-    r.losses.push_back(loss.item<double>());
+    StepTimes t = timed_step([&](const Tensor& in) { return dp(in); }, opt, x, y);
+    r.losses.push_back(t.loss.item<double>());
     if (s < c.warmup) continue;
-    const auto& phases = dp.last_timings();
-    timer.forward += f;
-    timer.backward += b;
-    timer.optimizer += o;
+    timer.add(t.forward, t.backward, t.optimizer, t.total);
     // DataParallel's communication is the data movement of forward (scatter, replicate, gather);
     // nothing of it overlaps with compute, so all of it is exposed. (Backward's reduce-add onto
     // device 0 is inside backward_ms.)
+    const auto& phases = dp.last_timings();
     double comm = phases.scatter_ms + phases.replicate_ms + phases.gather_ms;
     timer.comm += comm;
     timer.exposed += comm;
-    timer.total += ms_since(t0);
-    timer.steps += 1;
   }
   timer.finish(r, c.global_batch);
   for (Device d : devices) r.peak_mb.push_back(peak_mb_of(d));
@@ -396,26 +403,12 @@ Result run_ddp_rank(const Config& c) {
     x = x.narrow(0, pg.rank() * per_rank, per_rank).to(device);
     y = y.narrow(0, pg.rank() * per_rank, per_rank).to(device);
     pg.barrier()->wait();  // steps start together, so the step time is the slowest rank's
-    auto t0 = Clock::now();
-    Tensor loss = loss_of(ddp(x), y);
-    double f = ms_since(t0);
-    auto t1 = Clock::now();
-    opt.zero_grad();
-    loss.backward();
-    double b = ms_since(t1);
-    auto t2 = Clock::now();
-    opt.step();
-    double o = ms_since(t2);
+    StepTimes t = timed_step([&](const Tensor& in) { return ddp(in); }, opt, x, y);
     // The global loss (mean over ranks), comparable with the other modes.
-    Tensor global_loss = loss.detach().reshape({1}).clone();
+    Tensor global_loss = t.loss.detach().reshape({1}).clone();
     pg.allreduce(global_loss, parallel::ReduceOp::Avg)->wait();
     r.losses.push_back(global_loss.item<double>());
-    if (s < c.warmup) continue;
-    timer.forward += f;
-    timer.backward += b;
-    timer.optimizer += o;
-    timer.total += ms_since(t0);
-    timer.steps += 1;
+    if (s >= c.warmup) timer.add(t.forward, t.backward, t.optimizer, t.total);
   }
   timer.comm = ddp.stats().comm_ms;
   timer.exposed = ddp.stats().exposed_ms;

@@ -40,8 +40,10 @@
 namespace mg::cuda {
 namespace {
 
-// Flip to true once every op used by examples/ has a CUDA kernel: the backend is
-// then registered at library load whenever a GPU is usable (core/cuda_allocator.h).
+// When true, the backend is registered at library load whenever a GPU is usable
+// (core/cuda_allocator.h). Every op the examples and the model zoo use now has a
+// CUDA kernel, but flipping this also needs DDP on CUDA tensors (the NCCL process
+// group) and a run of tests/gpu on a real GPU (docs/kernels.md, "CUDA kernels").
 constexpr bool kCudaKernelsCoverExamples = false;
 
 constexpr size_t kSmallLimit = size_t(1) << 20;  // 1 MiB

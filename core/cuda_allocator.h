@@ -4,11 +4,11 @@
 // Switching on. Registering the backend (core/allocator.h's DeviceBackend) is
 // what makes Device::cuda(i) tensors possible, and what makes
 // parallel::init_process_group() and the examples choose cuda:<local rank>.
-// It therefore happens automatically at library load only once the CUDA kernels
-// cover every op the examples use (kCudaKernelsCoverExamples in
-// core/cuda_allocator.cu, false today: conv2d, pooling, batch/layer norm,
-// embedding, dropout, cat and index_select have no CUDA kernel yet). Until then
-// it happens when asked:
+// It therefore happens automatically at library load only once the CUDA path
+// can run the examples end to end (kCudaKernelsCoverExamples in
+// core/cuda_allocator.cu, false today: every op the examples use has a CUDA
+// kernel, but none has run on a GPU yet and DDP on CUDA tensors needs the NCCL
+// process group). Until then it happens when asked:
 //   - mg::cuda::enable_backend() (the gpu tests call it), or
 //   - MG_CUDA_BACKEND=1 in the environment (at library load),
 // and an op without a CUDA kernel then fails with an error naming the op.

@@ -13,6 +13,9 @@
 // product for the first layer) cost more in wake-ups than in arithmetic.
 // The column buffer is recomputed in backward instead of saved: it is kh*kw
 // times larger than the input, so saving it would dominate activation memory.
+// On a CUDA tensor the same steps run on the GPU (MG_KERNEL picks the twin):
+// im2col/col2im from kernels/cuda/conv.cu and the GEMMs through cuBLAS
+// (kernels/cuda/gemm.cu); pooling likewise uses kernels/cuda/pool.cu.
 #include "core/autocast.h"
 #include "core/ops/op_common.h"
 #include "kernels/cpu/conv.h"
@@ -86,7 +89,6 @@ Tensor conv2d(const Tensor& x_arg, const Tensor& w_arg, const Tensor& bias_arg,
           : bias_arg;
   check_defined("conv2d", {x_in, w_in});
   check_same_device("conv2d", {x_in, w_in, bias});
-  require_cpu("conv2d", {x_in, w_in, bias});
   check_floating("conv2d", x_in);
   check(x_in.dim() == 4, "conv2d: input must be [N, C, H, W], got ", shape_str(x_in.shape()));
   check(w_in.dim() == 4, "conv2d: weight must be [out_channels, in_channels, kh, kw], got ",
@@ -113,9 +115,10 @@ Tensor conv2d(const Tensor& x_arg, const Tensor& w_arg, const Tensor& bias_arg,
       const int64_t b = std::min(chunk, batch - n0);
       Tensor columns = new_output({ck, b * spatial}, x.dtype(), x);
       Tensor out = new_output({out_channels, b, spatial}, x.dtype(), x);
-      kernels::cpu::im2col(geo, x.dtype(), element_ptr(x, n0 * image_elems), columns.data_ptr(), b);
-      kernels::cpu::gemm(gemm_args(x.dtype(), false, false, out_channels, b * spatial, ck, w.data_ptr(), ck,
-                                   columns.data_ptr(), b * spatial, out.data_ptr(), b * spatial, 0.0));
+      MG_KERNEL(x.device(), im2col, geo, x.dtype(), element_ptr(x, n0 * image_elems), columns.data_ptr(), b);
+      MG_KERNEL(x.device(), gemm,
+                gemm_args(x.dtype(), false, false, out_channels, b * spatial, ck, w.data_ptr(), ck,
+                          columns.data_ptr(), b * spatial, out.data_ptr(), b * spatial, 0.0));
       y.narrow(0, n0, b).view({b, out_channels, spatial}).copy_(out.permute({1, 0, 2}));
     }
   }
@@ -138,14 +141,16 @@ Tensor conv2d(const Tensor& x_arg, const Tensor& w_arg, const Tensor& bias_arg,
         Tensor gyp = gy.narrow(0, n0, b).view({b, out_channels, spatial}).permute({1, 0, 2}).contiguous();
         Tensor cols = new_output({ck, b * spatial}, dt, xs);
         if (need_w) {
-          kernels::cpu::im2col(geo, dt, element_ptr(xs, n0 * image_elems), cols.data_ptr(), b);
-          kernels::cpu::gemm(gemm_args(dt, false, true, out_channels, ck, b * spatial, gyp.data_ptr(),
-                                       b * spatial, cols.data_ptr(), b * spatial, gw.data_ptr(), ck, 1.0));
+          MG_KERNEL(xs.device(), im2col, geo, dt, element_ptr(xs, n0 * image_elems), cols.data_ptr(), b);
+          MG_KERNEL(xs.device(), gemm,
+                    gemm_args(dt, false, true, out_channels, ck, b * spatial, gyp.data_ptr(), b * spatial,
+                              cols.data_ptr(), b * spatial, gw.data_ptr(), ck, 1.0));
         }
         if (need_x) {
-          kernels::cpu::gemm(gemm_args(dt, true, false, ck, b * spatial, out_channels, ws.data_ptr(), ck,
-                                       gyp.data_ptr(), b * spatial, cols.data_ptr(), b * spatial, 0.0));
-          kernels::cpu::col2im(geo, dt, cols.data_ptr(), element_ptr(gx, n0 * image_elems), b);
+          MG_KERNEL(xs.device(), gemm,
+                    gemm_args(dt, true, false, ck, b * spatial, out_channels, ws.data_ptr(), ck,
+                              gyp.data_ptr(), b * spatial, cols.data_ptr(), b * spatial, 0.0));
+          MG_KERNEL(xs.device(), col2im, geo, dt, cols.data_ptr(), element_ptr(gx, n0 * image_elems), b);
         }
       }
       Tensor gb = need_b ? sum(gy, {0, 2, 3}) : Tensor();
@@ -187,20 +192,20 @@ Shape pooled_shape(const Tensor& x, const kernels::cpu::Pool2dGeometry& g) {
 
 Tensor max_pool2d(const Tensor& x_in, const Pool2dOptions& options) {
   check_defined("max_pool2d", {x_in});
-  require_cpu("max_pool2d", {x_in});
   check_floating("max_pool2d", x_in);
   Tensor x = x_in.detach().contiguous();
   const kernels::cpu::Pool2dGeometry geo = pool_geometry("max_pool2d", x, options);
   Tensor y = new_output(pooled_shape(x, geo), x.dtype(), x);
   Tensor argmax = new_output(y.shape(), DType::i64, x);
-  kernels::cpu::max_pool2d_forward(geo, x.dtype(), x.data_ptr(), y.data_ptr(), argmax.data<int64_t>());
+  MG_KERNEL(x.device(), max_pool2d_forward, geo, x.dtype(), x.data_ptr(), y.data_ptr(),
+            argmax.data<int64_t>());
   if (autograd::any_requires_grad({x_in})) {
     const Shape input_shape = x.shape();
     autograd::record("MaxPool2dBackward", {x_in}, {y}, [=](const std::vector<Tensor>& g) {
       Tensor gy = g[0].contiguous();
       Tensor gx = new_output(input_shape, gy.dtype(), gy);
-      kernels::cpu::max_pool2d_backward(geo, gy.dtype(), gy.data_ptr(), argmax.data<int64_t>(),
-                                        gx.data_ptr());
+      MG_KERNEL(gy.device(), max_pool2d_backward, geo, gy.dtype(), gy.data_ptr(), argmax.data<int64_t>(),
+                gx.data_ptr());
       return std::vector<Tensor>{gx};
     });
   }
@@ -211,19 +216,18 @@ Tensor max_pool2d(const Tensor& x, int64_t kernel) { return max_pool2d(x, Pool2d
 
 Tensor avg_pool2d(const Tensor& x_in, const Pool2dOptions& options) {
   check_defined("avg_pool2d", {x_in});
-  require_cpu("avg_pool2d", {x_in});
   check_floating("avg_pool2d", x_in);
   Tensor x = x_in.detach().contiguous();
   const kernels::cpu::Pool2dGeometry geo = pool_geometry("avg_pool2d", x, options);
   Tensor y = new_output(pooled_shape(x, geo), x.dtype(), x);
   const bool include_pad = options.count_include_pad;
-  kernels::cpu::avg_pool2d_forward(geo, x.dtype(), x.data_ptr(), y.data_ptr(), include_pad);
+  MG_KERNEL(x.device(), avg_pool2d_forward, geo, x.dtype(), x.data_ptr(), y.data_ptr(), include_pad);
   if (autograd::any_requires_grad({x_in})) {
     const Shape input_shape = x.shape();
     autograd::record("AvgPool2dBackward", {x_in}, {y}, [=](const std::vector<Tensor>& g) {
       Tensor gy = g[0].contiguous();
       Tensor gx = new_output(input_shape, gy.dtype(), gy);
-      kernels::cpu::avg_pool2d_backward(geo, gy.dtype(), gy.data_ptr(), gx.data_ptr(), include_pad);
+      MG_KERNEL(gy.device(), avg_pool2d_backward, geo, gy.dtype(), gy.data_ptr(), gx.data_ptr(), include_pad);
       return std::vector<Tensor>{gx};
     });
   }

@@ -127,7 +127,6 @@ Tensor layer_norm(const Tensor& x_arg, const Shape& normalized_shape, const Tens
   const Tensor x_in = autocast_to_full_precision(x_arg);
   check_defined("layer_norm", {x_in});
   check_same_device("layer_norm", {x_in, weight, bias});
-  require_cpu("layer_norm", {x_in, weight, bias});
   check_floating("layer_norm", x_in);
   const int64_t k = static_cast<int64_t>(normalized_shape.size());
   check(k >= 1 && k <= x_in.dim() && Shape(x_in.shape().end() - k, x_in.shape().end()) == normalized_shape,
@@ -147,9 +146,9 @@ Tensor layer_norm(const Tensor& x_arg, const Shape& normalized_shape, const Tens
   const DType stats_dtype = x.dtype() == DType::f64 ? DType::f64 : DType::f32;
   Tensor y = new_output(x.shape(), x.dtype(), x);
   Tensor mean = new_output({rows}, stats_dtype, x), rstd = new_output({rows}, stats_dtype, x);
-  kernels::cpu::layer_norm_forward(x.dtype(), x.data_ptr(), w.defined() ? w.data_ptr() : nullptr,
-                                   b.defined() ? b.data_ptr() : nullptr, rows, cols, eps, y.data_ptr(),
-                                   mean.data_ptr(), rstd.data_ptr());
+  MG_KERNEL(x.device(), layer_norm_forward, x.dtype(), x.data_ptr(), w.defined() ? w.data_ptr() : nullptr,
+            b.defined() ? b.data_ptr() : nullptr, rows, cols, eps, y.data_ptr(), mean.data_ptr(),
+            rstd.data_ptr());
   if (autograd::any_requires_grad({x_in, weight, bias})) {
     autograd::SavedTensor saved_x(x, "layer_norm"), saved_w(w, "layer_norm");
     const bool need_w = weight.defined() && weight.requires_grad(),
@@ -160,10 +159,9 @@ Tensor layer_norm(const Tensor& x_arg, const Shape& normalized_shape, const Tens
       Tensor gx = new_output(xs.shape(), xs.dtype(), xs);
       Tensor gw = has_w ? new_output(normalized_shape, xs.dtype(), xs) : Tensor();
       Tensor gb = has_b ? new_output(normalized_shape, xs.dtype(), xs) : Tensor();
-      kernels::cpu::layer_norm_backward(xs.dtype(), gy.data_ptr(), xs.data_ptr(), mean.data_ptr(),
-                                        rstd.data_ptr(), ws.defined() ? ws.data_ptr() : nullptr, rows, cols,
-                                        gx.data_ptr(), gw.defined() ? gw.data_ptr() : nullptr,
-                                        gb.defined() ? gb.data_ptr() : nullptr);
+      MG_KERNEL(xs.device(), layer_norm_backward, xs.dtype(), gy.data_ptr(), xs.data_ptr(), mean.data_ptr(),
+                rstd.data_ptr(), ws.defined() ? ws.data_ptr() : nullptr, rows, cols, gx.data_ptr(),
+                gw.defined() ? gw.data_ptr() : nullptr, gb.defined() ? gb.data_ptr() : nullptr);
       return std::vector<Tensor>{gx, need_w ? gw : Tensor(), need_b ? gb : Tensor()};
     });
   }
@@ -173,7 +171,6 @@ Tensor layer_norm(const Tensor& x_arg, const Shape& normalized_shape, const Tens
 Tensor embedding(const Tensor& weight, const Tensor& indices_in, int64_t padding_idx) {
   check_defined("embedding", {weight, indices_in});
   check_same_device("embedding", {weight, indices_in});
-  require_cpu("embedding", {weight, indices_in});
   check(weight.dim() == 2, "embedding: weight must be [num_embeddings, embedding_dim], got ",
         shape_str(weight.shape()));
   check(is_integral(indices_in.dtype()), "embedding: indices must be i64 or i32, got ", indices_in.dtype());
@@ -185,16 +182,16 @@ Tensor embedding(const Tensor& weight, const Tensor& indices_in, int64_t padding
   Shape out_shape = indices.shape();
   out_shape.push_back(dim);
   Tensor out = new_output(out_shape, w.dtype(), w);
-  kernels::cpu::embedding_forward(w.dtype(), w.data_ptr(), num, dim, indices.data<int64_t>(), indices.numel(),
-                                  out.data_ptr());
+  MG_KERNEL(w.device(), embedding_forward, w.dtype(), w.data_ptr(), num, dim, indices.data<int64_t>(),
+            indices.numel(), out.data_ptr());
   if (autograd::any_requires_grad({weight})) {
     autograd::SavedTensor saved_indices(indices, "embedding");
     const DType dtype = w.dtype();
     autograd::record("EmbeddingBackward", {weight}, {out}, [=](const std::vector<Tensor>& g) {
       Tensor idx = saved_indices.unpack(), gy = g[0].contiguous();
       Tensor gw = new_output({num, dim}, dtype, gy);
-      kernels::cpu::embedding_backward(dtype, gy.data_ptr(), idx.data<int64_t>(), idx.numel(), dim, num,
-                                       padding_idx, gw.data_ptr());
+      MG_KERNEL(gy.device(), embedding_backward, dtype, gy.data_ptr(), idx.data<int64_t>(), idx.numel(), dim,
+                num, padding_idx, gw.data_ptr());
       return std::vector<Tensor>{gw};
     });
   }
@@ -205,20 +202,20 @@ Tensor dropout(const Tensor& x_in, double p, bool training) {
   check_defined("dropout", {x_in});
   check(p >= 0 && p <= 1, "dropout: probability must be in [0, 1], got ", p);
   if (!training || p == 0) return x_in;
-  require_cpu("dropout", {x_in});
   check_floating("dropout", x_in);
   Tensor x = x_in.detach().contiguous();
   Tensor y = new_output(x.shape(), x.dtype(), x);
   Tensor mask = new_output(x.shape(), DType::boolean, x);
   const GeneratorState call = next_random_call();
-  kernels::cpu::dropout_forward(x.dtype(), x.data_ptr(), y.data_ptr(), mask.data<bool>(), x.numel(), p,
-                                call.seed, call.offset);
+  MG_KERNEL(x.device(), dropout_forward, x.dtype(), x.data_ptr(), y.data_ptr(), mask.data<bool>(), x.numel(),
+            p, call.seed, call.offset);
   if (autograd::any_requires_grad({x_in})) {
     autograd::SavedTensor saved_mask(mask, "dropout");
     autograd::record("DropoutBackward", {x_in}, {y}, [=](const std::vector<Tensor>& g) {
       Tensor m = saved_mask.unpack(), gy = g[0].contiguous();
       Tensor gx = new_output(gy.shape(), gy.dtype(), gy);
-      kernels::cpu::dropout_backward(gy.dtype(), gy.data_ptr(), m.data<bool>(), gx.data_ptr(), gy.numel(), p);
+      MG_KERNEL(gy.device(), dropout_backward, gy.dtype(), gy.data_ptr(), m.data<bool>(), gx.data_ptr(),
+                gy.numel(), p);
       return std::vector<Tensor>{gx};
     });
   }

@@ -10,8 +10,7 @@ using namespace ops_detail;
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   check(!tensors.empty(), "cat: expected at least one tensor");
   check_defined("cat", tensors);
-  check_same_device("cat", tensors);
-  require_cpu("cat", tensors);
+  check_same_device("cat", tensors);  // device-generic: each input is copied with copy_
   const Tensor& first = tensors[0];
   dim = wrap_dim(dim, first.dim(), "cat");
   DType dtype = first.dtype();
@@ -108,7 +107,6 @@ std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim) {
 Tensor index_select(const Tensor& x_in, int64_t dim, const Tensor& index_in) {
   check_defined("index_select", {x_in, index_in});
   check_same_device("index_select", {x_in, index_in});
-  require_cpu("index_select", {x_in, index_in});
   check(is_integral(index_in.dtype()), "index_select: index must be i64 or i32, got ", index_in.dtype());
   check(index_in.dim() <= 1, "index_select: index must be 0-d or 1-d, got shape ",
         shape_str(index_in.shape()));
@@ -121,16 +119,16 @@ Tensor index_select(const Tensor& x_in, int64_t dim, const Tensor& index_in) {
   Shape out_shape = x.shape();
   if (!out_shape.empty()) out_shape[dim] = index.numel();
   Tensor out = new_output(out_shape, x.dtype(), x);
-  kernels::cpu::index_select(x.dtype(), shape, x.data_ptr(), index.data<int64_t>(), index.numel(),
-                             out.data_ptr());
+  MG_KERNEL(x.device(), index_select, x.dtype(), shape, x.data_ptr(), index.data<int64_t>(), index.numel(),
+            out.data_ptr());
   if (autograd::any_requires_grad({x_in})) {
     autograd::SavedTensor saved_index(index, "index_select");
     const Shape input_shape = x.shape();
     autograd::record("IndexSelectBackward", {x_in}, {out}, [=](const std::vector<Tensor>& g) {
       Tensor idx = saved_index.unpack(), gy = g[0].contiguous();
       Tensor gx = zeros(input_shape, TensorOptions{gy.dtype(), gy.device()});
-      kernels::cpu::index_add(gy.dtype(), shape, gy.data_ptr(), idx.data<int64_t>(), idx.numel(),
-                              gx.data_ptr());
+      MG_KERNEL(gy.device(), index_add, gy.dtype(), shape, gy.data_ptr(), idx.data<int64_t>(), idx.numel(),
+                gx.data_ptr());
       return std::vector<Tensor>{gx};
     });
   }

@@ -18,10 +18,16 @@
 #include <cstdint>
 
 #include "core/strided_view.h"
+#include "kernels/cpu/conv.h"
 #include "kernels/cpu/cross_entropy.h"
+#include "kernels/cpu/dropout.h"
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/embedding.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/index.h"
+#include "kernels/cpu/layer_norm.h"
 #include "kernels/cpu/optim.h"
+#include "kernels/cpu/pool.h"
 #include "kernels/cpu/reduce.h"
 #include "kernels/cpu/softmax.h"
 
@@ -29,7 +35,10 @@ namespace mg::kernels::cuda {
 
 using cpu::AdamHyper;
 using cpu::BinaryOp;
+using cpu::Conv2dGeometry;
 using cpu::GemmArgs;
+using cpu::IndexShape;
+using cpu::Pool2dGeometry;
 using cpu::ReduceOp;
 using cpu::ReduceShape;
 using cpu::SgdHyper;
@@ -79,5 +88,50 @@ void adamw_step(DType dtype, int64_t n, void* param, const void* grad, void* exp
 // f32 and f64 in their own precision (f32 without TF32, to match the CPU), f16
 // and bf16 with f32 accumulation. Batch strides of 0 broadcast an operand.
 void gemm(const GemmArgs& args);
+
+// ---- conv.cu (semantics: kernels/cpu/conv.h) ----
+void im2col(const Conv2dGeometry& g, DType dtype, const void* image, void* columns, int64_t images = 1);
+// Accumulates into `image`, as on the CPU.
+void col2im(const Conv2dGeometry& g, DType dtype, const void* columns, void* image, int64_t images = 1);
+
+// ---- pool.cu (semantics: kernels/cpu/pool.h) ----
+void max_pool2d_forward(const Pool2dGeometry& g, DType dtype, const void* input, void* output,
+                        int64_t* argmax);
+// Unlike the CPU, argmax is not validated (that would need a copy back to the
+// host): an entry outside its window contributes nothing.
+void max_pool2d_backward(const Pool2dGeometry& g, DType dtype, const void* grad_output, const int64_t* argmax,
+                         void* grad_input);
+void avg_pool2d_forward(const Pool2dGeometry& g, DType dtype, const void* input, void* output,
+                        bool count_include_pad);
+void avg_pool2d_backward(const Pool2dGeometry& g, DType dtype, const void* grad_output, void* grad_input,
+                         bool count_include_pad);
+
+// ---- layer_norm.cu (semantics: kernels/cpu/layer_norm.h) ----
+void layer_norm_forward(DType dtype, const void* x, const void* weight, const void* bias, int64_t rows,
+                        int64_t cols, double eps, void* y, void* mean, void* rstd);
+void layer_norm_backward(DType dtype, const void* grad_y, const void* x, const void* mean, const void* rstd,
+                         const void* weight, int64_t rows, int64_t cols, void* grad_x, void* grad_weight,
+                         void* grad_bias);
+
+// ---- embedding.cu (semantics: kernels/cpu/embedding.h, kernels/cpu/index.h) ----
+// `indices` is device memory. These wait for the stream to check the indices
+// (one copy back of the first bad position) and throw naming position and value.
+// The backward passes add with atomics: the order of the additions, and so
+// the last bits of a row that several positions share, vary from run to run.
+void embedding_forward(DType dtype, const void* weight, int64_t num_embeddings, int64_t embedding_dim,
+                       const int64_t* indices, int64_t count, void* out);
+void embedding_backward(DType dtype, const void* grad_out, const int64_t* indices, int64_t count,
+                        int64_t embedding_dim, int64_t num_embeddings, int64_t padding_idx,
+                        void* grad_weight);
+void index_select(DType dtype, const IndexShape& shape, const void* input, const int64_t* indices,
+                  int64_t count, void* out);
+void index_add(DType dtype, const IndexShape& shape, const void* grad_out, const int64_t* indices,
+               int64_t count, void* grad_input);
+
+// ---- dropout.cu (semantics: kernels/cpu/dropout.h): the CPU's mask, bit for bit ----
+void dropout_forward(DType dtype, const void* x, void* y, bool* mask, int64_t count, double p, uint64_t seed,
+                     uint64_t call_offset);
+void dropout_backward(DType dtype, const void* grad_y, const bool* mask, void* grad_x, int64_t count,
+                      double p);
 
 }  // namespace mg::kernels::cuda

@@ -1,0 +1,237 @@
+// Gathers and scatter-adds of rows on the GPU: embedding forward/backward
+// (kernels/cpu/embedding.h) and index_select / index_add (kernels/cpu/index.h).
+// An embedding lookup is an index_select of whole rows of a
+// [num_embeddings, dim] table, so both use the same two kernels.
+//
+// Decomposition. The input is seen as [outer, size, inner] and an index picks
+// a run of `inner` consecutive elements.
+//   Gather: one thread per output element (o, i, j) in a grid-stride loop:
+//     out[(o*count + i)*inner + j] = in[(o*size + indices[i])*inner + j].
+//     Neighbouring threads copy neighbouring j: coalesced reads and writes.
+//     The copy moves raw bytes, with one kernel per element size (1, 2, 4,
+//     8 bytes), so index_select serves every dtype with four instantiations.
+//   Scatter-add: one thread per grad_out element, adding it into its row with
+//     an atomic add (f32/f64: the hardware's atomicAdd; f16/bf16: a
+//     compare-and-swap loop on the aligned 32-bit word that holds the value).
+//     The order of the additions to a row that several positions share
+//     depends on timing, so those rows may differ in the last bits from run to
+//     run and from the CPU (which sums in position order, in float for halves,
+//     and rounds once; here halves round after every addition).
+//   Index check: before either, a small kernel finds the first position whose
+//     index is out of range (atomicMin), and the host reads it back -- one
+//     stream synchronisation per call -- to throw the CPU's error (position and
+//     value) before anything is written.
+//
+// Cost. Gather: read and write outer*count*inner elements, no FLOPs: bandwidth
+// bound (a [4096, 768] f32 lookup moves 25 MB, ~6 us at HBM speed, plus the
+// index check's synchronisation, ~10 us). Scatter-add: read grad_out once and
+// do one atomic per element; atomics to distinct addresses run near bandwidth,
+// but many positions naming the same row (a frequent token) serialise on it.
+#include "core/cuda_stream.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/kernels.h"
+
+namespace mg::kernels::cuda {
+namespace {
+
+// ---- index check ---------------------------------------------------------------------------
+__global__ void first_bad_index_kernel(const int64_t* indices, int64_t count, int64_t limit,
+                                       unsigned long long* first_bad) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t v = indices[i];
+    if (v < 0 || v >= limit) atomicMin(first_bad, static_cast<unsigned long long>(i));
+  }
+}
+
+// Returns the first position whose index lies outside [0, limit), or -1 when
+// all are valid, together with that index. Waits for the stream.
+struct BadIndex {
+  int64_t position = -1, value = 0;
+};
+BadIndex find_bad_index(const int64_t* indices, int64_t count, int64_t limit, cudaStream_t stream) {
+  BadIndex bad;
+  if (count == 0) return bad;
+  unsigned long long* first = nullptr;
+  MG_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&first), sizeof(unsigned long long), stream));
+  const unsigned long long none = static_cast<unsigned long long>(count);
+  MG_CUDA_CHECK(cudaMemcpyAsync(first, &none, sizeof(none), cudaMemcpyHostToDevice, stream));
+  first_bad_index_kernel<<<grid_for(count), kThreads, 0, stream>>>(indices, count, limit, first);
+  MG_CUDA_CHECK_LAUNCH();
+  unsigned long long position = none;
+  MG_CUDA_CHECK(cudaMemcpyAsync(&position, first, sizeof(position), cudaMemcpyDeviceToHost, stream));
+  MG_CUDA_CHECK(cudaFreeAsync(first, stream));
+  MG_CUDA_CHECK(cudaStreamSynchronize(stream));
+  if (position == none) return bad;
+  bad.position = static_cast<int64_t>(position);
+  MG_CUDA_CHECK(
+      cudaMemcpyAsync(&bad.value, indices + bad.position, sizeof(int64_t), cudaMemcpyDeviceToHost, stream));
+  MG_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return bad;
+}
+
+// ---- gather ------------------------------------------------------------------------------
+template <int Bytes>
+struct Word;
+template <>
+struct Word<1> {
+  using type = uint8_t;
+};
+template <>
+struct Word<2> {
+  using type = uint16_t;
+};
+template <>
+struct Word<4> {
+  using type = uint32_t;
+};
+template <>
+struct Word<8> {
+  using type = uint64_t;
+};
+
+template <class W>
+__global__ void gather_kernel(IndexShape s, const W* input, const int64_t* indices, int64_t count, W* out) {
+  const int64_t total = s.outer * count * s.inner;
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
+       e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t j = e % s.inner, i = (e / s.inner) % count, o = e / (s.inner * count);
+    out[e] = input[(o * s.size + indices[i]) * s.inner + j];
+  }
+}
+
+void gather(DType dtype, const IndexShape& s, const void* input, const int64_t* indices, int64_t count,
+            void* out, cudaStream_t stream) {
+  const int64_t total = s.outer * count * s.inner;
+  if (total == 0) return;
+  auto launch = [&](auto word) {
+    using W = typename decltype(word)::type;
+    gather_kernel<W><<<grid_for(total), kThreads, 0, stream>>>(s, static_cast<const W*>(input), indices,
+                                                               count, static_cast<W*>(out));
+  };
+  switch (dtype_size(dtype)) {
+    case 1: launch(tag<Word<1>::type>{}); break;
+    case 2: launch(tag<Word<2>::type>{}); break;
+    case 4: launch(tag<Word<4>::type>{}); break;
+    case 8: launch(tag<Word<8>::type>{}); break;
+    default: throw Error(str_cat("gather (CUDA): unsupported element size ", dtype_size(dtype)));
+  }
+  MG_CUDA_CHECK_LAUNCH();
+}
+
+// ---- scatter-add -------------------------------------------------------------------------
+__device__ __forceinline__ void atomic_add(float* p, float v) { atomicAdd(p, v); }
+__device__ __forceinline__ void atomic_add(double* p, double v) { atomicAdd(p, v); }
+
+// A 16-bit float has no atomicAdd here (without cuda_fp16.h): swap the whole
+// aligned 32-bit word, changing only our half of it, until no one else got in between.
+template <class H>
+__device__ void atomic_add(H* p, float v) {
+  const uintptr_t address = reinterpret_cast<uintptr_t>(p);
+  unsigned int* word = reinterpret_cast<unsigned int*>(address & ~uintptr_t(3));
+  const bool high = (address & 2) != 0;
+  unsigned int old = *word, assumed;
+  do {
+    assumed = old;
+    const H current{static_cast<uint16_t>(high ? assumed >> 16 : assumed & 0xffffu)};
+    H sum;
+    store(&sum, to_float(current) + v);
+    const unsigned int replaced =
+        high ? (assumed & 0xffffu) | (unsigned(sum.bits) << 16) : (assumed & 0xffff0000u) | sum.bits;
+    old = atomicCAS(word, assumed, replaced);
+  } while (old != assumed);
+}
+
+// grad_input[(o*size + indices[i])*inner + j] += grad_out[e]; positions whose
+// index equals `skip` (embedding's padding_idx, or -1) add nothing.
+template <class T>
+__global__ void scatter_add_kernel(IndexShape s, const T* grad_out, const int64_t* indices, int64_t count,
+                                   int64_t skip, T* grad_input) {
+  const int64_t total = s.outer * count * s.inner;
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
+       e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t j = e % s.inner, i = (e / s.inner) % count, o = e / (s.inner * count);
+    const int64_t index = indices[i];
+    if (index == skip) continue;
+    atomic_add(grad_input + (o * s.size + index) * s.inner + j, load(grad_out + e));
+  }
+}
+
+void scatter_add(DType dtype, const char* what, const IndexShape& s, const void* grad_out,
+                 const int64_t* indices, int64_t count, int64_t skip, void* grad_input, cudaStream_t stream) {
+  const int64_t total = s.outer * count * s.inner;
+  visit_float(dtype, what, [&](auto t) {
+    using T = typename decltype(t)::type;
+    if (total == 0) return;
+    scatter_add_kernel<T><<<grid_for(total), kThreads, 0, stream>>>(
+        s, static_cast<const T*>(grad_out), indices, count, skip, static_cast<T*>(grad_input));
+    MG_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void check_extents(const char* what, int64_t num_embeddings, int64_t embedding_dim, int64_t count) {
+  check(num_embeddings >= 0 && embedding_dim >= 0 && count >= 0, what,
+        " (CUDA): negative extent (num_embeddings ", num_embeddings, ", embedding_dim ", embedding_dim,
+        ", count ", count, ")");
+}
+
+void check_embedding_indices(const char* what, const int64_t* indices, int64_t count, int64_t num_embeddings,
+                             cudaStream_t stream) {
+  const BadIndex bad = find_bad_index(indices, count, num_embeddings, stream);
+  check(bad.position < 0, what, ": index ", bad.value, " at position ", bad.position, " is out of range [0, ",
+        num_embeddings, ")");
+}
+
+void check_select_indices(const IndexShape& s, const int64_t* indices, int64_t count, cudaStream_t stream) {
+  const BadIndex bad = find_bad_index(indices, count, s.size, stream);
+  check(bad.position < 0, "index_select: index ", bad.value, " at position ", bad.position,
+        " is out of range for a dimension of size ", s.size);
+}
+
+}  // namespace
+
+void embedding_forward(DType dtype, const void* weight, int64_t num_embeddings, int64_t embedding_dim,
+                       const int64_t* indices, int64_t count, void* out) {
+  const char* what = "embedding_forward";
+  check_extents(what, num_embeddings, embedding_dim, count);
+  check(is_floating(dtype), what, " (CUDA): expected a floating dtype (f32, f64, f16, bf16), got ", dtype);
+  cudaStream_t stream = mg::cuda::current_cuda_stream();
+  check_embedding_indices(what, indices, count, num_embeddings, stream);
+  gather(dtype, IndexShape{1, num_embeddings, embedding_dim}, weight, indices, count, out, stream);
+}
+
+void embedding_backward(DType dtype, const void* grad_out, const int64_t* indices, int64_t count,
+                        int64_t embedding_dim, int64_t num_embeddings, int64_t padding_idx,
+                        void* grad_weight) {
+  const char* what = "embedding_backward";
+  check_extents(what, num_embeddings, embedding_dim, count);
+  check(padding_idx >= -1 && padding_idx < num_embeddings, what, " (CUDA): padding_idx ", padding_idx,
+        " is out of range [-1, ", num_embeddings, ")");
+  check(is_floating(dtype), what, " (CUDA): expected a floating dtype (f32, f64, f16, bf16), got ", dtype);
+  cudaStream_t stream = mg::cuda::current_cuda_stream();
+  check_embedding_indices(what, indices, count, num_embeddings, stream);
+  const size_t bytes = static_cast<size_t>(num_embeddings * embedding_dim) * dtype_size(dtype);
+  if (bytes > 0) MG_CUDA_CHECK(cudaMemsetAsync(grad_weight, 0, bytes, stream));  // zero bits: +0.0
+  scatter_add(dtype, what, IndexShape{1, num_embeddings, embedding_dim}, grad_out, indices, count,
+              padding_idx, grad_weight, stream);
+}
+
+void index_select(DType dtype, const IndexShape& shape, const void* input, const int64_t* indices,
+                  int64_t count, void* out) {
+  check(shape.outer >= 0 && shape.size >= 0 && shape.inner >= 0 && count >= 0,
+        "index_select (CUDA): negative extent");
+  cudaStream_t stream = mg::cuda::current_cuda_stream();
+  check_select_indices(shape, indices, count, stream);
+  gather(dtype, shape, input, indices, count, out, stream);
+}
+
+void index_add(DType dtype, const IndexShape& shape, const void* grad_out, const int64_t* indices,
+               int64_t count, void* grad_input) {
+  check(shape.outer >= 0 && shape.size >= 0 && shape.inner >= 0 && count >= 0,
+        "index_add (CUDA): negative extent");
+  cudaStream_t stream = mg::cuda::current_cuda_stream();
+  check_select_indices(shape, indices, count, stream);
+  scatter_add(dtype, "index_add", shape, grad_out, indices, count, /*skip=*/-1, grad_input, stream);
+}
+
+}  // namespace mg::kernels::cuda

@@ -1,0 +1,520 @@
+// The neural-network kernels on CUDA against their CPU twins: im2col/col2im,
+// max/avg pooling, layer norm, embedding, index_select/index_add and dropout
+// (kernels/cuda/{conv,pool,layer_norm,embedding,dropout}.cu vs kernels/cpu/),
+// then whole models: a FashionCNN forward + backward, a TinyGPT forward +
+// backward, and MLP training steps with AdamW, each on cuda:0 vs the CPU.
+//
+// As in test_cuda_kernels.cpp, GPU outputs are poisoned first (NaN, or a
+// sentinel for integers) so an element the kernel never writes fails, and
+// results are compared by ||out - ref|| / ||ref|| (gpu_compare.h). Kernels that
+// only move data, or add in the CPU's order, must match exactly (tolerance 0).
+#include <catch2/catch.hpp>
+
+#if defined(MG_HAS_CUDA)
+
+#include <string>
+#include <vector>
+
+#include "core/cuda_stream.h"
+#include "kernels/cuda/kernels.h"
+#include "nn/zoo.h"
+#include "optim/adam.h"
+#include "tests/gpu/gpu_compare.h"
+
+namespace mg {
+namespace {
+using namespace gpu_test;
+using kernels::cpu::Conv2dGeometry;
+using kernels::cpu::IndexShape;
+using kernels::cpu::Pool2dGeometry;
+
+const DType kFloatDtypes[] = {DType::f32, DType::f64, DType::f16, DType::bf16};
+
+// Runs `gpu_call` with cuda:0 current and waits for it, so errors surface here.
+template <class F>
+void on_gpu(F&& gpu_call) {
+  cuda::DeviceGuard guard(0);
+  gpu_call();
+  cuda::synchronize(cuda::current_stream(0));
+}
+
+// ---- im2col / col2im ---------------------------------------------------------------------------
+Conv2dGeometry conv_geometry(int64_t c, int64_t h, int64_t w, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
+                             int64_t ph, int64_t pw, int64_t dh, int64_t dw) {
+  Conv2dGeometry g;
+  g.channels = c, g.height = h, g.width = w, g.kernel_h = kh, g.kernel_w = kw;
+  g.stride_h = sh, g.stride_w = sw, g.pad_h = ph, g.pad_w = pw, g.dilation_h = dh, g.dilation_w = dw;
+  return g;
+}
+
+TEST_CASE("cuda im2col and col2im match the CPU exactly", "[gpu][conv]") {
+  manual_seed(21);
+  const std::vector<std::pair<Conv2dGeometry, int64_t>> cases = {
+      {conv_geometry(4, 8, 8, 3, 3, 1, 1, 1, 1, 1, 1), 3},  // 3x3 "same", a batch of 3
+      {conv_geometry(3, 9, 7, 3, 2, 2, 1, 1, 1, 1, 2), 2},  // strided, padded, dilated
+      {conv_geometry(5, 6, 6, 1, 1, 2, 2, 0, 0, 1, 1), 1},  // 1x1 stride 2 (a ResNet shortcut)
+      {conv_geometry(2, 5, 5, 5, 5, 1, 1, 0, 0, 1, 1), 2},  // kernel covers the image: one output pixel
+  };
+  for (const auto& [g, images] : cases) {
+    for (DType dt : kFloatDtypes) {
+      INFO("C=" << g.channels << " H=" << g.height << " W=" << g.width << " k=" << g.kernel_h << "x"
+                << g.kernel_w << " images=" << images << " dtype " << dt);
+      const Shape image_shape{images, g.channels, g.height, g.width};
+      const Shape column_shape{g.column_rows(), images * g.column_cols()};
+      const Tensor x = random_cpu(image_shape, dt), xg = x.to(gpu());
+      Tensor ref = empty(column_shape, TensorOptions{dt});
+      kernels::cpu::im2col(g, dt, x.data_ptr(), ref.data_ptr(), images);
+      Tensor cols = poisoned(column_shape, dt, gpu());
+      on_gpu([&] { kernels::cuda::im2col(g, dt, xg.data_ptr(), cols.data_ptr(), images); });
+      CHECK(rel_error(cols, ref) == 0.0);  // a copy: exact
+
+      // col2im accumulates into the image: start both from the same random image.
+      const Tensor c = random_cpu(column_shape, dt), cg = c.to(gpu());
+      Tensor ref_image = random_cpu(image_shape, dt);
+      Tensor image = ref_image.to(gpu());
+      kernels::cpu::col2im(g, dt, c.data_ptr(), ref_image.data_ptr(), images);
+      on_gpu([&] { kernels::cuda::col2im(g, dt, cg.data_ptr(), image.data_ptr(), images); });
+      CHECK(rel_error(image, ref_image) == 0.0);  // the same additions in the same order
+    }
+  }
+  // A bad geometry is refused before anything is launched, with the CPU's message.
+  const Conv2dGeometry bad = conv_geometry(1, 2, 2, 5, 5, 1, 1, 0, 0, 1, 1);
+  Tensor dummy = empty({25}, TensorOptions{DType::f32, gpu()});
+  CHECK_THROWS_WITH(kernels::cuda::im2col(bad, DType::f32, dummy.data_ptr(), dummy.data_ptr()),
+                    Catch::Contains("smaller than the dilated kernel"));
+}
+
+// ---- pooling ---------------------------------------------------------------------------------
+Pool2dGeometry pool_geometry(int64_t planes, int64_t h, int64_t w, int64_t kh, int64_t kw, int64_t sh,
+                             int64_t sw, int64_t ph, int64_t pw) {
+  Pool2dGeometry g;
+  g.planes = planes, g.height = h, g.width = w, g.kernel_h = kh, g.kernel_w = kw;
+  g.stride_h = sh, g.stride_w = sw, g.pad_h = ph, g.pad_w = pw;
+  return g;
+}
+
+TEST_CASE("cuda max and avg pooling match the CPU, ties and NaN included", "[gpu][pool]") {
+  manual_seed(22);
+  const Pool2dGeometry cases[] = {
+      pool_geometry(6, 8, 8, 2, 2, 2, 2, 0, 0),  // the CNN "maxpool 2"
+      pool_geometry(5, 7, 9, 3, 3, 2, 2, 1, 1),  // padded, odd sizes
+      pool_geometry(4, 6, 5, 3, 2, 1, 1, 1, 1),  // overlapping windows (stride < kernel)
+      pool_geometry(3, 9, 9, 3, 3, 3, 3, 0, 0),  // 9x9 -> 3x3, an input row left over at no edge
+  };
+  for (const Pool2dGeometry& g : cases) {
+    for (DType dt : kFloatDtypes) {
+      INFO("planes=" << g.planes << " H=" << g.height << " W=" << g.width << " k=" << g.kernel_h << "x"
+                     << g.kernel_w << " s=" << g.stride_h << "x" << g.stride_w << " dtype " << dt);
+      const Shape in_shape{g.planes, g.height, g.width}, out_shape{g.planes, g.out_h(), g.out_w()};
+      // Small integers: many ties, which must resolve to the same (first) element as on the CPU.
+      Tensor x = random_cpu(in_shape, DType::f64, 2.0).to(DType::i64).to(dt);
+      x.view({-1}).narrow(0, 7, 1).fill_(NAN);  // a NaN wins its window(s)
+      const Tensor xg = x.to(gpu());
+
+      Tensor ref = empty(out_shape, TensorOptions{dt}),
+             ref_index = empty(out_shape, TensorOptions{DType::i64});
+      kernels::cpu::max_pool2d_forward(g, dt, x.data_ptr(), ref.data_ptr(), ref_index.data<int64_t>());
+      Tensor out = poisoned(out_shape, dt, gpu()), index = poisoned(out_shape, DType::i64, gpu());
+      on_gpu([&] {
+        kernels::cuda::max_pool2d_forward(g, dt, xg.data_ptr(), out.data_ptr(), index.data<int64_t>());
+      });
+      CHECK(rel_error(out, ref) == 0.0);
+      CHECK(index.to_vector<int64_t>() == ref_index.to_vector<int64_t>());
+
+      const Tensor gy = random_cpu(out_shape, dt), gyg = gy.to(gpu());
+      Tensor ref_gx = empty(in_shape, TensorOptions{dt});
+      kernels::cpu::max_pool2d_backward(g, dt, gy.data_ptr(), ref_index.data<int64_t>(), ref_gx.data_ptr());
+      Tensor gx = poisoned(in_shape, dt, gpu());
+      on_gpu([&] {
+        kernels::cuda::max_pool2d_backward(g, dt, gyg.data_ptr(), index.data<int64_t>(), gx.data_ptr());
+      });
+      CHECK(rel_error(gx, ref_gx) == 0.0);  // gathered in the CPU's order
+
+      const Tensor xa = random_cpu(in_shape, dt), xag = xa.to(gpu());
+      for (bool include_pad : {true, false}) {
+        INFO("count_include_pad " << include_pad);
+        Tensor ref_avg = empty(out_shape, TensorOptions{dt});
+        kernels::cpu::avg_pool2d_forward(g, dt, xa.data_ptr(), ref_avg.data_ptr(), include_pad);
+        Tensor avg = poisoned(out_shape, dt, gpu());
+        on_gpu(
+            [&] { kernels::cuda::avg_pool2d_forward(g, dt, xag.data_ptr(), avg.data_ptr(), include_pad); });
+        CHECK(rel_error(avg, ref_avg) == 0.0);
+        Tensor ref_avg_gx = empty(in_shape, TensorOptions{dt});
+        kernels::cpu::avg_pool2d_backward(g, dt, gy.data_ptr(), ref_avg_gx.data_ptr(), include_pad);
+        Tensor avg_gx = poisoned(in_shape, dt, gpu());
+        on_gpu([&] {
+          kernels::cuda::avg_pool2d_backward(g, dt, gyg.data_ptr(), avg_gx.data_ptr(), include_pad);
+        });
+        CHECK(rel_error(avg_gx, ref_avg_gx) == 0.0);
+      }
+    }
+  }
+}
+
+// ---- layer norm ------------------------------------------------------------------------------
+TEST_CASE("cuda layer norm forward and backward match the CPU", "[gpu][layer_norm]") {
+  manual_seed(23);
+  for (int64_t cols : {1, 10, 300, 1000}) {
+    for (DType dt : kFloatDtypes) {
+      for (bool affine : {true, false}) {
+        INFO("cols " << cols << " dtype " << dt << " affine " << affine);
+        const int64_t rows = 37;
+        const DType st = dt == DType::f64 ? DType::f64 : DType::f32;
+        // |mean| >> std exercises the corrected two-pass variance.
+        const Tensor x = random_cpu({rows, cols}, dt, 1.0, 3.0), xg = x.to(gpu());
+        const Tensor w = random_cpu({cols}, dt, 0.5, 1.0), b = random_cpu({cols}, dt);
+        const Tensor wg = w.to(gpu()), bg = b.to(gpu());
+        const void* wp = affine ? w.data_ptr() : nullptr;
+        const void* bp = affine ? b.data_ptr() : nullptr;
+        const void* wgp = affine ? wg.data_ptr() : nullptr;
+        const void* bgp = affine ? bg.data_ptr() : nullptr;
+
+        Tensor ref = empty({rows, cols}, TensorOptions{dt});
+        Tensor ref_mean = empty({rows}, TensorOptions{st}), ref_rstd = empty({rows}, TensorOptions{st});
+        kernels::cpu::layer_norm_forward(dt, x.data_ptr(), wp, bp, rows, cols, 1e-5, ref.data_ptr(),
+                                         ref_mean.data_ptr(), ref_rstd.data_ptr());
+        Tensor y = poisoned({rows, cols}, dt, gpu());
+        Tensor mean = poisoned({rows}, st, gpu()), rstd = poisoned({rows}, st, gpu());
+        on_gpu([&] {
+          kernels::cuda::layer_norm_forward(dt, xg.data_ptr(), wgp, bgp, rows, cols, 1e-5, y.data_ptr(),
+                                            mean.data_ptr(), rstd.data_ptr());
+        });
+        MG_REQUIRE_CLOSE(y, ref, 2 * tolerance(dt));
+        MG_REQUIRE_CLOSE(mean, ref_mean, tolerance(st));
+        MG_REQUIRE_CLOSE(rstd, ref_rstd, 2 * tolerance(st));
+
+        const Tensor gy = random_cpu({rows, cols}, dt), gyg = gy.to(gpu());
+        Tensor ref_gx = empty({rows, cols}, TensorOptions{dt});
+        Tensor ref_gw = empty({cols}, TensorOptions{dt}), ref_gb = empty({cols}, TensorOptions{dt});
+        kernels::cpu::layer_norm_backward(dt, gy.data_ptr(), x.data_ptr(), ref_mean.data_ptr(),
+                                          ref_rstd.data_ptr(), wp, rows, cols, ref_gx.data_ptr(),
+                                          ref_gw.data_ptr(), ref_gb.data_ptr());
+        // The GPU backward reads the CPU's statistics, so only the backward is compared here.
+        const Tensor mean_in = ref_mean.to(gpu()), rstd_in = ref_rstd.to(gpu());
+        Tensor gx = poisoned({rows, cols}, dt, gpu());
+        Tensor gw = poisoned({cols}, dt, gpu()), gb = poisoned({cols}, dt, gpu());
+        on_gpu([&] {
+          kernels::cuda::layer_norm_backward(dt, gyg.data_ptr(), xg.data_ptr(), mean_in.data_ptr(),
+                                             rstd_in.data_ptr(), wgp, rows, cols, gx.data_ptr(),
+                                             gw.data_ptr(), gb.data_ptr());
+        });
+        // cols == 1: x - mean is rounding noise and gx ~ 0, so compare absolutely there.
+        if (cols > 1) MG_REQUIRE_CLOSE(gx, ref_gx, 8 * tolerance(dt));
+        MG_REQUIRE_CLOSE(gw, ref_gw, cols > 1 ? 4 * tolerance(dt) : 1e-2);
+        MG_REQUIRE_CLOSE(gb, ref_gb, 4 * tolerance(dt));
+      }
+    }
+  }
+}
+
+// ---- embedding, index_select, index_add ------------------------------------------------------
+Tensor index_tensor(int64_t count, int64_t limit, int64_t step) {
+  std::vector<int64_t> v(count);
+  for (int64_t i = 0; i < count; ++i) v[i] = (i * step + i / 3) % limit;  // repeats, in no order
+  return tensor<int64_t>(v);
+}
+
+TEST_CASE("cuda embedding forward and backward match the CPU, and refuse bad indices", "[gpu][embedding]") {
+  manual_seed(24);
+  const int64_t num = 50, dim = 33, count = 200;
+  const Tensor idx = index_tensor(count, num, 7), idxg = idx.to(gpu());
+  for (DType dt : kFloatDtypes) {
+    for (int64_t padding_idx : {int64_t(-1), int64_t(3)}) {
+      INFO("dtype " << dt << " padding_idx " << padding_idx);
+      const Tensor w = random_cpu({num, dim}, dt), wg = w.to(gpu());
+      Tensor ref = empty({count, dim}, TensorOptions{dt});
+      kernels::cpu::embedding_forward(dt, w.data_ptr(), num, dim, idx.data<int64_t>(), count, ref.data_ptr());
+      Tensor out = poisoned({count, dim}, dt, gpu());
+      on_gpu([&] {
+        kernels::cuda::embedding_forward(dt, wg.data_ptr(), num, dim, idxg.data<int64_t>(), count,
+                                         out.data_ptr());
+      });
+      CHECK(rel_error(out, ref) == 0.0);
+
+      const Tensor gy = random_cpu({count, dim}, dt), gyg = gy.to(gpu());
+      Tensor ref_gw = empty({num, dim}, TensorOptions{dt});
+      kernels::cpu::embedding_backward(dt, gy.data_ptr(), idx.data<int64_t>(), count, dim, num, padding_idx,
+                                       ref_gw.data_ptr());
+      Tensor gw = poisoned({num, dim}, dt, gpu());
+      on_gpu([&] {
+        kernels::cuda::embedding_backward(dt, gyg.data_ptr(), idxg.data<int64_t>(), count, dim, num,
+                                          padding_idx, gw.data_ptr());
+      });
+      // Atomic adds in any order; halves round after each of the ~4 additions per row.
+      MG_REQUIRE_CLOSE(gw, ref_gw, 4 * tolerance(dt));
+      if (padding_idx >= 0) CHECK(sum(abs(gw.narrow(0, padding_idx, 1))).item<double>() == 0.0);
+    }
+  }
+  // A bad index: the CPU's message (position and value), and nothing launched after the check.
+  const Tensor bad = tensor<int64_t>({1, 4, 50, 2}).to(gpu());
+  const Tensor w = random_cpu({num, dim}, DType::f32).to(gpu());
+  Tensor out = poisoned({4, dim}, DType::f32, gpu());
+  try {
+    on_gpu([&] {
+      kernels::cuda::embedding_forward(DType::f32, w.data_ptr(), num, dim, bad.data<int64_t>(), 4,
+                                       out.data_ptr());
+    });
+    FAIL("embedding_forward accepted index 50 for 50 embeddings");
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    INFO(msg);
+    CHECK(msg.find("index 50 at position 2") != std::string::npos);
+  }
+  CHECK(std::isnan(out.to_vector<float>()[0]));  // nothing was written
+}
+
+TEST_CASE("cuda index_select (every dtype) and index_add match the CPU", "[gpu][index]") {
+  manual_seed(25);
+  const IndexShape shape{6, 11, 5};  // [outer, size, inner]
+  const int64_t count = 17;
+  const Tensor idx = index_tensor(count, shape.size, 4), idxg = idx.to(gpu());
+  for (DType dt : {DType::f32, DType::f64, DType::f16, DType::bf16, DType::i32, DType::i64, DType::boolean}) {
+    INFO("dtype " << dt);
+    const Tensor x = random_cpu({shape.outer, shape.size, shape.inner}, DType::f32, 10.0).to(dt),
+                 xg = x.to(gpu());
+    const Shape out_shape{shape.outer, count, shape.inner};
+    Tensor ref = empty(out_shape, TensorOptions{dt});
+    kernels::cpu::index_select(dt, shape, x.data_ptr(), idx.data<int64_t>(), count, ref.data_ptr());
+    Tensor out = poisoned(out_shape, dt, gpu());
+    if (dt == DType::boolean) out.copy_(eq(ref, 0.0).to(gpu()));  // poison: the complement of ref
+    on_gpu([&] {
+      kernels::cuda::index_select(dt, shape, xg.data_ptr(), idxg.data<int64_t>(), count, out.data_ptr());
+    });
+    CHECK(out.to_vector<double>() == ref.to_vector<double>());
+    if (!is_floating(dt)) continue;
+
+    const Tensor gy = random_cpu(out_shape, dt), gyg = gy.to(gpu());
+    Tensor ref_gx = zeros({shape.outer, shape.size, shape.inner}, TensorOptions{dt});
+    kernels::cpu::index_add(dt, shape, gy.data_ptr(), idx.data<int64_t>(), count, ref_gx.data_ptr());
+    Tensor gx = zeros({shape.outer, shape.size, shape.inner}, TensorOptions{dt, gpu()});
+    on_gpu([&] {
+      kernels::cuda::index_add(dt, shape, gyg.data_ptr(), idxg.data<int64_t>(), count, gx.data_ptr());
+    });
+    MG_REQUIRE_CLOSE(gx, ref_gx, 2 * tolerance(dt));
+  }
+  const Tensor bad = tensor<int64_t>({0, -1}).to(gpu());
+  const Tensor x = zeros({shape.outer, shape.size, shape.inner}, TensorOptions{DType::f32, gpu()});
+  Tensor out = empty({shape.outer, 2, shape.inner}, TensorOptions{DType::f32, gpu()});
+  CHECK_THROWS_WITH(on_gpu([&] {
+                      kernels::cuda::index_select(DType::f32, shape, x.data_ptr(), bad.data<int64_t>(), 2,
+                                                  out.data_ptr());
+                    }),
+                    Catch::Contains("index -1 at position 1"));
+}
+
+// ---- dropout ---------------------------------------------------------------------------------
+TEST_CASE("cuda dropout draws the CPU's mask bit for bit", "[gpu][dropout]") {
+  manual_seed(26);
+  const int64_t count = 100003;  // not a multiple of any launch size
+  for (DType dt : kFloatDtypes) {
+    for (double p : {0.1, 0.5, 0.9, 1.0}) {
+      INFO("dtype " << dt << " p " << p);
+      const uint64_t seed = 0x1234567890abcdefull, offset = 7;
+      const Tensor x = random_cpu({count}, dt), xg = x.to(gpu());
+      Tensor ref = empty({count}, TensorOptions{dt}),
+             ref_mask = empty({count}, TensorOptions{DType::boolean});
+      kernels::cpu::dropout_forward(dt, x.data_ptr(), ref.data_ptr(), ref_mask.data<bool>(), count, p, seed,
+                                    offset);
+      Tensor y = poisoned({count}, dt, gpu());
+      Tensor mask = eq(ref_mask, 0.0).to(gpu());  // poison: the complement of the expected mask
+      on_gpu([&] {
+        kernels::cuda::dropout_forward(dt, xg.data_ptr(), y.data_ptr(), mask.data<bool>(), count, p, seed,
+                                       offset);
+      });
+      CHECK(mask.to_vector<bool>() == ref_mask.to_vector<bool>());  // bitwise
+      CHECK(rel_error(y, ref) == 0.0);
+
+      const Tensor gy = random_cpu({count}, dt), gyg = gy.to(gpu());
+      Tensor ref_gx = empty({count}, TensorOptions{dt});
+      kernels::cpu::dropout_backward(dt, gy.data_ptr(), ref_mask.data<bool>(), ref_gx.data_ptr(), count, p);
+      Tensor gx = poisoned({count}, dt, gpu());
+      on_gpu([&] {
+        kernels::cuda::dropout_backward(dt, gyg.data_ptr(), mask.data<bool>(), gx.data_ptr(), count, p);
+      });
+      CHECK(rel_error(gx, ref_gx) == 0.0);
+    }
+  }
+  // Through the op: the same seed gives the same mask on both devices, and the next call a different one.
+  const Tensor x = ones({4096}, TensorOptions{DType::f32});
+  manual_seed(99);
+  const Tensor a_cpu = dropout(x, 0.5, true), b_cpu = dropout(x, 0.5, true);
+  manual_seed(99);
+  const Tensor a_gpu = dropout(x.to(gpu()), 0.5, true), b_gpu = dropout(x.to(gpu()), 0.5, true);
+  CHECK(a_gpu.device() == gpu());
+  CHECK(a_gpu.to_vector<float>() == a_cpu.to_vector<float>());
+  CHECK(b_gpu.to_vector<float>() == b_cpu.to_vector<float>());
+  CHECK(a_cpu.to_vector<float>() != b_cpu.to_vector<float>());
+}
+
+// ---- the ops (dispatch, autograd) ------------------------------------------------------------
+// f(inputs) on the CPU and on cuda:0 (inputs copied there), then backward of
+// sum(f * r) for a fixed random r: the outputs and every input's gradient must agree.
+template <class F>
+void check_op(const char* name, const std::vector<Tensor>& cpu_inputs, F f, double tol) {
+  INFO("op " << name);
+  std::vector<Tensor> cpu_leaves, gpu_leaves;
+  for (const Tensor& t : cpu_inputs) {
+    const bool grad = is_floating(t.dtype());
+    cpu_leaves.push_back(t.detach().set_requires_grad(grad));
+    gpu_leaves.push_back(t.to(gpu()).set_requires_grad(grad));
+  }
+  const Tensor out_cpu = f(cpu_leaves), out_gpu = f(gpu_leaves);
+  REQUIRE(out_gpu.device() == gpu());
+  MG_REQUIRE_CLOSE(out_gpu, out_cpu, tol);
+  const Tensor r = random_cpu(out_cpu.shape(), out_cpu.dtype());
+  sum(mul(out_cpu, r)).backward();
+  sum(mul(out_gpu, r.to(gpu()))).backward();
+  for (size_t i = 0; i < cpu_leaves.size(); ++i) {
+    if (!cpu_leaves[i].requires_grad()) continue;
+    INFO("gradient of input " << i);
+    REQUIRE(gpu_leaves[i].grad().defined());
+    MG_REQUIRE_CLOSE(gpu_leaves[i].grad(), cpu_leaves[i].grad(), tol);
+  }
+}
+
+TEST_CASE("the nn ops run on CUDA with autograd and match the CPU", "[gpu][ops]") {
+  manual_seed(27);
+  const DType dt = DType::f64;
+  const double tol = 1e-12;
+  Conv2dOptions strided;
+  strided.stride_h = 2, strided.pad_h = 1, strided.pad_w = 2, strided.dilation_w = 2;
+  check_op(
+      "conv2d", {random_cpu({3, 4, 11, 10}, dt), random_cpu({5, 4, 3, 3}, dt), random_cpu({5}, dt)},
+      [&](const std::vector<Tensor>& t) { return conv2d(t[0], t[1], t[2], strided); }, tol);
+  Pool2dOptions pool{3, 3};
+  pool.stride_h = pool.stride_w = 2, pool.pad_h = pool.pad_w = 1;
+  check_op(
+      "max_pool2d", {random_cpu({2, 3, 9, 8}, dt)},
+      [&](const std::vector<Tensor>& t) { return max_pool2d(t[0], pool); }, tol);
+  pool.count_include_pad = false;
+  check_op(
+      "avg_pool2d", {random_cpu({2, 3, 9, 8}, dt)},
+      [&](const std::vector<Tensor>& t) { return avg_pool2d(t[0], pool); }, tol);
+  check_op(
+      "layer_norm", {random_cpu({6, 4, 24}, dt), random_cpu({4, 24}, dt), random_cpu({4, 24}, dt)},
+      [](const std::vector<Tensor>& t) {
+        return layer_norm(t[0], {4, 24}, t[1], t[2]);
+      },
+      1e-11);
+  check_op(
+      "embedding", {random_cpu({12, 7}, dt), index_tensor(30, 12, 5).reshape({5, 6})},
+      [](const std::vector<Tensor>& t) { return embedding(t[0], t[1], /*padding_idx=*/2); }, tol);
+  check_op(
+      "index_select", {random_cpu({4, 9, 3}, dt), index_tensor(13, 9, 2)},
+      [](const std::vector<Tensor>& t) { return index_select(t[0], 1, t[1]); }, tol);
+  check_op(
+      "cat and stack", {random_cpu({2, 3, 4}, dt), random_cpu({2, 5, 4}, dt), random_cpu({2, 3, 4}, dt)},
+      [](const std::vector<Tensor>& t) {
+        return cat({t[0], t[1], stack({t[0], t[2]}, 1).flatten(1, 2)}, 1);
+      },
+      tol);
+  check_op(
+      "split", {random_cpu({7, 10}, dt)},
+      [](const std::vector<Tensor>& t) {
+        const std::vector<Tensor> parts = split(t[0], 4, 1);
+        return add(mul(parts[0], parts[1]), parts[1]);
+      },
+      tol);
+}
+
+// ---- whole models ----------------------------------------------------------------------------
+// The gradients of `model` (CPU) and `replica` (its clone on cuda:0), parameter by parameter.
+void check_gradients(const nn::Module& model, const nn::Module& replica, double tol) {
+  const auto cpu_params = model.named_parameters(), gpu_params = replica.named_parameters();
+  REQUIRE(cpu_params.size() == gpu_params.size());
+  for (size_t i = 0; i < cpu_params.size(); ++i) {
+    INFO("parameter " << cpu_params[i].first);
+    const Tensor& g_cpu = cpu_params[i].second.grad();
+    const Tensor& g_gpu = gpu_params[i].second.grad();
+    REQUIRE(g_cpu.defined());
+    REQUIRE(g_gpu.defined());
+    CHECK(g_gpu.device() == gpu());
+    MG_REQUIRE_CLOSE(g_gpu, g_cpu, tol);
+  }
+}
+
+TEST_CASE("FashionCNN forward and backward on CUDA match the CPU", "[gpu][model]") {
+  manual_seed(31);
+  for (DType dt : {DType::f64, DType::f32}) {
+    INFO("dtype " << dt);
+    nn::FashionCNN model;
+    model.to(dt);
+    model.train();  // BatchNorm batch statistics, and dropout (the same Philox mask on both)
+    const std::shared_ptr<nn::Module> replica = model.clone(gpu());
+    const Tensor x = random_cpu({8, 1, 28, 28}, dt);
+    const Tensor y = tensor<int64_t>({0, 1, 2, 3, 4, 5, 6, 7});
+    manual_seed(5);
+    const Tensor loss_cpu = cross_entropy(model.forward(x), y);
+    manual_seed(5);
+    const Tensor loss_gpu = cross_entropy(replica->forward(x.to(gpu())), y.to(gpu()));
+    CHECK(loss_gpu.device() == gpu());
+    const double tol = dt == DType::f64 ? 1e-10 : 1e-4;
+    CHECK(loss_gpu.item<double>() == Approx(loss_cpu.item<double>()).epsilon(tol));
+    loss_cpu.backward();
+    loss_gpu.backward();
+    check_gradients(model, *replica, tol);
+  }
+}
+
+TEST_CASE("TinyGPT forward and backward on CUDA match the CPU", "[gpu][model]") {
+  manual_seed(32);
+  nn::GPTConfig config;
+  config.vocab_size = 17, config.block_size = 16, config.n_layer = 2, config.n_head = 2, config.n_embd = 32;
+  config.dropout = 0.1;
+  nn::TinyGPT model(config);
+  model.to(DType::f64);
+  model.train();
+  const std::shared_ptr<nn::Module> replica = model.clone(gpu());
+  const Tensor idx = index_tensor(3 * 16, config.vocab_size, 5).reshape({3, 16});
+  const Tensor targets = index_tensor(3 * 16, config.vocab_size, 3);
+  manual_seed(6);
+  const Tensor loss_cpu = cross_entropy(model.forward(idx).reshape({-1, config.vocab_size}), targets);
+  manual_seed(6);
+  const Tensor loss_gpu =
+      cross_entropy(replica->forward(idx.to(gpu())).reshape({-1, config.vocab_size}), targets.to(gpu()));
+  CHECK(loss_gpu.item<double>() == Approx(loss_cpu.item<double>()).epsilon(1e-10));
+  loss_cpu.backward();
+  loss_gpu.backward();
+  check_gradients(model, *replica, 1e-9);
+}
+
+TEST_CASE("MLP training steps with AdamW on CUDA match the CPU", "[gpu][model][optim]") {
+  manual_seed(33);
+  for (DType dt : {DType::f32, DType::f64}) {
+    INFO("dtype " << dt);
+    nn::MLP model(20, {32, 16}, 5);
+    model.to(dt);
+    const std::shared_ptr<nn::Module> replica = model.clone(gpu());
+    optim::AdamWOptions options;
+    options.lr = 1e-2;
+    options.weight_decay = 0.05;
+    options.amsgrad = true;
+    optim::AdamW opt_cpu(model.parameters(), options), opt_gpu(replica->parameters(), options);
+    const double tol = dt == DType::f64 ? 1e-10 : 1e-4;
+    for (int step = 0; step < 3; ++step) {
+      INFO("step " << step);
+      const Tensor x = random_cpu({16, 20}, dt);
+      const Tensor y = index_tensor(16, 5, step + 1);
+      opt_cpu.zero_grad();
+      opt_gpu.zero_grad();
+      const Tensor loss_cpu = cross_entropy(model.forward(x), y);
+      const Tensor loss_gpu = cross_entropy(replica->forward(x.to(gpu())), y.to(gpu()));
+      CHECK(loss_gpu.item<double>() == Approx(loss_cpu.item<double>()).epsilon(tol));
+      loss_cpu.backward();
+      loss_gpu.backward();
+      opt_cpu.step();
+      opt_gpu.step();
+    }
+    const auto cpu_params = model.named_parameters(), gpu_params = replica->named_parameters();
+    for (size_t i = 0; i < cpu_params.size(); ++i) {
+      INFO("parameter " << cpu_params[i].first);
+      CHECK(gpu_params[i].second.device() == gpu());
+      MG_REQUIRE_CLOSE(gpu_params[i].second, cpu_params[i].second, tol);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace mg
+
+#endif  // MG_HAS_CUDA
