@@ -31,37 +31,22 @@
 #include "parallel/distributed.h"
 #include "parallel/distributed_data_parallel.h"
 
+#include "fashion_mnist_common.h"
+
 using namespace mg;
-using Clock = std::chrono::steady_clock;
+using examples::Clock;
+using examples::seconds_since;
 
 namespace {
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-std::shared_ptr<nn::Module> make_model(const std::string& name) {
-  if (name == "mlp") return std::make_shared<nn::MLP>(784, std::vector<int64_t>{256, 128}, 10);
-  if (name == "cnn") return std::make_shared<nn::FashionCNN>();
-  throw Error("--model must be mlp or cnn, got '" + name + "'");
-}
 
 // Test accuracy over the whole test set: each rank scores its shard, the counts are summed.
 double evaluate(nn::Module& model, parallel::ProcessGroup& pg, data::DataLoader& loader, Device device,
                 bool bf16) {
-  NoGradGuard no_grad;
-  model.eval();
-  Tensor counts = zeros({2}, TensorOptions{DType::i64});
-  int64_t* c = counts.data<int64_t>();
-  for (auto& [x, y] : loader) {
-    AutocastGuard autocast(DType::bf16, bf16);
-    Tensor predicted = argmax(model.forward(x.to(device)), 1);
-    c[0] += sum(eq(predicted, y.to(device))).item<int64_t>();
-    c[1] += y.numel();
-  }
+  auto [correct, seen] = examples::count_correct(model, loader, device, bf16);
+  Tensor counts = tensor<int64_t>({correct, seen});
   pg.allreduce(counts)->wait();
-  model.train();
-  return static_cast<double>(c[0]) / static_cast<double>(c[1]);
+  auto total = counts.to_vector<int64_t>();
+  return static_cast<double>(total[0]) / static_cast<double>(total[1]);
 }
 
 }  // namespace
@@ -105,8 +90,7 @@ int main(int argc, char** argv) {
     const bool main_rank = pg.is_main();
 
     data::FashionMNIST train_set(data::Split::Train), test_set(data::Split::Test);
-    auto normalize =
-        std::make_shared<data::Normalize>(std::vector<double>{0.2860}, std::vector<double>{0.3530});
+    auto normalize = examples::normalize_transform();
     data::DistributedSampler train_sampler(train_set.size(), pg.rank(), pg.size(),
                                            {.shuffle = true, .seed = seed});
     data::DistributedSampler test_sampler(test_set.size(), pg.rank(), pg.size(), {.shuffle = false});
@@ -120,7 +104,7 @@ int main(int argc, char** argv) {
         test_set, {.batch_size = 1000, .sampler = &test_sampler, .workers = workers, .transform = normalize});
 
     manual_seed(seed);  // identical initialisation on every rank...
-    std::shared_ptr<nn::Module> model = make_model(model_name);
+    std::shared_ptr<nn::Module> model = examples::make_model(model_name);
     model->to(device);
     parallel::DDPOptions ddp_options;
     ddp_options.bucket_cap_mb = bucket_cap_mb;
@@ -177,14 +161,11 @@ int main(int argc, char** argv) {
         ++step;
         ++batches;
         loss_sum += loss.item<double>();
-        if (main_rank && (batches % 20 == 0 || batches == steps_per_epoch)) {
-          const double rate =
-              static_cast<double>(batches * batch_size * pg.size()) / seconds_since(epoch_start);
-          std::printf("\repoch %d [%5lld/%5lld] loss %.4f (rank 0)  %.0f samples/s (all ranks)", epoch + 1,
-                      static_cast<long long>(batches), static_cast<long long>(steps_per_epoch),
-                      loss_sum / static_cast<double>(batches), rate);
-          std::fflush(stdout);
-        }
+        if (main_rank)
+          examples::print_progress(
+              epoch + 1, batches, steps_per_epoch, loss_sum,
+              static_cast<double>(batches * batch_size * pg.size()) / seconds_since(epoch_start),
+              " (rank 0; samples/s of all ranks)");
       }
       accuracy = evaluate(*model, pg, test_loader, device, bf16);
       const auto& stats = ddp.stats();

@@ -28,20 +28,13 @@
 #include "optim/lr_scheduler.h"
 #include "parallel/data_parallel.h"
 
+#include "fashion_mnist_common.h"
+
 using namespace mg;
-using Clock = std::chrono::steady_clock;
+using examples::Clock;
+using examples::seconds_since;
 
 namespace {
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-std::shared_ptr<nn::Module> make_model(const std::string& name) {
-  if (name == "mlp") return std::make_shared<nn::MLP>(784, std::vector<int64_t>{256, 128}, 10);
-  if (name == "cnn") return std::make_shared<nn::FashionCNN>();
-  throw Error("--model must be mlp or cnn, got '" + name + "'");
-}
 
 // Every CUDA device when there are any, else `count` logical CPU devices.
 std::vector<Device> pick_devices(int count) {
@@ -53,21 +46,6 @@ std::vector<Device> pick_devices(int count) {
   check(count >= 1, "--devices must be at least 1, got ", count);
   for (int i = 0; i < count; ++i) devices.push_back(Device::cpu(i));
   return devices;
-}
-
-// Test-set accuracy, in eval mode and without building a graph (through DataParallel too).
-double evaluate(nn::Module& model, data::DataLoader& loader, Device device, bool bf16) {
-  NoGradGuard no_grad;
-  model.eval();
-  int64_t correct = 0, seen = 0;
-  for (auto& [x, y] : loader) {
-    AutocastGuard autocast(DType::bf16, bf16);
-    Tensor predicted = argmax(model.forward(x.to(device)), 1);
-    correct += sum(eq(predicted, y.to(device))).item<int64_t>();
-    seen += y.numel();
-  }
-  model.train();
-  return static_cast<double>(correct) / static_cast<double>(seen);
 }
 
 }  // namespace
@@ -104,8 +82,7 @@ int main(int argc, char** argv) {
     const Device device = devices[0];  // parameters, outputs, loss and optimizer live here
 
     data::FashionMNIST train_set(data::Split::Train), test_set(data::Split::Test);
-    auto normalize =
-        std::make_shared<data::Normalize>(std::vector<double>{0.2860}, std::vector<double>{0.3530});
+    auto normalize = examples::normalize_transform();
     data::DataLoader train_loader(train_set, {.batch_size = batch_size,
                                               .shuffle = true,
                                               .drop_last = true,
@@ -115,7 +92,7 @@ int main(int argc, char** argv) {
     data::DataLoader test_loader(test_set, {.batch_size = 1000, .workers = workers, .transform = normalize});
 
     manual_seed(seed);
-    std::shared_ptr<nn::Module> model = make_model(model_name);
+    std::shared_ptr<nn::Module> model = examples::make_model(model_name);
     model->to(device);
     parallel::DataParallel dp(model, devices);  // the only line train_fashion_mnist.cpp lacks
     optim::AdamW opt(model->parameters(), {.lr = lr, .weight_decay = weight_decay});
@@ -168,15 +145,11 @@ int main(int argc, char** argv) {
         phases.replicate_ms += t.replicate_ms;
         phases.apply_ms += t.apply_ms;
         phases.gather_ms += t.gather_ms;
-        if (batches % 20 == 0 || batches == steps_per_epoch) {
-          const double rate = static_cast<double>(batches * batch_size) / seconds_since(epoch_start);
-          std::printf("\repoch %d [%5lld/%5lld] loss %.4f  %.0f samples/s", epoch + 1,
-                      static_cast<long long>(batches), static_cast<long long>(steps_per_epoch),
-                      loss_sum / static_cast<double>(batches), rate);
-          std::fflush(stdout);
-        }
+        examples::print_progress(epoch + 1, batches, steps_per_epoch, loss_sum,
+                                 static_cast<double>(batches * batch_size) / seconds_since(epoch_start));
       }
-      accuracy = evaluate(dp, test_loader, device, bf16);
+      auto [correct, seen] = examples::count_correct(dp, test_loader, device, bf16);  // through DP too
+      accuracy = static_cast<double>(correct) / static_cast<double>(seen);
       const double per_step = 1.0 / static_cast<double>(std::max<int64_t>(batches, 1));
       std::printf("\nepoch %d: train loss %.4f, test accuracy %.4f, %.1f s\n", epoch + 1, loss_sum * per_step,
                   accuracy, seconds_since(epoch_start));
