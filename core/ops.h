@@ -94,6 +94,13 @@ struct CrossEntropyOptions {
 };
 // logits [N, C] (or [N, C, d1, ...] with targets [N, d1, ...]), integer class targets.
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, const CrossEntropyOptions& options = {});
+// Batch normalisation of x [N, C, ...] over every dim but 1, as one fused CPU kernel (f32/f64;
+// nn::BatchNorm uses the composed ops for other dtypes and devices). training: the batch's own
+// statistics (biased variance), handed back detached in *batch_mean / *batch_var ([C]) for the
+// running averages; otherwise running_mean / running_var. weight and bias ([C]) may be undefined.
+Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                  const Tensor& running_var, bool training, double eps, Tensor* batch_mean = nullptr,
+                  Tensor* batch_var = nullptr);
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = Tensor(),
                   const Tensor& bias = Tensor(), double eps = 1e-5);
 Tensor embedding(const Tensor& weight, const Tensor& indices, int64_t padding_idx = -1);

@@ -38,6 +38,16 @@ Tensor BatchNorm::forward(const Tensor& x) {
   stat_shape[1] = num_features;
   for (int64_t d = 2; d < x.dim(); ++d) dims.push_back(d);
 
+  // f32/f64 on the CPU: one fused kernel (2 memory passes forward, 2 backward, against ~6 and ~12
+  // for the composed ops below, which serve every other dtype and device).
+  if (x.device().is_cpu() && (x.dtype() == DType::f32 || x.dtype() == DType::f64)) {
+    Tensor batch_mean, batch_var;
+    Tensor y = batch_norm(x, options.affine ? weight : Tensor(), options.affine ? bias : Tensor(),
+                          running_mean, running_var, is_training(), options.eps, &batch_mean, &batch_var);
+    if (is_training()) update_running_stats(batch_mean, batch_var, x.numel() / num_features);
+    return y;
+  }
+
   Tensor mu, variance;
   if (is_training()) {
     const int64_t n = x.numel() / num_features;
@@ -45,13 +55,7 @@ Tensor BatchNorm::forward(const Tensor& x) {
           shape_str(x.shape()));
     mu = mean(x, dims, /*keepdim=*/true);
     variance = var(x, dims, /*correction=*/0, /*keepdim=*/true);
-    NoGradGuard no_grad;
-    const double m = options.momentum;
-    const double unbias = static_cast<double>(n) / static_cast<double>(n - 1);
-    running_mean.mul_(1.0 - m).add_(mu.detach().reshape({num_features}).to(running_mean.dtype()), m);
-    running_var.mul_(1.0 - m).add_(
-        mul(variance.detach().reshape({num_features}), unbias).to(running_var.dtype()), m);
-    num_batches_tracked.add_(1.0);
+    update_running_stats(mu.reshape({num_features}), variance.reshape({num_features}), n);
   } else {
     mu = running_mean.reshape(stat_shape);
     variance = running_var.reshape(stat_shape);
@@ -59,6 +63,16 @@ Tensor BatchNorm::forward(const Tensor& x) {
   Tensor y = mul(sub(x, mu), rsqrt(add(variance, options.eps)));
   if (options.affine) y = add(mul(y, weight.reshape(stat_shape)), bias.reshape(stat_shape));
   return y;
+}
+
+// running = (1 - momentum) * running + momentum * batch, with the unbiased variance (PyTorch).
+void BatchNorm::update_running_stats(const Tensor& batch_mean, const Tensor& batch_var, int64_t count) {
+  NoGradGuard no_grad;
+  const double m = options.momentum;
+  const double unbias = static_cast<double>(count) / static_cast<double>(count - 1);
+  running_mean.mul_(1.0 - m).add_(batch_mean.detach().to(running_mean.dtype()), m);
+  running_var.mul_(1.0 - m).add_(mul(batch_var.detach(), unbias).to(running_var.dtype()), m);
+  num_batches_tracked.add_(1.0);
 }
 
 std::string BatchNorm::extra_repr() const {

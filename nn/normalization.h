@@ -42,6 +42,7 @@ class BatchNorm : public Module {
   BatchNorm(int64_t num_features, BatchNormOptions options, int64_t min_dim, int64_t max_dim);
 
  private:
+  void update_running_stats(const Tensor& batch_mean, const Tensor& batch_var, int64_t count);
   const int64_t min_dim_, max_dim_;
 };
 

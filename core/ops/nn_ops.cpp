@@ -4,6 +4,7 @@
 #include "core/autocast.h"
 #include "core/ops/op_common.h"
 #include "core/random.h"
+#include "kernels/cpu/batch_norm.h"
 #include "kernels/cpu/cross_entropy.h"
 #include "kernels/cpu/dropout.h"
 #include "kernels/cpu/embedding.h"
@@ -163,6 +164,70 @@ Tensor layer_norm(const Tensor& x_arg, const Shape& normalized_shape, const Tens
                 rstd.data_ptr(), ws.defined() ? ws.data_ptr() : nullptr, rows, cols, gx.data_ptr(),
                 gw.defined() ? gw.data_ptr() : nullptr, gb.defined() ? gb.data_ptr() : nullptr);
       return std::vector<Tensor>{gx, need_w ? gw : Tensor(), need_b ? gb : Tensor()};
+    });
+  }
+  return y;
+}
+
+Tensor batch_norm(const Tensor& x_in, const Tensor& weight, const Tensor& bias, const Tensor& running_mean,
+                  const Tensor& running_var, bool training, double eps, Tensor* batch_mean,
+                  Tensor* batch_var) {
+  check_defined("batch_norm", {x_in});
+  require_cpu("batch_norm", {x_in, weight, bias, running_mean, running_var});
+  check(x_in.dtype() == DType::f32 || x_in.dtype() == DType::f64,
+        "batch_norm: the fused kernel takes f32 or f64 input, got ", x_in.dtype());
+  check(x_in.dim() >= 2, "batch_norm: expected input [N, C, ...], got ", shape_str(x_in.shape()));
+  const int64_t n = x_in.size(0), c = x_in.size(1);
+  const int64_t hw = n * c == 0 ? 0 : x_in.numel() / (n * c);
+  for (const Tensor* p : {&weight, &bias}) {
+    if (!p->defined()) continue;
+    check(p->shape() == Shape{c} && p->dtype() == x_in.dtype(), "batch_norm: weight/bias ",
+          shape_str(p->shape()), " ", p->dtype(), " must be [", c, "] ", x_in.dtype(), " for input ",
+          shape_str(x_in.shape()));
+  }
+  Tensor x = x_in.detach().contiguous();
+  Tensor w = weight.defined() ? weight.detach().contiguous() : Tensor();
+  Tensor b = bias.defined() ? bias.detach().contiguous() : Tensor();
+  Tensor mean, var;
+  if (training) {
+    check(n * hw > 1, "batch_norm: training needs more than one value per channel, got input ",
+          shape_str(x_in.shape()));
+    mean = new_output({c}, x.dtype(), x);
+    var = new_output({c}, x.dtype(), x);
+    kernels::cpu::batch_norm_stats(x.dtype(), x.data_ptr(), n, c, hw, mean.data_ptr(), var.data_ptr());
+  } else {
+    check(running_mean.defined() && running_var.defined() && running_mean.numel() == c &&
+              running_var.numel() == c,
+          "batch_norm: eval mode needs running_mean and running_var of ", c, " elements");
+    // Copies: the buffers may be updated in place before this graph's backward runs.
+    mean = running_mean.detach().to(x.dtype()).reshape({c}).clone();
+    var = running_var.detach().to(x.dtype()).reshape({c}).clone();
+  }
+  Tensor rstd;
+  {
+    NoGradGuard no_grad;
+    rstd = rsqrt(add(var, eps)).contiguous();
+  }
+  Tensor y = new_output(x.shape(), x.dtype(), x);
+  kernels::cpu::batch_norm_apply(x.dtype(), x.data_ptr(), mean.data_ptr(), rstd.data_ptr(),
+                                 w.defined() ? w.data_ptr() : nullptr, b.defined() ? b.data_ptr() : nullptr,
+                                 n, c, hw, y.data_ptr());
+  if (batch_mean) *batch_mean = mean;
+  if (batch_var) *batch_var = var;
+  if (autograd::any_requires_grad({x_in, weight, bias})) {
+    autograd::SavedTensor saved_x(x, "batch_norm"), saved_w(w, "batch_norm");
+    const bool need_x = x_in.requires_grad(), need_w = weight.defined() && weight.requires_grad(),
+               need_b = bias.defined() && bias.requires_grad();
+    autograd::record("BatchNormBackward", {x_in, weight, bias}, {y}, [=](const std::vector<Tensor>& g) {
+      Tensor xs = saved_x.unpack(), ws = saved_w.unpack(), gy = g[0].contiguous();
+      Tensor gx = need_x ? new_output(xs.shape(), xs.dtype(), xs) : Tensor();
+      Tensor gw = need_w ? new_output({c}, xs.dtype(), xs) : Tensor();
+      Tensor gb = need_b ? new_output({c}, xs.dtype(), xs) : Tensor();
+      kernels::cpu::batch_norm_backward(
+          xs.dtype(), gy.data_ptr(), xs.data_ptr(), mean.data_ptr(), rstd.data_ptr(),
+          ws.defined() ? ws.data_ptr() : nullptr, n, c, hw, training, gx.defined() ? gx.data_ptr() : nullptr,
+          gw.defined() ? gw.data_ptr() : nullptr, gb.defined() ? gb.data_ptr() : nullptr);
+      return std::vector<Tensor>{gx, gw, gb};
     });
   }
   return y;

@@ -4,6 +4,7 @@
 // conv2d, max_pool2d and avg_pool2d.
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <cstdint>
 #include <random>
 #include <string>
@@ -324,6 +325,82 @@ TEST_CASE("gradcheck cross_entropy of transposed (non-contiguous) logits", "[gra
   const Tensor t = indices({2, 0, 1}, {3});
   MG_REQUIRE_GRADCHECK(gradcheck([t](const Inputs& in) { return mg::cross_entropy(in[0].t(), t); },
                                  {random_input({4, 3}, -2.0, 2.0)}));
+}
+
+// ---------------------------------------------------------------------------------------------
+// batch_norm (the fused CPU kernel): training statistics, eval statistics, with/without affine
+// ---------------------------------------------------------------------------------------------
+
+TEST_CASE("gradcheck batch_norm in training mode, [N, C, H, W], with weight and bias", "[gradcheck][nn]") {
+  mg::manual_seed(60);
+  Tensor rm = mg::zeros({3}, mg::TensorOptions{DType::f64}),
+         rv = mg::ones({3}, mg::TensorOptions{DType::f64});
+  MG_REQUIRE_GRADCHECK(gradcheck(
+      [rm, rv](const Inputs& in) { return mg::batch_norm(in[0], in[1], in[2], rm, rv, true, 1e-5); },
+      {random_input({2, 3, 2, 2}), random_input({3}, 0.5, 1.5), random_input({3})}));
+}
+
+TEST_CASE("gradcheck batch_norm in training mode, [N, C], without weight and bias", "[gradcheck][nn]") {
+  mg::manual_seed(61);
+  Tensor rm = mg::zeros({4}, mg::TensorOptions{DType::f64}),
+         rv = mg::ones({4}, mg::TensorOptions{DType::f64});
+  MG_REQUIRE_GRADCHECK(gradcheck(
+      [rm, rv](const Inputs& in) { return mg::batch_norm(in[0], Tensor(), Tensor(), rm, rv, true, 1e-5); },
+      {random_input({5, 4})}));
+}
+
+TEST_CASE("gradcheck batch_norm in eval mode (running statistics)", "[gradcheck][nn]") {
+  mg::manual_seed(62);
+  Tensor rm = random_input({3}).detach(), rv = random_input({3}, 0.5, 2.0).detach();
+  MG_REQUIRE_GRADCHECK(gradcheck(
+      [rm, rv](const Inputs& in) { return mg::batch_norm(in[0], in[1], in[2], rm, rv, false, 1e-5); },
+      {random_input({2, 3, 3}), random_input({3}, 0.5, 1.5), random_input({3})}));
+}
+
+TEST_CASE("batch_norm's fused kernel equals the composed formula, forward and backward", "[nn]") {
+  mg::manual_seed(63);
+  for (DType dtype : {DType::f64, DType::f32}) {
+    Tensor x = mg::randn({4, 3, 5, 5}, mg::TensorOptions{dtype}).set_requires_grad(true);
+    Tensor w = mg::randn({3}, mg::TensorOptions{dtype}).set_requires_grad(true);
+    Tensor b = mg::randn({3}, mg::TensorOptions{dtype}).set_requires_grad(true);
+    Tensor rm = mg::zeros({3}, mg::TensorOptions{dtype}), rv = mg::ones({3}, mg::TensorOptions{dtype});
+    Tensor batch_mean, batch_var;
+    Tensor fused = mg::batch_norm(x, w, b, rm, rv, true, 1e-5, &batch_mean, &batch_var);
+    Tensor mu = mg::mean(x, {0, 2, 3}, true), var = mg::var(x, {0, 2, 3}, 0, true);
+    Tensor composed =
+        mg::add(mg::mul(mg::mul(mg::sub(x, mu), mg::rsqrt(mg::add(var, 1e-5))), w.reshape({1, 3, 1, 1})),
+                b.reshape({1, 3, 1, 1}));
+    const double tol = dtype == DType::f64 ? 1e-12 : 1e-5;
+    auto close = [tol](const Tensor& a, const Tensor& r) {
+      auto u = a.to_vector<double>(), v = r.to_vector<double>();
+      REQUIRE(u.size() == v.size());
+      for (size_t i = 0; i < u.size(); ++i) REQUIRE(std::abs(u[i] - v[i]) <= tol * (1 + std::abs(v[i])));
+    };
+    close(fused, composed);
+    close(batch_mean, mu.reshape({3}));
+    close(batch_var, var.reshape({3}));
+    Tensor g = mg::randn(fused.shape(), mg::TensorOptions{dtype});
+    mg::sum(mg::mul(fused, g)).backward();
+    Tensor gx = x.grad().clone(), gw = w.grad().clone(), gb = b.grad().clone();
+    x.set_grad(Tensor());
+    w.set_grad(Tensor());
+    b.set_grad(Tensor());
+    mg::sum(mg::mul(composed, g)).backward();
+    close(gx, x.grad());
+    close(gw, w.grad());
+    close(gb, b.grad());
+  }
+}
+
+TEST_CASE("batch_norm refuses what the fused kernel cannot take, naming it", "[nn]") {
+  Tensor rm = mg::zeros({3}), rv = mg::ones({3});
+  CHECK_THROWS_WITH(mg::batch_norm(mg::zeros({2, 3}, mg::TensorOptions{DType::bf16}), Tensor(), Tensor(), rm,
+                                   rv, true, 1e-5),
+                    Catch::Contains("f32 or f64"));
+  CHECK_THROWS_WITH(mg::batch_norm(mg::zeros({1, 3}), Tensor(), Tensor(), rm, rv, true, 1e-5),
+                    Catch::Contains("more than one value per channel"));
+  CHECK_THROWS_WITH(mg::batch_norm(mg::zeros({2, 3}), mg::ones({4}), Tensor(), rm, rv, true, 1e-5),
+                    Catch::Contains("must be [3]"));
 }
 
 // ---------------------------------------------------------------------------------------------

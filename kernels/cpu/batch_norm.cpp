@@ -1,0 +1,152 @@
+// Batch norm statistics, forward and backward (CPU).
+//
+// One channel per task (channels split across threads): a channel's n·hw values are n
+// contiguous runs of hw elements, `stride c·hw` apart. Every sum a channel needs is computed by
+// the task that owns the channel, so no two threads write the same address (no atomics,
+// deterministic results), and sums accumulate in double whatever the dtype.
+//
+//   stats:    two sweeps -- the mean, then the squared deviations from it (the one-pass
+//             E[x²] - E[x]² would cancel catastrophically when |mean| >> std)
+//   apply:    one sweep: read x, write y (2 memory passes; the composed ops made ~6)
+//   backward: two sweeps -- sum(gy) and sum(gy·xhat), then gx -- plus nothing more for the
+//             weight and bias gradients, which are exactly those two sums (composed ops: ~12)
+#include "kernels/cpu/batch_norm.h"
+
+#include <cmath>
+
+#include "core/error.h"
+
+namespace mg::kernels::cpu {
+
+namespace {
+
+[[maybe_unused]] constexpr int64_t kMinParallelWork = 1 << 15;
+
+template <class T>
+void stats(const T* x, int64_t n, int64_t c, int64_t hw, compute_t<T>* mean_out, compute_t<T>* var_out) {
+  const double count = static_cast<double>(n * hw);
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(static) if (n * c * hw >= kMinParallelWork)
+#endif
+  for (int64_t k = 0; k < c; ++k) {
+    double sum = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const T* run = x + (i * c + k) * hw;
+      for (int64_t j = 0; j < hw; ++j) sum += static_cast<double>(run[j]);
+    }
+    const double mean = count > 0 ? sum / count : 0.0;
+    double squares = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const T* run = x + (i * c + k) * hw;
+      for (int64_t j = 0; j < hw; ++j) {
+        const double d = static_cast<double>(run[j]) - mean;
+        squares += d * d;
+      }
+    }
+    mean_out[k] = static_cast<compute_t<T>>(mean);
+    var_out[k] = static_cast<compute_t<T>>(count > 0 ? squares / count : 0.0);
+  }
+}
+
+template <class T>
+void apply(const T* x, const compute_t<T>* mean, const compute_t<T>* rstd, const T* weight, const T* bias,
+           int64_t n, int64_t c, int64_t hw, T* y) {
+  using S = compute_t<T>;
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(static) if (n * c * hw >= kMinParallelWork)
+#endif
+  for (int64_t k = 0; k < c; ++k) {
+    // y = x * scale + shift: one multiply-add per element.
+    const S scale = rstd[k] * (weight ? static_cast<S>(weight[k]) : S(1));
+    const S shift = (bias ? static_cast<S>(bias[k]) : S(0)) - mean[k] * scale;
+    for (int64_t i = 0; i < n; ++i) {
+      const T* in = x + (i * c + k) * hw;
+      T* out = y + (i * c + k) * hw;
+      for (int64_t j = 0; j < hw; ++j) out[j] = static_cast<T>(static_cast<S>(in[j]) * scale + shift);
+    }
+  }
+}
+
+template <class T>
+void backward(const T* gy, const T* x, const compute_t<T>* mean, const compute_t<T>* rstd, const T* weight,
+              int64_t n, int64_t c, int64_t hw, bool batch_stats, T* gx, T* gw, T* gb) {
+  const double count = static_cast<double>(n * hw);
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(static) if (n * c * hw >= kMinParallelWork)
+#endif
+  for (int64_t k = 0; k < c; ++k) {
+    const double mu = static_cast<double>(mean[k]), r = static_cast<double>(rstd[k]);
+    double sum_gy = 0, sum_gy_xhat = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const T* g = gy + (i * c + k) * hw;
+      const T* in = x + (i * c + k) * hw;
+      for (int64_t j = 0; j < hw; ++j) {
+        const double gj = static_cast<double>(g[j]);
+        sum_gy += gj;
+        sum_gy_xhat += gj * (static_cast<double>(in[j]) - mu) * r;
+      }
+    }
+    if (gw) gw[k] = static_cast<T>(sum_gy_xhat);
+    if (gb) gb[k] = static_cast<T>(sum_gy);
+    if (!gx) continue;
+    const double w = weight ? static_cast<double>(weight[k]) : 1.0;
+    // gx = a * gy + b * xhat + d, with the batch-statistics terms folded into b and d.
+    const double a = w * r;
+    const double b = batch_stats && count > 0 ? -a * sum_gy_xhat / count : 0.0;
+    const double d = batch_stats && count > 0 ? -a * sum_gy / count : 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+      const T* g = gy + (i * c + k) * hw;
+      const T* in = x + (i * c + k) * hw;
+      T* out = gx + (i * c + k) * hw;
+      for (int64_t j = 0; j < hw; ++j) {
+        const double xhat = (static_cast<double>(in[j]) - mu) * r;
+        out[j] = static_cast<T>(a * static_cast<double>(g[j]) + b * xhat + d);
+      }
+    }
+  }
+}
+
+void require_f32_or_f64(DType dtype, const char* what) {
+  check(dtype == DType::f32 || dtype == DType::f64, what, ": the fused CPU kernel takes f32 or f64, got ",
+        dtype);
+}
+
+}  // namespace
+
+void batch_norm_stats(DType dtype, const void* x, int64_t n, int64_t c, int64_t hw, void* mean, void* var) {
+  require_f32_or_f64(dtype, "batch_norm_stats");
+  if (dtype == DType::f64)
+    stats(static_cast<const double*>(x), n, c, hw, static_cast<double*>(mean), static_cast<double*>(var));
+  else
+    stats(static_cast<const float*>(x), n, c, hw, static_cast<float*>(mean), static_cast<float*>(var));
+}
+
+void batch_norm_apply(DType dtype, const void* x, const void* mean, const void* rstd, const void* weight,
+                      const void* bias, int64_t n, int64_t c, int64_t hw, void* y) {
+  require_f32_or_f64(dtype, "batch_norm_apply");
+  if (dtype == DType::f64)
+    apply(static_cast<const double*>(x), static_cast<const double*>(mean), static_cast<const double*>(rstd),
+          static_cast<const double*>(weight), static_cast<const double*>(bias), n, c, hw,
+          static_cast<double*>(y));
+  else
+    apply(static_cast<const float*>(x), static_cast<const float*>(mean), static_cast<const float*>(rstd),
+          static_cast<const float*>(weight), static_cast<const float*>(bias), n, c, hw,
+          static_cast<float*>(y));
+}
+
+void batch_norm_backward(DType dtype, const void* grad_y, const void* x, const void* mean, const void* rstd,
+                         const void* weight, int64_t n, int64_t c, int64_t hw, bool batch_stats, void* grad_x,
+                         void* grad_weight, void* grad_bias) {
+  require_f32_or_f64(dtype, "batch_norm_backward");
+  if (dtype == DType::f64)
+    backward(static_cast<const double*>(grad_y), static_cast<const double*>(x),
+             static_cast<const double*>(mean), static_cast<const double*>(rstd),
+             static_cast<const double*>(weight), n, c, hw, batch_stats, static_cast<double*>(grad_x),
+             static_cast<double*>(grad_weight), static_cast<double*>(grad_bias));
+  else
+    backward(static_cast<const float*>(grad_y), static_cast<const float*>(x), static_cast<const float*>(mean),
+             static_cast<const float*>(rstd), static_cast<const float*>(weight), n, c, hw, batch_stats,
+             static_cast<float*>(grad_x), static_cast<float*>(grad_weight), static_cast<float*>(grad_bias));
+}
+
+}  // namespace mg::kernels::cpu
