@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "core/allocator.h"
+#include "core/autocast.h"
 #include "core/cuda_runtime.h"
 #include "core/safetensors.h"
 #include "data/fashion_mnist.h"
@@ -79,7 +80,9 @@ struct Config {
   std::string algo = "native";
   std::string device_type = "auto";  // cuda when this build has CUDA tensors and a GPU, else cpu
   std::string modes = "single,dp,ddp";
-  std::string data = "synthetic";  // or "fashion": real Fashion-MNIST images (mlp, cnn, resnet)
+  std::string data = "synthetic";
+  std::string precision =
+      "f32";  // or "bf16" (autocast)  // or "fashion": real Fashion-MNIST images (mlp, cnn, resnet)
   std::string json_path;
   std::string role = "launcher";  // or "ddp-worker"
   std::string result_file;
@@ -100,7 +103,7 @@ json config_json(const Config& c) {
           {"algo", c.algo},
           {"device_type", c.device_type},
           {"lr", c.lr},
-          {"data", c.data}};
+          {"data", c.data}, {"precision", c.precision}};
 }
 
 // ---- the workload: model, data, loss -------------------------------------------------------------
@@ -246,12 +249,15 @@ struct StepTimes {
   Tensor output, loss;
 };
 StepTimes timed_step(const std::function<Tensor(const Tensor&)>& forward, optim::Optimizer& opt,
-                     const Tensor& x, const Tensor& y,
+                     const Tensor& x, const Tensor& y, bool bf16,
                      const std::function<void()>& before_backward = nullptr) {
   StepTimes t;
   auto t0 = Clock::now();
-  t.output = forward(x);
-  t.loss = loss_of(t.output, y);
+  {
+    AutocastGuard autocast(DType::bf16, bf16);  // --precision bf16: matmul/conv in bf16, f32 accumulation
+    t.output = forward(x);
+    t.loss = loss_of(t.output, y);
+  }
   t.forward = ms_since(t0);
   auto t1 = Clock::now();
   opt.zero_grad();
@@ -298,7 +304,7 @@ Result run_single(const Config& c) {
     auto [x, y] = global_batch(c, s);
     x = x.to(device);
     y = y.to(device);
-    StepTimes t = timed_step([&](const Tensor& in) { return (*model)(in); }, opt, x, y,
+    StepTimes t = timed_step([&](const Tensor& in) { return (*model)(in); }, opt, x, y, c.precision == "bf16",
                              [&] {
                                arrivals.clear();
                                backward_start = Clock::now();
@@ -331,7 +337,7 @@ Result run_dp(const Config& c) {
     auto [x, y] = global_batch(c, s);
     x = x.to(devices[0]);
     y = y.to(devices[0]);
-    StepTimes t = timed_step([&](const Tensor& in) { return dp(in); }, opt, x, y);
+    StepTimes t = timed_step([&](const Tensor& in) { return dp(in); }, opt, x, y, c.precision == "bf16");
     r.losses.push_back(t.loss.item<double>());
     if (s < c.warmup) continue;
     timer.add(t.forward, t.backward, t.optimizer, t.total);
@@ -403,7 +409,7 @@ Result run_ddp_rank(const Config& c) {
     x = x.narrow(0, pg.rank() * per_rank, per_rank).to(device);
     y = y.narrow(0, pg.rank() * per_rank, per_rank).to(device);
     pg.barrier()->wait();  // steps start together, so the step time is the slowest rank's
-    StepTimes t = timed_step([&](const Tensor& in) { return ddp(in); }, opt, x, y);
+    StepTimes t = timed_step([&](const Tensor& in) { return ddp(in); }, opt, x, y, c.precision == "bf16");
     // The global loss (mean over ranks), comparable with the other modes.
     Tensor global_loss = t.loss.detach().reshape({1}).clone();
     pg.allreduce(global_loss, parallel::ReduceOp::Avg)->wait();
@@ -647,6 +653,8 @@ int main(int argc, char** argv) {
   app.add_option("--modes", c.modes, "comma-separated subset of single,dp,ddp");
   app.add_option("--data", c.data, "synthetic, or fashion (Fashion-MNIST training images; not with gpt)");
   app.add_option("--lr", c.lr, "SGD learning rate");
+  app.add_option("--precision", c.precision,
+                 "f32, or bf16 (autocast: matmul/conv in bf16 with f32 accumulation)");
   app.add_option("--json", c.json_path, "write the results here");
   app.add_option("--role", c.role, "internal: launcher or ddp-worker");
   app.add_option("--result-file", c.result_file, "internal: where a ddp worker writes rank 0's result");
@@ -657,6 +665,8 @@ int main(int argc, char** argv) {
 
   try {
     check(c.algo == "native" || c.algo == "ring", "--algo must be native or ring, got '", c.algo, "'");
+    check(c.precision == "f32" || c.precision == "bf16", "--precision must be f32 or bf16, got '",
+          c.precision, "'");
     if (c.device_type == "auto") c.device_type = cuda_backend() && cuda::device_count() > 0 ? "cuda" : "cpu";
     check(c.device_type == "cpu" || c.device_type == "cuda", "--device-type must be auto, cpu or cuda, got '",
           c.device_type, "'");
