@@ -181,4 +181,22 @@ void device_copy(void* dst, Device dst_device, const void* src, Device src_devic
       .copy(dst, dst_device, src, src_device, nbytes);
 }
 
+bool pinned_memory_available() {
+  const DeviceBackend* backend = cuda_backend();
+  return backend != nullptr && backend->allocate_pinned != nullptr;
+}
+
+void* pinned_allocate(size_t nbytes) {
+  check(pinned_memory_available(),
+        "pin_memory: pinned (page-locked) host memory needs the CUDA backend, and ",
+        cuda_backend()
+            ? "the registered backend has no pinned allocator"
+            : "none is registered (built without CUDA, no GPU, or mg::cuda::enable_backend() not called)");
+  return cuda_backend()->allocate_pinned(nbytes);
+}
+
+void pinned_free(void* ptr, size_t nbytes) {
+  if (const DeviceBackend* backend = cuda_backend()) backend->free_pinned(ptr, nbytes);
+}
+
 }  // namespace mg

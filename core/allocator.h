@@ -39,7 +39,15 @@ struct DeviceBackend {
   std::function<void*(size_t nbytes, Device device)> allocate;
   std::function<void(void* ptr, size_t nbytes, Device device)> free;
   // Copies nbytes between any two devices (host<->device, device<->device).
+  // A host->device copy from pinned memory (below) is asynchronous: it is queued
+  // on the destination's current stream, and the pinned block is not handed out
+  // again until the copy has finished, even if its tensor is freed before.
   std::function<void(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes)> copy;
+  // Page-locked ("pinned") host memory from a caching pool (cudaHostAlloc): the
+  // GPU can read it by DMA, so copies from it need no staging and can overlap
+  // kernels. Host memory like any other for the CPU.
+  std::function<void*(size_t nbytes)> allocate_pinned;
+  std::function<void(void* ptr, size_t nbytes)> free_pinned;
 };
 void register_cuda_backend(const DeviceBackend& backend);
 const DeviceBackend* cuda_backend();  // nullptr when none is registered
@@ -56,5 +64,10 @@ void reset_cpu_device_peak(int index);
 void* device_allocate(size_t nbytes, Device device);
 void device_free(void* ptr, size_t nbytes, Device device);
 void device_copy(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes);
+// Pinned host memory through the CUDA backend; pinned_allocate throws mg::Error
+// when no CUDA backend is registered (a CPU-only run has no use for it).
+bool pinned_memory_available();
+void* pinned_allocate(size_t nbytes);
+void pinned_free(void* ptr, size_t nbytes);
 
 }  // namespace mg

@@ -22,13 +22,22 @@
 //      throw an mg::Error saying what was asked and what is held.
 // Blocks are never split or merged; that keeps the bookkeeping readable at the
 // cost of some fragmentation (PyTorch's allocator splits large blocks).
+//
+// Pinned host memory (PinnedHostPool below) is cached the same way, because
+// cudaHostAlloc/cudaFreeHost are slower still (they map pages for the GPU).
+// A host->device copy from a pinned block is asynchronous, so the block may
+// still be read by the GPU after its tensor is gone: each such copy records
+// an event on its stream, and a freed block is handed out again only when all
+// of its events have completed (what PyTorch's CachingHostAllocator does).
 #include <cuda_runtime.h>
 
 #include <array>
 #include <cstdlib>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <unordered_map>
+#include <vector>
 
 #include "core/allocator.h"
 #include "core/cuda_allocator.h"
@@ -181,6 +190,96 @@ class CudaCachingAllocator {
   std::array<AllocatorStats, kMaxDevices> stats_{};
 };
 
+class PinnedHostPool {
+ public:
+  void* allocate(size_t nbytes) {
+    const size_t size = round_size(nbytes);
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto it = free_.lower_bound(size); it != free_.end() && fits(it->first, size); ++it) {
+      PinnedBlock& b = blocks_.at(it->second);
+      if (!copies_finished(b)) continue;  // the GPU may still read it
+      void* ptr = it->second;
+      b.live = true;
+      free_.erase(it);
+      return ptr;
+    }
+    void* ptr = nullptr;
+    const cudaError_t err = cudaHostAlloc(&ptr, size, cudaHostAllocPortable);
+    if (err == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      throw Error(str_cat("pinned host memory: cudaHostAlloc of ", bytes_str(int64_t(size)), " failed (",
+                          bytes_str(int64_t(live_bytes())), " pinned in live tensors, ", free_.size(),
+                          " cached blocks)"));
+    }
+    MG_CUDA_CHECK(err);
+    blocks_[ptr] = PinnedBlock{size, true, {}};
+    return ptr;
+  }
+
+  void free(void* ptr) {
+    if (ptr == nullptr) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto found = blocks_.find(ptr);
+    if (found == blocks_.end() || !found->second.live) return;
+    found->second.live = false;
+    free_.emplace(found->second.size, ptr);
+  }
+
+  // After queuing an async copy that reads `src` on `stream`: if `src` lies in a
+  // pinned block, records an event there so the block is not reused before the
+  // copy is done. The caller has made the stream's device current.
+  void record_read(const void* src, cudaStream_t stream) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto after = blocks_.upper_bound(const_cast<void*>(src));
+    if (after == blocks_.begin()) return;
+    auto block = std::prev(after);
+    const char* begin = static_cast<const char*>(block->first);
+    if (static_cast<const char*>(src) >= begin + block->second.size) return;  // not pinned
+    cudaEvent_t event = nullptr;
+    MG_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+    MG_CUDA_CHECK(cudaEventRecord(event, stream));
+    block->second.pending.push_back(event);
+  }
+
+ private:
+  struct PinnedBlock {
+    size_t size = 0;
+    bool live = false;
+    std::vector<cudaEvent_t> pending;  // copies that read the block, not known to be finished
+  };
+
+  // Caller holds mutex_. Drops the events that have completed; true when none is left.
+  static bool copies_finished(PinnedBlock& b) {
+    while (!b.pending.empty()) {
+      const cudaError_t status = cudaEventQuery(b.pending.back());
+      if (status == cudaErrorNotReady) {
+        cudaGetLastError();
+        return false;
+      }
+      MG_CUDA_CHECK(status);
+      MG_CUDA_CHECK(cudaEventDestroy(b.pending.back()));
+      b.pending.pop_back();
+    }
+    return true;
+  }
+
+  size_t live_bytes() const {
+    size_t n = 0;
+    for (const auto& entry : blocks_)
+      if (entry.second.live) n += entry.second.size;
+    return n;
+  }
+
+  std::mutex mutex_;
+  std::map<void*, PinnedBlock> blocks_;  // every block, by address (ordered: record_read looks up ranges)
+  std::multimap<size_t, void*> free_;    // the freed ones, by size
+};
+
+PinnedHostPool& pinned_pool() {
+  static PinnedHostPool* instance = new PinnedHostPool();  // leaked, as allocator()
+  return *instance;
+}
+
 CudaCachingAllocator& allocator() {
   // Leaked on purpose: tensors in static objects may be freed after main returns,
   // when a destroyed allocator (or an unloaded runtime) would crash.
@@ -191,7 +290,9 @@ CudaCachingAllocator& allocator() {
 // Copies between host and device or two devices, ordered on the current streams.
 //   host -> device    cudaMemcpyAsync on the destination's stream. From pageable
 //                     host memory it returns once the bytes are staged, so the
-//                     source may be reused right away.
+//                     source may be reused right away. From pinned memory it
+//                     returns at once; the pinned pool keeps the block from
+//                     being reused until the copy's event completes.
 //   device -> host    cudaMemcpyAsync, then wait for the stream: the caller reads
 //                     the host buffer next.
 //   device -> device  the destination's stream first waits for the source's
@@ -204,6 +305,7 @@ void copy(void* dst, Device dst_device, const void* src, Device src_device, size
     const Stream s = current_stream(dst_device.index);
     MG_CUDA_CHECK(
         cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, static_cast<cudaStream_t>(s.handle)));
+    pinned_pool().record_read(src, static_cast<cudaStream_t>(s.handle));
     return;
   }
   if (dst_device.is_cpu()) {
@@ -248,6 +350,8 @@ void register_now() {
   backend.allocate = [](size_t nbytes, Device device) { return allocator().allocate(nbytes, device.index); };
   backend.free = [](void* ptr, size_t, Device) { allocator().free(ptr); };
   backend.copy = copy;
+  backend.allocate_pinned = [](size_t nbytes) { return pinned_pool().allocate(nbytes); };
+  backend.free_pinned = [](void* ptr, size_t) { pinned_pool().free(ptr); };
   register_cuda_backend(backend);
 }
 

@@ -33,6 +33,7 @@ void empty_cache() {}
 
 int physical_device(int) { no_cuda("mg::cuda::physical_device"); }
 int virtual_gpus() { return 0; }
+int current_device() { return 0; }
 Stream current_stream(int) { no_cuda("mg::cuda::current_stream"); }
 Stream default_stream(int) { no_cuda("mg::cuda::default_stream"); }
 Stream create_stream(int) { no_cuda("mg::cuda::create_stream"); }

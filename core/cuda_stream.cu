@@ -137,6 +137,8 @@ void synchronize_device(int device) {
   MG_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
+int current_device() { return t_current_device; }
+
 cudaStream_t current_cuda_stream() {
   return static_cast<cudaStream_t>(current_stream(t_current_device).handle);
 }

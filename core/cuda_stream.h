@@ -37,6 +37,8 @@ struct Stream {
 
 // The physical GPU that logical device `device` runs on (checks the index).
 int physical_device(int device);
+// The logical device this thread works on (the innermost DeviceGuard's; 0 by default).
+int current_device();
 // MG_VIRTUAL_GPUS, or 0 when the variable is unset.
 int virtual_gpus();
 

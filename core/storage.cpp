@@ -1,13 +1,26 @@
 #include "core/storage.h"
 
 #include "core/allocator.h"
+#include "core/error.h"
 
 namespace mg {
 
-Storage::Storage(size_t nbytes, Device device) : nbytes_(nbytes), device_(device) {
-  data_ = device_allocate(nbytes, device);
+Storage::Storage(size_t nbytes, Device device, bool pinned)
+    : nbytes_(nbytes), device_(device), pinned_(pinned) {
+  if (pinned) {
+    check(device.is_cpu(), "Storage: pinned memory is host memory; asked for it on ", device);
+    data_ = pinned_allocate(nbytes);
+  } else {
+    data_ = device_allocate(nbytes, device);
+  }
 }
 
-Storage::~Storage() { device_free(data_, nbytes_, device_); }
+Storage::~Storage() {
+  if (pinned_) {
+    pinned_free(data_, nbytes_);
+  } else {
+    device_free(data_, nbytes_, device_);
+  }
+}
 
 }  // namespace mg

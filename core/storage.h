@@ -17,7 +17,9 @@ namespace mg {
 
 class Storage {
  public:
-  Storage(size_t nbytes, Device device);
+  // pinned: page-locked host memory from the CUDA backend (device must be a CPU);
+  // throws mg::Error without a CUDA backend (core/allocator.h).
+  Storage(size_t nbytes, Device device, bool pinned = false);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -25,6 +27,7 @@ class Storage {
   void* data() const { return data_; }
   size_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }
+  bool pinned() const { return pinned_; }
 
   uint64_t version() const { return version_.load(std::memory_order_relaxed); }
   void bump_version() { version_.fetch_add(1, std::memory_order_relaxed); }
@@ -33,6 +36,7 @@ class Storage {
   void* data_ = nullptr;
   size_t nbytes_ = 0;
   Device device_;
+  bool pinned_ = false;
   std::atomic<uint64_t> version_{0};
 };
 

@@ -413,6 +413,19 @@ Tensor copy_to(const Tensor& src, Device device, DType dtype) {
 }
 }  // namespace
 
+Tensor Tensor::pin_memory() const {
+  require_defined(*this, "pin_memory");
+  check(device().is_cpu(), "pin_memory: only CPU tensors can be pinned, this one is on ", device());
+  if (is_pinned()) return *this;
+  auto storage = std::make_shared<Storage>(nbytes(), device(), /*pinned=*/true);
+  Tensor out = make_tensor(std::move(storage), shape(), contiguous_strides(shape()), 0, dtype());
+  NoGradGuard no_grad;
+  out.copy_(*this);
+  return out;
+}
+
+bool Tensor::is_pinned() const { return defined() && storage() && storage()->pinned(); }
+
 Tensor Tensor::clone() const {
   Tensor out;
   {

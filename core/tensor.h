@@ -95,6 +95,13 @@ class Tensor {
 
   // ---- conversion ----
   Tensor to(Device device) const;  // returns *this when already there
+  // Page-locked host memory (PyTorch's pin_memory): a contiguous copy of this CPU
+  // tensor in pinned memory, or *this when already pinned. A copy from a pinned
+  // tensor to a GPU (.to(cuda), copy_) is queued without waiting (core/allocator.h).
+  // Needs the CUDA backend: throws mg::Error naming it otherwise. No autograd.
+  Tensor pin_memory() const;
+  // Whether the memory is pinned (false for GPU tensors and ordinary CPU tensors).
+  bool is_pinned() const;
   Tensor to(DType dtype) const;
   Tensor to(Device device, DType dtype) const;
   Tensor clone() const;  // a copy with its own storage (recorded by autograd)

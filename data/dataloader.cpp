@@ -7,6 +7,17 @@
 //   next_to_deliver  the batch the loop waits for; it takes exactly that one from `done`
 // Workers claim batches in increasing order but may finish in any order; the loop still sees
 // 0, 1, 2, ... and the contents don't depend on who built them.
+//
+// pin_memory with the CUDA backend: build() copies the finished batch into pinned memory. With a
+// CUDA `device` as well, build() then moves it to the GPU itself, on a copy stream of the loader's
+// (one per device, shared by all loaders), so the copy overlaps the kernels of the step that runs
+// meanwhile on the loop's stream:
+//   1. allocate the device tensors with the loop's stream current (the pass's `compute` stream,
+//      taken when the pass begins): the caching allocator then reuses them in that stream's order;
+//   2. the copy stream waits for an event recorded on `compute` after the allocation (a reused
+//      block may still be read by earlier work there), copies, and records `ready`;
+//   3. on delivery, the loop's stream waits for `ready` (on the GPU: the host never blocks).
+// Without pin_memory (or without the backend) the batch is moved with .to(device) on delivery.
 #include "data/dataloader.h"
 
 #include <condition_variable>
@@ -16,7 +27,9 @@
 #include <thread>
 #include <vector>
 
+#include "core/allocator.h"
 #include "core/cuda_runtime.h"
+#include "core/cuda_stream.h"
 #include "core/error.h"
 #include "core/grad_mode.h"
 
@@ -25,7 +38,8 @@ namespace mg::data {
 struct DataLoader::Run {
   struct Result {
     Batch batch;
-    std::string error;  // non-empty: building the batch threw this
+    std::string error;                   // non-empty: building the batch threw this
+    std::shared_ptr<cuda::Event> ready;  // set when build() queued the copy to the GPU itself
   };
 
   Run(const Dataset& dataset, const DataLoaderOptions& options, int64_t epoch, std::vector<int64_t> order)
@@ -33,6 +47,12 @@ struct DataLoader::Run {
     const int64_t n = static_cast<int64_t>(this->order.size());
     num_batches =
         options.drop_last ? n / options.batch_size : (n + options.batch_size - 1) / options.batch_size;
+    // pin_memory has an effect only with the CUDA backend (none: a CPU-only run, nothing to pin for).
+    pin = options.pin_memory && pinned_memory_available();
+    if (pin && options.device && options.device->is_cuda()) {
+      compute = cuda::current_stream(options.device->index);
+      copy = copy_stream(options.device->index);
+    }
   }
   ~Run() { stop(); }
 
@@ -57,12 +77,49 @@ struct DataLoader::Run {
       if (options.transform) {
         result.batch.data = options.transform->apply_batch(result.batch.data, indices, epoch, options.seed);
       }
+      if (pin) {
+        result.batch.data = result.batch.data.pin_memory();
+        result.batch.target = result.batch.target.pin_memory();
+      }
+      if (copy) copy_to_device(result);
     } catch (const std::exception& e) {
       result.error = e.what();
     } catch (...) {
       result.error = "unknown exception (not derived from std::exception)";
     }
     return result;
+  }
+
+  // The loader's copy stream of a device: created on first use, shared by every loader.
+  static cuda::Stream copy_stream(int device) {
+    static std::mutex mutex;
+    static std::map<int, cuda::Stream> streams;
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = streams.find(device);
+    if (it == streams.end()) it = streams.emplace(device, cuda::create_stream(device)).first;
+    return it->second;
+  }
+
+  // Steps 1-2 of the pinned path (top of this file): queues the batch's copy to the GPU on the
+  // copy stream; result.ready completes when it has landed.
+  void copy_to_device(Result& result) const {
+    const Device device = *options.device;
+    Tensor data, target;
+    cuda::Event allocated;
+    {
+      cuda::StreamGuard on_compute(*compute);
+      data = empty(result.batch.data.shape(), TensorOptions{result.batch.data.dtype(), device, false});
+      target = empty(result.batch.target.shape(), TensorOptions{result.batch.target.dtype(), device, false});
+      allocated.record(*compute);
+    }
+    allocated.wait(*copy);
+    cuda::StreamGuard on_copy(*copy);
+    data.copy_(result.batch.data);  // pinned source: queued, no wait
+    target.copy_(result.batch.target);
+    result.ready = std::make_shared<cuda::Event>();
+    result.ready->record(*copy);
+    result.batch.data = data;
+    result.batch.target = target;
   }
 
   // ---- worker threads ----
@@ -125,7 +182,8 @@ struct DataLoader::Run {
                           indices.size(), " samples starting at dataset index ", indices.front(),
                           ") failed: ", result.error));
     }
-    if (options.device) {
+    if (result.ready) result.ready->wait(cuda::current_stream(options.device->index));  // step 3
+    if (options.device) {  // a no-op when build() already moved the batch
       result.batch.data = result.batch.data.to(*options.device);
       result.batch.target = result.batch.target.to(*options.device);
     }
@@ -137,6 +195,9 @@ struct DataLoader::Run {
   const int64_t epoch;
   const std::vector<int64_t> order;  // the epoch's dataset indices, from the sampler
   int64_t num_batches = 0;
+  bool pin = false;                     // options.pin_memory, and the CUDA backend is there
+  std::optional<cuda::Stream> compute;  // with pin and a CUDA device: the loop's stream
+  std::optional<cuda::Stream> copy;     // ... and the stream the copies go to
 
   int64_t current = -1;  // the batch the iterator points at
   Batch batch;

@@ -46,9 +46,12 @@ struct DataLoaderOptions {
   Sampler* sampler = nullptr;  // not owned; decides the order (e.g. DistributedSampler)
   int workers = 0;             // background threads building batches; 0 = build in the loop's thread
   int prefetch = 2;            // batches in flight per worker
-  // Page-locked host buffers for faster async host->device copies. Accepted for API parity; core
-  // has no pinned-memory allocator yet, so batches use ordinary memory and the copy to `device`
-  // is an ordinary .to(device).
+  // PyTorch's pin_memory. With the CUDA backend, batches are built in page-locked (pinned) host
+  // memory (Tensor::is_pinned); with a CUDA `device` too, the worker (or the loop, workers == 0)
+  // queues the copy to the GPU on a separate copy stream, and the loop's stream waits for it on
+  // the GPU, so copying batch k+1 overlaps computing on batch k. Device tensors are allocated on
+  // the stream current in the loop's thread when the pass begins: use the batches there. In a
+  // CPU-only run (no CUDA backend) it is accepted and has no effect. Not yet run on a GPU.
   bool pin_memory = false;
   std::optional<Device> device = std::nullopt;           // batches are moved here (.to(device)) on delivery
   std::shared_ptr<const Transform> transform = nullptr;  // applied to each sample's data

@@ -1,5 +1,5 @@
-// Adam and AdamW: options, range checks, lazy state creation, and the
-// per-parameter call into the fused kernel (kernels/cpu/optim.cpp).
+// Adam and AdamW: options, range checks, lazy state creation, and the call
+// into the fused multi-tensor kernel (kernels/cpu/optim.cpp).
 #include "optim/adam.h"
 
 #include "core/error.h"
@@ -72,28 +72,37 @@ void Adam::update(const ParamGroup& group, const std::vector<ParamUpdate>& batch
   h.weight_decay = group.get("weight_decay");
   h.amsgrad = group.get("amsgrad") != 0.0;
   require_cpu_kernel_support(batch);
-  for (const ParamUpdate& u : batch) {
-    ParamState& s = *u.state;
-    // Lazy state: zeros on the first update (max_exp_avg_sq also if amsgrad is
-    // switched on later); the step counter is a 0-d f64 on the CPU.
-    if (!s["step"].defined()) s["step"] = scalar_tensor(0.0, TensorOptions{DType::f64});
-    for (const char* key : {"exp_avg", "exp_avg_sq"})
-      if (!s[key].defined()) s[key] = zeros_like(u.param);
-    void* max_exp_avg_sq = nullptr;
-    if (h.amsgrad) {
-      Tensor& m = s["max_exp_avg_sq"];
-      if (!m.defined()) m = zeros_like(u.param);
-      max_exp_avg_sq = m.data_ptr();
+  // One multi-tensor call per (device, dtype): one kernel launch per group on CUDA.
+  for (const std::vector<const ParamUpdate*>& same : split_by_device_and_dtype(batch)) {
+    std::vector<kernels::cpu::AdamTensor> tensors;
+    for (const ParamUpdate* u : same) {
+      ParamState& s = *u->state;
+      // Lazy state: zeros on the first update (max_exp_avg_sq also if amsgrad is
+      // switched on later); the step counter is a 0-d f64 on the CPU, per parameter.
+      if (!s["step"].defined()) s["step"] = scalar_tensor(0.0, TensorOptions{DType::f64});
+      for (const char* key : {"exp_avg", "exp_avg_sq"})
+        if (!s[key].defined()) s[key] = zeros_like(u->param);
+      kernels::cpu::AdamTensor t;
+      if (h.amsgrad) {
+        Tensor& m = s["max_exp_avg_sq"];
+        if (!m.defined()) m = zeros_like(u->param);
+        t.max_exp_avg_sq = m.data_ptr();
+      }
+      double& step = *s["step"].data<double>();
+      step += 1.0;
+      t.step = static_cast<int64_t>(step);
+      t.param = u->param.data_ptr();
+      t.grad = u->grad.data_ptr();
+      t.exp_avg = s["exp_avg"].data_ptr();
+      t.exp_avg_sq = s["exp_avg_sq"].data_ptr();
+      t.n = u->param.numel();
+      tensors.push_back(t);
     }
-    double& step = *s["step"].data<double>();
-    step += 1.0;
-    h.step = static_cast<int64_t>(step);
+    const Tensor& first = same.front()->param;
     if (decoupled_) {
-      MG_KERNEL(u.param.device(), adamw_step, u.param.dtype(), u.param.numel(), u.param.data_ptr(),
-                u.grad.data_ptr(), s["exp_avg"].data_ptr(), s["exp_avg_sq"].data_ptr(), max_exp_avg_sq, h);
+      MG_KERNEL(first.device(), adamw_step_multi, first.dtype(), tensors, h);
     } else {
-      MG_KERNEL(u.param.device(), adam_step, u.param.dtype(), u.param.numel(), u.param.data_ptr(),
-                u.grad.data_ptr(), s["exp_avg"].data_ptr(), s["exp_avg_sq"].data_ptr(), max_exp_avg_sq, h);
+      MG_KERNEL(first.device(), adam_step_multi, first.dtype(), tensors, h);
     }
   }
 }

@@ -138,6 +138,22 @@ void Optimizer::step() {
   }
 }
 
+std::vector<std::vector<const Optimizer::ParamUpdate*>> Optimizer::split_by_device_and_dtype(
+    const std::vector<ParamUpdate>& batch) {
+  std::vector<std::vector<const ParamUpdate*>> runs;
+  for (const ParamUpdate& u : batch) {
+    auto same = std::find_if(runs.begin(), runs.end(), [&](const std::vector<const ParamUpdate*>& run) {
+      return run.front()->param.device() == u.param.device() && run.front()->param.dtype() == u.param.dtype();
+    });
+    if (same == runs.end()) {
+      runs.push_back({&u});
+    } else {
+      same->push_back(&u);
+    }
+  }
+  return runs;
+}
+
 void Optimizer::require_cpu_kernel_support(const std::vector<ParamUpdate>& batch) const {
   for (const ParamUpdate& u : batch) {
     // Any device: CPU and CUDA both have the fused kernels (kernels/cpu/optim, kernels/cuda/optim.cu).

@@ -15,7 +15,9 @@
 // NoGradGuard, for each group, for each parameter that HAS a gradient (others
 // are skipped, their state untouched), check the gradient matches the
 // parameter, then call the subclass's update() for that one parameter. The
-// update itself is a single fused kernel (kernels/cpu/optim.h).
+// update is one fused multi-tensor kernel call per (device, dtype) of the group
+// (kernels/cpu/optim.h): on the CPU a loop of one-pass updates, on CUDA one
+// launch for all of them (kernels/cuda/optim.cu).
 //
 // Per-parameter state (momentum buffers, Adam's moments, step counts) lives in
 // the optimizer, indexed by the parameter's GLOBAL index: parameters numbered
@@ -115,8 +117,13 @@ class Optimizer {
   // group at a time, so a CUDA backend can launch one multi-tensor kernel for
   // it; the CPU path is one fused kernel call per parameter.
   virtual void update(const ParamGroup& group, const std::vector<ParamUpdate>& batch) = 0;
+  // For update(): `batch` split into runs of parameters on the same device with
+  // the same dtype (what one multi-tensor kernel call takes), each in the batch's
+  // order, the runs ordered by their first parameter.
+  static std::vector<std::vector<const ParamUpdate*>> split_by_device_and_dtype(
+      const std::vector<ParamUpdate>& batch);
   // For update(): throws, before anything is modified, unless every parameter of
-  // `batch` is f32 or f64 on the CPU (what the kernels in kernels/cpu/optim.h take).
+  // `batch` is f32 or f64 (what the kernels in kernels/cpu/optim.h and their CUDA twins take).
   void require_cpu_kernel_support(const std::vector<ParamUpdate>& batch) const;
   // Throws mg::Error when hyperparameters are out of range.
   virtual void validate(const Options& options) const = 0;

@@ -1,5 +1,5 @@
-// SGD: the options <-> map conversion, range checks, and the per-parameter call
-// into the fused kernel (kernels/cpu/optim.cpp does the arithmetic).
+// SGD: the options <-> map conversion, range checks, and the call into the fused
+// multi-tensor kernel (kernels/cpu/optim.cpp does the arithmetic).
 #include "optim/sgd.h"
 
 #include "core/error.h"
@@ -48,17 +48,24 @@ void SGD::update(const ParamGroup& group, const std::vector<ParamUpdate>& batch)
   h.weight_decay = group.get("weight_decay");
   h.nesterov = group.get("nesterov") != 0.0;
   require_cpu_kernel_support(batch);
-  for (const ParamUpdate& u : batch) {
-    void* buffer = nullptr;
-    bool first_step = false;
-    if (h.momentum != 0.0) {
-      Tensor& buf = (*u.state)["momentum_buffer"];
-      first_step = !buf.defined();
-      if (first_step) buf = empty_like(u.param);  // the kernel initialises it to d
-      buffer = buf.data_ptr();
+  // One multi-tensor call per (device, dtype): one kernel launch per group on CUDA.
+  for (const std::vector<const ParamUpdate*>& same : split_by_device_and_dtype(batch)) {
+    std::vector<kernels::cpu::SgdTensor> tensors;
+    for (const ParamUpdate* u : same) {
+      kernels::cpu::SgdTensor t;
+      t.param = u->param.data_ptr();
+      t.grad = u->grad.data_ptr();
+      t.n = u->param.numel();
+      if (h.momentum != 0.0) {
+        Tensor& buf = (*u->state)["momentum_buffer"];
+        t.first_step = !buf.defined();
+        if (t.first_step) buf = empty_like(u->param);  // the kernel initialises it to d
+        t.momentum_buffer = buf.data_ptr();
+      }
+      tensors.push_back(t);
     }
-    MG_KERNEL(u.param.device(), sgd_step, u.param.dtype(), u.param.numel(), u.param.data_ptr(),
-              u.grad.data_ptr(), buffer, first_step, h);
+    const Tensor& first = same.front()->param;
+    MG_KERNEL(first.device(), sgd_step_multi, first.dtype(), tensors, h);
   }
 }
 

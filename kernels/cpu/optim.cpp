@@ -130,4 +130,25 @@ void adamw_step(DType dtype, int64_t n, void* param, const void* grad, void* exp
   });
 }
 
+void sgd_step_multi(DType dtype, const std::vector<SgdTensor>& tensors, const SgdHyper& h) {
+  for (const SgdTensor& t : tensors)
+    sgd_step(dtype, t.n, t.param, t.grad, t.momentum_buffer, t.first_step, h);
+}
+
+void adam_step_multi(DType dtype, const std::vector<AdamTensor>& tensors, const AdamHyper& h) {
+  for (const AdamTensor& t : tensors) {
+    AdamHyper ht = h;
+    ht.step = t.step;
+    adam_step(dtype, t.n, t.param, t.grad, t.exp_avg, t.exp_avg_sq, t.max_exp_avg_sq, ht);
+  }
+}
+
+void adamw_step_multi(DType dtype, const std::vector<AdamTensor>& tensors, const AdamHyper& h) {
+  for (const AdamTensor& t : tensors) {
+    AdamHyper ht = h;
+    ht.step = t.step;
+    adamw_step(dtype, t.n, t.param, t.grad, t.exp_avg, t.exp_avg_sq, t.max_exp_avg_sq, ht);
+  }
+}
+
 }  // namespace mg::kernels::cpu

@@ -32,6 +32,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "core/dtype.h"
 
@@ -80,5 +81,33 @@ void adam_step(DType dtype, int64_t n, void* param, const void* grad, void* exp_
 // then the Adam update above with no decay term in the gradient.
 void adamw_step(DType dtype, int64_t n, void* param, const void* grad, void* exp_avg, void* exp_avg_sq,
                 void* max_exp_avg_sq, const AdamHyper& h);
+
+// ---- multi-tensor steps: every parameter of a group (same dtype, same device) at once ----
+// The same update as the single-tensor functions above, applied to a list of
+// tensors. On the CPU this is a loop over the list (a call costs nothing, so
+// there is nothing to fuse); on CUDA it is one kernel launch for the whole list
+// (kernels/cuda/optim.cu). The optimizer calls these, so both devices take the
+// same path. Per-tensor fields are what can differ between the tensors of one
+// group: SGD's first_step (a parameter that got its first gradient later) and
+// Adam's step count (likewise).
+struct SgdTensor {
+  void* param = nullptr;
+  const void* grad = nullptr;
+  void* momentum_buffer = nullptr;  // may be nullptr when momentum == 0
+  int64_t n = 0;
+  bool first_step = false;
+};
+struct AdamTensor {
+  void* param = nullptr;
+  const void* grad = nullptr;
+  void* exp_avg = nullptr;
+  void* exp_avg_sq = nullptr;
+  void* max_exp_avg_sq = nullptr;  // may be nullptr unless amsgrad
+  int64_t n = 0;
+  int64_t step = 1;  // replaces AdamHyper::step for this tensor
+};
+void sgd_step_multi(DType dtype, const std::vector<SgdTensor>& tensors, const SgdHyper& h);
+void adam_step_multi(DType dtype, const std::vector<AdamTensor>& tensors, const AdamHyper& h);
+void adamw_step_multi(DType dtype, const std::vector<AdamTensor>& tensors, const AdamHyper& h);
 
 }  // namespace mg::kernels::cpu

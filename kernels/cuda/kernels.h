@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "core/strided_view.h"
 #include "kernels/cpu/conv.h"
@@ -34,6 +35,7 @@
 namespace mg::kernels::cuda {
 
 using cpu::AdamHyper;
+using cpu::AdamTensor;
 using cpu::BinaryOp;
 using cpu::Conv2dGeometry;
 using cpu::GemmArgs;
@@ -42,6 +44,7 @@ using cpu::Pool2dGeometry;
 using cpu::ReduceOp;
 using cpu::ReduceShape;
 using cpu::SgdHyper;
+using cpu::SgdTensor;
 using cpu::SoftmaxShape;
 using cpu::UnaryOp;
 
@@ -83,6 +86,11 @@ void adam_step(DType dtype, int64_t n, void* param, const void* grad, void* exp_
                void* max_exp_avg_sq, const AdamHyper& h);
 void adamw_step(DType dtype, int64_t n, void* param, const void* grad, void* exp_avg, void* exp_avg_sq,
                 void* max_exp_avg_sq, const AdamHyper& h);
+// One launch for the whole list (plus one small host->device copy of its table);
+// bit for bit the per-tensor results. Every tensor on the current device.
+void sgd_step_multi(DType dtype, const std::vector<SgdTensor>& tensors, const SgdHyper& h);
+void adam_step_multi(DType dtype, const std::vector<AdamTensor>& tensors, const AdamHyper& h);
+void adamw_step_multi(DType dtype, const std::vector<AdamTensor>& tensors, const AdamHyper& h);
 
 // ---- gemm.cu: cuBLAS (semantics: kernels/cpu/gemm.h) ----
 // f32 and f64 in their own precision (f32 without TF32, to match the CPU), f16

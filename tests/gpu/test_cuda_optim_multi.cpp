@@ -1,0 +1,200 @@
+// The multi-tensor optimizer kernels (kernels/cuda/optim.cu, *_step_multi):
+// one launch over a list of tensors of odd sizes (0 and 1 element, a chunk
+// exactly, a chunk plus one, several chunks) must give bit for bit what one
+// per-tensor launch each gives, and the CPU's result within rounding, over
+// several steps with per-tensor first_step / step counts. Then Optimizer::step
+// on CUDA parameters (which takes this path) against the same optimizer on the
+// CPU. Runs only with a GPU (exit 77 otherwise); not yet run on one.
+#include <catch2/catch.hpp>
+
+#if defined(MG_HAS_CUDA)
+
+#include <vector>
+
+#include "core/cuda_stream.h"
+#include "kernels/cuda/kernels.h"
+#include "optim/adam.h"
+#include "optim/sgd.h"
+#include "tests/gpu/gpu_compare.h"
+
+namespace mg {
+namespace {
+using namespace gpu_test;
+using Catch::Matchers::Contains;
+
+// 16384 is the kernel's chunk (elements per block).
+const std::vector<int64_t> kSizes = {0, 1, 7, 16384, 16385, 40000};
+
+template <class F>
+void on_gpu(F&& gpu_call) {
+  cuda::DeviceGuard guard(0);
+  gpu_call();
+  cuda::synchronize(cuda::current_stream(0));
+}
+
+// One copy of every buffer a step touches, on one device.
+struct Buffers {
+  std::vector<Tensor> p, buf, m, v, vmax;
+};
+
+Buffers make_buffers(DType dt, Device device) {
+  manual_seed(21);  // the same values on every call
+  Buffers b;
+  for (int64_t n : kSizes) {
+    b.p.push_back(random_cpu({n}, dt).to(device));
+    b.buf.push_back(random_cpu({n}, dt).to(device));
+    b.m.push_back(random_cpu({n}, dt, 0.1).to(device));
+    b.v.push_back(square(random_cpu({n}, dt, 0.1)).to(device));
+    b.vmax.push_back(square(random_cpu({n}, dt, 0.1)).to(device));
+  }
+  return b;
+}
+
+enum class Rule { Sgd, Adam, AdamW };
+
+// Step `step` (1, 2, 3) of `rule` on every tensor of `b`: per tensor (one launch
+// each) or multi (one launch), on the device of `b`.
+void take_step(Rule rule, DType dt, Buffers& b, const std::vector<Tensor>& grads, int step, bool multi,
+               bool on_cuda) {
+  kernels::cpu::SgdHyper sgd{0.1, 0.9, 0.0, 0.01, true};
+  kernels::cpu::AdamHyper adam;
+  adam.lr = 1e-2;
+  adam.weight_decay = 0.05;
+  adam.amsgrad = rule == Rule::AdamW;
+  std::vector<kernels::cpu::SgdTensor> sgd_list;
+  std::vector<kernels::cpu::AdamTensor> adam_list;
+  for (size_t t = 0; t < kSizes.size(); ++t) {
+    // Tensor t is t % 2 steps behind: the per-tensor state a group can have.
+    const int64_t own_step = std::max<int64_t>(1, step - int64_t(t % 2));
+    sgd_list.push_back(
+        {b.p[t].data_ptr(), grads[t].data_ptr(), b.buf[t].data_ptr(), kSizes[t], own_step == 1});
+    adam_list.push_back({b.p[t].data_ptr(), grads[t].data_ptr(), b.m[t].data_ptr(), b.v[t].data_ptr(),
+                         b.vmax[t].data_ptr(), kSizes[t], own_step});
+  }
+  auto run = [&](auto sgd_one, auto adam_one, auto adamw_one, auto sgd_many, auto adam_many,
+                 auto adamw_many) {
+    if (multi) {
+      if (rule == Rule::Sgd) sgd_many(dt, sgd_list, sgd);
+      if (rule == Rule::Adam) adam_many(dt, adam_list, adam);
+      if (rule == Rule::AdamW) adamw_many(dt, adam_list, adam);
+      return;
+    }
+    for (size_t t = 0; t < kSizes.size(); ++t) {
+      const auto& s = sgd_list[t];
+      const auto& a = adam_list[t];
+      kernels::cpu::AdamHyper h = adam;
+      h.step = a.step;
+      if (rule == Rule::Sgd) sgd_one(dt, s.n, s.param, s.grad, s.momentum_buffer, s.first_step, sgd);
+      if (rule == Rule::Adam)
+        adam_one(dt, a.n, a.param, a.grad, a.exp_avg, a.exp_avg_sq, a.max_exp_avg_sq, h);
+      if (rule == Rule::AdamW)
+        adamw_one(dt, a.n, a.param, a.grad, a.exp_avg, a.exp_avg_sq, a.max_exp_avg_sq, h);
+    }
+  };
+  if (on_cuda) {
+    on_gpu([&] {
+      run(kernels::cuda::sgd_step, kernels::cuda::adam_step, kernels::cuda::adamw_step,
+          kernels::cuda::sgd_step_multi, kernels::cuda::adam_step_multi, kernels::cuda::adamw_step_multi);
+    });
+  } else {
+    run(kernels::cpu::sgd_step, kernels::cpu::adam_step, kernels::cpu::adamw_step,
+        kernels::cpu::sgd_step_multi, kernels::cpu::adam_step_multi, kernels::cpu::adamw_step_multi);
+  }
+}
+
+TEST_CASE("cuda multi-tensor optimizer steps equal the per-tensor launches bit for bit and the CPU",
+          "[gpu][optim][multi_tensor]") {
+  for (DType dt : {DType::f32, DType::f64}) {
+    for (Rule rule : {Rule::Sgd, Rule::Adam, Rule::AdamW}) {
+      INFO("dtype " << dt << ", rule " << int(rule) << " (0 SGD nesterov+wd, 1 Adam+L2, 2 AdamW amsgrad)");
+      Buffers cpu = make_buffers(dt, Device::cpu()), one = make_buffers(dt, gpu()),
+              many = make_buffers(dt, gpu());
+      const Buffers start = make_buffers(dt, Device::cpu());
+      for (int step = 1; step <= 3; ++step) {
+        std::vector<Tensor> g_cpu, g_gpu;
+        for (int64_t n : kSizes) {
+          g_cpu.push_back(random_cpu({n}, dt));
+          g_gpu.push_back(g_cpu.back().to(gpu()));
+        }
+        take_step(rule, dt, cpu, g_cpu, step, /*multi=*/true, /*on_cuda=*/false);
+        take_step(rule, dt, one, g_gpu, step, /*multi=*/false, /*on_cuda=*/true);
+        take_step(rule, dt, many, g_gpu, step, /*multi=*/true, /*on_cuda=*/true);
+      }
+      const double tol = dt == DType::f32 ? 1e-5 : 1e-12;
+      for (size_t t = 0; t < kSizes.size(); ++t) {
+        INFO("tensor " << t << " of " << kSizes[t] << " elements");
+        // Bit for bit: f32 and f64 values are exact in double.
+        CHECK(many.p[t].to_vector<double>() == one.p[t].to_vector<double>());
+        CHECK(many.buf[t].to_vector<double>() == one.buf[t].to_vector<double>());
+        CHECK(many.m[t].to_vector<double>() == one.m[t].to_vector<double>());
+        CHECK(many.v[t].to_vector<double>() == one.v[t].to_vector<double>());
+        CHECK(many.vmax[t].to_vector<double>() == one.vmax[t].to_vector<double>());
+        MG_REQUIRE_CLOSE(many.p[t], cpu.p[t], tol);
+        MG_REQUIRE_CLOSE(many.buf[t], cpu.buf[t], tol);
+        MG_REQUIRE_CLOSE(many.m[t], cpu.m[t], tol);
+        MG_REQUIRE_CLOSE(many.v[t], cpu.v[t], tol);
+        MG_REQUIRE_CLOSE(many.vmax[t], cpu.vmax[t], tol);
+        // Every element was updated (an element the launch skipped keeps its start value).
+        if (kSizes[t] > 0) {
+          const std::vector<double> before = start.p[t].to_vector<double>(),
+                                    after = many.p[t].to_vector<double>();
+          for (size_t i = 0; i < before.size(); ++i)
+            if (before[i] == after[i]) FAIL("element " << i << " was not updated");
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda multi-tensor steps refuse 16-bit parameters and missing state",
+          "[gpu][optim][multi_tensor]") {
+  Tensor p = zeros({3}, TensorOptions{DType::bf16, gpu()}), g = zeros_like(p);
+  cuda::DeviceGuard guard(0);
+  CHECK_THROWS_WITH(
+      kernels::cuda::sgd_step_multi(DType::bf16, {{p.data_ptr(), g.data_ptr(), nullptr, 3, false}}, {}),
+      Contains("bf16") && Contains("f32 master weights"));
+  kernels::cpu::AdamHyper h;
+  h.amsgrad = true;
+  CHECK_THROWS_WITH(
+      kernels::cuda::adam_step_multi(
+          DType::f32, {{p.data_ptr(), g.data_ptr(), p.data_ptr(), p.data_ptr(), nullptr, 3, 1}}, h),
+      Contains("amsgrad needs a max_exp_avg_sq buffer") && Contains("tensor 0"));
+}
+
+TEST_CASE("Optimizer::step on CUDA parameters matches the CPU", "[gpu][optim][multi_tensor]") {
+  for (int which = 0; which < 3; ++which) {
+    INFO("optimizer " << which << " (0 SGD, 1 Adam, 2 AdamW amsgrad)");
+    manual_seed(5);
+    std::vector<Tensor> cpu_params, gpu_params;
+    for (int64_t n : {1, 300, 20000, 5}) {
+      cpu_params.push_back(random_cpu({n}).set_requires_grad(true));
+      gpu_params.push_back(cpu_params.back().detach().to(gpu()).set_requires_grad(true));
+    }
+    auto make = [&](std::vector<Tensor> ps) -> std::unique_ptr<optim::Optimizer> {
+      if (which == 0)
+        return std::make_unique<optim::SGD>(ps,
+                                            optim::SGDOptions{.lr = 0.1, .momentum = 0.9, .nesterov = true});
+      if (which == 1)
+        return std::make_unique<optim::Adam>(ps, optim::AdamOptions{.lr = 0.01, .weight_decay = 0.1});
+      return std::make_unique<optim::AdamW>(ps, optim::AdamWOptions{.lr = 0.01, .amsgrad = true});
+    };
+    auto on_cpu = make(cpu_params), on_cuda = make(gpu_params);
+    for (int step = 0; step < 3; ++step) {
+      for (size_t i = 0; i < cpu_params.size(); ++i) {
+        if (i == 3 && step == 0) continue;  // a late parameter: its own step count
+        const Tensor g = random_cpu(cpu_params[i].shape());
+        cpu_params[i].set_grad(g);
+        gpu_params[i].set_grad(g.to(gpu()));
+      }
+      on_cpu->step();
+      on_cuda->step();
+    }
+    for (size_t i = 0; i < cpu_params.size(); ++i)
+      MG_REQUIRE_CLOSE(gpu_params[i].detach(), cpu_params[i].detach(), 1e-5);
+  }
+}
+
+}  // namespace
+}  // namespace mg
+
+#endif  // MG_HAS_CUDA
