@@ -103,7 +103,8 @@ json config_json(const Config& c) {
           {"algo", c.algo},
           {"device_type", c.device_type},
           {"lr", c.lr},
-          {"data", c.data}, {"precision", c.precision}};
+          {"data", c.data},
+          {"precision", c.precision}};
 }
 
 // ---- the workload: model, data, loss -------------------------------------------------------------
