@@ -626,7 +626,8 @@ json predict_scaling(const Config& c, const std::vector<Result>& results) {
       bench::Prediction q = bench::predict_dp(w, links.front(), dp->devices);
       std::printf(
           "  check: DP at N=%d predicted %.2f ms, measured %.2f ms (error %+.0f%%; on logical CPU devices "
-          "DP's copies are memcpy, not the MPI link, so the model overestimates them)\n",
+          "DP's copies are memcpy, not the MPI link, and the model leaves out the per-step replica "
+          "set-up)\n",
           dp->devices, q.step_s * 1000, dp->step_ms, 100 * (q.step_s * 1000 - dp->step_ms) / dp->step_ms);
       out.push_back({{"check", "dp"},
                      {"devices", dp->devices},
