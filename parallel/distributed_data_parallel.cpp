@@ -2,6 +2,7 @@
 // the replica-consistency check (the gradient work is the Reducer's, reducer.cpp).
 #include "parallel/distributed_data_parallel.h"
 
+#include <map>
 #include <sstream>
 #include <vector>
 
@@ -105,17 +106,37 @@ void DistributedDataParallel::verify_same_parameters_everywhere() const {
         "the first difference)");
 }
 
+// One broadcast per dtype, of the tensors packed into one flat buffer: every forward re-sends the
+// buffers, and BatchNorm alone has three small ones per layer, each of which would otherwise pay
+// a collective's latency (and its signature check) on its own.
 void DistributedDataParallel::broadcast_state_from_rank0(bool parameters, bool buffers) {
   if (group_.size() == 1) return;
-  std::vector<WorkPtr> works;
-  std::vector<Tensor> tensors;
+  std::map<DType, std::vector<Tensor>> by_dtype;
   if (parameters)
-    for (Tensor& p : module_->parameters()) tensors.push_back(p);
+    for (Tensor& p : module_->parameters()) by_dtype[p.dtype()].push_back(p);
   if (buffers)
-    for (Tensor& b : module_->buffers()) tensors.push_back(b);
-  // The broadcast writes the tensors' memory directly (no autograd involved).
-  for (Tensor& t : tensors) works.push_back(group_.broadcast(t, 0));
-  for (auto& w : works) w->wait();
+    for (Tensor& b : module_->buffers()) by_dtype[b.dtype()].push_back(b);
+  NoGradGuard no_grad;  // plain copies into the module's tensors, nothing to differentiate
+  const bool root = group_.rank() == 0;
+  for (auto& [dtype, tensors] : by_dtype) {
+    int64_t total = 0;
+    for (const Tensor& t : tensors) total += t.numel();
+    Tensor flat = empty({total}, TensorOptions{dtype, tensors.front().device()});
+    if (root) {
+      int64_t offset = 0;
+      for (const Tensor& t : tensors) {
+        flat.narrow(0, offset, t.numel()).copy_(t.reshape({-1}));
+        offset += t.numel();
+      }
+    }
+    group_.broadcast(flat, 0)->wait();
+    if (root) continue;
+    int64_t offset = 0;
+    for (Tensor& t : tensors) {
+      t.copy_(flat.narrow(0, offset, t.numel()).view(t.shape()));
+      offset += t.numel();
+    }
+  }
 }
 
 Tensor DistributedDataParallel::forward(const Tensor& x) {

@@ -146,8 +146,6 @@ void Reducer::mark_ready(size_t index, const Tensor& grad) {
     } else if (grad.data_ptr() != slot.data_ptr()) {
       slot.copy_(grad.reshape({-1}));
     }
-    // Pre-divide by the world size: the all-reduce's sum is then the mean over ranks.
-    slot.mul_(1.0 / group_.size());
   }
   copy_ms_this_pass_ += ms_between(start, Clock::now());
   if (--bucket.pending == 0) launch_ready_buckets();
@@ -157,6 +155,11 @@ void Reducer::launch_ready_buckets() {
   // Strictly in bucket order: every rank must issue the same collectives in the same order.
   while (next_to_launch_ < buckets_.size() && buckets_[next_to_launch_].pending == 0) {
     Bucket& bucket = buckets_[next_to_launch_];
+    {
+      // Pre-divide by the world size, once per bucket: the all-reduce's sum is then the mean.
+      NoGradGuard no_grad;
+      bucket.flat.mul_(1.0 / group_.size());
+    }
     bucket.launched = Clock::now();
     bucket.work = options_.algo == AllreduceAlgo::Ring
                       ? ring_allreduce_async(group_, bucket.flat, ReduceOp::Sum)
