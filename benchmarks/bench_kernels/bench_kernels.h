@@ -1,0 +1,88 @@
+// bench_kernels: every CUDA kernel family measured against the ceiling of the same run.
+//
+// One executable, one file per family (benchmarks/bench_kernels/*.cpp|*.cu, globbed by
+// benchmarks/CMakeLists.txt in CUDA builds):
+//   main.cpp          flags, the copy-bandwidth ceiling, the table and the JSON file
+//   memory_bound.cpp  elementwise, casts, reductions, softmax, layer_norm, cross-entropy:
+//                     achieved GB/s and the ratio to a large device-to-device copy
+//   gemm_ladder.cpp   the hand-written GEMM ladder against cuBLAS at the same shapes (TFLOP/s)
+//   conv.cpp          cuDNN against im2col + GEMM for conv2d forward and backward
+//   allocator.cpp     the caching allocator against raw cudaMalloc/cudaFree
+// This header is the contract between them: each family returns rows, main prints them.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+
+namespace mg::bench {
+
+struct BenchOptions {
+  bool quick = false;  // a few small sizes and few repetitions: scripts/gpu-check runs this
+  int device = 0;      // physical CUDA device
+  int warmup = 3;
+  int repeats = 20;
+};
+
+// One measured line of the table. `achieved` and `ceiling` share `unit` ("GB/s", "TFLOP/s",
+// "us"); ratio = achieved / ceiling for throughputs (for "us" rows: ceiling / achieved, so a
+// ratio above 1 always means "better than the reference").
+struct KernelResult {
+  std::string family;     // "elementwise", "gemm", "conv", "allocator", ...
+  std::string kernel;     // "add f32 contiguous", "ladder/register_tiled", "cudnn fwd", ...
+  std::string dtype;      // "f32", "bf16", ...
+  std::string shape;      // "64M", "4096x4096x4096", "N64 C64 H56 W56 K64 3x3"
+  double seconds = 0;     // median time of one call
+  double achieved = 0;    // in `unit`
+  double ceiling = 0;     // the reference measured in the same run, in `unit`
+  std::string reference;  // what the ceiling is: "d2d copy", "cuBLAS", "cudaMalloc/cudaFree"
+  std::string unit;
+  double ratio = 0;
+  double max_rel_error = -1;  // of the result against its reference where checked, else -1
+};
+
+// Ceilings measured once by main.cpp before the families run.
+struct Ceilings {
+  double copy_gbps = 0;  // cudaMemcpyAsync device->device of a large buffer: bytes read + written / s
+};
+
+// Median time of fn() in seconds, measured with CUDA events on the current stream of the current
+// device (fn must enqueue its work there: the legacy default stream 0 unless it says otherwise).
+inline double median_seconds(const std::function<void()>& fn, const BenchOptions& o,
+                             cudaStream_t stream = nullptr) {
+  auto ok = [](cudaError_t e) {
+    check(e == cudaSuccess, "bench_kernels: ", cudaGetErrorString(e));
+  };
+  for (int i = 0; i < o.warmup; ++i) fn();
+  ok(cudaStreamSynchronize(stream));
+  cudaEvent_t start, stop;
+  ok(cudaEventCreate(&start));
+  ok(cudaEventCreate(&stop));
+  std::vector<double> times;
+  for (int i = 0; i < std::max(1, o.repeats); ++i) {
+    ok(cudaEventRecord(start, stream));
+    fn();
+    ok(cudaEventRecord(stop, stream));
+    ok(cudaEventSynchronize(stop));
+    float ms = 0;
+    ok(cudaEventElapsedTime(&ms, start, stop));
+    times.push_back(ms * 1e-3);
+  }
+  ok(cudaEventDestroy(start));
+  ok(cudaEventDestroy(stop));
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+// The families (each in its own file).
+std::vector<KernelResult> bench_memory_bound(const BenchOptions& o, const Ceilings& c);
+std::vector<KernelResult> bench_gemm_ladder(const BenchOptions& o, const Ceilings& c);
+std::vector<KernelResult> bench_conv(const BenchOptions& o, const Ceilings& c);
+std::vector<KernelResult> bench_allocator(const BenchOptions& o, const Ceilings& c);
+
+}  // namespace mg::bench
