@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -79,10 +80,26 @@ inline double median_seconds(const std::function<void()>& fn, const BenchOptions
   return times[times.size() / 2];
 }
 
-// The families (each in its own file).
-std::vector<KernelResult> bench_memory_bound(const BenchOptions& o, const Ceilings& c);
-std::vector<KernelResult> bench_gemm_ladder(const BenchOptions& o, const Ceilings& c);
-std::vector<KernelResult> bench_conv(const BenchOptions& o, const Ceilings& c);
-std::vector<KernelResult> bench_allocator(const BenchOptions& o, const Ceilings& c);
+// The families register themselves, so main.cpp needs no list of them and a family file can be
+// added or left out without touching it. In a family file, at namespace scope:
+//
+//   static const mg::bench::RegisterFamily kRegistered("gemm", 20, bench_gemm_ladder);
+//
+// main.cpp runs them in ascending `order` (its --family flag picks some by name).
+using FamilyFn = std::function<std::vector<KernelResult>(const BenchOptions&, const Ceilings&)>;
+struct Family {
+  std::string name;
+  int order = 0;
+  FamilyFn run;
+};
+inline std::vector<Family>& registered_families() {
+  static std::vector<Family> families;
+  return families;
+}
+struct RegisterFamily {
+  RegisterFamily(std::string name, int order, FamilyFn run) {
+    registered_families().push_back(Family{std::move(name), order, std::move(run)});
+  }
+};
 
 }  // namespace mg::bench
