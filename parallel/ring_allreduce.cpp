@@ -19,6 +19,10 @@
 #include "core/grad_mode.h"
 #include "core/ops.h"
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 namespace mg::parallel {
 
 std::vector<RingSegment> ring_segments(int64_t numel, int world) {
@@ -205,6 +209,14 @@ class RingWorker {
   };
 
   void loop() {
+#ifdef _OPENMP
+    // The ring reduces one chunk (1 MiB by default) at a time while the next ones are in flight.
+    // Such an addition is bound by memory, not arithmetic, and a second OpenMP thread would only
+    // take the core from the MPI progress thread that performs the shared-memory copies (as
+    // MPI_Allreduce does, the reduction stays on one thread). nthreads is per thread: the rest of
+    // the program keeps its OpenMP team.
+    omp_set_num_threads(1);
+#endif
     for (;;) {
       Job job;
       {
