@@ -10,6 +10,11 @@
 //   apply:    one sweep: read x, write y (2 memory passes; the composed ops made ~6)
 //   backward: two sweeps -- sum(gy) and sum(gy·xhat), then gx -- plus nothing more for the
 //             weight and bias gradients, which are exactly those two sums (composed ops: ~12)
+//
+// Sums run in kLanes independent accumulators (Lanes below). A plain `sum += x[j]` must add in
+// order, so each add waits for the previous one (~4 cycles) and nothing vectorises: that made
+// these sums ~4x slower than the memory they read. With separate lanes the compiler keeps
+// several adds in flight (and in SIMD registers); the result is still the same on every run.
 #include "kernels/cpu/batch_norm.h"
 
 #include <cmath>
@@ -22,6 +27,25 @@ namespace {
 
 [[maybe_unused]] constexpr int64_t kMinParallelWork = 1 << 15;
 
+// kLanes running double sums; element j of a run goes to lane j mod kLanes.
+constexpr int kLanes = 8;
+struct Lanes {
+  double lane[kLanes] = {};
+
+  // Adds value(j) for j in [0, length).
+  template <class Value>
+  void add_run(int64_t length, const Value& value) {
+    int64_t j = 0;
+    for (; j + kLanes <= length; j += kLanes)
+      for (int l = 0; l < kLanes; ++l) lane[l] += value(j + l);
+    for (; j < length; ++j) lane[j % kLanes] += value(j);
+  }
+  // Pairwise, in a fixed order.
+  double total() const {
+    return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+  }
+};
+
 template <class T>
 void stats(const T* x, int64_t n, int64_t c, int64_t hw, compute_t<T>* mean_out, compute_t<T>* var_out) {
   const double count = static_cast<double>(n * hw);
@@ -29,22 +53,22 @@ void stats(const T* x, int64_t n, int64_t c, int64_t hw, compute_t<T>* mean_out,
 #pragma omp parallel for schedule(static) if (n * c * hw >= kMinParallelWork)
 #endif
   for (int64_t k = 0; k < c; ++k) {
-    double sum = 0;
+    Lanes sum;
     for (int64_t i = 0; i < n; ++i) {
       const T* run = x + (i * c + k) * hw;
-      for (int64_t j = 0; j < hw; ++j) sum += static_cast<double>(run[j]);
+      sum.add_run(hw, [run](int64_t j) { return static_cast<double>(run[j]); });
     }
-    const double mean = count > 0 ? sum / count : 0.0;
-    double squares = 0;
+    const double mean = count > 0 ? sum.total() / count : 0.0;
+    Lanes squares;
     for (int64_t i = 0; i < n; ++i) {
       const T* run = x + (i * c + k) * hw;
-      for (int64_t j = 0; j < hw; ++j) {
+      squares.add_run(hw, [run, mean](int64_t j) {
         const double d = static_cast<double>(run[j]) - mean;
-        squares += d * d;
-      }
+        return d * d;
+      });
     }
     mean_out[k] = static_cast<compute_t<T>>(mean);
-    var_out[k] = static_cast<compute_t<T>>(count > 0 ? squares / count : 0.0);
+    var_out[k] = static_cast<compute_t<T>>(count > 0 ? squares.total() / count : 0.0);
   }
 }
 
@@ -76,16 +100,16 @@ void backward(const T* gy, const T* x, const compute_t<T>* mean, const compute_t
 #endif
   for (int64_t k = 0; k < c; ++k) {
     const double mu = static_cast<double>(mean[k]), r = static_cast<double>(rstd[k]);
-    double sum_gy = 0, sum_gy_xhat = 0;
+    Lanes gy_lanes, gy_xhat_lanes;
     for (int64_t i = 0; i < n; ++i) {
       const T* g = gy + (i * c + k) * hw;
       const T* in = x + (i * c + k) * hw;
-      for (int64_t j = 0; j < hw; ++j) {
-        const double gj = static_cast<double>(g[j]);
-        sum_gy += gj;
-        sum_gy_xhat += gj * (static_cast<double>(in[j]) - mu) * r;
-      }
+      gy_lanes.add_run(hw, [g](int64_t j) { return static_cast<double>(g[j]); });
+      gy_xhat_lanes.add_run(
+          hw, [g, in, mu](int64_t j) { return static_cast<double>(g[j]) * (static_cast<double>(in[j]) - mu); });
     }
+    // sum(gy * xhat) = r * sum(gy * (x - mu)): the constant factor leaves the loop.
+    const double sum_gy = gy_lanes.total(), sum_gy_xhat = gy_xhat_lanes.total() * r;
     if (gw) gw[k] = static_cast<T>(sum_gy_xhat);
     if (gb) gb[k] = static_cast<T>(sum_gy);
     if (!gx) continue;

@@ -54,6 +54,32 @@ Range valid_range(int64_t offset, int64_t stride, int64_t in, int64_t out) {
   return Range{clipped_lo, std::max(clipped_lo, std::min(hi, out))};
 }
 
+// One column row of a "same"-size convolution (stride 1, output as wide as the input: e.g. 3x3
+// with padding 1), the common CNN case. There, output (oh, ow) of this kernel tap reads input
+// element oh*W + ow + shift of the channel plane, a constant shift, so the whole valid block is
+// ONE contiguous copy instead of one short copy per output row (a 14-wide row made each copy a
+// ~5 ns memmove call for 56 bytes). The copy's rows wrap into their neighbours where the tap
+// reads padding (ow outside valid_w); those few elements per row are zeroed afterwards.
+template <class T>
+void same_size_row(const T* plane, T* dst, int64_t out_h, int64_t out_w, int64_t shift, Range valid_h,
+                   Range valid_w) {
+  const T zero = static_cast<T>(0.0f);
+  if (valid_h.lo >= valid_h.hi || valid_w.lo >= valid_w.hi) {  // the tap only ever reads padding
+    std::fill(dst, dst + out_h * out_w, zero);
+    return;
+  }
+  const int64_t first = valid_h.lo * out_w + valid_w.lo;     // first element read from the input
+  const int64_t end = (valid_h.hi - 1) * out_w + valid_w.hi;  // one past the last
+  std::fill(dst, dst + first, zero);
+  std::copy(plane + first + shift, plane + end + shift, dst + first);
+  std::fill(dst + end, dst + out_h * out_w, zero);
+  for (int64_t oh = valid_h.lo; oh < valid_h.hi; ++oh) {
+    T* row = dst + oh * out_w;
+    std::fill(row, row + valid_w.lo, zero);
+    std::fill(row + valid_w.hi, row + out_w, zero);
+  }
+}
+
 template <class T>
 void im2col_typed(const Conv2dGeometry& g, const T* images, T* columns, int64_t count) {
   const int64_t out_h = g.out_h(), out_w = g.out_w();
@@ -80,6 +106,10 @@ void im2col_typed(const Conv2dGeometry& g, const T* images, T* columns, int64_t 
     const T* plane = image + c * g.height * g.width;
     T* dst_row = columns + r * row_length + b * cols;
 
+    if (g.stride_h == 1 && g.stride_w == 1 && out_w == g.width) {
+      same_size_row(plane, dst_row, out_h, out_w, offset_h * g.width + offset_w, valid_h, valid_w);
+      continue;
+    }
     for (int64_t oh = 0; oh < out_h; ++oh) {
       T* dst = dst_row + oh * out_w;
       if (oh < valid_h.lo || oh >= valid_h.hi) {  // the whole output row reads padding

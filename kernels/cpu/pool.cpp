@@ -21,6 +21,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
+#include <type_traits>
 #include <limits>
 #include <vector>
 
@@ -58,12 +60,24 @@ bool worth_threads(const Pool2dGeometry& g) {
 
 // The window rule of max pooling: a larger value, or any NaN (PyTorch's rule: a NaN beats
 // everything), replaces the best so far; on a tie the first element in row-major order stays.
+//
+// Without a branch: on real activations which element of a window wins is unpredictable, and a
+// mispredicted branch per candidate cost more than all the arithmetic (the 2x2 forward ran at
+// ~2 ns per input element). A `take ? v : best` is turned back into a branch by the compiler,
+// so the choice is made with an all-ones/all-zeros mask on the bits instead.
 template <class Acc>
 inline void consider(Acc v, int64_t i, Acc& best, int64_t& best_index) {
-  if (v > best || std::isnan(v)) {
-    best = v;
-    best_index = i;
-  }
+  using Bits = std::conditional_t<sizeof(Acc) == 8, uint64_t, uint32_t>;
+  static_assert(sizeof(Acc) == sizeof(Bits), "max pooling compares in float or double");
+  const bool take = (v > best) | (v != v);  // v != v: v is NaN
+  const Bits mask = Bits(0) - Bits(take);
+  Bits v_bits, best_bits;
+  std::memcpy(&v_bits, &v, sizeof v);
+  std::memcpy(&best_bits, &best, sizeof best);
+  best_bits = (v_bits & mask) | (best_bits & ~mask);
+  std::memcpy(&best, &best_bits, sizeof best);
+  const int64_t index_mask = -static_cast<int64_t>(take);
+  best_index = (i & index_mask) | (best_index & ~index_mask);
 }
 
 // The common 2x2, stride 2, unpadded case (every CNN's "maxpool 2"): each window lies inside

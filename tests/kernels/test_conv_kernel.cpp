@@ -46,6 +46,9 @@ std::vector<Conv2dGeometry> test_geometries() {
   return {
       geometry(3, 7, 9, 3, 3),                      // plain valid 3x3
       geometry(2, 8, 8, 3, 3, 1, 1, 1, 1),          // "same" padding
+      geometry(2, 7, 6, 5, 5, 1, 1, 2, 2),          // "same", 5x5 (the one-copy im2col path)
+      geometry(1, 6, 9, 3, 3, 1, 1, 2, 2, 2, 2),    // "same" through dilation 2
+      geometry(1, 2, 5, 5, 3, 1, 1, 3, 1),          // as wide as the input, taller padding
       geometry(3, 9, 7, 3, 3, 2, 2, 1, 1),          // strided, padded
       geometry(2, 10, 11, 3, 2, 2, 1, 1, 0, 2, 1),  // asymmetric everything
       geometry(4, 6, 5, 1, 1),                      // 1x1 kernel
