@@ -15,11 +15,20 @@
 //      request + 1/8 (large, at least 1 MiB): best fit, smallest first.
 //      Same stream: work queued on that stream that used the block is ordered
 //      before any new work on it, so reusing it needs no synchronisation.
-//      (A block used on another stream would need record_stream, not
-//      implemented yet: tensors are used on the stream that allocated them.)
 //   3. Otherwise cudaMalloc. If that fails for lack of memory, free every cached
-//      block of the device (cudaFree) and try once more; if it still fails,
-//      throw an mg::Error saying what was asked and what is held.
+//      block of the device (cudaFree; blocks waiting for other streams are
+//      waited for first) and try once more; if it still fails, throw an
+//      mg::Error saying what was asked and what is held.
+//
+// Other streams (record_stream). Stream order protects a block only on the
+// stream it was allocated on. When a tensor is also used by work on another
+// stream (a communication stream, a prefetch stream), record_stream(t, s) notes
+// that stream on the block. Freeing such a block records an event on each noted
+// stream, and the block joins its free list only once all of those events have
+// completed (checked with cudaEventQuery at the next allocation, never waited
+// for). Until then it counts as reserved, not allocated. This is what PyTorch's
+// CUDACachingAllocator does; the alternative, a device-wide sync at every free,
+// would serialise the streams the block was shared between.
 // Blocks are never split or merged; that keeps the bookkeeping readable at the
 // cost of some fragmentation (PyTorch's allocator splits large blocks).
 //
@@ -34,9 +43,11 @@
 #include <array>
 #include <cstdlib>
 #include <iterator>
+#include <list>
 #include <map>
 #include <mutex>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "core/allocator.h"
@@ -45,6 +56,7 @@
 #include "core/cuda_runtime.h"
 #include "core/cuda_stream.h"
 #include "core/error.h"
+#include "core/tensor.h"
 
 namespace mg::cuda {
 namespace {
@@ -82,8 +94,9 @@ std::string bytes_str(int64_t n) {
 
 struct Block {
   size_t size = 0;
-  int device = 0;  // logical
-  void* stream = nullptr;
+  int device = 0;             // logical
+  void* stream = nullptr;     // the stream it was allocated on: the free list it returns to
+  std::vector<Stream> users;  // other streams that use it (record_stream)
 };
 
 class CudaCachingAllocator {
@@ -93,12 +106,13 @@ class CudaCachingAllocator {
     DeviceGuard guard(device);
     void* stream = current_stream(device).handle;
     std::lock_guard<std::mutex> lock(mutex_);
+    collect_finished_frees();
     // 2. a cached block on the same device and stream
     auto& pool = free_[device];
     for (auto it = pool.lower_bound(size); it != pool.end() && fits(it->first, size); ++it) {
       if (it->second.stream != stream) continue;
       void* ptr = it->second.ptr;
-      live_[ptr] = Block{it->first, device, stream};
+      live_[ptr] = Block{it->first, device, stream, {}};
       note_allocated(device, it->first);
       cached_[device] -= static_cast<int64_t>(it->first);
       ++stats_[device].cache_hits;
@@ -108,8 +122,11 @@ class CudaCachingAllocator {
     // 3. cudaMalloc, once more after emptying this device's cache
     void* ptr = nullptr;
     cudaError_t err = cudaMalloc(&ptr, size);
+    int64_t released = 0;
     if (err == cudaErrorMemoryAllocation) {
       cudaGetLastError();
+      released = cached_[device];
+      wait_for_pending_frees(device);
       release_cached(device);
       err = cudaMalloc(&ptr, size);
     }
@@ -118,16 +135,18 @@ class CudaCachingAllocator {
       size_t free_bytes = 0, total_bytes = 0;
       cudaMemGetInfo(&free_bytes, &total_bytes);
       cudaGetLastError();
-      throw Error(str_cat("CUDA out of memory on cuda:", device, ": asked for ", bytes_str(int64_t(nbytes)),
-                          " (", nbytes, " bytes, rounded to ", size, "); this process's allocator holds ",
-                          bytes_str(stats_[device].allocated_bytes), " in live tensors and ",
-                          bytes_str(cached_[device]),
-                          " cached (freed by empty_cache before this retry); the GPU ", "reports ",
-                          bytes_str(int64_t(free_bytes)), " free of ", bytes_str(int64_t(total_bytes))));
+      throw Error(str_cat("CUDA out of memory on cuda:", device, " (physical GPU ", physical_device(device),
+                          "): asked for ", bytes_str(int64_t(nbytes)), " (", nbytes, " bytes, rounded to ", size,
+                          "); this process's caching allocator holds ", bytes_str(stats_[device].allocated_bytes),
+                          " in live tensors (peak ", bytes_str(stats_[device].peak_allocated_bytes), ") and had ",
+                          bytes_str(released), " cached, which it returned to the driver (empty_cache) before ",
+                          "retrying; the GPU reports ", bytes_str(int64_t(free_bytes)), " free of ",
+                          bytes_str(int64_t(total_bytes)),
+                          ". Free tensors that are no longer needed, or use a smaller batch"));
     }
     MG_CUDA_CHECK(err);
     ++stats_[device].system_allocations;
-    live_[ptr] = Block{size, device, stream};
+    live_[ptr] = Block{size, device, stream, {}};
     note_allocated(device, size);
     return ptr;
   }
@@ -137,21 +156,50 @@ class CudaCachingAllocator {
     std::lock_guard<std::mutex> lock(mutex_);
     auto found = live_.find(ptr);
     if (found == live_.end()) return;
-    const Block b = found->second;
+    const Block b = std::move(found->second);
     live_.erase(found);
     stats_[b.device].allocated_bytes -= static_cast<int64_t>(b.size);
     cached_[b.device] += static_cast<int64_t>(b.size);
-    free_[b.device].emplace(b.size, Cached{ptr, b.stream});
+    if (b.users.empty()) {
+      free_[b.device].emplace(b.size, Cached{ptr, b.stream});
+      return;
+    }
+    // Used on other streams too: free it once what they have queued so far is done.
+    PendingFree pending{ptr, b.size, b.device, b.stream, {}};
+    for (const Stream& s : b.users) {
+      DeviceGuard guard(s.device);
+      const int physical = physical_device(s.device);
+      cudaEvent_t event = take_event(physical);
+      MG_CUDA_CHECK(cudaEventRecord(event, static_cast<cudaStream_t>(s.handle)));
+      pending.events.emplace_back(event, physical);
+    }
+    pending_.push_back(std::move(pending));
+  }
+
+  // record_stream: the live block at `ptr` (of logical device `device`) is used by `stream` too.
+  void record_stream(void* ptr, int device, Stream stream) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto found = live_.find(ptr);
+    check(found != live_.end(), "record_stream: the tensor's memory on cuda:", device,
+          " was not handed out by the CUDA caching allocator (or is already freed)");
+    Block& b = found->second;
+    if (stream.handle == b.stream && physical_device(stream.device) == physical_device(b.device)) return;
+    for (const Stream& s : b.users)
+      if (s == stream) return;
+    b.users.push_back(stream);
   }
 
   void empty_cache() {
     std::lock_guard<std::mutex> lock(mutex_);
-    for (int d = 0; d < kMaxDevices; ++d)
+    for (int d = 0; d < kMaxDevices; ++d) {
+      wait_for_pending_frees(d);
       if (!free_[d].empty()) release_cached(d);
+    }
   }
 
   AllocatorStats stats(int device) {
     std::lock_guard<std::mutex> lock(mutex_);
+    collect_finished_frees();
     AllocatorStats s = stats_[device];
     s.reserved_bytes = s.allocated_bytes + cached_[device];
     return s;
@@ -167,6 +215,74 @@ class CudaCachingAllocator {
     void* ptr;
     void* stream;
   };
+
+  // A freed block that other streams may still use, with an event recorded on each of them at
+  // free time (and the physical GPU each event belongs to, for the spare-event pool).
+  struct PendingFree {
+    void* ptr;
+    size_t size;
+    int device;  // logical
+    void* stream;
+    std::vector<std::pair<cudaEvent_t, int>> events;
+  };
+
+  // Caller holds mutex_. An event of physical GPU `physical` (the current device), from the
+  // spares when there is one: creating events costs microseconds, and a training step with a
+  // communication stream frees many shared blocks.
+  cudaEvent_t take_event(int physical) {
+    std::vector<cudaEvent_t>& spare = spare_events_[physical];
+    if (!spare.empty()) {
+      cudaEvent_t e = spare.back();
+      spare.pop_back();
+      return e;
+    }
+    cudaEvent_t e = nullptr;
+    MG_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return e;
+  }
+
+  // Caller holds mutex_. Moves each pending block whose events have all completed to its
+  // free list. Never waits.
+  void collect_finished_frees() {
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      bool done = true;
+      for (const auto& [event, physical] : it->events) {
+        const cudaError_t status = cudaEventQuery(event);
+        if (status == cudaErrorNotReady) {
+          cudaGetLastError();
+          done = false;
+          break;
+        }
+        MG_CUDA_CHECK(status);
+      }
+      if (!done) {
+        ++it;
+        continue;
+      }
+      finish_pending(*it);
+      it = pending_.erase(it);
+    }
+  }
+
+  // Caller holds mutex_. Waits for the events of every pending block of logical device
+  // `device` and moves those blocks to their free lists (empty_cache and the out-of-memory
+  // retry: a block still in use elsewhere cannot be given back to the driver).
+  void wait_for_pending_frees(int device) {
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      if (it->device != device) {
+        ++it;
+        continue;
+      }
+      for (const auto& entry : it->events) MG_CUDA_CHECK(cudaEventSynchronize(entry.first));
+      finish_pending(*it);
+      it = pending_.erase(it);
+    }
+  }
+
+  void finish_pending(PendingFree& p) {
+    for (const auto& [event, physical] : p.events) spare_events_[physical].push_back(event);
+    free_[p.device].emplace(p.size, Cached{p.ptr, p.stream});
+  }
 
   void note_allocated(int device, size_t size) {
     AllocatorStats& s = stats_[device];
@@ -185,6 +301,8 @@ class CudaCachingAllocator {
 
   std::mutex mutex_;
   std::array<std::multimap<size_t, Cached>, kMaxDevices> free_;
+  std::list<PendingFree> pending_;  // freed, waiting for other streams (usually empty)
+  std::array<std::vector<cudaEvent_t>, kMaxDevices> spare_events_;  // by physical GPU
   std::unordered_map<void*, Block> live_;
   std::array<int64_t, kMaxDevices> cached_{};
   std::array<AllocatorStats, kMaxDevices> stats_{};
@@ -392,5 +510,15 @@ void reset_peak_memory_stats(int device) {
 }
 
 void empty_cache() { allocator().empty_cache(); }
+
+void record_stream(const Tensor& t, Stream stream) {
+  check(t.defined(), "record_stream: the tensor is undefined");
+  check(t.device().is_cuda(), "record_stream: the tensor is on ", t.device(),
+        "; only CUDA tensors belong to the caching allocator");
+  const int device = t.device().index;
+  check(physical_device(stream.device) == physical_device(device), "record_stream: the tensor lives on cuda:",
+        device, " but the stream belongs to cuda:", stream.device);
+  allocator().record_stream(t.storage()->data(), device, stream);
+}
 
 }  // namespace mg::cuda

@@ -13,7 +13,9 @@
 // product for the first layer) cost more in wake-ups than in arithmetic.
 // The column buffer is recomputed in backward instead of saved: it is kh*kw
 // times larger than the input, so saving it would dominate activation memory.
-// On a CUDA tensor the same steps run on the GPU (MG_KERNEL picks the twin):
+// On a CUDA tensor conv2d runs through cuDNN by default (kernels/cuda/conv_cudnn.h:
+// set_conv_backend / MG_CUDA_CONV choose). With the im2col backend, or for what cuDNN does
+// not take (f64), the same steps as above run on the GPU (MG_KERNEL picks the twin):
 // im2col/col2im from kernels/cuda/conv.cu and the GEMMs through cuBLAS
 // (kernels/cuda/gemm.cu); pooling likewise uses kernels/cuda/pool.cu.
 #include "core/autocast.h"
@@ -21,6 +23,9 @@
 #include "kernels/cpu/conv.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/pool.h"
+#if defined(MG_HAS_CUDA)
+#include "kernels/cuda/conv_cudnn.h"
+#endif
 
 namespace mg {
 using namespace ops_detail;
@@ -78,6 +83,57 @@ kernels::cpu::Conv2dGeometry conv_geometry(const Tensor& x, const Tensor& w, con
   return g;
 }
 
+// ---- the cuDNN path (kernels/cuda/conv_cudnn.h) ----------------------------------------------
+// A CUDA conv2d runs through cuDNN when that backend is selected and cuDNN takes the problem
+// (f32/f16/bf16, sizes within 32 bits); otherwise, and always on the CPU, as im2col + GEMM.
+// cuDNN computes the whole batch in one call (no chunks, no column buffer) and writes every
+// output element, so its gradients need no zero fill.
+bool use_cudnn(const Tensor& x, const kernels::cpu::Conv2dGeometry& g, int64_t out_channels) {
+#if defined(MG_HAS_CUDA)
+  using namespace kernels::cuda;
+  return x.device().is_cuda() && conv_backend() == ConvBackend::cudnn &&
+         cudnn_conv2d_supported(g, x.size(0), out_channels, x.dtype());
+#else
+  (void)x, (void)g, (void)out_channels;
+  return false;
+#endif
+}
+
+// cuDNN's fastest kernels load 16 bytes at a time; a view that starts mid-vector (a narrow at an
+// odd offset) is copied to a fresh, aligned allocation first.
+Tensor aligned_for_cudnn(const Tensor& t) {
+  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 ? t : t.clone();
+}
+
+#if defined(MG_HAS_CUDA)
+void cudnn_forward(const kernels::cpu::Conv2dGeometry& g, const Tensor& x, const Tensor& w, Tensor& y) {
+  cuda::DeviceGuard guard(x.device().index);
+  kernels::cuda::cudnn_conv2d_forward(g, x.dtype(), x.size(0), w.size(0), x.data_ptr(), w.data_ptr(), nullptr,
+                                      y.data_ptr());
+}
+// gx / gw: outputs to fill, or undefined when not needed.
+void cudnn_backward(const kernels::cpu::Conv2dGeometry& g, const Tensor& x, const Tensor& w, const Tensor& gy,
+                    Tensor& gx, Tensor& gw) {
+  cuda::DeviceGuard guard(x.device().index);
+  const Tensor dy = aligned_for_cudnn(gy);
+  if (gx.defined())
+    kernels::cuda::cudnn_conv2d_backward_data(g, x.dtype(), x.size(0), w.size(0), dy.data_ptr(), w.data_ptr(),
+                                              gx.data_ptr());
+  if (gw.defined())
+    kernels::cuda::cudnn_conv2d_backward_filter(g, x.dtype(), x.size(0), w.size(0), x.data_ptr(), dy.data_ptr(),
+                                                gw.data_ptr(), /*accumulate=*/false);
+}
+#else
+// Never called: use_cudnn() is false in a build without CUDA.
+void cudnn_forward(const kernels::cpu::Conv2dGeometry&, const Tensor&, const Tensor&, Tensor&) {
+  throw Error("conv2d: the cuDNN path needs a CUDA build");
+}
+void cudnn_backward(const kernels::cpu::Conv2dGeometry&, const Tensor&, const Tensor&, const Tensor&, Tensor&,
+                    Tensor&) {
+  throw Error("conv2d: the cuDNN path needs a CUDA build");
+}
+#endif
+
 }  // namespace
 
 Tensor conv2d(const Tensor& x_arg, const Tensor& w_arg, const Tensor& bias_arg,
@@ -109,7 +165,12 @@ Tensor conv2d(const Tensor& x_arg, const Tensor& w_arg, const Tensor& bias_arg,
         " (dilated) is larger than the padded input of shape ", shape_str(x.shape()));
   Tensor y = new_output({batch, out_channels, geo.out_h(), geo.out_w()}, x.dtype(), x);
   const int64_t chunk = images_per_chunk(batch, ck * spatial);
-  {
+  const bool via_cudnn = use_cudnn(x, geo, out_channels);  // this call's backward takes the same path
+  if (via_cudnn) {
+    x = aligned_for_cudnn(x);
+    w = aligned_for_cudnn(w);
+    cudnn_forward(geo, x, w, y);
+  } else {
     NoGradGuard no_grad;  // the permuting copy below is bookkeeping, not part of the graph
     for (int64_t n0 = 0; n0 < batch; n0 += chunk) {
       const int64_t b = std::min(chunk, batch - n0);
@@ -133,6 +194,12 @@ Tensor conv2d(const Tensor& x_arg, const Tensor& w_arg, const Tensor& bias_arg,
     autograd::record("Conv2dBackward", {x_in, w_in, bias}, {y}, [=](const std::vector<Tensor>& g) {
       Tensor xs = saved_x.unpack(), ws = saved_w.unpack(), gy = g[0].contiguous();
       const DType dt = xs.dtype();
+      if (via_cudnn) {
+        Tensor gx = need_x ? new_output(xs.shape(), dt, xs) : Tensor();
+        Tensor gw = need_w ? new_output(ws.shape(), dt, ws) : Tensor();
+        cudnn_backward(geo, xs, ws, gy, gx, gw);
+        return std::vector<Tensor>{gx, gw, need_b ? sum(gy, {0, 2, 3}) : Tensor()};
+      }
       Tensor gx = need_x ? zeros(xs.shape(), TensorOptions{dt, xs.device()}) : Tensor();
       Tensor gw = need_w ? zeros(ws.shape(), TensorOptions{dt, ws.device()}) : Tensor();
       for (int64_t n0 = 0; n0 < batch; n0 += chunk) {

@@ -3,27 +3,55 @@
 // fill, arange and the dtype-converting strided copy. Semantics are those of
 // kernels/cpu/elementwise.h; this file only says how the GPU does them.
 //
-// Decomposition. One thread per output element, in a grid-stride loop (a fixed
-// grid of at most 65536 blocks x 256 threads walks tensors of any size).
-// Consecutive threads take consecutive elements, so a warp's 32 loads of a
-// contiguous operand fall in one or two 128-byte segments (coalesced).
-//   - Contiguous fast path: when every operand is contiguous (after merging
-//     dims, see make_offset_calc), element i is at offset i in all of them: no
-//     index arithmetic, and each thread handles 4 elements spaced one grid
+// Decomposition. A grid-stride loop (a fixed grid of at most 65536 blocks x 256
+// threads walks tensors of any size). Consecutive threads take consecutive
+// elements (or packs of them), so a warp's loads of a contiguous operand are
+// coalesced into a few full 128-byte lines. Three paths, chosen on the host:
+//   - Pack path (unary, binary, binary_scalar, axpby, fill, copy and casts): each
+//     thread moves 16 bytes per load: a "pack" of V = 16 / sizeof(widest dtype)
+//     consecutive elements (4 f32, 8 bf16/f16, 2 f64; a cast f32 -> bf16 reads
+//     4 floats, 16 B, and writes 4 halves, 8 B), with one ld/st.global.v4 (or
+//     v2) per operand instead of V scalar ones. It needs every operand whose
+//     innermost (merged) dim has stride 1 to start each pack on a V-element
+//     boundary: when all operands are contiguous the first `head` (< V)
+//     elements are done one by one until they are (possible when every operand
+//     is misaligned by the same number of elements, e.g. views at offset 1 of
+//     aligned tensors), and so are the last n - head mod V. With more dims
+//     (broadcasting, slices) the inner size and the outer strides must be
+//     multiples of V. An operand whose inner stride is 0 (a scalar, or a column
+//     broadcast along rows) is read once per pack. The per-pack offsets cost
+//     one div/mod per merged dim, shared by the V elements.
+//   - Contiguous scalar path (misaligned views, the other ops): element i is at
+//     offset i in every operand; each thread handles 4 elements spaced one grid
 //     apart, so 4 independent loads are in flight per thread.
-//   - Strided path (transposed views, broadcasting, slices): each thread turns
-//     its linear index into per-operand offsets with one div/mod per
-//     (coalesced) dim. Reads of a stride-0 operand hit the same address across
-//     the warp and are served by one transaction.
+//   - Strided path (transposes, non-multiple-of-V rows): each thread turns its
+//     linear index into per-operand offsets with one div/mod per (merged) dim.
+//     Reads of a stride-0 operand hit the same address across the warp and are
+//     served by one transaction.
+//
+// Why packs matter. An H200 streams ~4.8 TB/s from HBM3e. With ~600-800 ns
+// of DRAM latency, Little's law says ~3-4 MB must be in flight at all times,
+// ~25-30 KB per SM. An SM holds at most 2048 threads: with 4-byte loads each
+// thread must keep 3-4 loads outstanding to get there, and with the 2-byte
+// loads of bf16/f16 even the 4-way unrolled scalar path (16 KB per SM) falls
+// short. One 16-byte load per thread gives 32 KB per SM by itself, and moves
+// the same bytes with a quarter (f32) or an eighth (16-bit) of the load/store
+// instructions, address computations and loop iterations, each of which also
+// passes through the SM's load/store units and L1 tag stage once per warp.
 //
 // Cost. A unary op on n elements of s bytes moves 2 n s bytes, a binary op 3 n s
-// (less when an operand is broadcast), and does 1-20 FLOPs per element: every
-// kernel here is memory-bandwidth bound. On an H200 (~4.8 TB/s HBM3e) a
+// (less when an operand is broadcast), a cast n (s_in + s_out), and does 1-20
+// FLOPs per element: every kernel here is memory-bandwidth bound. On an H200 a
 // contiguous f32 add of 16M elements (192 MB) should take ~45 us at ~90% of
 // peak. Small tensors (< ~100K elements) are bound by the ~3-5 us launch cost.
+// benchmarks/bench_kernels (family "memory") measures these against a
+// device-to-device copy of the same run.
 //
 // The operation is a kernel argument switched on per element (see common.cuh):
-// one instantiation per dtype keeps compile time small.
+// one instantiation per dtype keeps compile time small. The pack path adds no
+// instantiations except the floating casts (12 (from, to) pairs; every other
+// pair keeps the one runtime-switched kernel).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -169,13 +197,145 @@ __device__ __forceinline__ void for_each_index(int64_t n, Body body) {
   for (; i < n; i += stride) body(i);
 }
 
+// ---- packs: V elements moved by one 16-byte (or narrower) load/store ------------------------------
+// The integer type of a given width, what one vector load or store moves.
+template <int Bytes>
+struct RawOf;
+template <>
+struct RawOf<1> {
+  using type = uint8_t;
+};
+template <>
+struct RawOf<2> {
+  using type = uint16_t;
+};
+template <>
+struct RawOf<4> {
+  using type = uint32_t;
+};
+template <>
+struct RawOf<8> {
+  using type = uint2;
+};
+template <>
+struct RawOf<16> {
+  using type = uint4;
+};
+
+template <class T, int V>
+struct Pack {
+  T v[V];
+};
+
+// Elements per pack: 16 bytes of the widest dtype the kernel touches.
 template <class T>
-__global__ void unary_kernel(int op, OffsetCalc<2> oc, bool contiguous, int64_t n, const T* in, T* out,
-                             calc_t<T> p) {
-  for_each_index(n, [&](int64_t i) {
+constexpr int pack_width() {
+  return static_cast<int>(16 / sizeof(T));
+}
+
+// p must be aligned to V * sizeof(T) bytes (the host's plan_packs checked it).
+template <int V, class T>
+__device__ __forceinline__ Pack<T, V> load_pack(const T* p) {
+  using Raw = typename RawOf<static_cast<int>(sizeof(T)) * V>::type;
+  const Raw raw = *reinterpret_cast<const Raw*>(p);
+  Pack<T, V> out;
+  memcpy(&out, &raw, sizeof(Raw));
+  return out;
+}
+template <int V, class T>
+__device__ __forceinline__ void store_pack(T* p, const Pack<T, V>& pack) {
+  using Raw = typename RawOf<static_cast<int>(sizeof(T)) * V>::type;
+  Raw raw;
+  memcpy(&raw, &pack, sizeof(Raw));
+  *reinterpret_cast<Raw*>(p) = raw;
+}
+// An operand with inner stride 1 is loaded as a pack; one with inner stride 0
+// has the same element all along the pack: one scalar load, copied V times.
+template <int V, class T>
+__device__ __forceinline__ Pack<T, V> load_pack_or_splat(const T* p, bool unit) {
+  if (unit) return load_pack<V>(p);
+  const T x = *p;
+  Pack<T, V> out;
+#pragma unroll
+  for (int j = 0; j < V; ++j) out.v[j] = x;
+  return out;
+}
+
+// What the host decided about the pack path (plan_packs below).
+struct PackPlan {
+  int64_t head = -1;  // elements done one by one before the first pack; -1: no pack path
+  unsigned unit = 0;  // bit k: operand k steps by 1 along the inner dim (else by 0)
+};
+
+// A kernel's loop over its n elements. Without a pack plan, element(i) runs for
+// every i (for_each_index). With one, packed(start) runs for each pack, whose
+// starts are head + p * V, in a grid-stride loop (one pack per thread per
+// iteration: V elements are enough independent work, and not unrolling keeps
+// the code small); then the `head` elements before the first pack and the < V
+// after the last go to element(i) through the same for_each_index, so the
+// per-element code is compiled once either way. kPacks = false compiles the
+// pack branch out (for instantiations nobody needs it for).
+template <int V, bool kPacks = true, class Element, class Packed>
+__device__ __forceinline__ void run_elements(int64_t n, const PackPlan& plan, Element element,
+                                             Packed packed) {
+  int64_t count = n, head = n, body_end = n;
+  if (kPacks && plan.head >= 0) {
+    const int64_t packs = (n - plan.head) / V;
+    head = plan.head;
+    body_end = head + packs * V;
+    count = head + (n - body_end);
+    const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+#pragma unroll 1
+    for (int64_t p = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; p < packs; p += stride)
+      packed(head + p * V);
+  }
+  for_each_index(count, [&](int64_t i) { element(i < head ? i : body_end + (i - head)); });
+}
+
+// run_elements for kernels launched only with a pack plan: the < 2V loose
+// elements take one thread each of the first block (every grid has >= 256
+// threads), so the per-element code is compiled once, not unrolled.
+template <int V, class Element, class Packed>
+__device__ __forceinline__ void run_packs(int64_t n, const PackPlan& plan, Element element, Packed packed) {
+  const int64_t packs = (n - plan.head) / V;
+  const int64_t head = plan.head, body_end = head + packs * V;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+#pragma unroll 1
+  for (int64_t p = tid; p < packs; p += stride) packed(head + p * V);
+  if (tid < head + (n - body_end)) element(tid < head ? tid : body_end + (tid - head));
+}
+
+// Where each operand's pack starts (its first element's offset).
+template <int N>
+__device__ __forceinline__ void pack_offsets(const OffsetCalc<N>& oc, bool contiguous, int64_t i,
+                                             int64_t (&off)[N]) {
+  if (contiguous) {
+#pragma unroll
+    for (int k = 0; k < N; ++k) off[k] = i;
+  } else {
+    oc.get(i, off);
+  }
+}
+
+template <class T>
+__global__ void unary_kernel(int op, OffsetCalc<2> oc, bool contiguous, PackPlan plan, int64_t n, const T* in,
+                             T* out, calc_t<T> p) {
+  using C = calc_t<T>;
+  auto element = [&](int64_t i) {
     int64_t off[2] = {i, i};
     if (!contiguous) oc.get(i, off);
-    store(out + off[0], unary_math<calc_t<T>>(op, load(in + off[1]), p));
+    store(out + off[0], unary_math<C>(op, load(in + off[1]), p));
+  };
+  constexpr int V = pack_width<T>();
+  run_elements<V>(n, plan, element, [&](int64_t i) {
+    int64_t off[2];
+    pack_offsets(oc, contiguous, i, off);
+    const Pack<T, V> x = load_pack_or_splat<V>(in + off[1], plan.unit & 2u);
+    Pack<T, V> y;
+#pragma unroll
+    for (int j = 0; j < V; ++j) store(&y.v[j], unary_math<C>(op, load(&x.v[j]), p));
+    store_pack(out + off[0], y);
   });
 }
 
@@ -192,36 +352,70 @@ __global__ void unary_backward_kernel(int op, OffsetCalc<3> oc, bool contiguous,
 
 // b == nullptr: the right operand is `scalar` (binary_scalar). Integer
 // comparisons with a scalar run in double so that 3 < 2.5 is exact.
+template <class C>
+__device__ __forceinline__ C binary_value(int op, bool exact_scalar_compare, C x, C y, double scalar) {
+  if (exact_scalar_compare) return static_cast<C>(binary_math<double>(op, static_cast<double>(x), scalar));
+  return binary_math<C>(op, x, y);
+}
+
 template <class T>
-__global__ void binary_kernel(int op, bool to_bool, OffsetCalc<3> oc, bool contiguous, int64_t n, const T* a,
-                              const T* b, double scalar, void* out) {
+__global__ void binary_kernel(int op, bool to_bool, OffsetCalc<3> oc, bool contiguous, PackPlan plan,
+                              int64_t n, const T* a, const T* b, double scalar, void* out) {
   using C = calc_t<T>;
-  const bool exact_scalar_compare = b == nullptr && to_bool && !std::is_floating_point<C>::value;
-  for_each_index(n, [&](int64_t i) {
+  const bool exact = b == nullptr && to_bool && !std::is_floating_point<C>::value;
+  const C y_scalar = static_cast<C>(scalar);
+  auto element = [&](int64_t i) {
     int64_t off[3] = {i, i, i};
     if (!contiguous) oc.get(i, off);
-    const C x = load(a + off[1]);
-    if (exact_scalar_compare) {
-      store(static_cast<bool*>(out) + off[0], binary_math<double>(op, static_cast<double>(x), scalar));
-      return;
-    }
-    const C y = b ? load(b + off[2]) : static_cast<C>(scalar);
-    const C r = binary_math<C>(op, x, y);
+    const C r = binary_value<C>(op, exact, load(a + off[1]), b ? load(b + off[2]) : y_scalar, scalar);
     if (to_bool) {
       store(static_cast<bool*>(out) + off[0], r);
     } else {
       store(static_cast<T*>(out) + off[0], r);
     }
+  };
+  constexpr int V = pack_width<T>();
+  run_elements<V, !std::is_same<T, bool>::value>(n, plan, element, [&](int64_t i) {
+    int64_t off[3];
+    pack_offsets(oc, contiguous, i, off);
+    const Pack<T, V> x = load_pack_or_splat<V>(a + off[1], plan.unit & 2u);
+    Pack<T, V> y;
+    if (b) y = load_pack_or_splat<V>(b + off[2], plan.unit & 4u);
+    C r[V];
+#pragma unroll
+    for (int j = 0; j < V; ++j) r[j] = binary_math<C>(op, load(&x.v[j]), b ? load(&y.v[j]) : y_scalar);
+    if (to_bool) {
+      Pack<bool, V> o;
+#pragma unroll
+      for (int j = 0; j < V; ++j) store(&o.v[j], r[j]);
+      store_pack(static_cast<bool*>(out) + off[0], o);
+    } else {
+      Pack<T, V> o;
+#pragma unroll
+      for (int j = 0; j < V; ++j) store(&o.v[j], r[j]);
+      store_pack(static_cast<T*>(out) + off[0], o);
+    }
   });
 }
 
 template <class T>
-__global__ void axpby_kernel(OffsetCalc<3> oc, bool contiguous, int64_t n, const T* a, calc_t<T> alpha,
-                             const T* b, T* out) {
-  for_each_index(n, [&](int64_t i) {
+__global__ void axpby_kernel(OffsetCalc<3> oc, bool contiguous, PackPlan plan, int64_t n, const T* a,
+                             calc_t<T> alpha, const T* b, T* out) {
+  auto element = [&](int64_t i) {
     int64_t off[3] = {i, i, i};
     if (!contiguous) oc.get(i, off);
     store(out + off[0], load(a + off[1]) + alpha * load(b + off[2]));
+  };
+  constexpr int V = pack_width<T>();
+  run_elements<V>(n, plan, element, [&](int64_t i) {
+    int64_t off[3];
+    pack_offsets(oc, contiguous, i, off);
+    const Pack<T, V> x = load_pack_or_splat<V>(a + off[1], plan.unit & 2u);
+    const Pack<T, V> y = load_pack_or_splat<V>(b + off[2], plan.unit & 4u);
+    Pack<T, V> o;
+#pragma unroll
+    for (int j = 0; j < V; ++j) store(&o.v[j], load(&x.v[j]) + alpha * load(&y.v[j]));
+    store_pack(out + off[0], o);
   });
 }
 
@@ -237,11 +431,17 @@ __global__ void where_kernel(OffsetCalc<4> oc, bool contiguous, int64_t n, const
 }
 
 template <class W>
-__global__ void move_kernel(OffsetCalc<2> oc, int64_t n, const W* in, W* out) {
-  for_each_index(n, [&](int64_t i) {
+__global__ void move_kernel(OffsetCalc<2> oc, PackPlan plan, int64_t n, const W* in, W* out) {
+  auto element = [&](int64_t i) {
     int64_t off[2];
     oc.get(i, off);
     out[off[0]] = in[off[1]];
+  };
+  constexpr int V = pack_width<W>();
+  run_elements<V>(n, plan, element, [&](int64_t i) {
+    int64_t off[2];
+    oc.get(i, off);
+    store_pack(out + off[0], load_pack_or_splat<V>(in + off[1], plan.unit & 2u));
   });
 }
 
@@ -263,11 +463,20 @@ __global__ void clamp_kernel(OffsetCalc<2> oc, bool contiguous, int64_t n, const
 }
 
 template <class T>
-__global__ void fill_kernel(OffsetCalc<1> oc, bool contiguous, int64_t n, T* out, T value) {
-  for_each_index(n, [&](int64_t i) {
+__global__ void fill_kernel(OffsetCalc<1> oc, bool contiguous, PackPlan plan, int64_t n, T* out, T value) {
+  auto element = [&](int64_t i) {
     int64_t off[1] = {i};
     if (!contiguous) oc.get(i, off);
     out[off[0]] = value;
+  };
+  constexpr int V = pack_width<T>();
+  Pack<T, V> pack;
+#pragma unroll
+  for (int j = 0; j < V; ++j) pack.v[j] = value;
+  run_elements<V>(n, plan, element, [&](int64_t i) {
+    int64_t off[1];
+    pack_offsets(oc, contiguous, i, off);
+    store_pack(out + off[0], pack);
   });
 }
 
@@ -342,6 +551,29 @@ __global__ void convert_kernel(OffsetCalc<2> oc, bool contiguous, int64_t n, con
   });
 }
 
+// The pack path of the casts between floating dtypes, one instantiation per
+// (from, to) pair: store(load(x)) converts exactly as store_any(load_any(x))
+// does (halves widen to float, f64 -> f16/bf16 rounds through float).
+template <class From, class To>
+__global__ void convert_pack_kernel(OffsetCalc<2> oc, bool contiguous, PackPlan plan, int64_t n,
+                                    const From* in, To* out) {
+  constexpr int V = pack_width<From>() < pack_width<To>() ? pack_width<From>() : pack_width<To>();
+  auto element = [&](int64_t i) {
+    int64_t off[2] = {i, i};
+    if (!contiguous) oc.get(i, off);
+    store(out + off[0], load(in + off[1]));
+  };
+  run_packs<V>(n, plan, element, [&](int64_t i) {
+    int64_t off[2];
+    pack_offsets(oc, contiguous, i, off);
+    const Pack<From, V> x = load_pack_or_splat<V>(in + off[1], plan.unit & 2u);
+    Pack<To, V> y;
+#pragma unroll
+    for (int j = 0; j < V; ++j) store(&y.v[j], load(&x.v[j]));
+    store_pack(out + off[0], y);
+  });
+}
+
 // ---- host side ---------------------------------------------------------------------------------
 void check_same_shape(const char* what, const StridedView& v, const StridedView& out) {
   bool same = v.ndim == out.ndim;
@@ -368,6 +600,48 @@ void visit_width(size_t bytes, F&& f) {
   throw Error(str_cat("cuda copy: unsupported element size ", bytes));
 }
 
+// Whether the pack path applies (see the top of the file), for packs of `vec`
+// elements: every operand walks the innermost merged dim with stride 1 or 0
+// (the output with 1); each stride-1 operand is naturally aligned and, in the
+// 1-d case, misaligned from a pack boundary by the same number of elements as
+// the others (peeled off as `head`), or, with more dims, starts aligned, has
+// outer strides that are multiples of `vec`, and rows of a multiple of `vec`.
+template <int N>
+PackPlan plan_packs(const OffsetCalc<N>& oc, const StridedView* const (&views)[N], int64_t n, int vec) {
+  PackPlan plan;
+  const int inner = oc.ndim - 1;
+  int64_t misalign = -1;
+  for (int k = 0; k < N; ++k) {
+    const int64_t s = oc.strides[k][inner];
+    if (s == 0 && k > 0) continue;  // read once per pack: any address will do
+    if (s != 1) return PackPlan{};
+    plan.unit |= 1u << k;
+    const uintptr_t size = dtype_size(views[k]->dtype);
+    const uintptr_t addr = reinterpret_cast<uintptr_t>(views[k]->data);
+    if (addr % size != 0) return PackPlan{};
+    const int64_t e = static_cast<int64_t>(addr % (size * static_cast<uintptr_t>(vec)) / size);
+    if (oc.ndim == 1) {
+      if (misalign >= 0 && e != misalign) return PackPlan{};
+      misalign = e;
+    } else {
+      if (e != 0) return PackPlan{};
+      for (int d = 0; d < inner; ++d) {
+        if (oc.strides[k][d] % vec != 0) return PackPlan{};
+      }
+    }
+  }
+  if (oc.ndim == 1) {
+    plan.head = std::min<int64_t>((vec - misalign) % vec, n);
+  } else {
+    if (oc.shape[inner] % vec != 0) return PackPlan{};
+    plan.head = 0;
+  }
+  return plan;
+}
+
+// Threads for a launch: one per pack on the pack path, else one per 4 elements.
+unsigned grid_of(int64_t n, const PackPlan& plan, int vec) { return grid_for(n, plan.head >= 0 ? vec : 4); }
+
 }  // namespace
 
 void unary(UnaryOp op, const StridedView& in, const StridedView& out, double scalar) {
@@ -384,9 +658,11 @@ void unary(UnaryOp op, const StridedView& in, const StridedView& out, double sca
   visit_all(in.dtype, [&](auto t) {
     using T = typename decltype(t)::type;
     if constexpr (!std::is_same<T, bool>::value) {
-      unary_kernel<T><<<grid_for(n, 4), kThreads, 0, stream()>>>(static_cast<int>(op), oc, contiguous, n,
-                                                                 in.ptr<const T>(), out.ptr<T>(),
-                                                                 static_cast<calc_t<T>>(scalar));
+      constexpr int V = pack_width<T>();
+      const PackPlan plan = plan_packs<2>(oc, views, n, V);
+      unary_kernel<T><<<grid_of(n, plan, V), kThreads, 0, stream()>>>(
+          static_cast<int>(op), oc, contiguous, plan, n, in.ptr<const T>(), out.ptr<T>(),
+          static_cast<calc_t<T>>(scalar));
     }
   });
   MG_CUDA_CHECK_LAUNCH();
@@ -452,9 +728,14 @@ void binary_impl(BinaryOp op, const StridedView& a, const StridedView* b, double
   const OffsetCalc<3> oc = make_offset_calc<3>(views, &contiguous);
   visit_all(a.dtype, [&](auto t) {
     using T = typename decltype(t)::type;
-    binary_kernel<T><<<grid_for(n, 4), kThreads, 0, stream()>>>(
-        static_cast<int>(op), to_bool, oc, contiguous, n, a.ptr<const T>(), b ? b->ptr<const T>() : nullptr,
-        scalar, out.data);
+    constexpr int V = pack_width<T>();
+    // bool operands and the exact integer-vs-scalar comparisons stay on the
+    // scalar path: rare, and leaving them out keeps the pack code small.
+    const bool scalar_only = a.dtype == DType::boolean || (!b && to_bool && !is_floating(a.dtype));
+    const PackPlan plan = scalar_only ? PackPlan{} : plan_packs<3>(oc, views, n, V);
+    binary_kernel<T><<<grid_of(n, plan, V), kThreads, 0, stream()>>>(
+        static_cast<int>(op), to_bool, oc, contiguous, plan, n, a.ptr<const T>(),
+        b ? b->ptr<const T>() : nullptr, scalar, out.data);
   });
   MG_CUDA_CHECK_LAUNCH();
 }
@@ -480,8 +761,11 @@ void axpby(const StridedView& a, double alpha, const StridedView& b, const Strid
   const OffsetCalc<3> oc = make_offset_calc<3>(views, &contiguous);
   visit_float(a.dtype, "axpby", [&](auto t) {
     using T = typename decltype(t)::type;
-    axpby_kernel<T><<<grid_for(n, 4), kThreads, 0, stream()>>>(
-        oc, contiguous, n, a.ptr<const T>(), static_cast<calc_t<T>>(alpha), b.ptr<const T>(), out.ptr<T>());
+    constexpr int V = pack_width<T>();
+    const PackPlan plan = plan_packs<3>(oc, views, n, V);
+    axpby_kernel<T><<<grid_of(n, plan, V), kThreads, 0, stream()>>>(oc, contiguous, plan, n, a.ptr<const T>(),
+                                                                    static_cast<calc_t<T>>(alpha),
+                                                                    b.ptr<const T>(), out.ptr<T>());
   });
   MG_CUDA_CHECK_LAUNCH();
 }
@@ -563,7 +847,9 @@ void fill(const StridedView& out, double value) {
     using W = typename decltype(t)::type;
     W w;
     std::memcpy(&w, &bits, sizeof(W));
-    fill_kernel<W><<<grid_for(n, 4), kThreads, 0, stream()>>>(oc, contiguous, n, out.ptr<W>(), w);
+    constexpr int V = pack_width<W>();
+    const PackPlan plan = plan_packs<1>(oc, views, n, V);
+    fill_kernel<W><<<grid_of(n, plan, V), kThreads, 0, stream()>>>(oc, contiguous, plan, n, out.ptr<W>(), w);
   });
   MG_CUDA_CHECK_LAUNCH();
 }
@@ -597,7 +883,29 @@ void copy(const StridedView& in, const StridedView& out) {
     }
     visit_width(dtype_size(in.dtype), [&](auto t) {
       using W = typename decltype(t)::type;
-      move_kernel<W><<<grid_for(n, 4), kThreads, 0, stream()>>>(oc, n, in.ptr<const W>(), out.ptr<W>());
+      constexpr int V = pack_width<W>();
+      const PackPlan plan = plan_packs<2>(oc, views, n, V);
+      move_kernel<W>
+          <<<grid_of(n, plan, V), kThreads, 0, stream()>>>(oc, plan, n, in.ptr<const W>(), out.ptr<W>());
+    });
+    MG_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  // Casts between floating dtypes take the pack path when they can; every other
+  // pair (and every cast that cannot) goes through the one runtime-switched kernel.
+  const int V = static_cast<int>(16 / std::max(dtype_size(in.dtype), dtype_size(out.dtype)));
+  const PackPlan plan =
+      is_floating(in.dtype) && is_floating(out.dtype) ? plan_packs<2>(oc, views, n, V) : PackPlan{};
+  if (plan.head >= 0) {
+    visit_float(in.dtype, "copy", [&](auto from) {
+      visit_float(out.dtype, "copy", [&](auto to) {
+        using From = typename decltype(from)::type;
+        using To = typename decltype(to)::type;
+        if constexpr (!std::is_same<From, To>::value) {
+          convert_pack_kernel<From, To><<<grid_of(n, plan, V), kThreads, 0, stream()>>>(
+              oc, contiguous, plan, n, in.ptr<const From>(), out.ptr<To>());
+        }
+      });
     });
   } else {
     convert_kernel<<<grid_for(n, 4), kThreads, 0, stream()>>>(oc, contiguous, n, in.data, in.dtype, out.data,

@@ -7,16 +7,26 @@
 // operand is our B (transposed iff trans_b), its second our A (iff trans_a), and
 // its m, n are our n, m. No data moves.
 //
-// Precision. f32: CUBLAS_COMPUTE_32F, which never uses TF32 (so results match
-// the CPU's sgemm to rounding; TF32 would be ~8x faster on tensor cores but
-// keeps only 10 mantissa bits). f64: CUBLAS_COMPUTE_64F. f16 and bf16: 16-bit
-// inputs and outputs with f32 accumulation (CUBLAS_COMPUTE_32F) on tensor cores.
-// One cublasGemmStridedBatchedEx call covers a whole batch; a batch stride of 0
+// Precision. f32: CUBLAS_COMPUTE_32F by default, which never uses TF32 (so
+// results match the CPU's sgemm to rounding); with set_allow_tf32(true) or
+// MG_CUDA_ALLOW_TF32=1 (gemm_ladder.h) CUBLAS_COMPUTE_32F_FAST_TF32, which runs
+// on tensor cores with inputs rounded to 10 mantissa bits (several times faster,
+// ~1e-3 relative error), like torch.backends.cuda.matmul.allow_tf32. f64:
+// CUBLAS_COMPUTE_64F. f16 and bf16: 16-bit inputs and outputs with f32
+// accumulation (CUBLAS_COMPUTE_32F) on tensor cores. One
+// cublasGemmStridedBatchedEx call covers a whole batch; a batch stride of 0
 // reuses one matrix for every batch entry.
 //
 // Cost: 2 m n k FLOPs over (m k + k n + 2 m n) s bytes: compute bound for all
-// but skinny shapes. The hand-written GEMM ladder that DESIGN.md asks for (to
-// compare against this) is not written yet.
+// but skinny shapes.
+//
+// The hand-written ladder. gemm() runs cuBLAS unless matmul_kernel()
+// (set_matmul_kernel or MG_CUDA_MATMUL, gemm_ladder.h) names a step of the
+// hand-written ladder in gemm_ladder.cu (naive, smem_tiled, register_tiled,
+// tensor_core) that takes this call's dtype: then that kernel runs instead. A
+// step that does not take the dtype (the f32 steps given f64/f16/bf16,
+// tensor_core given f32/f64) falls back to cuBLAS silently, so choosing a step
+// never breaks a model with mixed dtypes. gemm_cublas() is the cuBLAS path alone.
 //
 // Handles: one cuBLAS handle per (host thread, physical GPU), created on first
 // use and bound to the current stream on every call (cuBLAS handles must not
@@ -26,6 +36,7 @@
 
 #include "core/cuda_stream.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/gemm_ladder.h"
 #include "kernels/cuda/kernels.h"
 
 namespace mg::kernels::cuda {
@@ -48,6 +59,12 @@ int as_int(int64_t v, const char* what) {
 }  // namespace
 
 void gemm(const GemmArgs& a) {
+  const GemmKernel kernel = matmul_kernel();
+  if (kernel != GemmKernel::cublas && gemm_kernel_supports(kernel, a.dtype)) return gemm_ladder(kernel, a);
+  gemm_cublas(a);
+}
+
+void gemm_cublas(const GemmArgs& a) {
   check(a.m >= 0 && a.n >= 0 && a.k >= 0 && a.batch >= 0, "gemm (CUDA): negative size (m=", a.m, ", n=", a.n,
         ", k=", a.k, ", batch=", a.batch, ")");
   check(a.ldc >= (a.n > 1 ? a.n : 1), "gemm (CUDA): ldc ", a.ldc, " < n ", a.n);
@@ -65,7 +82,9 @@ void gemm(const GemmArgs& a) {
   cudaDataType_t type;
   cublasComputeType_t compute;
   switch (a.dtype) {
-    case DType::f32: type = CUDA_R_32F, compute = CUBLAS_COMPUTE_32F; break;
+    case DType::f32:
+      type = CUDA_R_32F, compute = allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+      break;
     case DType::f64: type = CUDA_R_64F, compute = CUBLAS_COMPUTE_64F; break;
     case DType::f16: type = CUDA_R_16F, compute = CUBLAS_COMPUTE_32F; break;
     case DType::bf16: type = CUDA_R_16BF, compute = CUBLAS_COMPUTE_32F; break;
