@@ -93,8 +93,10 @@ void adam_step_multi(DType dtype, const std::vector<AdamTensor>& tensors, const 
 void adamw_step_multi(DType dtype, const std::vector<AdamTensor>& tensors, const AdamHyper& h);
 
 // ---- gemm.cu: cuBLAS (semantics: kernels/cpu/gemm.h) ----
-// f32 and f64 in their own precision (f32 without TF32, to match the CPU), f16
-// and bf16 with f32 accumulation. Batch strides of 0 broadcast an operand.
+// f32 and f64 in their own precision (f32 without TF32, to match the CPU, unless
+// gemm_ladder.h's set_allow_tf32(true)), f16 and bf16 with f32 accumulation.
+// Batch strides of 0 broadcast an operand. gemm_ladder.h's set_matmul_kernel
+// routes it to a hand-written step instead.
 void gemm(const GemmArgs& args);
 
 // ---- conv.cu (semantics: kernels/cpu/conv.h) ----
