@@ -42,10 +42,12 @@
 
 #include <array>
 #include <cstdlib>
+#include <iomanip>
 #include <iterator>
 #include <list>
 #include <map>
 #include <mutex>
+#include <sstream>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -84,11 +86,17 @@ bool fits(size_t block, size_t request) {
   return block <= request + std::max(kLargeRound, request / 8);
 }
 
+// "4 PiB", "1.5 GiB", "512 bytes": the largest binary unit the size reaches, 4 significant digits.
 std::string bytes_str(int64_t n) {
-  const double v = static_cast<double>(n);
-  if (n >= (int64_t(1) << 30)) return str_cat(v / double(1 << 30), " GiB");
-  if (n >= (int64_t(1) << 20)) return str_cat(v / double(1 << 20), " MiB");
-  if (n >= (int64_t(1) << 10)) return str_cat(v / double(1 << 10), " KiB");
+  static const char* const units[] = {"PiB", "TiB", "GiB", "MiB", "KiB"};
+  for (int i = 0; i < 5; ++i) {
+    const int64_t unit = int64_t(1) << (10 * (5 - i));
+    if (n >= unit) {
+      std::ostringstream os;
+      os << std::setprecision(4) << static_cast<double>(n) / static_cast<double>(unit) << " " << units[i];
+      return os.str();
+    }
+  }
   return str_cat(n, " bytes");
 }
 
@@ -136,10 +144,11 @@ class CudaCachingAllocator {
       cudaMemGetInfo(&free_bytes, &total_bytes);
       cudaGetLastError();
       throw Error(str_cat("CUDA out of memory on cuda:", device, " (physical GPU ", physical_device(device),
-                          "): asked for ", bytes_str(int64_t(nbytes)), " (", nbytes, " bytes, rounded to ", size,
-                          "); this process's caching allocator holds ", bytes_str(stats_[device].allocated_bytes),
-                          " in live tensors (peak ", bytes_str(stats_[device].peak_allocated_bytes), ") and had ",
-                          bytes_str(released), " cached, which it returned to the driver (empty_cache) before ",
+                          "): asked for ", bytes_str(int64_t(nbytes)), " (", nbytes, " bytes, rounded to ",
+                          size, "); this process's caching allocator holds ",
+                          bytes_str(stats_[device].allocated_bytes), " in live tensors (peak ",
+                          bytes_str(stats_[device].peak_allocated_bytes), ") and had ", bytes_str(released),
+                          " cached, which it returned to the driver (empty_cache) before ",
                           "retrying; the GPU reports ", bytes_str(int64_t(free_bytes)), " free of ",
                           bytes_str(int64_t(total_bytes)),
                           ". Free tensors that are no longer needed, or use a smaller batch"));
@@ -516,8 +525,9 @@ void record_stream(const Tensor& t, Stream stream) {
   check(t.device().is_cuda(), "record_stream: the tensor is on ", t.device(),
         "; only CUDA tensors belong to the caching allocator");
   const int device = t.device().index;
-  check(physical_device(stream.device) == physical_device(device), "record_stream: the tensor lives on cuda:",
-        device, " but the stream belongs to cuda:", stream.device);
+  check(physical_device(stream.device) == physical_device(device),
+        "record_stream: the tensor lives on cuda:", device,
+        " but the stream belongs to cuda:", stream.device);
   allocator().record_stream(t.storage()->data(), device, stream);
 }
 

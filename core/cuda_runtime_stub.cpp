@@ -30,6 +30,7 @@ bool backend_enabled() { return false; }
 AllocatorStats memory_stats(int) { no_cuda("mg::cuda::memory_stats"); }
 void reset_peak_memory_stats(int) { no_cuda("mg::cuda::reset_peak_memory_stats"); }
 void empty_cache() {}
+void record_stream(const Tensor&, Stream) { no_cuda("mg::cuda::record_stream"); }
 
 int physical_device(int) { no_cuda("mg::cuda::physical_device"); }
 int virtual_gpus() { return 0; }

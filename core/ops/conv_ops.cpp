@@ -120,8 +120,8 @@ void cudnn_backward(const kernels::cpu::Conv2dGeometry& g, const Tensor& x, cons
     kernels::cuda::cudnn_conv2d_backward_data(g, x.dtype(), x.size(0), w.size(0), dy.data_ptr(), w.data_ptr(),
                                               gx.data_ptr());
   if (gw.defined())
-    kernels::cuda::cudnn_conv2d_backward_filter(g, x.dtype(), x.size(0), w.size(0), x.data_ptr(), dy.data_ptr(),
-                                                gw.data_ptr(), /*accumulate=*/false);
+    kernels::cuda::cudnn_conv2d_backward_filter(g, x.dtype(), x.size(0), w.size(0), x.data_ptr(),
+                                                dy.data_ptr(), gw.data_ptr(), /*accumulate=*/false);
 }
 #else
 // Never called: use_cudnn() is false in a build without CUDA.
