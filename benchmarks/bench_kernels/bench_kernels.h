@@ -45,6 +45,13 @@ struct KernelResult {
   std::string unit;
   double ratio = 0;
   double max_rel_error = -1;  // of the result against its reference where checked, else -1
+  // Added fields (each with a default, so families that do not set them keep compiling):
+  double tolerance = -1;  // max_rel_error above this (or NaN) makes the row WRONG and the exit status 1;
+                          // < 0: the family judged correctness itself (see `failed`) or not at all
+  bool failed = false;    // the family's own verdict that this row's result is wrong (exit status 1)
+  double floor = 0;       // the ratio the issue asks of this row (e.g. 0.8); 0: none. A ratio below
+                          // it is reported ("below"), not an error
+  std::string note;       // optional remark printed under the table (e.g. "includes a stream sync")
 };
 
 // Ceilings measured once by main.cpp before the families run.
@@ -56,9 +63,7 @@ struct Ceilings {
 // device (fn must enqueue its work there: the legacy default stream 0 unless it says otherwise).
 inline double median_seconds(const std::function<void()>& fn, const BenchOptions& o,
                              cudaStream_t stream = nullptr) {
-  auto ok = [](cudaError_t e) {
-    check(e == cudaSuccess, "bench_kernels: ", cudaGetErrorString(e));
-  };
+  auto ok = [](cudaError_t e) { check(e == cudaSuccess, "bench_kernels: ", cudaGetErrorString(e)); };
   for (int i = 0; i < o.warmup; ++i) fn();
   ok(cudaStreamSynchronize(stream));
   cudaEvent_t start, stop;

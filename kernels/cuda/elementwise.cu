@@ -7,20 +7,23 @@
 // threads walks tensors of any size). Consecutive threads take consecutive
 // elements (or packs of them), so a warp's loads of a contiguous operand are
 // coalesced into a few full 128-byte lines. Three paths, chosen on the host:
-//   - Pack path (unary, binary, binary_scalar, axpby, fill, copy and casts): each
-//     thread moves 16 bytes per load: a "pack" of V = 16 / sizeof(widest dtype)
-//     consecutive elements (4 f32, 8 bf16/f16, 2 f64; a cast f32 -> bf16 reads
-//     4 floats, 16 B, and writes 4 halves, 8 B), with one ld/st.global.v4 (or
-//     v2) per operand instead of V scalar ones. It needs every operand whose
-//     innermost (merged) dim has stride 1 to start each pack on a V-element
-//     boundary: when all operands are contiguous the first `head` (< V)
-//     elements are done one by one until they are (possible when every operand
-//     is misaligned by the same number of elements, e.g. views at offset 1 of
-//     aligned tensors), and so are the last n - head mod V. With more dims
-//     (broadcasting, slices) the inner size and the outer strides must be
-//     multiples of V. An operand whose inner stride is 0 (a scalar, or a column
-//     broadcast along rows) is read once per pack. The per-pack offsets cost
-//     one div/mod per merged dim, shared by the V elements.
+//   - Pack path (unary; binary and binary_scalar, except on bool inputs and for
+//     integer-vs-scalar comparisons; axpby; fill; same-dtype strided copies; the
+//     casts between f32, f64, f16 and bf16): each thread moves 16 bytes per
+//     load: a "pack" of V = 16 / sizeof(widest dtype) consecutive elements
+//     (4 f32, 8 bf16/f16, 2 f64; a cast f32 -> bf16 reads 4 floats, 16 B, and
+//     writes 4 halves, 8 B), with one ld/st.global.v4 (or v2) per operand
+//     instead of V scalar ones. It needs every operand whose innermost
+//     (merged) dim has stride 1 to start each pack aligned to the pack's size
+//     (V elements of its own dtype): when all operands are 1-d the first
+//     `head` (< V) elements are done one by one until they do (possible when
+//     every operand is misaligned by the same number of elements, e.g. views
+//     at offset 1 of aligned tensors), and so are the (n - head) mod V after
+//     the last pack. With more dims (broadcasting, slices) the inner size and
+//     the outer strides must be multiples of V. An operand whose inner stride
+//     is 0 (a scalar, or a column broadcast along rows) is read once per pack.
+//     The per-pack offsets cost one div/mod per merged dim, shared by the V
+//     elements.
 //   - Contiguous scalar path (misaligned views, the other ops): element i is at
 //     offset i in every operand; each thread handles 4 elements spaced one grid
 //     apart, so 4 independent loads are in flight per thread.
