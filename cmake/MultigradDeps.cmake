@@ -28,6 +28,20 @@ find_path(MG_CBLAS_INCLUDE_DIR cblas.h
   HINTS ${OpenBLAS_INCLUDE_DIRS} ENV OpenBLAS_HOME ENV OPENBLAS_ROOT
   PATH_SUFFIXES include openblas include/openblas openblas-pthread
                 x86_64-linux-gnu/openblas-pthread aarch64-linux-gnu/openblas-pthread)
+# Which build of OpenBLAS. Debian ships the same library threaded two ways: with pthreads (the
+# default alternative, libopenblas0-pthread) and with OpenMP (libopenblas0-openmp). multigrad's
+# own kernels are OpenMP loops, and with the pthread build every GEMM's worker threads fight
+# libgomp's threads, which keep spinning after each parallel region, for the same cores: the
+# FashionCNN training step on 2 threads took 84-135 ms with it and 42 ms with the OpenMP build
+# (1 thread: 77 ms; docs/nn-and-optim.md). So the OpenMP build is preferred when installed; the
+# library's directory lands in the RUNPATH, since the system default stays the pthread one.
+set(MG_OPENBLAS_THREADING "openmp" CACHE STRING
+    "Prefer Debian's OpenMP (openmp) or pthread (pthread) build of OpenBLAS when both are installed")
+set_property(CACHE MG_OPENBLAS_THREADING PROPERTY STRINGS openmp pthread)
+if(MG_OPENBLAS_THREADING STREQUAL "openmp" AND CMAKE_LIBRARY_ARCHITECTURE)
+  find_library(MG_OPENBLAS_LIBRARY NAMES libopenblas.so.0 openblas
+    PATHS "/usr/lib/${CMAKE_LIBRARY_ARCHITECTURE}/openblas-openmp" NO_DEFAULT_PATH)
+endif()
 find_library(MG_OPENBLAS_LIBRARY NAMES openblas
   HINTS ${_mg_blas_lib_hints} ENV OpenBLAS_HOME ENV OPENBLAS_ROOT PATH_SUFFIXES lib lib64)
 if(MG_CBLAS_INCLUDE_DIR AND MG_OPENBLAS_LIBRARY)

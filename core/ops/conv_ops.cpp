@@ -1,26 +1,29 @@
 // conv2d as im2col + GEMM, and 2-d max/avg pooling.
 //
-// conv2d works on chunks of B images at a time (B = the whole batch when the column
-// buffer stays under kColumnBudget elements):
+// Three paths, chosen per call (the backward takes the forward's):
+//   CPU, f32/f64     kernels/cpu/conv2d.h: the batch split across threads, one image at a
+//                    time: im2col into a per-thread column buffer that stays in cache, one GEMM
+//                    per image written straight into y (no permutes); backward likewise, with
+//                    one partial weight gradient per thread.
+//   CUDA             cuDNN by default (kernels/cuda/conv_cudnn.h; set_conv_backend /
+//                    MG_CUDA_CONV choose), except what cuDNN does not take (f64).
+//   otherwise        (CUDA im2col backend or f64; 16-bit floats on the CPU) chunks of B images
+//                    (B = the whole batch while the column buffer stays under kColumnBudget):
 //   forward:   columns = im2col(x[n0:n0+B])          [C*kh*kw, B*OH*OW]
 //              out     = W[O, C*kh*kw] @ columns     [O, B, OH*OW]
 //              y[n0:n0+B] = out permuted to           [B, O, OH*OW]
 //   backward:  gyp     = dy[n0:n0+B] permuted to     [O, B*OH*OW]
 //              dW     += gyp @ columns^T
 //              dx[n0:n0+B] = col2im(W^T @ gyp)
-// One GEMM per chunk instead of one per image: each OpenBLAS call wakes its worker
-// threads, and for Fashion-MNIST's 28x28 images a per-image call (a [32, 9] x [9, 784]
-// product for the first layer) cost more in wake-ups than in arithmetic.
-// The column buffer is recomputed in backward instead of saved: it is kh*kw
-// times larger than the input, so saving it would dominate activation memory.
-// On a CUDA tensor conv2d runs through cuDNN by default (kernels/cuda/conv_cudnn.h:
-// set_conv_backend / MG_CUDA_CONV choose). With the im2col backend, or for what cuDNN does
-// not take (f64), the same steps as above run on the GPU (MG_KERNEL picks the twin):
-// im2col/col2im from kernels/cuda/conv.cu and the GEMMs through cuBLAS
-// (kernels/cuda/gemm.cu); pooling likewise uses kernels/cuda/pool.cu.
+// One big GEMM per chunk suits cuBLAS, and the CPU's blocked GEMM for halves accumulates the
+// whole chunk in float before rounding once. On the GPU, im2col/col2im come from
+// kernels/cuda/conv.cu and the GEMMs from cuBLAS (MG_KERNEL picks the twin); pooling likewise
+// uses kernels/cuda/pool.cu. Column buffers are recomputed in backward instead of saved: they
+// are kh*kw times larger than the input, so saving them would dominate activation memory.
 #include "core/autocast.h"
 #include "core/ops/op_common.h"
 #include "kernels/cpu/conv.h"
+#include "kernels/cpu/conv2d.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/pool.h"
 #if defined(MG_HAS_CUDA)
@@ -81,6 +84,14 @@ kernels::cpu::Conv2dGeometry conv_geometry(const Tensor& x, const Tensor& w, con
   g.dilation_w = o.dilation_w;
   kernels::cpu::check_conv2d_geometry(g);
   return g;
+}
+
+// ---- the CPU path for f32/f64 (kernels/cpu/conv2d.h) -----------------------------------------
+// One image per thread with a column buffer that stays in cache, and no permuting copies. The
+// batched chunks below remain for CUDA tensors (without cuDNN) and for 16-bit floats on the CPU,
+// whose blocked GEMM accumulates a whole chunk in float before rounding once.
+bool per_image_cpu(const Tensor& x) {
+  return x.device().is_cpu() && (x.dtype() == DType::f32 || x.dtype() == DType::f64);
 }
 
 // ---- the cuDNN path (kernels/cuda/conv_cudnn.h) ----------------------------------------------
@@ -166,10 +177,14 @@ Tensor conv2d(const Tensor& x_arg, const Tensor& w_arg, const Tensor& bias_arg,
   Tensor y = new_output({batch, out_channels, geo.out_h(), geo.out_w()}, x.dtype(), x);
   const int64_t chunk = images_per_chunk(batch, ck * spatial);
   const bool via_cudnn = use_cudnn(x, geo, out_channels);  // this call's backward takes the same path
+  const bool per_image = per_image_cpu(x);                 // likewise
   if (via_cudnn) {
     x = aligned_for_cudnn(x);
     w = aligned_for_cudnn(w);
     cudnn_forward(geo, x, w, y);
+  } else if (per_image) {
+    kernels::cpu::conv2d_forward(geo, x.dtype(), batch, out_channels, x.data_ptr(), w.data_ptr(),
+                                 y.data_ptr());
   } else {
     NoGradGuard no_grad;  // the permuting copy below is bookkeeping, not part of the graph
     for (int64_t n0 = 0; n0 < batch; n0 += chunk) {
@@ -198,6 +213,14 @@ Tensor conv2d(const Tensor& x_arg, const Tensor& w_arg, const Tensor& bias_arg,
         Tensor gx = need_x ? new_output(xs.shape(), dt, xs) : Tensor();
         Tensor gw = need_w ? new_output(ws.shape(), dt, ws) : Tensor();
         cudnn_backward(geo, xs, ws, gy, gx, gw);
+        return std::vector<Tensor>{gx, gw, need_b ? sum(gy, {0, 2, 3}) : Tensor()};
+      }
+      if (per_image) {
+        Tensor gx = need_x ? new_output(xs.shape(), dt, xs) : Tensor();
+        Tensor gw = need_w ? new_output(ws.shape(), dt, ws) : Tensor();
+        kernels::cpu::conv2d_backward(geo, dt, batch, out_channels, xs.data_ptr(), ws.data_ptr(),
+                                      gy.data_ptr(), need_x ? gx.data_ptr() : nullptr,
+                                      need_w ? gw.data_ptr() : nullptr);
         return std::vector<Tensor>{gx, gw, need_b ? sum(gy, {0, 2, 3}) : Tensor()};
       }
       Tensor gx = need_x ? zeros(xs.shape(), TensorOptions{dt, xs.device()}) : Tensor();

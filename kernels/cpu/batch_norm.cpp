@@ -105,8 +105,9 @@ void backward(const T* gy, const T* x, const compute_t<T>* mean, const compute_t
       const T* g = gy + (i * c + k) * hw;
       const T* in = x + (i * c + k) * hw;
       gy_lanes.add_run(hw, [g](int64_t j) { return static_cast<double>(g[j]); });
-      gy_xhat_lanes.add_run(
-          hw, [g, in, mu](int64_t j) { return static_cast<double>(g[j]) * (static_cast<double>(in[j]) - mu); });
+      gy_xhat_lanes.add_run(hw, [g, in, mu](int64_t j) {
+        return static_cast<double>(g[j]) * (static_cast<double>(in[j]) - mu);
+      });
     }
     // sum(gy * xhat) = r * sum(gy * (x - mu)): the constant factor leaves the loop.
     const double sum_gy = gy_lanes.total(), sum_gy_xhat = gy_xhat_lanes.total() * r;

@@ -68,7 +68,7 @@ void same_size_row(const T* plane, T* dst, int64_t out_h, int64_t out_w, int64_t
     std::fill(dst, dst + out_h * out_w, zero);
     return;
   }
-  const int64_t first = valid_h.lo * out_w + valid_w.lo;     // first element read from the input
+  const int64_t first = valid_h.lo * out_w + valid_w.lo;      // first element read from the input
   const int64_t end = (valid_h.hi - 1) * out_w + valid_w.hi;  // one past the last
   std::fill(dst, dst + first, zero);
   std::copy(plane + first + shift, plane + end + shift, dst + first);

@@ -22,8 +22,8 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
-#include <type_traits>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "core/error.h"

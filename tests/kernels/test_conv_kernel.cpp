@@ -11,6 +11,11 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "kernels/cpu/conv.h"
+#include "kernels/cpu/conv2d.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 using namespace mg;
 using namespace mg::kernels::cpu;
@@ -258,4 +263,106 @@ TEST_CASE("im2col / col2im reject bad geometry and dtypes", "[kernels][conv]") {
                     Catch::Contains("i64"));
   CHECK_THROWS_WITH(col2im(geometry(1, 4, 4, 3, 3), DType::i32, columns.data(), image.data()),
                     Catch::Contains("i32"));
+}
+
+// ---- conv2d_forward / conv2d_backward (kernels/cpu/conv2d.h): one image per thread ----------
+
+namespace {
+
+// gx and gw of a batch by brute force, in double: every (image, output position, tap) pair adds
+// gy * w into gx and gy * x into gw.
+void direct_conv_backward(const Conv2dGeometry& g, int64_t batch, int64_t out_channels,
+                          const std::vector<double>& x, const std::vector<double>& w,
+                          const std::vector<double>& gy, std::vector<double>& gx, std::vector<double>& gw) {
+  const int64_t out_h = g.out_h(), out_w = g.out_w(), image = g.channels * g.height * g.width;
+  gx.assign(static_cast<size_t>(batch * image), 0.0);
+  gw.assign(static_cast<size_t>(out_channels * g.column_rows()), 0.0);
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t co = 0; co < out_channels; ++co)
+      for (int64_t oh = 0; oh < out_h; ++oh)
+        for (int64_t ow = 0; ow < out_w; ++ow) {
+          const double grad = gy[((b * out_channels + co) * out_h + oh) * out_w + ow];
+          for (int64_t c = 0; c < g.channels; ++c)
+            for (int64_t i = 0; i < g.kernel_h; ++i)
+              for (int64_t j = 0; j < g.kernel_w; ++j) {
+                const int64_t ih = oh * g.stride_h - g.pad_h + i * g.dilation_h;
+                const int64_t iw = ow * g.stride_w - g.pad_w + j * g.dilation_w;
+                if (ih < 0 || ih >= g.height || iw < 0 || iw >= g.width) continue;
+                const int64_t xi = b * image + (c * g.height + ih) * g.width + iw;
+                const int64_t wi = ((co * g.channels + c) * g.kernel_h + i) * g.kernel_w + j;
+                gx[xi] += grad * w[wi];
+                gw[wi] += grad * x[xi];
+              }
+        }
+}
+
+int max_threads() {
+#ifdef _OPENMP
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+
+void set_threads(int n) {
+#ifdef _OPENMP
+  omp_set_num_threads(n);
+#else
+  (void)n;
+#endif
+}
+
+}  // namespace
+
+TEST_CASE("conv2d_forward/backward (one image per thread) equal a direct convolution", "[kernels][conv]") {
+  std::mt19937 rng(11);
+  const int64_t out_channels = 5;
+  const int saved_threads = max_threads();
+  for (const Conv2dGeometry& g : test_geometries()) {
+    if (g.channels * g.height * g.width > 2048) continue;  // the brute-force reference is O(everything)
+    for (int64_t batch : {1, 3, 7}) {
+      const int64_t image = g.channels * g.height * g.width, out = out_channels * g.column_cols();
+      std::vector<double> x = random_buffer<double>(batch * image, rng);
+      std::vector<double> w = random_buffer<double>(out_channels * g.column_rows(), rng);
+      std::vector<double> gy = random_buffer<double>(batch * out, rng);
+      std::vector<double> want_gx, want_gw;
+      direct_conv_backward(g, batch, out_channels, x, w, gy, want_gx, want_gw);
+      for (int threads : {1, 2, 3}) {
+        INFO(describe(g) << " batch=" << batch << " threads=" << threads);
+        set_threads(threads);
+        const double nan = std::numeric_limits<double>::quiet_NaN();
+        std::vector<double> y(static_cast<size_t>(batch * out), nan);  // every entry must be written
+        conv2d_forward(g, DType::f64, batch, out_channels, x.data(), w.data(), y.data());
+        for (int64_t b = 0; b < batch; ++b) {
+          std::vector<double> xb(x.begin() + b * image, x.begin() + (b + 1) * image);
+          const std::vector<double> want = direct_conv(g, xb, w, out_channels);
+          for (int64_t e = 0; e < out; ++e) CHECK(std::abs(y[b * out + e] - want[e]) <= 1e-12);
+        }
+        std::vector<double> gx(static_cast<size_t>(batch * image), nan), gw(want_gw.size(), nan);
+        conv2d_backward(g, DType::f64, batch, out_channels, x.data(), w.data(), gy.data(), gx.data(),
+                        gw.data());
+        for (size_t e = 0; e < gx.size(); ++e) CHECK(std::abs(gx[e] - want_gx[e]) <= 1e-11);
+        for (size_t e = 0; e < gw.size(); ++e) CHECK(std::abs(gw[e] - want_gw[e]) <= 1e-11);
+        // Only the weight gradient, then only the input gradient: each alone equals the pair.
+        std::vector<double> gw_only(want_gw.size(), nan), gx_only(gx.size(), nan);
+        conv2d_backward(g, DType::f64, batch, out_channels, x.data(), w.data(), gy.data(), nullptr,
+                        gw_only.data());
+        conv2d_backward(g, DType::f64, batch, out_channels, x.data(), w.data(), gy.data(), gx_only.data(),
+                        nullptr);
+        CHECK(gw_only == gw);
+        CHECK(gx_only == gx);
+      }
+    }
+  }
+  set_threads(saved_threads);
+}
+
+TEST_CASE("conv2d_forward/backward take f32 and f64 only", "[kernels][conv]") {
+  std::vector<float> buffer(4096);
+  CHECK_THROWS_WITH(
+      conv2d_forward(geometry(1, 4, 4, 3, 3), DType::bf16, 1, 2, buffer.data(), buffer.data(), buffer.data()),
+      Catch::Contains("f32 or f64"));
+  CHECK_THROWS_AS(conv2d_backward(geometry(1, 2, 2, 3, 3), DType::f32, 1, 2, buffer.data(), buffer.data(),
+                                  buffer.data(), buffer.data(), buffer.data()),
+                  Error);
 }
