@@ -133,9 +133,16 @@ class CudaCachingAllocator {
     int64_t released = 0;
     if (err == cudaErrorMemoryAllocation) {
       cudaGetLastError();
-      released = cached_[device];
-      wait_for_pending_frees(device);
-      release_cached(device);
+      // Every logical device on this physical GPU (all of them under MG_VIRTUAL_GPUS) holds
+      // cached blocks of the same memory: give all of those back, not only this device's.
+      const int physical = physical_device(device);
+      for (int d = 0; d < kMaxDevices; ++d) {
+        if (free_[d].empty() && !has_pending_frees(d)) continue;  // (d is then a valid index)
+        if (d != device && physical_device(d) != physical) continue;
+        released += cached_[d];
+        wait_for_pending_frees(d);
+        release_cached(d);
+      }
       err = cudaMalloc(&ptr, size);
     }
     if (err == cudaErrorMemoryAllocation) {
@@ -273,6 +280,13 @@ class CudaCachingAllocator {
     }
   }
 
+  // Caller holds mutex_.
+  bool has_pending_frees(int device) const {
+    for (const PendingFree& p : pending_)
+      if (p.device == device) return true;
+    return false;
+  }
+
   // Caller holds mutex_. Waits for the events of every pending block of logical device
   // `device` and moves those blocks to their free lists (empty_cache and the out-of-memory
   // retry: a block still in use elsewhere cannot be given back to the driver).
@@ -362,9 +376,14 @@ class PinnedHostPool {
     auto block = std::prev(after);
     const char* begin = static_cast<const char*>(block->first);
     if (static_cast<const char*>(src) >= begin + block->second.size) return;  // not pinned
+    // A block that stays live and is copied from again and again (a staging buffer) would
+    // otherwise pile up one event per copy until it is freed: drop the finished ones first.
+    drop_finished_copies(block->second);
     cudaEvent_t event = nullptr;
     MG_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
-    MG_CUDA_CHECK(cudaEventRecord(event, stream));
+    const cudaError_t recorded = cudaEventRecord(event, stream);
+    if (recorded != cudaSuccess) cudaEventDestroy(event);  // not leaked when the record fails
+    MG_CUDA_CHECK(recorded);
     block->second.pending.push_back(event);
   }
 
@@ -375,19 +394,26 @@ class PinnedHostPool {
     std::vector<cudaEvent_t> pending;  // copies that read the block, not known to be finished
   };
 
-  // Caller holds mutex_. Drops the events that have completed; true when none is left.
-  static bool copies_finished(PinnedBlock& b) {
-    while (!b.pending.empty()) {
-      const cudaError_t status = cudaEventQuery(b.pending.back());
+  // Caller holds mutex_. Drops (and destroys) the events that have completed, whichever
+  // stream they were on; never waits.
+  static void drop_finished_copies(PinnedBlock& b) {
+    for (auto it = b.pending.begin(); it != b.pending.end();) {
+      const cudaError_t status = cudaEventQuery(*it);
       if (status == cudaErrorNotReady) {
         cudaGetLastError();
-        return false;
+        ++it;
+        continue;
       }
       MG_CUDA_CHECK(status);
-      MG_CUDA_CHECK(cudaEventDestroy(b.pending.back()));
-      b.pending.pop_back();
+      MG_CUDA_CHECK(cudaEventDestroy(*it));
+      it = b.pending.erase(it);
     }
-    return true;
+  }
+
+  // Caller holds mutex_. Drops the events that have completed; true when none is left.
+  static bool copies_finished(PinnedBlock& b) {
+    drop_finished_copies(b);
+    return b.pending.empty();
   }
 
   size_t live_bytes() const {

@@ -182,7 +182,7 @@ class NcclBackend : public Backend {
     wake_.notify_all();
     // The watchdog stops once every in-flight op has finished or failed (timeouts still apply).
     if (watchdog_.joinable()) watchdog_.join();
-    if (poisoned_) return;  // the communicators were aborted, nothing left to destroy
+    if (aborted_) return;  // ncclCommAbort freed the communicators, nothing left to destroy
     for (Lane& lane : lanes_)
       if (lane.comm != nullptr) ncclCommDestroy(lane.comm);
   }
@@ -339,29 +339,54 @@ class NcclBackend : public Backend {
 
     Lane& lane = lanes_[lane_id];
     auto done = std::make_shared<cuda::Event>();
-    try {
-      // The comm stream waits for whatever the caller queued before this call (e.g. the kernel
-      // that wrote the gradient bucket); the event can go once the wait is queued.
-      cuda::Event ready;
-      ready.record(cuda::current_stream(device_.index));
-      ready.wait(lane.stream);
-      cuda::DeviceGuard guard(device_.index);
-      ncclResult_t result = call(lane.comm, static_cast<cudaStream_t>(lane.stream.handle));
-      if (result != ncclSuccess) {
-        poison(str_cat(work->description(), ": NCCL error: ", nccl_error_text(result, lane.comm)), work);
-        return work;
+    std::string failure;
+    {
+      // ncclCommAbort frees the communicator, so the watchdog must not abort it while this
+      // thread is inside NCCL with it (NCCL: one thread at a time on a communicator). Holding
+      // calls_mutex_ keeps abort_communicators() out; it sets poisoned_ before it waits for the
+      // mutex, so checking again here means an op never reaches an aborted communicator.
+      std::lock_guard<std::timed_mutex> calls(calls_mutex_);
+      if (refuse_if_poisoned(*work)) return work;
+      try {
+        // The comm stream waits for whatever the caller queued before this call (e.g. the kernel
+        // that wrote the gradient bucket); the event can go once the wait is queued.
+        cuda::Event ready;
+        ready.record(cuda::current_stream(device_.index));
+        ready.wait(lane.stream);
+        cuda::DeviceGuard guard(device_.index);
+        ncclResult_t result = call(lane.comm, static_cast<cudaStream_t>(lane.stream.handle));
+        if (result != ncclSuccess) {
+          failure = str_cat(work->description(), ": NCCL error: ", nccl_error_text(result, lane.comm));
+        } else {
+          done->record(lane.stream);
+        }
+      } catch (const std::exception& e) {  // a CUDA error while ordering or recording
+        failure = str_cat(work->description(), ": ", e.what());
       }
-      done->record(lane.stream);
-    } catch (const std::exception& e) {  // a CUDA error while ordering or recording
-      poison(str_cat(work->description(), ": ", e.what()), work);
+    }
+    if (!failure.empty()) {  // poison() aborts the communicators: only once calls_mutex_ is free
+      poison(failure, work);
       return work;
     }
     // Kernels queued on the waiting thread after wait() run after the communication.
     const int device_index = device_.index;
     work->set_wait_hook([done, device_index] { done->wait(cuda::current_stream(device_index)); });
+    std::string abandoned;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      in_flight_.push_back(InFlight{work, lane_id, done, std::move(keep_alive), Clock::now()});
+      if (poisoned_) {
+        // poison() ran (on the watchdog) while this op was being issued, after it had failed the
+        // ops in flight: fail this one too instead of leaving it for a watchdog that no longer
+        // looks, and keep its tensors, which the aborted NCCL call may have been using.
+        abandoned = poison_message_;
+        abandoned_.insert(abandoned_.end(), keep_alive.begin(), keep_alive.end());
+      } else {
+        in_flight_.push_back(InFlight{work, lane_id, done, std::move(keep_alive), Clock::now()});
+      }
+    }
+    if (!abandoned.empty()) {
+      work->mark_failed(str_cat(work->description(), ": abandoned: ", abandoned));
+      return work;
     }
     wake_.notify_one();
     return work;
@@ -469,27 +494,50 @@ class NcclBackend : public Backend {
 
   // NCCL reports failures it sees inside its kernels and proxy threads (a peer's connection
   // lost, a remote error) through ncclCommGetAsyncError.
+  // Polling a communicator while another thread issues ops on it is allowed (NCCL's thread-safety
+  // notes); polling one that ncclCommAbort has freed is not, hence abort_mutex_.
   void check_async_errors() {
-    for (Lane& lane : lanes_) {
-      ncclResult_t async = ncclSuccess;
-      ncclResult_t result = ncclCommGetAsyncError(lane.comm, &async);
-      if (result == ncclSuccess && (async == ncclSuccess || async == ncclInProgress)) continue;
-      const ncclResult_t error = result != ncclSuccess ? result : async;
-      std::string oldest;
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        if (!in_flight_.empty()) oldest = in_flight_.front().work->description();
+    std::string error_text;
+    const char* lane_name = nullptr;
+    {
+      std::lock_guard<std::mutex> comms(abort_mutex_);
+      if (aborted_) return;
+      for (Lane& lane : lanes_) {
+        ncclResult_t async = ncclSuccess;
+        ncclResult_t result = ncclCommGetAsyncError(lane.comm, &async);
+        if (result == ncclSuccess && (async == ncclSuccess || async == ncclInProgress)) continue;
+        error_text = nccl_error_text(result != ncclSuccess ? result : async, lane.comm);
+        lane_name = lane.name;
+        break;
       }
-      poison(
-          str_cat(
-              oldest.empty() ? str_cat("NCCL backend on rank ", rank_, " of ", size_) : oldest,
-              ": NCCL reported an asynchronous error on the ", lane.name,
-              " communicator: ", nccl_error_text(error, lane.comm),
-              " (a peer rank has probably died). The NCCL communicators were aborted and this group cannot "
-              "be used any more"),
-          nullptr);
-      return;
     }
+    if (lane_name == nullptr) return;
+    std::string oldest;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!in_flight_.empty()) oldest = in_flight_.front().work->description();
+    }
+    poison(str_cat(oldest.empty() ? str_cat("NCCL backend on rank ", rank_, " of ", size_) : oldest,
+                   ": NCCL reported an asynchronous error on the ", lane_name, " communicator: ", error_text,
+                   " (a peer rank has probably died). The NCCL communicators were aborted and this group "
+                   "cannot be used any more"),
+           nullptr);
+  }
+
+  // ncclCommAbort on every communicator, once. It frees them, so it waits (calls_mutex_) for an
+  // op that is inside NCCL on this rank to come out first. An op that does not come out (a
+  // blocking connection to a dead peer) can only be released by the abort itself, so after a
+  // grace period the communicators are aborted anyway, as PyTorch's watchdog does.
+  void abort_communicators() {
+    std::unique_lock<std::timed_mutex> calls(calls_mutex_, std::defer_lock);
+    if (!calls.try_lock_for(std::chrono::seconds(10)))
+      std::fprintf(stderr, "[multigrad rank %d] an NCCL call has not returned for 10 s: aborting under it\n",
+                   rank_);
+    std::lock_guard<std::mutex> comms(abort_mutex_);
+    if (aborted_) return;
+    aborted_ = true;
+    for (Lane& lane : lanes_)
+      if (lane.comm != nullptr) ncclCommAbort(lane.comm);
   }
 
   // Fails every in-flight op (and `current`, an op that never reached the watchdog), aborts the
@@ -516,8 +564,8 @@ class NcclBackend : public Backend {
       op.work->mark_failed(is_the_culprit ? message : str_cat(what, ": abandoned: ", message));
     }
     // Aborting stops NCCL's kernels and proxy threads; the buffers they used are kept until the
-    // backend is destroyed all the same.
-    for (Lane& lane : lanes_) ncclCommAbort(lane.comm);
+    // backend is destroyed all the same. (The caller never holds calls_mutex_ here.)
+    abort_communicators();
     std::lock_guard<std::mutex> lock(mutex_);
     for (InFlight& op : pending)
       abandoned_.insert(abandoned_.end(), op.keep_alive.begin(), op.keep_alive.end());
@@ -532,8 +580,11 @@ class NcclBackend : public Backend {
   std::atomic<int64_t> collective_count_{0};
   Lane lanes_[kLanes];
 
-  std::mutex issue_mutex_;  // one op at a time into NCCL, in call order
-  std::mutex mutex_;        // guards everything below
+  std::mutex issue_mutex_;            // one op at a time into NCCL, in call order
+  std::timed_mutex calls_mutex_;      // held while an op is inside NCCL (see abort_communicators)
+  std::mutex abort_mutex_;            // ncclCommAbort against the watchdog's polling of the comms
+  std::atomic<bool> aborted_{false};  // ncclCommAbort has freed the communicators (set under abort_mutex_)
+  std::mutex mutex_;                  // guards everything below
   std::condition_variable wake_;
   std::vector<InFlight> in_flight_;  // in issue order
   bool stopping_ = false;
