@@ -38,11 +38,18 @@
 // not measured here). The multi-tensor launch makes that cost per step instead
 // of per tensor (one copy of the table, one launch).
 //
-// Results match the CPU to rounding: nvcc contracts a*b + c into one FMA, which
-// rounds once where the CPU rounds twice (~1 ulp per step). The multi-tensor
-// path is meant to match the per-tensor path bit for bit (the same inlined
-// element function on the same scalars); tests/gpu/test_cuda_optim_multi.cpp
-// checks that, but has not run on a GPU yet.
+// Results equal the CPU's bit for bit (f32 and f64): the element functions
+// round every operation explicitly (__fmul_rn, __fadd_rn, __fdiv_rn, __fsqrt_rn
+// and their double twins). Plain a*b + c would be contracted by nvcc into one
+// FMA (--fmad=true is the default), rounding once where the CPU rounds twice:
+// ~1 ulp per step, which cancellation can blow up past a test's tolerance
+// (e.g. m = beta1*m + (1-beta1)*g ~ 0 in a 1-element tensor), and which could
+// even differ between two kernels inlining the same function. The CPU twin is
+// built without contraction (ISO C++17, baseline x86-64), and IEEE division
+// and square root are correctly rounded on both sides. The multi-tensor path
+// uses the same element function on the same scalars, so it matches the
+// per-tensor path bit for bit; tests/gpu/test_cuda_optim_multi.cpp checks that,
+// but has not run on a GPU yet.
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -63,17 +70,29 @@ struct SgdScalars {
   bool use_momentum, use_wd, nesterov;
 };
 
+// Correctly rounded operations that nvcc never fuses into an FMA (see the top of
+// this file): the update rules below are the CPU's expressions, one rounding each.
+__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
+__device__ __forceinline__ float add_rn(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ double add_rn(double a, double b) { return __dadd_rn(a, b); }
+__device__ __forceinline__ float div_rn(float a, float b) { return __fdiv_rn(a, b); }
+__device__ __forceinline__ double div_rn(double a, double b) { return __ddiv_rn(a, b); }
+__device__ __forceinline__ float sqrt_rn(float a) { return __fsqrt_rn(a); }
+__device__ __forceinline__ double sqrt_rn(double a) { return __dsqrt_rn(a); }
+
 template <class T>
 __device__ __forceinline__ void sgd_element(int64_t i, T* p, const T* g, T* buf, bool first_step,
                                             const SgdScalars<T>& k) {
   T d = g[i];
-  if (k.use_wd) d = d + k.wd * p[i];
+  if (k.use_wd) d = add_rn(d, mul_rn(k.wd, p[i]));  // d + wd * p
   if (k.use_momentum) {
-    const T b = first_step ? d : buf[i] * k.momentum + k.one_minus_dampening * d;
+    // buf * momentum + (1 - dampening) * d
+    const T b = first_step ? d : add_rn(mul_rn(buf[i], k.momentum), mul_rn(k.one_minus_dampening, d));
     buf[i] = b;
-    d = k.nesterov ? d + k.momentum * b : b;
+    d = k.nesterov ? add_rn(d, mul_rn(k.momentum, b)) : b;  // d + momentum * b
   }
-  p[i] = p[i] + k.neg_lr * d;
+  p[i] = add_rn(p[i], mul_rn(k.neg_lr, d));  // p + (-lr) * d
 }
 
 // Scalars shared by every tensor of a group; the two that depend on the step
@@ -92,11 +111,11 @@ template <class T>
 __device__ __forceinline__ void adam_element(int64_t i, T* p, const T* g, T* m, T* v, T* vmax,
                                              const AdamScalars<T>& k, AdamStepScalars<T> s) {
   T pi = p[i];
-  if (k.use_decay) pi = pi * k.decay;
+  if (k.use_decay) pi = mul_rn(pi, k.decay);
   T gi = g[i];
-  if (k.use_l2) gi = gi + k.l2 * pi;
-  const T mi = m[i] * k.beta1 + k.one_minus_beta1 * gi;
-  T vi = v[i] * k.beta2 + k.one_minus_beta2 * (gi * gi);
+  if (k.use_l2) gi = add_rn(gi, mul_rn(k.l2, pi));                                  // g + l2 * p
+  const T mi = add_rn(mul_rn(m[i], k.beta1), mul_rn(k.one_minus_beta1, gi));        // m*b1 + (1-b1)*g
+  T vi = add_rn(mul_rn(v[i], k.beta2), mul_rn(k.one_minus_beta2, mul_rn(gi, gi)));  // v*b2 + (1-b2)*g*g
   m[i] = mi;
   v[i] = vi;
   if (k.amsgrad) {
@@ -104,8 +123,8 @@ __device__ __forceinline__ void adam_element(int64_t i, T* p, const T* g, T* m, 
     vi = (old != old || old >= vi) ? old : vi;  // NaN-propagating max, as torch.maximum
     vmax[i] = vi;
   }
-  const T denom = sqrt(vi) / s.bias_correction2_sqrt + k.eps;
-  p[i] = pi + s.neg_step_size * (mi / denom);
+  const T denom = add_rn(div_rn(sqrt_rn(vi), s.bias_correction2_sqrt), k.eps);  // sqrt(v)/bc2 + eps
+  p[i] = add_rn(pi, mul_rn(s.neg_step_size, div_rn(mi, denom)));                // p + (-step) * (m/denom)
 }
 
 // ---- one tensor ----
