@@ -159,20 +159,24 @@ __global__ void cross_entropy_forward_kernel(int64_t rows, int64_t classes, cons
       m = (v > m || v != v) ? v : m;
     }
     m = block_max(m);
-    A s = 0, total = 0;
+    A s = 0, shifted = 0;
     for (int64_t j = threadIdx.x; j < classes; j += blockDim.x) {
-      const A v = load(x + j);
-      s += exp_(v - m);
-      total += v;
+      const A z = A(load(x + j)) - m;
+      s += exp_(z);
+      shifted += z;
     }
-    s = block_sum(s);
-    total = block_sum(total);
+    const A log_s = log_(block_sum(s));
+    // As the CPU: logsumexp kept as m + log_s and every logit shifted by m first
+    // ((m - x) + log_s, not (m + log_s) - x, which loses digits when |m| is
+    // large), and the smoothing term only when eps > 0 -- with -inf (masked)
+    // logits it is +inf, and 0 * inf would turn a finite loss into NaN.
+    const A eps = A(smoothing);
+    // mean_c(x_c - m); eps is the same in every thread, so the barrier is not divergent.
+    const A mean_shifted = eps > A(0) ? block_sum(shifted) / A(classes) : A(0);
     if (threadIdx.x == 0) {
-      const A lse = m + log_(s);
-      const A eps = A(smoothing);
-      const A nll = lse - A(load(x + t));
-      const A smooth = lse - total / A(classes);
-      store(losses + row, (A(1) - eps) * nll + eps * smooth);
+      A loss = log_s - (A(load(x + t)) - m);
+      if (eps > A(0)) loss = (A(1) - eps) * loss + eps * (log_s - mean_shifted);
+      store(losses + row, loss);
       atomicAdd(status, 1ull);
     }
   }
