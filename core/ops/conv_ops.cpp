@@ -35,26 +35,6 @@ using namespace ops_detail;
 
 namespace {
 
-kernels::cpu::GemmArgs gemm_args(DType dtype, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
-                                 const void* a, int64_t lda, const void* b, int64_t ldb, void* c, int64_t ldc,
-                                 double beta) {
-  kernels::cpu::GemmArgs args;
-  args.dtype = dtype;
-  args.trans_a = ta;
-  args.trans_b = tb;
-  args.m = m;
-  args.n = n;
-  args.k = k;
-  args.a = a;
-  args.lda = lda;
-  args.b = b;
-  args.ldb = ldb;
-  args.c = c;
-  args.ldc = ldc;
-  args.beta = beta;
-  return args;
-}
-
 // Column-buffer elements per conv2d chunk (16 MiB of f32): big enough that a Fashion-MNIST
 // batch of 128 is one or two GEMMs, small enough to stay a modest temporary for large images.
 constexpr int64_t kColumnBudget = int64_t{1} << 22;
@@ -192,9 +172,10 @@ Tensor conv2d(const Tensor& x_arg, const Tensor& w_arg, const Tensor& bias_arg,
       Tensor columns = new_output({ck, b * spatial}, x.dtype(), x);
       Tensor out = new_output({out_channels, b, spatial}, x.dtype(), x);
       MG_KERNEL(x.device(), im2col, geo, x.dtype(), element_ptr(x, n0 * image_elems), columns.data_ptr(), b);
-      MG_KERNEL(x.device(), gemm,
-                gemm_args(x.dtype(), false, false, out_channels, b * spatial, ck, w.data_ptr(), ck,
-                          columns.data_ptr(), b * spatial, out.data_ptr(), b * spatial, 0.0));
+      MG_KERNEL(
+          x.device(), gemm,
+          kernels::cpu::gemm_args(x.dtype(), false, false, out_channels, b * spatial, ck, w.data_ptr(), ck,
+                                  columns.data_ptr(), b * spatial, out.data_ptr(), b * spatial, 0.0));
       y.narrow(0, n0, b).view({b, out_channels, spatial}).copy_(out.permute({1, 0, 2}));
     }
   }
@@ -232,14 +213,15 @@ Tensor conv2d(const Tensor& x_arg, const Tensor& w_arg, const Tensor& bias_arg,
         Tensor cols = new_output({ck, b * spatial}, dt, xs);
         if (need_w) {
           MG_KERNEL(xs.device(), im2col, geo, dt, element_ptr(xs, n0 * image_elems), cols.data_ptr(), b);
-          MG_KERNEL(xs.device(), gemm,
-                    gemm_args(dt, false, true, out_channels, ck, b * spatial, gyp.data_ptr(), b * spatial,
-                              cols.data_ptr(), b * spatial, gw.data_ptr(), ck, 1.0));
+          MG_KERNEL(
+              xs.device(), gemm,
+              kernels::cpu::gemm_args(dt, false, true, out_channels, ck, b * spatial, gyp.data_ptr(),
+                                      b * spatial, cols.data_ptr(), b * spatial, gw.data_ptr(), ck, 1.0));
         }
         if (need_x) {
           MG_KERNEL(xs.device(), gemm,
-                    gemm_args(dt, true, false, ck, b * spatial, out_channels, ws.data_ptr(), ck,
-                              gyp.data_ptr(), b * spatial, cols.data_ptr(), b * spatial, 0.0));
+                    kernels::cpu::gemm_args(dt, true, false, ck, b * spatial, out_channels, ws.data_ptr(), ck,
+                                            gyp.data_ptr(), b * spatial, cols.data_ptr(), b * spatial, 0.0));
           MG_KERNEL(xs.device(), col2im, geo, dt, cols.data_ptr(), element_ptr(gx, n0 * image_elems), b);
         }
       }

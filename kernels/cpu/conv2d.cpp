@@ -66,25 +66,6 @@ void share(int64_t batch, int t, int n, int64_t& begin, int64_t& end) {
   end = batch * (t + 1) / n;
 }
 
-GemmArgs product(DType dtype, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* a, int64_t lda,
-                 const void* b, int64_t ldb, void* c, int64_t ldc, double beta) {
-  GemmArgs args;
-  args.dtype = dtype;
-  args.trans_a = ta;
-  args.trans_b = tb;
-  args.m = m;
-  args.n = n;
-  args.k = k;
-  args.a = a;
-  args.lda = lda;
-  args.b = b;
-  args.ldb = ldb;
-  args.c = c;
-  args.ldc = ldc;
-  args.beta = beta;
-  return args;
-}
-
 template <class T>
 void forward_typed(const Conv2dGeometry& g, int64_t batch, int64_t out_channels, const T* x, const T* w,
                    T* y) {
@@ -108,8 +89,8 @@ void forward_typed(const Conv2dGeometry& g, int64_t batch, int64_t out_channels,
     T* cols = column_buffer(buffer, ck * spatial);
     for (int64_t b = begin; b < end; ++b) {
       im2col(g, dtype, x + b * image, cols, 1);
-      gemm(product(dtype, false, false, out_channels, spatial, ck, w, ck, cols, spatial, y + b * output,
-                   spatial, 0.0));
+      gemm(gemm_args(dtype, false, false, out_channels, spatial, ck, w, ck, cols, spatial, y + b * output,
+                     spatial, 0.0));
     }
     release_if_large(buffer);
   }
@@ -144,12 +125,12 @@ void backward_typed(const Conv2dGeometry& g, int64_t batch, int64_t out_channels
       const T* gy_b = gy + b * output;  // [O, S]: already the GEMM's layout
       if (my_gw) {
         im2col(g, dtype, x + b * image, cols, 1);
-        gemm(product(dtype, false, true, out_channels, ck, spatial, gy_b, spatial, cols, spatial, my_gw, ck,
-                     1.0));
+        gemm(gemm_args(dtype, false, true, out_channels, ck, spatial, gy_b, spatial, cols, spatial, my_gw, ck,
+                       1.0));
       }
       if (gx) {
-        gemm(
-            product(dtype, true, false, ck, spatial, out_channels, w, ck, gy_b, spatial, cols, spatial, 0.0));
+        gemm(gemm_args(dtype, true, false, ck, spatial, out_channels, w, ck, gy_b, spatial, cols, spatial,
+                       0.0));
         T* gx_b = gx + b * image;
         std::fill(gx_b, gx_b + image, T(0));
         col2im(g, dtype, cols, gx_b, 1);

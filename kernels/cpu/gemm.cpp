@@ -61,33 +61,6 @@ constexpr int64_t kMinParallelFlops = 1 << 18;  // below this, waking threads co
 // Shape of op(X) as stored: the row length lda must cover.
 int64_t stored_row_length(bool trans, int64_t rows, int64_t cols) { return trans ? rows : cols; }
 
-void validate(const GemmArgs& g, const char* what) {
-  check(is_floating(g.dtype), what, ": expected a floating dtype (f32, f64, f16, bf16), got ",
-        dtype_name(g.dtype));
-  check(g.m >= 0 && g.n >= 0 && g.k >= 0, what, ": sizes must be non-negative, got m=", g.m, " n=", g.n,
-        " k=", g.k);
-  check(g.batch >= 0, what, ": batch must be non-negative, got ", g.batch);
-  const int64_t a_row = stored_row_length(g.trans_a, g.m, g.k);
-  const int64_t b_row = stored_row_length(g.trans_b, g.k, g.n);
-  check(g.lda >= a_row, what, ": lda=", g.lda, " is smaller than the row length ", a_row, " of ",
-        g.trans_a ? "A (stored k x m, trans_a)" : "A (stored m x k)");
-  check(g.ldb >= b_row, what, ": ldb=", g.ldb, " is smaller than the row length ", b_row, " of ",
-        g.trans_b ? "B (stored n x k, trans_b)" : "B (stored k x n)");
-  check(g.ldc >= g.n, what, ": ldc=", g.ldc, " is smaller than the row length n=", g.n, " of C");
-  check(g.batch_stride_a >= 0 && g.batch_stride_b >= 0 && g.batch_stride_c >= 0, what,
-        ": batch strides must be non-negative, got a=", g.batch_stride_a, " b=", g.batch_stride_b,
-        " c=", g.batch_stride_c);
-  const bool c_written = g.batch > 0 && g.m > 0 && g.n > 0;
-  if (c_written && g.batch > 1) {
-    // Every batch entry writes its own C; broadcasting C would race and overwrite.
-    const int64_t c_extent = (g.m - 1) * g.ldc + g.n;
-    check(g.batch_stride_c >= c_extent, what, ": batch_stride_c=", g.batch_stride_c,
-          " makes the batch entries of C overlap (each spans ", c_extent, " elements)");
-  }
-  check(!c_written || g.c != nullptr, what, ": C is null");
-  check(!c_written || g.k == 0 || (g.a != nullptr && g.b != nullptr), what, ": A or B is null");
-}
-
 // The packed tiles are dense row-major arrays. Their row strides are the tile
 // sizes, min(kBlock*, problem size), so a small GEMM gets small buffers.
 struct TileStrides {
@@ -286,8 +259,37 @@ void gemm_openblas(const GemmArgs& g) {
 
 }  // namespace
 
+void check_gemm_args(const GemmArgs& g, const char* what) {
+  check(is_floating(g.dtype), what, ": expected a floating dtype (f32, f64, f16, bf16), got ",
+        dtype_name(g.dtype));
+  check(g.m >= 0 && g.n >= 0 && g.k >= 0, what, ": sizes must be non-negative, got m=", g.m, " n=", g.n,
+        " k=", g.k);
+  check(g.batch >= 0, what, ": batch must be non-negative, got ", g.batch);
+  const int64_t a_row = stored_row_length(g.trans_a, g.m, g.k);
+  const int64_t b_row = stored_row_length(g.trans_b, g.k, g.n);
+  check(g.lda >= a_row, what, ": lda=", g.lda, " is smaller than the row length ", a_row, " of ",
+        g.trans_a ? "A (stored k x m, trans_a)" : "A (stored m x k)");
+  check(g.ldb >= b_row, what, ": ldb=", g.ldb, " is smaller than the row length ", b_row, " of ",
+        g.trans_b ? "B (stored n x k, trans_b)" : "B (stored k x n)");
+  check(g.ldc >= g.n, what, ": ldc=", g.ldc, " is smaller than the row length n=", g.n, " of C");
+  check(g.batch_stride_a >= 0 && g.batch_stride_b >= 0 && g.batch_stride_c >= 0, what,
+        ": batch strides must be non-negative, got a=", g.batch_stride_a, " b=", g.batch_stride_b,
+        " c=", g.batch_stride_c);
+  const bool c_written = g.batch > 0 && g.m > 0 && g.n > 0;
+  if (c_written && g.batch > 1) {
+    // Every batch entry writes its own C; broadcasting C would race and overwrite.
+    const int64_t c_extent = (g.m - 1) * g.ldc + g.n;
+    check(g.batch_stride_c >= c_extent, what, ": batch_stride_c=", g.batch_stride_c,
+          " makes the batch entries of C overlap (each spans ", c_extent, " elements)");
+  }
+  check(!c_written || g.c != nullptr, what, ": C is null");
+  // alpha == 0 does not read A or B (BLAS semantics), so they may be null then.
+  check(!c_written || g.k == 0 || g.alpha == 0.0 || (g.a != nullptr && g.b != nullptr), what,
+        ": A or B is null");
+}
+
 void gemm_blocked(const GemmArgs& args) {
-  validate(args, "gemm_blocked");
+  check_gemm_args(args, "gemm_blocked");
   if (args.batch == 0 || args.m == 0 || args.n == 0) return;
   visit_floating(args.dtype, "gemm_blocked", [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -296,7 +298,7 @@ void gemm_blocked(const GemmArgs& args) {
 }
 
 void gemm(const GemmArgs& args) {
-  validate(args, "gemm");
+  check_gemm_args(args, "gemm");
   if (args.batch == 0 || args.m == 0 || args.n == 0) return;
 #ifdef MG_HAS_OPENBLAS
   // k == 0 (C = beta*C) is left to the blocked path: BLAS insists on lda >= 1.
@@ -312,7 +314,7 @@ void gemm(const GemmArgs& args) {
 }
 
 void gemm_reference(const GemmArgs& args) {
-  validate(args, "gemm_reference");
+  check_gemm_args(args, "gemm_reference");
   if (args.batch == 0 || args.m == 0 || args.n == 0) return;
   visit_floating(args.dtype, "gemm_reference", [&](auto tag) {
     using T = typename decltype(tag)::type;

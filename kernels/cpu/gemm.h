@@ -38,6 +38,34 @@ struct GemmArgs {
   double alpha = 1.0, beta = 0.0;
 };
 
+// A GemmArgs for one (unbatched) product C = op(A) op(B) + beta C with alpha 1, argument by
+// argument in BLAS order: what the convolution code builds per image or per chunk.
+inline GemmArgs gemm_args(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                          const void* a, int64_t lda, const void* b, int64_t ldb, void* c, int64_t ldc,
+                          double beta) {
+  GemmArgs args;
+  args.dtype = dtype;
+  args.trans_a = trans_a;
+  args.trans_b = trans_b;
+  args.m = m;
+  args.n = n;
+  args.k = k;
+  args.a = a;
+  args.lda = lda;
+  args.b = b;
+  args.ldb = ldb;
+  args.c = c;
+  args.ldc = ldc;
+  args.beta = beta;
+  return args;
+}
+
+// Throws mg::Error, prefixed with `what`, unless the arguments describe a valid product: a
+// floating dtype, non-negative sizes, leading dimensions covering their rows, batch entries of C
+// that do not overlap, and non-null buffers where they are read or written. Every gemm (CPU and
+// CUDA) checks this first.
+void check_gemm_args(const GemmArgs& args, const char* what);
+
 // The production entry point. f32/f64 call OpenBLAS (cblas_sgemm/cblas_dgemm,
 // row-major) when the build defines MG_HAS_OPENBLAS; otherwise, and always for
 // f16/bf16, they run gemm_blocked. Throws mg::Error on inconsistent arguments.

@@ -758,34 +758,15 @@ bool aligned(const void* ptr, int64_t ld, int64_t batch_stride, int64_t batch, s
          (batch <= 1 || (static_cast<uint64_t>(batch_stride) * elem) % bytes == 0);
 }
 
-// The same checks as the CPU's gemm (kernels/cpu/gemm.cpp), plus the 32-bit limits of the kernels.
+// The same checks as every gemm (kernels/cpu/gemm.h: check_gemm_args), plus the 32-bit limits of
+// the kernels.
 void validate(const GemmArgs& g, const char* step) {
   const std::string what = str_cat("gemm_ladder (", step, ")");
-  check(g.m >= 0 && g.n >= 0 && g.k >= 0, what, ": sizes must be non-negative, got m=", g.m, " n=", g.n,
-        " k=", g.k);
-  check(g.batch >= 0, what, ": batch must be non-negative, got ", g.batch);
+  check_gemm_args(g, what.c_str());
   // 32-bit tile arithmetic, with room for a tile past the end.
   constexpr int64_t kMaxSize = INT_MAX - 256;
   check(g.m <= kMaxSize && g.n <= kMaxSize && g.k <= kMaxSize, what, ": m=", g.m, " n=", g.n, " k=", g.k,
         " exceed the kernels' 32-bit limit of ", kMaxSize);
-  const int64_t a_row = g.trans_a ? g.m : g.k, b_row = g.trans_b ? g.k : g.n;
-  check(g.lda >= a_row, what, ": lda=", g.lda, " is smaller than the row length ", a_row, " of ",
-        g.trans_a ? "A (stored k x m, trans_a)" : "A (stored m x k)");
-  check(g.ldb >= b_row, what, ": ldb=", g.ldb, " is smaller than the row length ", b_row, " of ",
-        g.trans_b ? "B (stored n x k, trans_b)" : "B (stored k x n)");
-  check(g.ldc >= g.n, what, ": ldc=", g.ldc, " is smaller than the row length n=", g.n, " of C");
-  check(g.batch_stride_a >= 0 && g.batch_stride_b >= 0 && g.batch_stride_c >= 0, what,
-        ": batch strides must be non-negative, got a=", g.batch_stride_a, " b=", g.batch_stride_b,
-        " c=", g.batch_stride_c);
-  const bool c_written = g.batch > 0 && g.m > 0 && g.n > 0;
-  if (c_written && g.batch > 1) {
-    const int64_t c_extent = (g.m - 1) * g.ldc + g.n;
-    check(g.batch_stride_c >= c_extent, what, ": batch_stride_c=", g.batch_stride_c,
-          " makes the batch entries of C overlap (each spans ", c_extent, " elements)");
-  }
-  check(!c_written || g.c != nullptr, what, ": C is null");
-  check(!c_written || g.k == 0 || g.alpha == 0.0 || (g.a != nullptr && g.b != nullptr), what,
-        ": A or B is null");
 }
 
 // Grid size in tiles, refusing what a 1-D grid cannot hold.
