@@ -46,6 +46,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_common.h"
 #include "core/error.h"
 #include "core/tensor.h"
 #include "parallel/process_group.h"
@@ -54,6 +55,8 @@
 #ifdef MG_HAS_MPI
 #include <mpi.h>
 #endif
+
+using mg::bench::median;
 
 namespace {
 
@@ -209,12 +212,6 @@ struct Row {
   int64_t count = 0;
   std::vector<Result> results;  // one per algorithm
 };
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
-}
 
 // The maximum of `value` over ranks (bookkeeping only, through the native collective).
 double max_over_ranks(par::ProcessGroup& pg, double value) {

@@ -49,6 +49,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench_common.h"
 #include "kernels/cpu/gemm.h"
 #include "multigrad.h"
 
@@ -67,6 +68,11 @@
 #ifdef __SSE2__
 #include <immintrin.h>
 #endif
+
+using mg::bench::cpu_model;
+using mg::bench::load_average;
+using mg::bench::median;
+using mg::bench::utc_now;
 
 namespace {
 
@@ -183,38 +189,10 @@ kcpu::GemmArgs gemm_args(int64_t n, const float* a, const float* b, float* c) {
   return g;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 double max_abs_diff(const float* x, const float* y, int64_t n) {
   double d = 0;
   for (int64_t i = 0; i < n; ++i) d = std::max(d, static_cast<double>(std::fabs(x[i] - y[i])));
   return d;
-}
-
-std::string cpu_model() {
-  std::ifstream f("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(f, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      auto p = line.find(':');
-      if (p != std::string::npos) return line.substr(line.find_first_not_of(" \t", p + 1));
-    }
-  }
-  return "unknown";
-}
-
-// The 1-minute load average, or -1 when /proc/loadavg is unreadable. Other processes on
-// the cores make every multi-threaded row slower (a parallel region waits for its slowest,
-// descheduled thread), so the table says when the machine was busy.
-double load_average() {
-  std::ifstream f("/proc/loadavg");
-  double l = -1;
-  if (!(f >> l)) return -1;
-  return l;
 }
 
 // CPU seconds spent by the whole machine (busy, all cpus) and by this process so far. Their
@@ -235,13 +213,6 @@ CpuTimes cpu_times() {
   getrusage(RUSAGE_SELF, &r);
   t.self_s = r.ru_utime.tv_sec + r.ru_stime.tv_sec + 1e-6 * (r.ru_utime.tv_usec + r.ru_stime.tv_usec);
   return t;
-}
-
-std::string utc_now() {
-  std::time_t t = std::time(nullptr);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
-  return buf;
 }
 
 std::string blas_info() {

@@ -62,6 +62,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench_common.h"
 #include "core/cuda_allocator.h"
 #include "core/cuda_runtime.h"
 #include "core/cuda_stream.h"
@@ -81,6 +82,11 @@
 
 #include <sys/stat.h>
 #include <unistd.h>
+
+using mg::bench::cpu_model;
+using mg::bench::load_average;
+using mg::bench::median;
+using mg::bench::utc_now;
 
 namespace {
 
@@ -225,34 +231,6 @@ int parse_flags(int argc, char** argv, Flags& f) {
 }
 
 // ---- small helpers ----------------------------------------------------------------------------
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-double load_average() {
-  std::ifstream f("/proc/loadavg");
-  double l = -1;
-  return (f >> l) ? l : -1;
-}
-
-std::string cpu_model() {
-  std::ifstream f("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(f, line))
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  return "unknown";
-}
-
-std::string utc_now() {
-  std::time_t t = std::time(nullptr);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
-  return buf;
-}
 
 // A JSON string literal (the values here are names and paths: quotes, backslashes, controls).
 std::string json_str(const std::string& s) {

@@ -65,6 +65,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench_common.h"
 #include "multigrad.h"
 #include "nn/zoo.h"
 #include "optim/sgd.h"
@@ -72,6 +73,11 @@
 #ifdef MG_HAS_OPENBLAS
 #include <cblas.h>
 #endif
+
+using mg::bench::cpu_model;
+using mg::bench::load_average;
+using mg::bench::median;
+using mg::bench::utc_now;
 
 namespace {
 
@@ -87,33 +93,6 @@ struct Flags {
 };
 
 // ---- helpers ----------------------------------------------------------------------------------
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-double load_average() {
-  std::ifstream f("/proc/loadavg");
-  double l = -1;
-  return (f >> l) ? l : -1;
-}
-
-std::string cpu_model() {
-  std::ifstream f("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(f, line))
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  return "unknown";
-}
-
-std::string utc_now() {
-  std::time_t t = std::time(nullptr);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
-  return buf;
-}
 
 std::string blas_info() {
 #ifdef MG_HAS_OPENBLAS
