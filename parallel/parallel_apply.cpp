@@ -2,10 +2,12 @@
 #include "parallel/parallel_apply.h"
 
 #include <exception>
+#include <optional>
 #include <string>
 #include <thread>
 
 #include "core/autocast.h"
+#include "core/cuda_stream.h"
 #include "core/grad_mode.h"
 
 namespace mg::parallel {
@@ -47,8 +49,17 @@ std::vector<Tensor> parallel_apply(const std::vector<std::shared_ptr<nn::Module>
   std::vector<std::exception_ptr> errors(n);
   const bool grad_enabled = GradMode::is_enabled();
   const AutocastState autocast = autocast_state();
+  // CUDA: each replica runs on the caller's current stream of its device, as in PyTorch. A worker
+  // thread would otherwise start on the device's default stream (current streams are per host
+  // thread), and its kernels would not be ordered after the scatter and broadcast copies the
+  // caller queued on a stream it had made current, nor the caller's gather after them.
+  std::vector<cuda::Stream> streams(n);
+  for (size_t i = 0; i < n; ++i)
+    if (devices[i].is_cuda()) streams[i] = cuda::current_stream(devices[i].index);
   auto run = [&](size_t i) {
     try {
+      std::optional<cuda::StreamGuard> stream_guard;  // also makes the device current
+      if (devices[i].is_cuda()) stream_guard.emplace(streams[i]);
       GradMode::set_enabled(grad_enabled);
       AutocastGuard autocast_guard(autocast.dtype, autocast.enabled);
       outputs[i] = replicas[i]->forward(inputs[i]);
