@@ -47,6 +47,7 @@
 
 #include "core/allocator.h"
 #include "core/cuda_stream.h"
+#include "kernels/cuda/handle_pool.h"
 #include "kernels/cuda/kernels.h"
 #endif
 
@@ -171,57 +172,19 @@ constexpr const char* kUseIm2colHint =
     " (MG_CUDA_CONV=im2col or set_conv_backend(ConvBackend::im2col) runs conv2d without cuDNN)";
 
 // ---- handles: one per (host thread, physical GPU), pooled ---------------------------------------
-constexpr int kMaxDevices = 64;
-
-class HandlePool {
- public:
-  // A handle for `physical`, which the caller has made the runtime's current device.
-  cudnnHandle_t acquire(int physical) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      std::vector<cudnnHandle_t>& spare = free_[physical];
-      if (!spare.empty()) {
-        cudnnHandle_t h = spare.back();
-        spare.pop_back();
-        return h;
-      }
-    }
-    cudnnHandle_t h = nullptr;
-    const cudnnStatus_t status = cudnnCreate(&h);
-    if (status != CUDNN_STATUS_SUCCESS)
-      throw Error(cudnn_failure(status, "cudnnCreate", __FILE__, __LINE__) + kUseIm2colHint);
-    return h;
-  }
-  void release(int physical, cudnnHandle_t h) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    free_[physical].push_back(h);
-  }
-
- private:
-  std::mutex mutex_;
-  std::array<std::vector<cudnnHandle_t>, kMaxDevices> free_;
-};
-
-HandlePool& handle_pool() {
-  static HandlePool* pool = new HandlePool();  // leaked: threads may return handles after main
-  return *pool;
+cudnnHandle_t create_cudnn_handle() {
+  cudnnHandle_t h = nullptr;
+  const cudnnStatus_t status = cudnnCreate(&h);
+  if (status != CUDNN_STATUS_SUCCESS)
+    throw Error(cudnn_failure(status, "cudnnCreate", __FILE__, __LINE__) + kUseIm2colHint);
+  return h;
 }
-
-struct ThreadHandles {
-  std::array<cudnnHandle_t, kMaxDevices> handles{};
-  ~ThreadHandles() {
-    for (int d = 0; d < kMaxDevices; ++d)
-      if (handles[d] != nullptr) handle_pool().release(d, handles[d]);
-  }
-};
-thread_local ThreadHandles t_handles;
 
 // This thread's handle for the current logical device's GPU, set to its current stream.
 cudnnHandle_t current_handle() {
   const int logical = mg::cuda::current_device();
   const int physical = mg::cuda::physical_device(logical);
-  cudnnHandle_t& h = t_handles.handles[physical];
-  if (h == nullptr) h = handle_pool().acquire(physical);
+  cudnnHandle_t h = pooled_handle<cudnnHandle_t, create_cudnn_handle>(physical);
   MG_CUDNN_CHECK(cudnnSetStream(h, static_cast<cudaStream_t>(mg::cuda::current_stream(logical).handle)));
   return h;
 }

@@ -28,27 +28,32 @@
 // tensor_core given f32/f64) falls back to cuBLAS silently, so choosing a step
 // never breaks a model with mixed dtypes. gemm_cublas() is the cuBLAS path alone.
 //
-// Handles: one cuBLAS handle per (host thread, physical GPU), created on first
-// use and bound to the current stream on every call (cuBLAS handles must not
-// be shared by threads running concurrently).
+// Handles: one cuBLAS handle per (host thread, physical GPU), borrowed from a
+// pool on first use and returned when the thread exits (kernels/cuda/handle_pool.h:
+// DataParallel starts new threads every step), bound to the current stream on
+// every call (cuBLAS handles must not be shared by threads running concurrently).
 #include <array>
 #include <climits>
 
 #include "core/cuda_stream.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gemm_ladder.h"
+#include "kernels/cuda/handle_pool.h"
 #include "kernels/cuda/kernels.h"
 
 namespace mg::kernels::cuda {
 namespace {
 
+cublasHandle_t create_cublas_handle() {
+  cublasHandle_t handle = nullptr;
+  MG_CUBLAS_CHECK(cublasCreate(&handle));
+  return handle;
+}
+
 cublasHandle_t handle_for_current_device() {
-  thread_local std::array<cublasHandle_t, 64> handles{};
-  int device = 0;
+  int device = 0;  // the physical GPU the runtime has current
   MG_CUDA_CHECK(cudaGetDevice(&device));
-  check(device >= 0 && device < 64, "gemm (CUDA): device index ", device, " out of range");
-  if (handles[device] == nullptr) MG_CUBLAS_CHECK(cublasCreate(&handles[device]));
-  return handles[device];
+  return pooled_handle<cublasHandle_t, create_cublas_handle>(device);
 }
 
 int as_int(int64_t v, const char* what) {
