@@ -642,6 +642,9 @@ json predict_scaling(const Config& c, const std::vector<Result>& results) {
 
 int main(int argc, char** argv) {
   CLI::App app{"DataParallel vs DistributedDataParallel on the same model and global batch"};
+  // A flag given twice takes its last value: scripts/run passes its defaults first and the user's
+  // extra flags after them (./scripts/run --steps 50).
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   Config c;
   app.add_option("--model", c.model, "mlp, cnn, resnet or gpt");
   app.add_option("--devices", c.devices, "N: devices for dp, ranks for ddp (0: all GPUs, or 2 CPU devices)");
