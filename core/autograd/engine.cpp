@@ -19,12 +19,14 @@
 #include <condition_variable>
 #include <exception>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <queue>
 #include <thread>
 #include <unordered_map>
 
 #include "core/autograd/node.h"
+#include "core/cuda_stream.h"
 #include "core/grad_mode.h"
 #include "core/ops.h"
 
@@ -159,10 +161,28 @@ void run_on_device_threads(const std::vector<std::shared_ptr<Node>>& initial, Gr
   // Every device that may get work needs its queue (and thread) from the start.
   for (const auto& entry : task.dependencies) queues[key_of(node_device(*entry.first))];
 
+  // CUDA: the worker threads queue their kernels on the caller's current stream of every device
+  // (current streams are per host thread, so a new thread would start on the default streams and
+  // its work would not be ordered with what the caller queued on a stream it had made current).
+  std::map<int, cuda::Stream> caller_streams;  // CUDA device index -> the caller's current stream
+  for (const auto& entry : queues)
+    if (entry.first.first == static_cast<int>(DeviceType::CUDA))
+      caller_streams[entry.first.second] = cuda::current_stream(entry.first.second);
+
   auto work = [&](std::pair<int, int> key) {
     GraphTask* outer = current_task;
     current_task = &task;
     NoGradGuard no_grad;
+    std::vector<std::unique_ptr<cuda::StreamGuard>> stream_guards;
+    if (key != key_of(caller_device)) {
+      // Every other device's stream first, this thread's own device last (a guard also makes its
+      // device current).
+      for (const auto& [index, stream] : caller_streams)
+        if (!(key.first == static_cast<int>(DeviceType::CUDA) && key.second == index))
+          stream_guards.push_back(std::make_unique<cuda::StreamGuard>(stream));
+      if (key.first == static_cast<int>(DeviceType::CUDA))
+        stream_guards.push_back(std::make_unique<cuda::StreamGuard>(caller_streams.at(key.second)));
+    }
     for (;;) {
       std::shared_ptr<Node> node;
       std::vector<Tensor> grads_in;
