@@ -176,19 +176,6 @@ void tiled_transpose(float* dst, const float* src, int64_t side, int64_t ld_src)
   }
 }
 
-kcpu::GemmArgs gemm_args(int64_t n, const float* a, const float* b, float* c) {
-  kcpu::GemmArgs g;
-  g.dtype = mg::DType::f32;
-  g.m = g.n = g.k = n;
-  g.a = a;
-  g.lda = n;
-  g.b = b;
-  g.ldb = n;
-  g.c = c;
-  g.ldc = n;
-  return g;
-}
-
 double max_abs_diff(const float* x, const float* y, int64_t n) {
   double d = 0;
   for (int64_t i = 0; i < n; ++i) d = std::max(d, static_cast<double>(std::fabs(x[i] - y[i])));
@@ -410,8 +397,10 @@ int run(const Flags& flags) {
   float* mdst = memcpy_dst.data<float>();
   const float* pa = ga.data<float>();
   const float* pb = gb.data<float>();
-  const kcpu::GemmArgs args_blas = gemm_args(gn, pa, pb, c_blas.data<float>());
-  const kcpu::GemmArgs args_blocked = gemm_args(gn, pa, pb, c_blocked.data<float>());
+  const kcpu::GemmArgs args_blas = kcpu::gemm_args(mg::DType::f32, false, false, gn, gn, gn, pa, gn, pb, gn,
+                                                   c_blas.data<float>(), gn, 0.0);
+  const kcpu::GemmArgs args_blocked = kcpu::gemm_args(mg::DType::f32, false, false, gn, gn, gn, pa, gn, pb,
+                                                      gn, c_blocked.data<float>(), gn, 0.0);
 
   // Each public-op case returns a fresh tensor; reading one element keeps the call from being
   // optimised away, and the tensor is dropped inside the timed region (its block goes back to
