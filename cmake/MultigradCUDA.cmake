@@ -9,6 +9,28 @@
 # uses the runtime, so binaries built here load on machines without a GPU.
 
 set(MG_HAS_CUDA OFF)
+set(MG_CUDA_EMULATE OFF)
+if(MG_CUDA STREQUAL "EMULATE")
+  # The CUDA emulation (cuda_emu/, docs/cuda-emulation.md): the .cu sources compiled by the host
+  # compiler against the toolkit's headers, linked against the emulator instead of libcudart,
+  # cuBLAS, cuDNN and NCCL. No nvcc, no GPU, no driver needed: only the headers.
+  find_path(MG_CUDA_EMU_INCLUDE_DIR cuda_runtime.h cublas_v2.h
+            HINTS "${CUDAToolkit_ROOT}" "$ENV{CUDA_HOME}" "$ENV{CUDA_PATH}" /usr/local/cuda
+            PATH_SUFFIXES include targets/x86_64-linux/include)
+  find_package(Boost 1.66 QUIET COMPONENTS context)
+  if(NOT MG_CUDA_EMU_INCLUDE_DIR)
+    message(FATAL_ERROR "multigrad: MG_CUDA=EMULATE needs the CUDA toolkit's headers (cuda_runtime.h); "
+                        "none found under CUDAToolkit_ROOT, CUDA_HOME, CUDA_PATH or /usr/local/cuda")
+  endif()
+  if(NOT Boost_CONTEXT_FOUND)
+    message(FATAL_ERROR "multigrad: MG_CUDA=EMULATE needs Boost.Context (Debian: libboost-context-dev)")
+  endif()
+  set(MG_HAS_CUDA ON)
+  set(MG_CUDA_EMULATE ON)
+  set(CUDAToolkit_INCLUDE_DIRS "${MG_CUDA_EMU_INCLUDE_DIR}")
+  message(STATUS "multigrad: CUDA EMULATED on the CPU (cuda_emu/): headers from ${MG_CUDA_EMU_INCLUDE_DIR}")
+  return()
+endif()
 if(MG_CUDA STREQUAL "OFF")
   message(STATUS "multigrad: CUDA disabled (MG_CUDA=OFF)")
   return()

@@ -8,14 +8,18 @@
 #   lib/cmake/multigrad/                       multigradConfig.cmake, version file, targets
 include(CMakePackageConfigHelpers)
 
-install(TARGETS multigrad EXPORT multigradTargets
+set(_mg_install_targets multigrad)
+if(MG_CUDA_EMULATE)
+  list(APPEND _mg_install_targets mg_cuda_emu)  # the emulated runtime libmultigrad links
+endif()
+install(TARGETS ${_mg_install_targets} EXPORT multigradTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
   INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/multigrad)
 
 # Headers are collected at install time (install(DIRECTORY)), so new ones need no re-configure.
-set(MG_HEADER_DIRS core kernels nn optim data parallel)
+set(MG_HEADER_DIRS core kernels nn optim data parallel cuda_emu)
 foreach(_dir IN LISTS MG_HEADER_DIRS)
   if(IS_DIRECTORY "${PROJECT_SOURCE_DIR}/${_dir}")
     install(DIRECTORY "${PROJECT_SOURCE_DIR}/${_dir}/"

@@ -13,7 +13,7 @@ MG_JOBS="${MG_JOBS:-$(nproc 2>/dev/null || echo 2)}"
 # libopenblas0-openmp: the OpenMP-threaded OpenBLAS, which cooperates with multigrad's OpenMP
 # kernels (cmake/MultigradDeps.cmake says why); the system default stays the pthread build.
 MG_APT_PACKAGES=(cmake g++ ninja-build catch2 libopenblas-dev libopenblas0-openmp libopenmpi-dev openmpi-bin
-                 zlib1g-dev nlohmann-json3-dev libcli11-dev dataset-fashion-mnist)
+                 zlib1g-dev nlohmann-json3-dev libcli11-dev dataset-fashion-mnist libboost-context-dev)
 
 # Debian's OpenBLAS 0.3.21 identifies some virtualised Xeons as "Prescott" and runs its
 # SSE3 kernels: sgemm measured 51 GFLOP/s here vs 206 with the SkylakeX kernels

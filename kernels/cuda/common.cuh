@@ -10,6 +10,9 @@
 #pragma once
 
 #include <cuda_runtime.h>
+#if defined(MG_CUDA_EMULATE)
+#include <cuda_fp16.h>  // the host-side conversions stand in for the cvt instructions
+#endif
 
 #include <cstdint>
 #include <type_traits>
@@ -17,6 +20,7 @@
 #include "core/cuda_check.cuh"
 #include "core/dtype.h"
 #include "core/strided_view.h"
+#include "kernels/cuda/launch.cuh"
 
 namespace mg::kernels::cuda {
 
@@ -32,9 +36,13 @@ struct f16_t {
 
 __device__ __forceinline__ float to_float(bf16_t x) { return __uint_as_float(uint32_t(x.bits) << 16); }
 __device__ __forceinline__ float to_float(f16_t x) {
+#if defined(MG_CUDA_EMULATE)
+  return __half2float(__ushort_as_half(x.bits));  // cvt.f32.f16: exact
+#else
   float f;
   asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x.bits));
   return f;
+#endif
 }
 __device__ __forceinline__ bf16_t make_bf16(float f) {
   const uint32_t u = __float_as_uint(f);
@@ -42,9 +50,13 @@ __device__ __forceinline__ bf16_t make_bf16(float f) {
   return bf16_t{uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16)};
 }
 __device__ __forceinline__ f16_t make_f16(float f) {
+#if defined(MG_CUDA_EMULATE)
+  return f16_t{__half_as_ushort(__float2half_rn(f))};  // cvt.rn.f16.f32: to nearest even
+#else
   uint16_t h;
   asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
   return f16_t{h};
+#endif
 }
 
 // The type arithmetic happens in: float for halves, int for bool, else T itself.

@@ -114,10 +114,9 @@ void im2col(const Conv2dGeometry& g, DType dtype, const void* image, void* colum
   cudaStream_t stream = mg::cuda::current_cuda_stream();
   visit_float(dtype, "im2col", [&](auto t) {
     using T = typename decltype(t)::type;
-    im2col_kernel<T><<<grid_for(total), kThreads, 0, stream>>>(
+    launch_kernel<im2col_kernel<T>>(grid_for(total), kThreads, 0, stream, 
         make_params(g, images), static_cast<const T*>(image), static_cast<T*>(columns));
   });
-  MG_CUDA_CHECK_LAUNCH();
 }
 
 void col2im(const Conv2dGeometry& g, DType dtype, const void* columns, void* image, int64_t images) {
@@ -127,10 +126,9 @@ void col2im(const Conv2dGeometry& g, DType dtype, const void* columns, void* ima
   cudaStream_t stream = mg::cuda::current_cuda_stream();
   visit_float(dtype, "col2im", [&](auto t) {
     using T = typename decltype(t)::type;
-    col2im_kernel<T><<<grid_for(total), kThreads, 0, stream>>>(
+    launch_kernel<col2im_kernel<T>>(grid_for(total), kThreads, 0, stream, 
         make_params(g, images), static_cast<const T*>(columns), static_cast<T*>(image));
   });
-  MG_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace mg::kernels::cuda

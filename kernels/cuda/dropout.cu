@@ -72,10 +72,9 @@ void dropout_forward(DType dtype, const void* x, void* y, bool* mask, int64_t co
   visit_float(dtype, "dropout_forward", [&](auto t) {
     using T = typename decltype(t)::type;
     if (count == 0) return;
-    forward_kernel<T><<<grid_for(count), kThreads, 0, stream>>>(static_cast<const T*>(x), static_cast<T*>(y),
+    launch_kernel<forward_kernel<T>>(grid_for(count), kThreads, 0, stream, static_cast<const T*>(x), static_cast<T*>(y),
                                                                 mask, count, static_cast<float>(p),
                                                                 keep_scale(p), seed, call_offset);
-    MG_CUDA_CHECK_LAUNCH();
   });
 }
 
@@ -86,9 +85,8 @@ void dropout_backward(DType dtype, const void* grad_y, const bool* mask, void* g
   visit_float(dtype, "dropout_backward", [&](auto t) {
     using T = typename decltype(t)::type;
     if (count == 0) return;
-    backward_kernel<T><<<grid_for(count), kThreads, 0, stream>>>(
+    launch_kernel<backward_kernel<T>>(grid_for(count), kThreads, 0, stream, 
         static_cast<const T*>(grad_y), mask, static_cast<T*>(grad_x), count, keep_scale(p));
-    MG_CUDA_CHECK_LAUNCH();
   });
 }
 

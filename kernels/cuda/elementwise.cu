@@ -663,12 +663,11 @@ void unary(UnaryOp op, const StridedView& in, const StridedView& out, double sca
     if constexpr (!std::is_same<T, bool>::value) {
       constexpr int V = pack_width<T>();
       const PackPlan plan = plan_packs<2>(oc, views, n, V);
-      unary_kernel<T><<<grid_of(n, plan, V), kThreads, 0, stream()>>>(
+      launch_kernel<unary_kernel<T>>(grid_of(n, plan, V), kThreads, 0, stream(), 
           static_cast<int>(op), oc, contiguous, plan, n, in.ptr<const T>(), out.ptr<T>(),
           static_cast<calc_t<T>>(scalar));
     }
   });
-  MG_CUDA_CHECK_LAUNCH();
 }
 
 void unary_backward(UnaryOp op, const StridedView& grad_out, const StridedView& input,
@@ -694,12 +693,11 @@ void unary_backward(UnaryOp op, const StridedView& grad_out, const StridedView& 
   const OffsetCalc<3> oc = make_offset_calc<3>(views, &contiguous);
   visit_float(grad_out.dtype, name, [&](auto t) {
     using T = typename decltype(t)::type;
-    unary_backward_kernel<T><<<grid_for(n, 4), kThreads, 0, stream()>>>(
+    launch_kernel<unary_backward_kernel<T>>(grid_for(n, 4), kThreads, 0, stream(), 
         static_cast<int>(op), oc, contiguous, n, grad_out.ptr<const T>(),
         saved ? saved->ptr<const T>() : nullptr, use_output, grad_in.ptr<T>(),
         static_cast<calc_t<T>>(scalar));
   });
-  MG_CUDA_CHECK_LAUNCH();
 }
 
 namespace {
@@ -736,11 +734,10 @@ void binary_impl(BinaryOp op, const StridedView& a, const StridedView* b, double
     // scalar path: rare, and leaving them out keeps the pack code small.
     const bool scalar_only = a.dtype == DType::boolean || (!b && to_bool && !is_floating(a.dtype));
     const PackPlan plan = scalar_only ? PackPlan{} : plan_packs<3>(oc, views, n, V);
-    binary_kernel<T><<<grid_of(n, plan, V), kThreads, 0, stream()>>>(
+    launch_kernel<binary_kernel<T>>(grid_of(n, plan, V), kThreads, 0, stream(), 
         static_cast<int>(op), to_bool, oc, contiguous, plan, n, a.ptr<const T>(),
         b ? b->ptr<const T>() : nullptr, scalar, out.data);
   });
-  MG_CUDA_CHECK_LAUNCH();
 }
 }  // namespace
 
@@ -766,11 +763,10 @@ void axpby(const StridedView& a, double alpha, const StridedView& b, const Strid
     using T = typename decltype(t)::type;
     constexpr int V = pack_width<T>();
     const PackPlan plan = plan_packs<3>(oc, views, n, V);
-    axpby_kernel<T><<<grid_of(n, plan, V), kThreads, 0, stream()>>>(oc, contiguous, plan, n, a.ptr<const T>(),
+    launch_kernel<axpby_kernel<T>>(grid_of(n, plan, V), kThreads, 0, stream(), oc, contiguous, plan, n, a.ptr<const T>(),
                                                                     static_cast<calc_t<T>>(alpha),
                                                                     b.ptr<const T>(), out.ptr<T>());
   });
-  MG_CUDA_CHECK_LAUNCH();
 }
 
 void where(const StridedView& condition, const StridedView& a, const StridedView& b, const StridedView& out) {
@@ -787,10 +783,9 @@ void where(const StridedView& condition, const StridedView& a, const StridedView
   const OffsetCalc<4> oc = make_offset_calc<4>(views, &contiguous);
   visit_width(dtype_size(a.dtype), [&](auto t) {
     using W = typename decltype(t)::type;
-    where_kernel<W><<<grid_for(n, 4), kThreads, 0, stream()>>>(
+    launch_kernel<where_kernel<W>>(grid_for(n, 4), kThreads, 0, stream(), 
         oc, contiguous, n, condition.ptr<const bool>(), a.ptr<const W>(), b.ptr<const W>(), out.ptr<W>());
   });
-  MG_CUDA_CHECK_LAUNCH();
 }
 
 void clamp(const StridedView& in, const StridedView& out, double lo, double hi) {
@@ -818,11 +813,10 @@ void clamp(const StridedView& in, const StridedView& out, double lo, double hi) 
         h = hi_in <= min_v ? std::numeric_limits<C>::lowest()
                            : (hi_in >= -min_v ? std::numeric_limits<C>::max() : static_cast<C>(hi_in));
       }
-      clamp_kernel<T><<<grid_for(n, 4), kThreads, 0, stream()>>>(oc, contiguous, n, in.ptr<const T>(),
+      launch_kernel<clamp_kernel<T>>(grid_for(n, 4), kThreads, 0, stream(), oc, contiguous, n, in.ptr<const T>(),
                                                                  out.ptr<T>(), l, h, lo > hi);
     }
   });
-  MG_CUDA_CHECK_LAUNCH();
 }
 
 void fill(const StridedView& out, double value) {
@@ -852,9 +846,8 @@ void fill(const StridedView& out, double value) {
     std::memcpy(&w, &bits, sizeof(W));
     constexpr int V = pack_width<W>();
     const PackPlan plan = plan_packs<1>(oc, views, n, V);
-    fill_kernel<W><<<grid_of(n, plan, V), kThreads, 0, stream()>>>(oc, contiguous, plan, n, out.ptr<W>(), w);
+    launch_kernel<fill_kernel<W>>(grid_of(n, plan, V), kThreads, 0, stream(), oc, contiguous, plan, n, out.ptr<W>(), w);
   });
-  MG_CUDA_CHECK_LAUNCH();
 }
 
 void arange(const StridedView& out, double start, double step) {
@@ -865,10 +858,8 @@ void arange(const StridedView& out, double start, double step) {
   visit_all(out.dtype, [&](auto t) {
     using T = typename decltype(t)::type;
     if constexpr (!std::is_same<T, bool>::value)
-      arange_kernel<T>
-          <<<grid_for(n, 4), kThreads, 0, stream()>>>(n, out.strides[0], out.ptr<T>(), start, step);
+      launch_kernel<arange_kernel<T>>(grid_for(n, 4), kThreads, 0, stream(), n, out.strides[0], out.ptr<T>(), start, step);
   });
-  MG_CUDA_CHECK_LAUNCH();
 }
 
 void copy(const StridedView& in, const StridedView& out) {
@@ -888,10 +879,8 @@ void copy(const StridedView& in, const StridedView& out) {
       using W = typename decltype(t)::type;
       constexpr int V = pack_width<W>();
       const PackPlan plan = plan_packs<2>(oc, views, n, V);
-      move_kernel<W>
-          <<<grid_of(n, plan, V), kThreads, 0, stream()>>>(oc, plan, n, in.ptr<const W>(), out.ptr<W>());
+      launch_kernel<move_kernel<W>>(grid_of(n, plan, V), kThreads, 0, stream(), oc, plan, n, in.ptr<const W>(), out.ptr<W>());
     });
-    MG_CUDA_CHECK_LAUNCH();
     return;
   }
   // Casts between floating dtypes take the pack path when they can; every other
@@ -905,16 +894,15 @@ void copy(const StridedView& in, const StridedView& out) {
         using From = typename decltype(from)::type;
         using To = typename decltype(to)::type;
         if constexpr (!std::is_same<From, To>::value) {
-          convert_pack_kernel<From, To><<<grid_of(n, plan, V), kThreads, 0, stream()>>>(
+          launch_kernel<convert_pack_kernel<From, To>>(grid_of(n, plan, V), kThreads, 0, stream(), 
               oc, contiguous, plan, n, in.ptr<const From>(), out.ptr<To>());
         }
       });
     });
   } else {
-    convert_kernel<<<grid_for(n, 4), kThreads, 0, stream()>>>(oc, contiguous, n, in.data, in.dtype, out.data,
+    launch_kernel<convert_kernel>(grid_for(n, 4), kThreads, 0, stream(), oc, contiguous, n, in.data, in.dtype, out.data,
                                                               out.dtype);
   }
-  MG_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace mg::kernels::cuda

@@ -56,8 +56,7 @@ BadIndex find_bad_index(const int64_t* indices, int64_t count, int64_t limit, cu
   MG_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&first), sizeof(unsigned long long), stream));
   const unsigned long long none = static_cast<unsigned long long>(count);
   MG_CUDA_CHECK(cudaMemcpyAsync(first, &none, sizeof(none), cudaMemcpyHostToDevice, stream));
-  first_bad_index_kernel<<<grid_for(count), kThreads, 0, stream>>>(indices, count, limit, first);
-  MG_CUDA_CHECK_LAUNCH();
+  launch_kernel<first_bad_index_kernel>(grid_for(count), kThreads, 0, stream, indices, count, limit, first);
   unsigned long long position = none;
   MG_CUDA_CHECK(cudaMemcpyAsync(&position, first, sizeof(position), cudaMemcpyDeviceToHost, stream));
   MG_CUDA_CHECK(cudaFreeAsync(first, stream));
@@ -106,7 +105,7 @@ void gather(DType dtype, const IndexShape& s, const void* input, const int64_t* 
   if (total == 0) return;
   auto launch = [&](auto word) {
     using W = typename decltype(word)::type;
-    gather_kernel<W><<<grid_for(total), kThreads, 0, stream>>>(s, static_cast<const W*>(input), indices,
+    launch_kernel<gather_kernel<W>>(grid_for(total), kThreads, 0, stream, s, static_cast<const W*>(input), indices,
                                                                count, static_cast<W*>(out));
   };
   switch (dtype_size(dtype)) {
@@ -116,7 +115,6 @@ void gather(DType dtype, const IndexShape& s, const void* input, const int64_t* 
     case 8: launch(tag<Word<8>::type>{}); break;
     default: throw Error(str_cat("gather (CUDA): unsupported element size ", dtype_size(dtype)));
   }
-  MG_CUDA_CHECK_LAUNCH();
 }
 
 // ---- scatter-add -------------------------------------------------------------------------
@@ -163,9 +161,8 @@ void scatter_add(DType dtype, const char* what, const IndexShape& s, const void*
   visit_float(dtype, what, [&](auto t) {
     using T = typename decltype(t)::type;
     if (total == 0) return;
-    scatter_add_kernel<T><<<grid_for(total), kThreads, 0, stream>>>(
+    launch_kernel<scatter_add_kernel<T>>(grid_for(total), kThreads, 0, stream, 
         s, static_cast<const T*>(grad_out), indices, count, skip, static_cast<T*>(grad_input));
-    MG_CUDA_CHECK_LAUNCH();
   });
 }
 

@@ -119,7 +119,7 @@ __host__ __device__ constexpr int max_int(int a, int b) { return a > b ? a : b; 
 // A read-only global load (the read-only data path on the GPU).
 template <class T>
 __host__ __device__ __forceinline__ T load_readonly(const T* p) {
-#if defined(__CUDA_ARCH__)
+#if defined(__CUDA_ARCH__) || defined(MG_CUDA_EMULATE)
   return __ldg(p);
 #else
   assert(reinterpret_cast<uintptr_t>(p) % sizeof(T) == 0);
@@ -462,12 +462,16 @@ __host__ __device__ __forceinline__ int swizzle_mn_contiguous(int kk, int mn) { 
 }
 
 // ---- PTX wrappers (sm_80+) ----
+// In the emulation build (MG_CUDA_EMULATE) each wrapper calls its emulated twin (cuda_emu/ptx.cpp,
+// cuda_emu/block_scheduler.cpp), written from the PTX ISA's description of the instruction.
 __device__ __forceinline__ uint32_t shared_address(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 // 16 bytes global -> shared without passing through registers; completes at cp_async_wait.
 __host__ __device__ __forceinline__ void cp_async_16(void* shared_dst, const void* global_src) {
-#if defined(__CUDA_ARCH__)
+#if defined(MG_CUDA_EMULATE)
+  mg_emu::cp_async_16(shared_dst, global_src, __FILE__, __LINE__);  // lands at cp_async_wait
+#elif defined(__CUDA_ARCH__)
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared_address(shared_dst)),
                "l"(global_src));
 #else
@@ -476,13 +480,26 @@ __host__ __device__ __forceinline__ void cp_async_16(void* shared_dst, const voi
   std::memcpy(shared_dst, global_src, 16);  // host replay
 #endif
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(MG_CUDA_EMULATE)
+  mg_emu::cp_async_commit();
+#else
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
+#if defined(MG_CUDA_EMULATE)
+  mg_emu::cp_async_wait(N);
+#else
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
 }
 template <bool kTrans>
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t address) {
+#if defined(MG_CUDA_EMULATE)
+  mg_emu::ldmatrix_x4(r, address, kTrans, __FILE__, __LINE__);
+#else
   if (kTrans) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -492,10 +509,14 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t address) 
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(address));
   }
+#endif
 }
 // d += a (16x16) * b (16x8), 16-bit inputs, f32 accumulators.
 template <class T>
 __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if defined(MG_CUDA_EMULATE)
+  mg_emu::mma_m16n8k16(d, a, b0, b1, std::is_same<T, bf16_t>::value, __FILE__, __LINE__);
+#else
   if constexpr (std::is_same<T, bf16_t>::value) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
@@ -509,6 +530,7 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
+#endif
 }
 
 // Where one thread copies its 4 chunks of an operand tile from and to.
@@ -637,8 +659,7 @@ __global__ void __launch_bounds__(kTcThreads, 2) gemm_tensor_core(const Problem 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();  // mma.sync bf16, ldmatrix and cp.async need sm_80 (the host refuses older GPUs)
 #else
-  extern __shared__ __align__(128) unsigned char tc_smem[];
-  uint16_t* const smem = reinterpret_cast<uint16_t*>(tc_smem);
+  uint16_t* const smem = reinterpret_cast<uint16_t*>(dynamic_shared_memory());
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int warp_m = (warp / 2) * 64, warp_n = (warp % 2) * 64;  // this warp's 64 x 64 of the block tile
   const TileCorner t0 =
@@ -804,6 +825,17 @@ void allow_dynamic_smem(const void* kernel, int bytes) {
   done.insert({kernel, device});
 }
 
+// One of the four layout instantiations, with its shared-memory opt-in.
+template <class T, bool kAKContiguous, bool kBKContiguous>
+void launch_tensor_core_layout(const Problem& p, int64_t batch, cudaStream_t stream) {
+  allow_dynamic_smem(reinterpret_cast<const void*>(gemm_tensor_core<T, kAKContiguous, kBKContiguous>), kTcSmemBytes);
+  const unsigned tiles = tile_count(p.m, p.n, kTcTile, kTcTile, "tensor_core");
+  for_each_batch_chunk(p, batch, sizeof(T), [&](const Problem& q, unsigned z) {
+    launch_kernel<gemm_tensor_core<T, kAKContiguous, kBKContiguous>>(dim3(tiles, 1, z), kTcThreads, kTcSmemBytes,
+                                                                      stream, q);
+  });
+}
+
 template <class T>
 void launch_tensor_core(const Problem& p, int64_t batch, cudaStream_t stream) {
   int device = 0, major = 0;
@@ -813,18 +845,12 @@ void launch_tensor_core(const Problem& p, int64_t batch, cudaStream_t stream) {
         "gemm_ladder (tensor_core): needs a GPU of compute capability 8.0 or newer (mma.sync "
         "bf16/f16, ldmatrix, cp.async); device ",
         device, " is ", major, ".x");
-  void (*kernel)(Problem);
   if (p.a.k_contiguous) {
-    kernel = p.b.k_contiguous ? gemm_tensor_core<T, true, true> : gemm_tensor_core<T, true, false>;
-  } else {
-    kernel = p.b.k_contiguous ? gemm_tensor_core<T, false, true> : gemm_tensor_core<T, false, false>;
+    if (p.b.k_contiguous) return launch_tensor_core_layout<T, true, true>(p, batch, stream);
+    return launch_tensor_core_layout<T, true, false>(p, batch, stream);
   }
-  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kTcSmemBytes);
-  const unsigned tiles = tile_count(p.m, p.n, kTcTile, kTcTile, "tensor_core");
-  for_each_batch_chunk(p, batch, sizeof(T), [&](const Problem& q, unsigned z) {
-    kernel<<<dim3(tiles, 1, z), kTcThreads, kTcSmemBytes, stream>>>(q);
-    MG_CUDA_CHECK_LAUNCH();
-  });
+  if (p.b.k_contiguous) return launch_tensor_core_layout<T, false, true>(p, batch, stream);
+  return launch_tensor_core_layout<T, false, false>(p, batch, stream);
 }
 
 template <class T>
@@ -834,9 +860,8 @@ void launch_scale_c(const GemmArgs& g, cudaStream_t stream) {
   for (int64_t first = 0; first < g.batch; first += kMaxGridZ) {
     const unsigned z = static_cast<unsigned>(std::min(kMaxGridZ, g.batch - first));
     T* c = static_cast<T*>(g.c) + first * g.batch_stride_c;
-    scale_c<T><<<dim3(blocks, 1, z), kThreads, 0, stream>>>(c, int(g.m), int(g.n), g.ldc, g.batch_stride_c,
+    launch_kernel<scale_c<T>>(dim3(blocks, 1, z), kThreads, 0, stream, c, int(g.m), int(g.n), g.ldc, g.batch_stride_c,
                                                             static_cast<float>(g.beta));
-    MG_CUDA_CHECK_LAUNCH();
   }
 }
 
@@ -918,24 +943,21 @@ void gemm_ladder(GemmKernel kernel, const GemmArgs& g) {
     case GemmKernel::naive: {
       const unsigned tiles = tile_count(g.m, g.n, kNaiveBlockM, kNaiveBlockN, step);
       for_each_batch_chunk(p, g.batch, elem, [&](const Problem& q, unsigned z) {
-        gemm_naive<<<dim3(tiles, 1, z), dim3(kNaiveBlockN, kNaiveBlockM), 0, stream>>>(q);
-        MG_CUDA_CHECK_LAUNCH();
+        launch_kernel<gemm_naive>(dim3(tiles, 1, z), dim3(kNaiveBlockN, kNaiveBlockM), 0, stream, q);
       });
       return;
     }
     case GemmKernel::smem_tiled: {
       const unsigned tiles = tile_count(g.m, g.n, kSmemTile, kSmemTile, step);
       for_each_batch_chunk(p, g.batch, elem, [&](const Problem& q, unsigned z) {
-        gemm_smem_tiled<<<dim3(tiles, 1, z), dim3(kSmemTile, kSmemTile), 0, stream>>>(q);
-        MG_CUDA_CHECK_LAUNCH();
+        launch_kernel<gemm_smem_tiled>(dim3(tiles, 1, z), dim3(kSmemTile, kSmemTile), 0, stream, q);
       });
       return;
     }
     case GemmKernel::register_tiled: {
       const unsigned tiles = tile_count(g.m, g.n, kRtTile, kRtTile, step);
       for_each_batch_chunk(p, g.batch, elem, [&](const Problem& q, unsigned z) {
-        gemm_register_tiled<<<dim3(tiles, 1, z), kRtThreads, 0, stream>>>(q);
-        MG_CUDA_CHECK_LAUNCH();
+        launch_kernel<gemm_register_tiled>(dim3(tiles, 1, z), kRtThreads, 0, stream, q);
       });
       return;
     }

@@ -225,7 +225,6 @@ void launch_multi(const char* what, const std::vector<Row>& rows, const std::vec
     const auto* device_blocks =
         reinterpret_cast<const BlockRow*>(static_cast<unsigned char*>(table) + row_bytes);
     launch(device_rows, device_blocks, static_cast<unsigned>(blocks.size()), stream);
-    MG_CUDA_CHECK_LAUNCH();
   } catch (...) {
     device_free(table, host.size(), device);
     throw;
@@ -296,12 +295,11 @@ void adam_common(const char* what, DType dtype, int64_t n, void* param, const vo
   if (n == 0) return;
   visit_param(dtype, what, [&](auto tg) {
     using T = typename decltype(tg)::type;
-    adam_kernel<T><<<grid_for(n), kThreads, 0, mg::cuda::current_cuda_stream()>>>(
+    launch_kernel<adam_kernel<T>>(grid_for(n), kThreads, 0, mg::cuda::current_cuda_stream(), 
         n, static_cast<T*>(param), static_cast<const T*>(grad), static_cast<T*>(exp_avg),
         static_cast<T*>(exp_avg_sq), static_cast<T*>(max_exp_avg_sq), adam_scalars<T>(h, l2, decay),
         adam_step_scalars<T>(h, h.step));
   });
-  MG_CUDA_CHECK_LAUNCH();
 }
 
 void adam_multi_common(const char* what, DType dtype, const std::vector<AdamTensor>& tensors,
@@ -329,7 +327,7 @@ void adam_multi_common(const char* what, DType dtype, const std::vector<AdamTens
     const AdamScalars<T> k = adam_scalars<T>(h, l2, decay);
     launch_multi(what, rows, sizes,
                  [&](const AdamTensorRow<T>* r, const BlockRow* b, unsigned grid, cudaStream_t s) {
-                   adam_multi_kernel<T><<<grid, kThreads, 0, s>>>(r, b, k);
+                   launch_kernel<adam_multi_kernel<T>>(grid, kThreads, 0, s, r, b, k);
                  });
   });
 }
@@ -342,11 +340,10 @@ void sgd_step(DType dtype, int64_t n, void* param, const void* grad, void* momen
   if (n == 0) return;
   visit_param(dtype, "sgd_step", [&](auto tg) {
     using T = typename decltype(tg)::type;
-    sgd_kernel<T><<<grid_for(n), kThreads, 0, mg::cuda::current_cuda_stream()>>>(
+    launch_kernel<sgd_kernel<T>>(grid_for(n), kThreads, 0, mg::cuda::current_cuda_stream(), 
         n, static_cast<T*>(param), static_cast<const T*>(grad), static_cast<T*>(momentum_buffer), first_step,
         sgd_scalars<T>(h));
   });
-  MG_CUDA_CHECK_LAUNCH();
 }
 
 void adam_step(DType dtype, int64_t n, void* param, const void* grad, void* exp_avg, void* exp_avg_sq,
@@ -382,7 +379,7 @@ void sgd_step_multi(DType dtype, const std::vector<SgdTensor>& tensors, const Sg
     const SgdScalars<T> k = sgd_scalars<T>(h);
     launch_multi("sgd_step_multi", rows, sizes,
                  [&](const SgdTensorRow<T>* r, const BlockRow* b, unsigned grid, cudaStream_t s) {
-                   sgd_multi_kernel<T><<<grid, kThreads, 0, s>>>(r, b, k);
+                   launch_kernel<sgd_multi_kernel<T>>(grid, kThreads, 0, s, r, b, k);
                  });
   });
 }

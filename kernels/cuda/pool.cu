@@ -174,10 +174,9 @@ void max_pool2d_forward(const Pool2dGeometry& g, DType dtype, const void* input,
   cudaStream_t stream = mg::cuda::current_cuda_stream();
   visit_float(dtype, "max_pool2d_forward", [&](auto t) {
     using T = typename decltype(t)::type;
-    max_forward_kernel<T><<<grid_for(total), kThreads, 0, stream>>>(
+    launch_kernel<max_forward_kernel<T>>(grid_for(total), kThreads, 0, stream, 
         make_params(g), static_cast<const T*>(input), static_cast<T*>(output), argmax);
   });
-  MG_CUDA_CHECK_LAUNCH();
 }
 
 void max_pool2d_backward(const Pool2dGeometry& g, DType dtype, const void* grad_output, const int64_t* argmax,
@@ -189,10 +188,9 @@ void max_pool2d_backward(const Pool2dGeometry& g, DType dtype, const void* grad_
   cudaStream_t stream = mg::cuda::current_cuda_stream();
   visit_float(dtype, "max_pool2d_backward", [&](auto t) {
     using T = typename decltype(t)::type;
-    max_backward_kernel<T><<<grid_for(total), kThreads, 0, stream>>>(
+    launch_kernel<max_backward_kernel<T>>(grid_for(total), kThreads, 0, stream, 
         make_params(g), static_cast<const T*>(grad_output), argmax, static_cast<T*>(grad_input));
   });
-  MG_CUDA_CHECK_LAUNCH();
 }
 
 void avg_pool2d_forward(const Pool2dGeometry& g, DType dtype, const void* input, void* output,
@@ -203,10 +201,9 @@ void avg_pool2d_forward(const Pool2dGeometry& g, DType dtype, const void* input,
   cudaStream_t stream = mg::cuda::current_cuda_stream();
   visit_float(dtype, "avg_pool2d_forward", [&](auto t) {
     using T = typename decltype(t)::type;
-    avg_forward_kernel<T><<<grid_for(total), kThreads, 0, stream>>>(
+    launch_kernel<avg_forward_kernel<T>>(grid_for(total), kThreads, 0, stream, 
         make_params(g), static_cast<const T*>(input), static_cast<T*>(output), count_include_pad);
   });
-  MG_CUDA_CHECK_LAUNCH();
 }
 
 void avg_pool2d_backward(const Pool2dGeometry& g, DType dtype, const void* grad_output, void* grad_input,
@@ -217,10 +214,9 @@ void avg_pool2d_backward(const Pool2dGeometry& g, DType dtype, const void* grad_
   cudaStream_t stream = mg::cuda::current_cuda_stream();
   visit_float(dtype, "avg_pool2d_backward", [&](auto t) {
     using T = typename decltype(t)::type;
-    avg_backward_kernel<T><<<grid_for(total), kThreads, 0, stream>>>(
+    launch_kernel<avg_backward_kernel<T>>(grid_for(total), kThreads, 0, stream, 
         make_params(g), static_cast<const T*>(grad_output), static_cast<T*>(grad_input), count_include_pad);
   });
-  MG_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace mg::kernels::cuda

@@ -135,8 +135,7 @@ template <class T>
 __global__ void reduce_kernel(int op, int64_t outer, int64_t reduce, int64_t inner, const T* in, void* out,
                               DType out_dtype, int64_t correction) {
   using A = typename AccOf<T>::type;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  Partial<A>* shared = reinterpret_cast<Partial<A>*>(smem_raw);
+  Partial<A>* shared = reinterpret_cast<Partial<A>*>(dynamic_shared_memory());
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const bool active = i < inner;
   const bool arg = op == int(ReduceOp::Argmax) || op == int(ReduceOp::Argmin);
@@ -211,11 +210,10 @@ void reduce(ReduceOp op, const ReduceShape& shape, const void* input, DType in_d
     using T = typename decltype(t)::type;
     using A = typename AccOf<T>::type;
     const size_t smem = sizeof(Partial<A>) * kThreads;
-    reduce_kernel<T><<<grid, block, smem, mg::cuda::current_cuda_stream()>>>(
+    launch_kernel<reduce_kernel<T>>(grid, block, smem, mg::cuda::current_cuda_stream(), 
         static_cast<int>(op), shape.outer, shape.reduce, shape.inner, static_cast<const T*>(input), output,
         out_dtype, correction);
   });
-  MG_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace mg::kernels::cuda

@@ -1,0 +1,512 @@
+// One block of a kernel, run as fibers on one OS thread.
+//
+// A CUDA block is a set of threads that share shared memory and meet at __syncthreads(); a warp
+// is 32 of them that exchange registers in collectives (__shfl_*_sync, __ballot_sync, ldmatrix,
+// mma). Between those meeting points the threads are independent, so the emulator runs them one
+// after another, each on a fiber (Boost.Context: a context switch is a few register moves, no
+// system call), and switches only where a thread must wait for others:
+//
+//   scheduler ──resume──▶ thread 0 … runs to __syncthreads ──yield──▶ scheduler
+//             ──resume──▶ thread 1 … runs to __syncthreads ──yield──▶ scheduler   (order varies)
+//             …  every live thread waits: the barrier opens, all become ready  …
+//
+// A thread that never waits finishes on the fiber that started it, and the same fiber goes on
+// with the next thread: a kernel without barriers costs one fiber per block, not per thread.
+//
+// Strictness (what a GPU leaves undefined becomes an error naming kernel, block and thread):
+// every thread of a block must pass the same __syncthreads() calls (one that exits early while
+// others wait at a barrier is an error, as are threads waiting at two different barriers); a warp
+// collective must name only lanes that exist, have not exited and arrive at the same operation
+// with the same mask; a block in which nobody can proceed is reported with what each thread
+// waits for. The order in which threads run between barriers is forward, reverse or shuffled,
+// changing from launch to launch, so a missing barrier gives a wrong answer, not a lucky one.
+#include "cuda_emu/block_scheduler.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <boost/context/fiber.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+#include <vector>
+
+#include "cuda_emu/device.h"
+
+thread_local uint3 threadIdx;
+thread_local uint3 blockIdx;
+thread_local dim3 blockDim;
+thread_local dim3 gridDim;
+
+namespace mg_emu {
+namespace {
+
+namespace ctx = boost::context;
+
+// ---- fiber stacks: pooled per OS thread, with a guard page below each --------------------------
+size_t stack_bytes() {
+  static const size_t bytes = [] {
+    const char* kb = std::getenv("MG_EMU_STACK_KB");
+    const long v = kb ? std::atol(kb) : 0;
+    return static_cast<size_t>(v > 16 ? v : 256) * 1024;
+  }();
+  return bytes;
+}
+
+struct StackPool {
+  std::vector<void*> free;  // the usable (top) ends' base addresses, each stack_bytes() long
+  ~StackPool() {
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    for (void* p : free) munmap(static_cast<char*>(p) - page, stack_bytes() + page);
+  }
+};
+thread_local StackPool t_stacks;
+
+struct PooledStack {
+  ctx::stack_context allocate() {
+    void* base = nullptr;
+    if (!t_stacks.free.empty()) {
+      base = t_stacks.free.back();
+      t_stacks.free.pop_back();
+    } else {
+      const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+      void* m = mmap(nullptr, stack_bytes() + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (m == MAP_FAILED) throw std::bad_alloc();
+      mprotect(m, page, PROT_NONE);  // a stack overflow faults instead of corrupting a neighbour
+      base = static_cast<char*>(m) + page;
+    }
+    ctx::stack_context sc;
+    sc.size = stack_bytes();
+    sc.sp = static_cast<char*>(base) + stack_bytes();
+    return sc;
+  }
+  void deallocate(ctx::stack_context& sc) noexcept {
+    t_stacks.free.push_back(static_cast<char*>(sc.sp) - sc.size);
+  }
+};
+
+// ---- the state of one block ------------------------------------------------------------------
+enum class State : uint8_t { unstarted, ready, at_block_barrier, at_warp_op, done };
+
+struct PendingCopy {
+  unsigned char* dst;
+  unsigned char bytes[16];
+};
+
+struct EmuThread {
+  uint3 idx{};
+  State state = State::unstarted;
+  ctx::fiber fiber;  // its suspended fiber while it waits
+  int barriers_passed = 0;
+  const char* wait_op = "";  // where it waits
+  const char* wait_file = "";
+  int wait_line = 0;
+  std::vector<PendingCopy> open_copies;                  // cp.async not yet committed
+  std::vector<std::vector<PendingCopy>> committed_copies;  // committed groups, oldest first
+  size_t landed_groups = 0;                                // committed_copies[0 .. landed) are done
+};
+
+struct WarpOp {  // a collective some lanes of a warp have arrived at
+  const char* name;
+  uint32_t mask, arrived;
+  int arg;
+  const char* file;
+  int line;
+};
+
+struct Warp {
+  std::vector<WarpOp> pending;
+  WarpLane lanes[32];
+};
+
+struct KernelFault {
+  std::string what;
+};
+
+struct Block {
+  const Launch* launch = nullptr;
+  uint3 index{};
+  int size = 0;
+  std::vector<EmuThread> threads;
+  std::vector<int> order;
+  size_t next_unstarted = 0;  // position in `order`
+  std::vector<Warp> warps;
+  int live = 0, at_barrier = 0, barrier_epoch = 0;
+  EmuThread* current = nullptr;
+  ctx::fiber scheduler;  // held by the running fiber: the way back
+  std::string fault;
+};
+
+thread_local Block* t_block = nullptr;
+thread_local std::vector<unsigned char> t_dynamic_shared;
+
+std::string coords(uint3 v) {
+  return "(" + std::to_string(v.x) + "," + std::to_string(v.y) + "," + std::to_string(v.z) + ")";
+}
+std::string where(const char* file, int line) {
+  const char* slash = std::strrchr(file, '/');
+  return std::string(slash ? slash + 1 : file) + ":" + std::to_string(line);
+}
+
+Block& block() {
+  if (t_block == nullptr || t_block->current == nullptr)
+    throw std::logic_error("cuda_emu: a device function was called outside a kernel");
+  return *t_block;
+}
+
+int linear_of(const EmuThread& t) { return static_cast<int>(&t - t_block->threads.data()); }
+
+void enter(EmuThread& t) {
+  t_block->current = &t;
+  threadIdx = t.idx;
+}
+
+// From a thread: give the OS thread back to the scheduler until someone makes this thread ready.
+void wait_here() {
+  Block& b = *t_block;
+  EmuThread* self = b.current;
+  b.scheduler = std::move(b.scheduler).resume();
+  enter(*self);  // resumed by the scheduler, which set current already; keep it explicit
+}
+
+void run_thread(Block& b, EmuThread& t) {
+  enter(t);
+  t.state = State::ready;
+  try {
+    b.launch->body();
+  } catch (const KernelFault& f) {
+    if (b.fault.empty()) b.fault = "thread " + coords(t.idx) + ": " + f.what;
+  } catch (const std::exception& e) {
+    if (b.fault.empty()) b.fault = "thread " + coords(t.idx) + ": " + e.what();
+  }
+  t.state = State::done;
+  --b.live;
+}
+
+// A runner fiber: starts unstarted threads in order until one of them has to wait (then this
+// fiber belongs to that thread) or none are left.
+ctx::fiber runner(ctx::fiber&& scheduler) {
+  Block& b = *t_block;
+  b.scheduler = std::move(scheduler);
+  while (b.fault.empty()) {
+    while (b.next_unstarted < b.order.size() && b.threads[b.order[b.next_unstarted]].state != State::unstarted)
+      ++b.next_unstarted;
+    if (b.next_unstarted == b.order.size()) break;
+    run_thread(b, b.threads[b.order[b.next_unstarted++]]);
+  }
+  return std::move(b.scheduler);
+}
+
+void switch_to(Block& b, ctx::fiber&& f) {
+  ctx::fiber back = std::move(f).resume();
+  if (back) b.current->fiber = std::move(back);  // the fiber now waits on behalf of `current`
+}
+
+std::string describe_waits(const Block& b) {
+  std::ostringstream s;
+  int shown = 0;
+  for (const EmuThread& t : b.threads) {
+    if (t.state == State::done || shown == 6) continue;
+    s << (shown++ ? "; " : "") << "thread " << coords(t.idx) << " waits at " << t.wait_op << " ("
+      << where(t.wait_file, t.wait_line) << ")";
+  }
+  return s.str();
+}
+
+void open_block_barrier(Block& b) {
+  const EmuThread* first = nullptr;
+  for (const EmuThread& t : b.threads) {
+    if (t.state == State::at_block_barrier) {
+      if (first == nullptr) {
+        first = &t;
+      } else if (t.wait_line != first->wait_line || std::strcmp(t.wait_file, first->wait_file) != 0) {
+        b.fault = "thread " + coords(first->idx) + " waits at __syncthreads() (" +
+                  where(first->wait_file, first->wait_line) + ") but thread " + coords(t.idx) +
+                  " at another __syncthreads() (" + where(t.wait_file, t.wait_line) +
+                  "): a divergent barrier (every thread of a block must reach the same barriers)";
+        return;
+      }
+    }
+  }
+  for (const EmuThread& t : b.threads) {
+    if (t.state == State::done && t.barriers_passed <= b.barrier_epoch) {
+      b.fault = "thread " + coords(t.idx) + " exited without reaching the __syncthreads() (" +
+                where(first->wait_file, first->wait_line) + ") that thread " + coords(first->idx) +
+                " and others wait at: a divergent barrier (every thread of a block must reach it)";
+      return;
+    }
+  }
+  for (EmuThread& t : b.threads) {
+    if (t.state == State::at_block_barrier) {
+      t.state = State::ready;
+      ++t.barriers_passed;
+    }
+  }
+  b.at_barrier = 0;
+  ++b.barrier_epoch;
+}
+
+std::vector<int> make_order(int n, ThreadOrder order, uint64_t seed) {
+  std::vector<int> v(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) v[static_cast<size_t>(i)] = i;
+  if (order == ThreadOrder::reverse) std::reverse(v.begin(), v.end());
+  if (order == ThreadOrder::shuffled) {
+    std::mt19937_64 rng(seed);
+    std::shuffle(v.begin(), v.end(), rng);
+  }
+  return v;
+}
+
+}  // namespace
+
+std::string run_block(const Launch& launch, uint3 block_index, ThreadOrder order, uint64_t seed) {
+  Block b;
+  b.launch = &launch;
+  b.index = block_index;
+  const dim3 bd = launch.block;
+  b.size = static_cast<int>(bd.x * bd.y * bd.z);
+  b.threads.resize(static_cast<size_t>(b.size));
+  for (int i = 0; i < b.size; ++i) {
+    const unsigned u = static_cast<unsigned>(i);
+    b.threads[static_cast<size_t>(i)].idx = uint3{u % bd.x, (u / bd.x) % bd.y, u / (bd.x * bd.y)};
+  }
+  b.order = make_order(b.size, order, seed);
+  b.warps.resize(static_cast<size_t>((b.size + 31) / 32));
+  b.live = b.size;
+  t_dynamic_shared.assign(launch.dynamic_shared_bytes, 0xff);  // a NaN in every float format
+
+  Block* outer = t_block;
+  t_block = &b;
+  blockIdx = block_index;
+  blockDim = launch.block;
+  gridDim = launch.grid;
+  while (b.fault.empty() && b.live > 0) {
+    bool progressed = false;
+    for (int i : b.order) {
+      EmuThread& t = b.threads[static_cast<size_t>(i)];
+      if (t.state == State::unstarted) {
+        b.current = &t;
+        switch_to(b, ctx::fiber(std::allocator_arg, PooledStack{}, runner));
+      } else if (t.state == State::ready) {
+        enter(t);
+        switch_to(b, std::move(t.fiber));
+      } else {
+        continue;
+      }
+      progressed = true;
+      if (!b.fault.empty()) break;
+    }
+    if (!b.fault.empty() || b.live == 0) break;
+    if (b.at_barrier == b.live) {
+      open_block_barrier(b);
+    } else if (!progressed) {
+      b.fault = "no thread of the block can proceed (a collective waits for lanes that wait elsewhere or "
+                "have exited): " +
+                describe_waits(b);
+    }
+  }
+  t_block = outer;
+  // Fibers still suspended (after a fault) are unwound here, as `b` goes away.
+  return b.fault.empty() ? std::string() : "block " + coords(block_index) + ", " + b.fault;
+}
+
+// ---- called from kernels ----------------------------------------------------------------------
+void device_fault(const char* what, const char* file, int line) {
+  throw KernelFault{std::string(what) + " (" + where(file, line) + ")"};
+}
+
+void sync_block(const char* file, int line) {
+  Block& b = block();
+  EmuThread& t = *b.current;
+  t.state = State::at_block_barrier;
+  t.wait_op = "__syncthreads()";
+  t.wait_file = file;
+  t.wait_line = line;
+  ++b.at_barrier;
+  wait_here();
+}
+
+void warp_collective(const char* op, uint32_t mask, int arg, const uint32_t* in, int in_words, uint32_t* out,
+                     int out_words, WarpCompletion complete, const char* file, int line) {
+  Block& b = block();
+  EmuThread& t = *b.current;
+  const int linear = linear_of(t), lane = linear % 32, warp_index = linear / 32;
+  const int lanes_here = std::min(32, b.size - warp_index * 32);
+  const uint32_t existing = lanes_here == 32 ? 0xffffffffu : ((1u << lanes_here) - 1u);
+  char text[256];
+  if ((mask & (1u << lane)) == 0) {
+    std::snprintf(text, sizeof text, "%s with mask 0x%08x called by lane %d, which the mask does not name", op,
+                  mask, lane);
+    device_fault(text, file, line);
+  }
+  if ((mask & ~existing) != 0) {
+    std::snprintf(text, sizeof text,
+                  "%s with mask 0x%08x names lanes that do not exist (warp %d of a %d-thread block has lanes "
+                  "0x%08x)",
+                  op, mask, warp_index, b.size, existing);
+    device_fault(text, file, line);
+  }
+  for (int l = 0; l < 32; ++l) {
+    if ((mask >> l & 1u) && b.threads[static_cast<size_t>(warp_index * 32 + l)].state == State::done) {
+      std::snprintf(text, sizeof text, "%s with mask 0x%08x names lane %d, which has exited", op, mask, l);
+      device_fault(text, file, line);
+    }
+  }
+  Warp& w = b.warps[static_cast<size_t>(warp_index)];
+  WarpOp* group = nullptr;
+  for (WarpOp& g : w.pending) {
+    if (g.mask == mask && g.name == op && g.arg == arg) {
+      group = &g;
+    } else if (g.mask & mask) {
+      std::snprintf(text, sizeof text,
+                    "lanes of warp %d disagree: %s with mask 0x%08x here, %s with mask 0x%08x (arg %d vs %d) at %s",
+                    warp_index, op, mask, g.name, g.mask, arg, g.arg, where(g.file, g.line).c_str());
+      device_fault(text, file, line);
+    }
+  }
+  if (group == nullptr) {
+    w.pending.push_back(WarpOp{op, mask, 0, arg, file, line});
+    group = &w.pending.back();
+  }
+  std::memcpy(w.lanes[lane].in, in, sizeof(uint32_t) * static_cast<size_t>(in_words));
+  group->arrived |= 1u << lane;
+  if (group->arrived == mask) {
+    complete(w.lanes, mask, arg);
+    for (int l = 0; l < 32; ++l) {
+      EmuThread& other = b.threads[static_cast<size_t>(std::min(warp_index * 32 + l, b.size - 1))];
+      if ((mask >> l & 1u) && l != lane) other.state = State::ready;
+    }
+    w.pending.erase(w.pending.begin() + (group - w.pending.data()));
+  } else {
+    t.state = State::at_warp_op;
+    t.wait_op = op;
+    t.wait_file = file;
+    t.wait_line = line;
+    wait_here();
+  }
+  std::memcpy(out, w.lanes[lane].out, sizeof(uint32_t) * static_cast<size_t>(out_words));
+}
+
+namespace {
+
+void complete_shuffle(WarpLane (&lanes)[32], uint32_t mask, int arg) {
+  const ShuffleKind kind = static_cast<ShuffleKind>(arg / 64);
+  const int width = arg % 64;
+  for (int l = 0; l < 32; ++l) {
+    if (!(mask >> l & 1u)) continue;
+    const int a = static_cast<int>(lanes[l].in[2]);
+    const int segment = l / width * width;
+    int src = l;
+    switch (kind) {
+      case ShuffleKind::index: src = segment + ((a % width) + width) % width; break;
+      case ShuffleKind::up: src = l - segment >= a ? l - a : l; break;
+      case ShuffleKind::down: src = l - segment + a < width ? l + a : l; break;
+      case ShuffleKind::bfly: src = (l ^ a) < segment + width ? (l ^ a) : l; break;
+    }
+    if (!(mask >> src & 1u)) {
+      // Reading a lane that does not take part is undefined on the GPU.
+      lanes[l].out[0] = 0x7fffffffu;
+      lanes[l].out[1] = 0x7fffffffu;
+      lanes[l].out[2] = 1u + static_cast<uint32_t>(src);  // flags the error for the lane itself
+      continue;
+    }
+    lanes[l].out[0] = lanes[src].in[0];
+    lanes[l].out[1] = lanes[src].in[1];
+    lanes[l].out[2] = 0;
+  }
+}
+
+void complete_ballot(WarpLane (&lanes)[32], uint32_t mask, int) {
+  uint32_t bits = 0;
+  for (int l = 0; l < 32; ++l)
+    if ((mask >> l & 1u) && lanes[l].in[0] != 0) bits |= 1u << l;
+  for (int l = 0; l < 32; ++l) lanes[l].out[0] = bits;
+}
+
+}  // namespace
+
+uint64_t shuffle(ShuffleKind kind, uint32_t mask, uint64_t value, int lane_arg, int width, const char* name,
+                 const char* file, int line) {
+  if (width < 1 || width > 32 || (width & (width - 1)) != 0) {
+    device_fault((std::string(name) + ": width " + std::to_string(width) + " is not a power of 2 in 1..32").c_str(),
+                 file, line);
+  }
+  const uint32_t in[3] = {static_cast<uint32_t>(value), static_cast<uint32_t>(value >> 32),
+                          static_cast<uint32_t>(lane_arg)};
+  uint32_t out[3];
+  warp_collective(name, mask, static_cast<int>(kind) * 64 + width, in, 3, out, 3, complete_shuffle, file, line);
+  if (out[2] != 0) {
+    char text[200];
+    std::snprintf(text, sizeof text, "%s with mask 0x%08x reads lane %u, which the mask does not name", name, mask,
+                  out[2] - 1);
+    device_fault(text, file, line);
+  }
+  return uint64_t(out[0]) | (uint64_t(out[1]) << 32);
+}
+
+uint32_t vote_ballot(uint32_t mask, int predicate, const char* name, const char* file, int line) {
+  const uint32_t in[1] = {predicate != 0 ? 1u : 0u};
+  uint32_t out[1];
+  warp_collective(name, mask, 0, in, 1, out, 1, complete_ballot, file, line);
+  return out[0] & mask;
+}
+
+// ---- shared memory and cp.async ------------------------------------------------------------------
+unsigned char* dynamic_shared_base() {
+  block();
+  return t_dynamic_shared.data();
+}
+
+uint32_t shared_address_of(const void* p, const char* file, int line) {
+  block();
+  const unsigned char* c = static_cast<const unsigned char*>(p);
+  if (c < t_dynamic_shared.data() || c >= t_dynamic_shared.data() + t_dynamic_shared.size()) {
+    device_fault("__cvta_generic_to_shared: the pointer is not in the block's dynamic shared memory (the emulator "
+                 "gives 32-bit shared addresses to dynamic shared memory only)",
+                 file, line);
+  }
+  return static_cast<uint32_t>(c - t_dynamic_shared.data());
+}
+
+unsigned char* shared_pointer_of(uint32_t address, int bytes, const char* file, int line) {
+  block();
+  if (static_cast<size_t>(address) + static_cast<size_t>(bytes) > t_dynamic_shared.size()) {
+    char text[160];
+    std::snprintf(text, sizeof text, "shared address 0x%x (+%d bytes) is outside the block's %zu bytes", address,
+                  bytes, t_dynamic_shared.size());
+    device_fault(text, file, line);
+  }
+  return t_dynamic_shared.data() + address;
+}
+
+void cp_async_16(void* shared_dst, const void* global_src, const char* file, int line) {
+  EmuThread& t = *block().current;
+  unsigned char* dst = static_cast<unsigned char*>(shared_dst);
+  if (reinterpret_cast<uintptr_t>(dst) % 16 || reinterpret_cast<uintptr_t>(global_src) % 16)
+    device_fault("cp.async (16 bytes): source and destination must be 16-byte aligned", file, line);
+  shared_address_of(dst, file, line);
+  PendingCopy c;
+  c.dst = dst;
+  std::memcpy(c.bytes, global_src, 16);
+  std::memset(dst, 0xff, 16);  // poisoned until a wait_group lands the copy
+  t.open_copies.push_back(c);
+}
+
+void cp_async_commit() {
+  EmuThread& t = *block().current;
+  t.committed_copies.push_back(std::move(t.open_copies));
+  t.open_copies.clear();
+}
+
+void cp_async_wait(int pending_groups_allowed) {
+  EmuThread& t = *block().current;
+  while (static_cast<int>(t.committed_copies.size() - t.landed_groups) > pending_groups_allowed) {
+    for (const PendingCopy& c : t.committed_copies[t.landed_groups]) std::memcpy(c.dst, c.bytes, 16);
+    t.committed_copies[t.landed_groups++].clear();
+  }
+}
+
+}  // namespace mg_emu

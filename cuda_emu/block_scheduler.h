@@ -1,0 +1,18 @@
+// Runs one block of a kernel: its threads as fibers on the calling OS thread (block_scheduler.cpp).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "cuda_emu/emulator.h"
+
+namespace mg_emu {
+
+// Thread order between barriers: forward, reverse, or a permutation drawn from `seed`.
+enum class ThreadOrder : int { forward = 0, reverse = 1, shuffled = 2 };
+
+// Runs every thread of block `block_index` of `launch` to completion. Returns "" on success, or
+// the fault ("block (1,0,0), thread (37,0,0): __syncthreads() at softmax.cu:120 ...").
+std::string run_block(const Launch& launch, uint3 block_index, ThreadOrder order, uint64_t seed);
+
+}  // namespace mg_emu
