@@ -199,6 +199,9 @@ TEST_CASE("many ops in flight complete, and wait() orders the caller's stream", 
       tensors[static_cast<size_t>(i)].add_(1.0);
     }
   }
+  // The adds ran on `side`; the reads below copy on the device's current stream, which does not
+  // wait for `side` by itself (the CUDA emulation caught this test reading the last add too early).
+  cuda::synchronize(side);
   for (int i = 0; i < 16; ++i) {
     CHECK(works[static_cast<size_t>(i)]->is_completed());
     std::vector<double> v = values_of(tensors[static_cast<size_t>(i)]);
