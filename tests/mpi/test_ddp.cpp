@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 
+#include "core/cuda_allocator.h"
 #include "multigrad.h"
 #include "parallel/distributed.h"
 #include "parallel/distributed_data_parallel.h"
@@ -21,9 +22,22 @@ using namespace mg::parallel;
 
 namespace {
 
+// cpu, or cuda:<local rank> over the NCCL backend when MG_TEST_DEVICE=cuda (tests/mpi/CMakeLists.txt
+// runs the equivalence cases that way in the CUDA emulation build).
+Device test_device() {
+  static const Device device = [] {
+    const char* v = std::getenv("MG_TEST_DEVICE");
+    if (v == nullptr || std::string(v) != "cuda") return Device::cpu();
+    cuda::enable_backend();
+    return Device::cuda(detect_launch().local_rank);
+  }();
+  return device;
+}
+
 ProcessGroup test_group() {
   InitOptions options;
   options.timeout = std::chrono::seconds(60);
+  options.device = test_device();
   return init_process_group(options);
 }
 
@@ -72,12 +86,13 @@ std::vector<Tensor> train_single(const MakeOptimizer& make_opt, int world, int s
 std::vector<Tensor> train_ddp(ProcessGroup& pg, const MakeOptimizer& make_opt, int steps, int micro_steps,
                               DDPOptions options) {
   auto model = make_model(7);
+  model->to(pg.device());
   DistributedDataParallel ddp(*model, pg, options);
   auto opt = make_opt(ddp.parameters());
   for (int s = 0; s < steps; ++s) {
     auto [x, y] = global_batch(pg.size(), s);
-    Tensor mine_x = x.narrow(0, pg.rank() * kPerRank, kPerRank);
-    Tensor mine_y = y.narrow(0, pg.rank() * kPerRank, kPerRank);
+    Tensor mine_x = x.narrow(0, pg.rank() * kPerRank, kPerRank).to(pg.device());
+    Tensor mine_y = y.narrow(0, pg.rank() * kPerRank, kPerRank).to(pg.device());
     opt->zero_grad();
     int64_t micro = kPerRank / micro_steps;
     for (int m = 0; m < micro_steps; ++m) {
@@ -150,6 +165,7 @@ TEST_CASE("DDP on N ranks with batch B equals one process on batch N*B", "[mpi][
 TEST_CASE("DDP buckets: reverse order, several of them, rebuilt after the first pass", "[mpi][ddp]") {
   ProcessGroup pg = test_group();
   auto model = make_model(3);
+  model->to(pg.device());
   DistributedDataParallel ddp(*model, pg, tiny_buckets());
   auto layout = ddp.bucket_layout();
   REQUIRE(layout.size() >= 4);
@@ -157,7 +173,7 @@ TEST_CASE("DDP buckets: reverse order, several of them, rebuilt after the first 
   CHECK(layout.back().back() == "layers.0.weight");
   CHECK_FALSE(ddp.buckets_rebuilt());
   auto [x, y] = global_batch(pg.size(), 0);
-  nn::cross_entropy(ddp(x), y).backward();
+  nn::cross_entropy(ddp(x.to(pg.device())), y.to(pg.device())).backward();
   CHECK(ddp.buckets_rebuilt());
   CHECK(ddp.stats().backward_passes == 1);
   CHECK(ddp.stats().bytes == model->num_parameters() * 4);
