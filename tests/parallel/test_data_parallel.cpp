@@ -5,10 +5,12 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "core/cuda_allocator.h"
 #include "multigrad.h"
 #include "nn/nn.h"
 #include "optim/adam.h"
@@ -23,6 +25,24 @@ namespace {
 std::vector<Device> cpus(int n) {
   std::vector<Device> devices;
   for (int i = 0; i < n; ++i) devices.push_back(Device::cpu(i));
+  return devices;
+}
+
+// The devices of the equivalence tests: logical CPU devices, or cuda:0..n-1 when
+// MG_TEST_DEVICE=cuda (the CUDA emulation build runs them so on 2 and 4 emulated GPUs).
+bool on_cuda() {
+  static const bool cuda = [] {
+    const char* v = std::getenv("MG_TEST_DEVICE");
+    if (v == nullptr || std::string(v) != "cuda") return false;
+    cuda::enable_backend();
+    return true;
+  }();
+  return cuda;
+}
+std::vector<Device> test_devices(int n) {
+  if (!on_cuda()) return cpus(n);
+  std::vector<Device> devices;
+  for (int i = 0; i < n; ++i) devices.push_back(Device::cuda(i));
   return devices;
 }
 
@@ -257,14 +277,16 @@ TEST_CASE("DataParallel gradients equal one device's, for even and uneven splits
   for (const Case& c : cases) {
     INFO(c.devices << " devices, batch " << c.batch);
     manual_seed(7);
+    const std::vector<Device> devices = test_devices(c.devices);
     SmallCNN net;
+    net.to(devices[0]);
     std::shared_ptr<nn::Module> single = net.clone();
-    parallel::DataParallel dp(net, cpus(c.devices));
-    Tensor x = randn({c.batch, 1, 8, 8});
-    Tensor y = randint(0, 5, {c.batch});
+    parallel::DataParallel dp(net, devices);
+    Tensor x = randn({c.batch, 1, 8, 8}).to(devices[0]);
+    Tensor y = randint(0, 5, {c.batch}).to(devices[0]);
 
     Tensor out = dp(x);
-    CHECK(out.device() == Device::cpu(0));
+    CHECK(out.device() == devices[0]);
     CHECK(dp.last_timings().replicas == static_cast<int>(c.rows.size()));
     Tensor expected_out = single->forward(x);
     CHECK(relative_error(out, expected_out) < 1e-5);
@@ -275,7 +297,7 @@ TEST_CASE("DataParallel gradients equal one device's, for even and uneven splits
     for (size_t i = 0; i < got.size(); ++i) {
       INFO(got[i].first);
       REQUIRE(got[i].second.grad().defined());
-      CHECK(got[i].second.grad().device() == Device::cpu(0));
+      CHECK(got[i].second.grad().device() == devices[0]);
       CHECK(relative_error(got[i].second.grad(), want[i].second.grad()) < 1e-5);
     }
   }
@@ -288,9 +310,11 @@ TEST_CASE("K optimizer steps with DataParallel give one device's parameters", "[
   for (const std::string optimizer : {"sgd-momentum", "adamw"}) {
     INFO(optimizer);
     manual_seed(11);
+    const std::vector<Device> devices = test_devices(on_cuda() ? 4 : 3);
     SmallCNN net;
+    net.to(devices[0]);
     std::shared_ptr<nn::Module> single = net.clone(), start = net.clone();
-    parallel::DataParallel dp(net, cpus(3));
+    parallel::DataParallel dp(net, devices);
     auto make = [&](std::vector<Tensor> params) -> std::unique_ptr<optim::Optimizer> {
       if (optimizer == "adamw")
         return std::make_unique<optim::AdamW>(params, optim::AdamWOptions{.lr = 1e-2, .weight_decay = 0.01});
@@ -299,8 +323,8 @@ TEST_CASE("K optimizer steps with DataParallel give one device's parameters", "[
     auto dp_opt = make(dp.parameters());  // the wrapped module's own parameters
     auto single_opt = make(single->parameters());
     for (int step = 0; step < kSteps; ++step) {
-      Tensor x = randn({kBatch, 1, 8, 8});
-      Tensor y = randint(0, 5, {kBatch});
+      Tensor x = randn({kBatch, 1, 8, 8}).to(devices[0]);
+      Tensor y = randint(0, 5, {kBatch}).to(devices[0]);
       dp_opt->zero_grad();
       cross_entropy(dp(x), y).backward();
       dp_opt->step();
