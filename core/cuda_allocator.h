@@ -4,14 +4,10 @@
 // Switching on. Registering the backend (core/allocator.h's DeviceBackend) is
 // what makes Device::cuda(i) tensors possible, and what makes
 // parallel::init_process_group() and the examples choose cuda:<local rank>.
-// It therefore happens automatically at library load only once the CUDA path
-// can run the examples end to end (kCudaKernelsCoverExamples in
-// core/cuda_allocator.cu, false today: every op the examples use has a CUDA
-// kernel, but none has run on a GPU yet and DDP on CUDA tensors needs the NCCL
-// process group). Until then it happens when asked:
-//   - mg::cuda::enable_backend() (the gpu tests call it), or
-//   - MG_CUDA_BACKEND=1 in the environment (at library load),
-// and an op without a CUDA kernel then fails with an error naming the op.
+// It happens automatically at library load whenever a usable GPU is present
+// (as in every framework); MG_CUDA_BACKEND=0 in the environment opts out, and
+// mg::cuda::enable_backend() registers it by hand (a no-op when registered).
+// An op without a CUDA kernel fails with an error naming the op.
 #pragma once
 
 #include "core/allocator.h"
