@@ -111,30 +111,87 @@ endforeach()
 set(MG_HAS_CUDNN OFF)
 set(MG_HAS_NCCL OFF)
 
+# _mg_python_wheel_dirs(<out>): every <site-packages>/nvidia/{cudnn,nccl,cu13,cu12} folder, in
+# <out>; the CUDA major version each was built for, in the parallel list <out>_CUDA_MAJORS ("?"
+# when it can't be told), and the wheel it came from, in <out>_DISTS ("?" when unknown). The
+# major comes from the folder's name (nvidia/cu13) or else from the wheel's metadata next to
+# nvidia/ (nvidia_cudnn_cu12-9.1.0.70.dist-info claims nvidia/cudnn/...); when wheels for two
+# CUDA majors both claim the folder, the one whose RECORD sizes match the files on disk wins.
 function(_mg_python_wheel_dirs out)
   find_program(MG_PYTHON3 NAMES python3 python)
   set(_dirs "")
+  set(_majors "")
+  set(_dists "")
   if(MG_PYTHON3)
-    # Every sys.path / site-packages entry that has nvidia/<pkg>; no import needed.
+    # No import of the packages needed: only sys.path, the folders and the dist-info files.
     execute_process(COMMAND "${MG_PYTHON3}" -c [=[
-import os, site, sys
+import os, re, site, sys
 paths = list(sys.path)
 try:
     paths += site.getsitepackages() + [site.getusersitepackages()]
 except Exception:
     pass
+
+def wheel_of(sp, sub):
+    """(cuda major, wheel name) of the nvidia-<sub>-cuNN wheel that installed sp/nvidia/<sub>."""
+    m = re.fullmatch(r"cu(\d+)", sub)
+    if m:
+        return m.group(1), "nvidia/" + sub
+    try:
+        names = os.listdir(sp)
+    except OSError:
+        return "?", "?"
+    found = []   # (major, dist-info name, RECORD rows under nvidia/<sub>/)
+    for n in names:
+        m = re.fullmatch(r"nvidia[-_]%s[-_]cu(\d+)-.*\.dist-info" % re.escape(sub), n, re.I)
+        if not m:
+            continue
+        rows = []
+        try:
+            with open(os.path.join(sp, n, "RECORD"), encoding="utf-8", errors="replace") as f:
+                for line in f:
+                    parts = line.strip().rsplit(",", 2)
+                    if len(parts) == 3 and parts[0].startswith("nvidia/%s/" % sub):
+                        rows.append((parts[0], parts[2]))
+        except OSError:
+            pass
+        found.append((m.group(1), n[: -len(".dist-info")], rows))
+    if len({f[0] for f in found}) > 1:
+        # Wheels for two CUDA majors wrote into one folder: keep the one whose files are there.
+        def intact(rows):
+            sized = [(p, s) for p, s in rows if s.isdigit()]
+            return bool(sized) and all(
+                os.path.isfile(os.path.join(sp, p)) and os.path.getsize(os.path.join(sp, p)) == int(s)
+                for p, s in sized)
+        found = [f for f in found if intact(f[2])] or found
+    majors = {f[0] for f in found}
+    if len(majors) == 1:
+        return majors.pop(), found[0][1]
+    return "?", "+".join(sorted(f[1] for f in found)) or "?"
+
 seen = set()
 for p in paths:
     for sub in ("cudnn", "nccl", "cu13", "cu12"):
         d = os.path.join(p or ".", "nvidia", sub)
-        if os.path.isdir(d) and d not in seen:
-            seen.add(d)
-            print(os.path.realpath(d))
+        r = os.path.realpath(d)
+        if os.path.isdir(d) and r not in seen:
+            seen.add(r)
+            major, dist = wheel_of(p or ".", sub)
+            print("%s|%s|%s" % (r, major, dist))
 ]=]
       OUTPUT_VARIABLE _out ERROR_QUIET OUTPUT_STRIP_TRAILING_WHITESPACE TIMEOUT 30)
-    string(REPLACE "\n" ";" _dirs "${_out}")
+    string(REPLACE "\n" ";" _lines "${_out}")
+    foreach(_line IN LISTS _lines)
+      if(_line MATCHES "^(.+)\\|([^|]*)\\|([^|]*)$")
+        list(APPEND _dirs "${CMAKE_MATCH_1}")
+        list(APPEND _majors "${CMAKE_MATCH_2}")
+        list(APPEND _dists "${CMAKE_MATCH_3}")
+      endif()
+    endforeach()
   endif()
   set(${out} "${_dirs}" PARENT_SCOPE)
+  set(${out}_CUDA_MAJORS "${_majors}" PARENT_SCOPE)
+  set(${out}_DISTS "${_dists}" PARENT_SCOPE)
 endfunction()
 
 # mg_find_cuda_package(<CUDNN|NCCL> <option> <header> <wheel-subdir> <lib names...>)
@@ -151,10 +208,54 @@ function(mg_find_cuda_package name enabled header wheel_sub)
     return()
   endif()
   set(roots ${${name}_ROOT} $ENV{${name}_ROOT} ${CUDAToolkit_LIBRARY_ROOT} ${CUDAToolkit_INCLUDE_DIRS}/..)
+  # Wheels built for another CUDA major than this toolkit's are left out: a cu12 cuDNN in a
+  # CUDA 13 build links but fails at load time (libcudart.so.12/libcublas.so.12 not found).
+  set(cuda_major "${CUDAToolkit_VERSION_MAJOR}")
+  if(cuda_major STREQUAL "" AND CMAKE_CUDA_COMPILER_VERSION MATCHES "^([0-9]+)")
+    set(cuda_major "${CMAKE_MATCH_1}")
+  endif()
+  set(skipped "")
+  list(LENGTH MG_NVIDIA_WHEEL_DIRS n_wheel_dirs)
+  list(LENGTH MG_NVIDIA_WHEEL_DIRS_CUDA_MAJORS n_wheel_majors)
+  set(i 0)
   foreach(d IN LISTS MG_NVIDIA_WHEEL_DIRS)
-    if(d MATCHES "/nvidia/(${wheel_sub}|cu[0-9]+)$")
-      list(APPEND roots "${d}")
+    set(wheel_major "?")
+    set(wheel "?")
+    if(n_wheel_majors EQUAL n_wheel_dirs)
+      list(GET MG_NVIDIA_WHEEL_DIRS_CUDA_MAJORS ${i} wheel_major)
+      list(GET MG_NVIDIA_WHEEL_DIRS_DISTS ${i} wheel)
     endif()
+    math(EXPR i "${i} + 1")
+    if(NOT d MATCHES "/nvidia/(${wheel_sub}|cu[0-9]+)$")
+      continue()
+    endif()
+    if(NOT wheel_major STREQUAL "?" AND NOT cuda_major STREQUAL "" AND
+       NOT wheel_major STREQUAL cuda_major)
+      message(STATUS "multigrad: ${pretty}: skipping the python wheel ${wheel} at ${d}: it was built "
+                     "for CUDA ${wheel_major}, this build uses CUDA ${cuda_major} (CUDA toolkit "
+                     "${CUDAToolkit_VERSION}); pip install nvidia-${wheel_sub}-cu${cuda_major} to use a wheel")
+      list(APPEND skipped "${d}")
+      continue()
+    endif()
+    if(wheel_major STREQUAL "?")
+      message(STATUS "multigrad: ${pretty}: the python wheel folder ${d} does not say which CUDA major "
+                     "it was built for (wheel: ${wheel}); using it as is")
+    endif()
+    list(APPEND roots "${d}")
+  endforeach()
+  # A result cached by an earlier configure from a wheel now skipped is looked up again.
+  foreach(var MG_${name}_INCLUDE_DIR MG_${name}_LIBRARY)
+    foreach(d IN LISTS skipped)
+      if(${var})
+        get_filename_component(real "${${var}}" REALPATH)
+        string(FIND "${real}/" "${d}/" at)
+        if(at EQUAL 0)
+          message(STATUS "multigrad: ${pretty}: forgetting the cached ${var}=${${var}} (from the skipped wheel)")
+          unset(${var} CACHE)
+          unset(${var})
+        endif()
+      endif()
+    endforeach()
   endforeach()
   find_path(MG_${name}_INCLUDE_DIR ${header} HINTS ${roots} ${CUDAToolkit_INCLUDE_DIRS}
             PATH_SUFFIXES include)
@@ -180,8 +281,13 @@ function(mg_find_cuda_package name enabled header wheel_sub)
     set(MG_HAS_${name} ON PARENT_SCOPE)
     message(STATUS "multigrad: ${pretty} ${ver} found at ${MG_${name}_LIBRARY} (${header} in ${MG_${name}_INCLUDE_DIR})")
   else()
+    set(why "")
+    if(skipped)
+      list(LENGTH skipped n_skipped)
+      set(why "; ${n_skipped} python wheel folder(s) skipped: built for another CUDA major than ${cuda_major}")
+    endif()
     message(STATUS "multigrad: ${pretty} not found (looked in ${name}_ROOT, the CUDA toolkit, "
-                   "system paths and python site-packages/nvidia/${wheel_sub})")
+                   "system paths and python site-packages/nvidia/${wheel_sub}${why})")
   endif()
 endfunction()
 

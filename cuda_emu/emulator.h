@@ -31,7 +31,7 @@ struct Launch {
 cudaError_t launch(Launch launch);
 
 // Static __shared__ bytes a kernel declares are not visible to the emulator (they live in
-// thread-local storage); a kernel's launch helper may state them for the 48 KiB check.
+// thread-local storage), so the 48 KiB check counts dynamic shared memory only.
 struct Counters {
   uint64_t kernel_launches = 0;    // grids enqueued
   uint64_t host_syncs = 0;         // the host waited for the device: stream/event/device synchronise,

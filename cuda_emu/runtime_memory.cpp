@@ -5,8 +5,8 @@
 // Behind the last requested byte of every device allocation lie at least 256 guard bytes of a
 // known pattern; after each kernel the runtime checks them, so a kernel that writes past the end
 // of an allocation (an off-by-one tail) is reported, naming the kernel. Reads past the end and
-// writes into a neighbouring allocation of the caching allocator's blocks are not seen
-// (MG_CUDA_NO_CACHING=1 gives every tensor its own allocation).
+// writes into a neighbouring block the caching allocator carved from the same allocation are not
+// seen.
 // The runtime keeps every live allocation in an ordered map, so it can answer what the real one
 // answers through cudaPointerGetAttributes: is this pointer device memory, of which device, or
 // pinned host memory, or neither. Copies check their direction against that: a host pointer

@@ -75,8 +75,8 @@ void run_stream(CUstream_st* s) {
     std::string failure;
     try {
       task.second();
-    } catch (const std::exception& e) {
-      failure = std::string(task.first) + ": " + e.what();
+    } catch (const std::exception& e) {  // a kernel's fault already names the kernel
+      failure = std::strcmp(task.first, "kernel") == 0 ? std::string(e.what()) : std::string(task.first) + ": " + e.what();
     }
     std::lock_guard<std::mutex> lock(s->mutex);
     if (!failure.empty()) {

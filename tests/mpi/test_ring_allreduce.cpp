@@ -139,8 +139,9 @@ const ReduceOp kOps[] = {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::
 const DType kDtypes[] = {DType::f32, DType::f64, DType::bf16, DType::f16};
 
 // One case on every rank: ring and native on copies of the same data, both checked against the
-// reference. Integer data: ring == native bit for bit (avg too: both divide the same exact sum by
-// the same scaling kernel). Real data: both within the rounding bound of the reference.
+// reference. Integer data: ring == native bit for bit (over MPI avg too: both divide the same exact
+// sum by the same scaling kernel; NCCL's avg premultiplies, see below). Real data: both within the
+// rounding bound of the reference.
 void check_case(uint64_t seed, int64_t numel, DType dtype, ReduceOp op, Data data, size_t chunk_bytes) {
   ProcessGroup& pg = group();
   CAPTURE(seed, numel, dtype_name(dtype), reduce_op_name(op), chunk_bytes, data == Data::Integers);
