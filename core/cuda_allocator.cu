@@ -63,7 +63,6 @@
 namespace mg::cuda {
 namespace {
 
-
 constexpr size_t kSmallLimit = size_t(1) << 20;  // 1 MiB
 constexpr size_t kSmallRound = 512;
 constexpr size_t kLargeRound = size_t(1) << 20;

@@ -73,7 +73,8 @@ struct PooledStack {
       t_stacks.free.pop_back();
     } else {
       const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-      void* m = mmap(nullptr, stack_bytes() + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      void* m =
+          mmap(nullptr, stack_bytes() + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
       if (m == MAP_FAILED) throw std::bad_alloc();
       mprotect(m, page, PROT_NONE);  // a stack overflow faults instead of corrupting a neighbour
       base = static_cast<char*>(m) + page;
@@ -104,7 +105,7 @@ struct EmuThread {
   const char* wait_op = "";  // where it waits
   const char* wait_file = "";
   int wait_line = 0;
-  std::vector<PendingCopy> open_copies;                  // cp.async not yet committed
+  std::vector<PendingCopy> open_copies;                    // cp.async not yet committed
   std::vector<std::vector<PendingCopy>> committed_copies;  // committed groups, oldest first
   size_t landed_groups = 0;                                // committed_copies[0 .. landed) are done
 };
@@ -192,7 +193,8 @@ ctx::fiber runner(ctx::fiber&& scheduler) {
   Block& b = *t_block;
   b.scheduler = std::move(scheduler);
   while (b.fault.empty()) {
-    while (b.next_unstarted < b.order.size() && b.threads[b.order[b.next_unstarted]].state != State::unstarted)
+    while (b.next_unstarted < b.order.size() &&
+           b.threads[b.order[b.next_unstarted]].state != State::unstarted)
       ++b.next_unstarted;
     if (b.next_unstarted == b.order.size()) break;
     run_thread(b, b.threads[b.order[b.next_unstarted++]]);
@@ -303,9 +305,10 @@ std::string run_block(const Launch& launch, uint3 block_index, ThreadOrder order
     if (b.at_barrier == b.live) {
       open_block_barrier(b);
     } else if (!progressed) {
-      b.fault = "no thread of the block can proceed (a collective waits for lanes that wait elsewhere or "
-                "have exited): " +
-                describe_waits(b);
+      b.fault =
+          "no thread of the block can proceed (a collective waits for lanes that wait elsewhere or "
+          "have exited): " +
+          describe_waits(b);
     }
   }
   t_block = outer;
@@ -338,8 +341,8 @@ void warp_collective(const char* op, uint32_t mask, int arg, const uint32_t* in,
   const uint32_t existing = lanes_here == 32 ? 0xffffffffu : ((1u << lanes_here) - 1u);
   char text[256];
   if ((mask & (1u << lane)) == 0) {
-    std::snprintf(text, sizeof text, "%s with mask 0x%08x called by lane %d, which the mask does not name", op,
-                  mask, lane);
+    std::snprintf(text, sizeof text, "%s with mask 0x%08x called by lane %d, which the mask does not name",
+                  op, mask, lane);
     device_fault(text, file, line);
   }
   if ((mask & ~existing) != 0) {
@@ -361,9 +364,10 @@ void warp_collective(const char* op, uint32_t mask, int arg, const uint32_t* in,
     if (g.mask == mask && g.name == op && g.arg == arg) {
       group = &g;
     } else if (g.mask & mask) {
-      std::snprintf(text, sizeof text,
-                    "lanes of warp %d disagree: %s with mask 0x%08x here, %s with mask 0x%08x (arg %d vs %d) at %s",
-                    warp_index, op, mask, g.name, g.mask, arg, g.arg, where(g.file, g.line).c_str());
+      std::snprintf(
+          text, sizeof text,
+          "lanes of warp %d disagree: %s with mask 0x%08x here, %s with mask 0x%08x (arg %d vs %d) at %s",
+          warp_index, op, mask, g.name, g.mask, arg, g.arg, where(g.file, g.line).c_str());
       device_fault(text, file, line);
     }
   }
@@ -431,17 +435,19 @@ void complete_ballot(WarpLane (&lanes)[32], uint32_t mask, int) {
 uint64_t shuffle(ShuffleKind kind, uint32_t mask, uint64_t value, int lane_arg, int width, const char* name,
                  const char* file, int line) {
   if (width < 1 || width > 32 || (width & (width - 1)) != 0) {
-    device_fault((std::string(name) + ": width " + std::to_string(width) + " is not a power of 2 in 1..32").c_str(),
-                 file, line);
+    device_fault(
+        (std::string(name) + ": width " + std::to_string(width) + " is not a power of 2 in 1..32").c_str(),
+        file, line);
   }
   const uint32_t in[3] = {static_cast<uint32_t>(value), static_cast<uint32_t>(value >> 32),
                           static_cast<uint32_t>(lane_arg)};
   uint32_t out[3];
-  warp_collective(name, mask, static_cast<int>(kind) * 64 + width, in, 3, out, 3, complete_shuffle, file, line);
+  warp_collective(name, mask, static_cast<int>(kind) * 64 + width, in, 3, out, 3, complete_shuffle, file,
+                  line);
   if (out[2] != 0) {
     char text[200];
-    std::snprintf(text, sizeof text, "%s with mask 0x%08x reads lane %u, which the mask does not name", name, mask,
-                  out[2] - 1);
+    std::snprintf(text, sizeof text, "%s with mask 0x%08x reads lane %u, which the mask does not name", name,
+                  mask, out[2] - 1);
     device_fault(text, file, line);
   }
   return uint64_t(out[0]) | (uint64_t(out[1]) << 32);
@@ -464,9 +470,10 @@ uint32_t shared_address_of(const void* p, const char* file, int line) {
   block();
   const unsigned char* c = static_cast<const unsigned char*>(p);
   if (c < t_dynamic_shared.data() || c >= t_dynamic_shared.data() + t_dynamic_shared.size()) {
-    device_fault("__cvta_generic_to_shared: the pointer is not in the block's dynamic shared memory (the emulator "
-                 "gives 32-bit shared addresses to dynamic shared memory only)",
-                 file, line);
+    device_fault(
+        "__cvta_generic_to_shared: the pointer is not in the block's dynamic shared memory (the emulator "
+        "gives 32-bit shared addresses to dynamic shared memory only)",
+        file, line);
   }
   return static_cast<uint32_t>(c - t_dynamic_shared.data());
 }
@@ -475,8 +482,8 @@ unsigned char* shared_pointer_of(uint32_t address, int bytes, const char* file, 
   block();
   if (static_cast<size_t>(address) + static_cast<size_t>(bytes) > t_dynamic_shared.size()) {
     char text[160];
-    std::snprintf(text, sizeof text, "shared address 0x%x (+%d bytes) is outside the block's %zu bytes", address,
-                  bytes, t_dynamic_shared.size());
+    std::snprintf(text, sizeof text, "shared address 0x%x (+%d bytes) is outside the block's %zu bytes",
+                  address, bytes, t_dynamic_shared.size());
     device_fault(text, file, line);
   }
   return t_dynamic_shared.data() + address;

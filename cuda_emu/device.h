@@ -80,8 +80,8 @@ void cp_async_wait(int pending_groups_allowed);
 // ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16 and mma.sync.aligned.m16n8k16.row.col
 // (f32 accumulators, bf16 or f16 inputs) from the PTX ISA's fragment layouts (ptx.cpp).
 void ldmatrix_x4(uint32_t (&r)[4], uint32_t shared_address, bool trans, const char* file, int line);
-void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, bool bf16, const char* file,
-                  int line);
+void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, bool bf16,
+                  const char* file, int line);
 
 // A kernel-side error: stops the launch and reports kernel, block, thread and `what`.
 [[noreturn]] void device_fault(const char* what, const char* file, int line);
@@ -130,8 +130,8 @@ inline int __all_sync(unsigned mask, int predicate, const char* file = __builtin
 template <class T>
 T __shfl_sync(unsigned mask, T var, int src_lane, int width = 32, const char* file = __builtin_FILE(),
               int line = __builtin_LINE()) {
-  return mg_emu::from_bits<T>(mg_emu::shuffle(mg_emu::ShuffleKind::index, mask, mg_emu::to_bits(var), src_lane,
-                                              width, "__shfl_sync", file, line));
+  return mg_emu::from_bits<T>(mg_emu::shuffle(mg_emu::ShuffleKind::index, mask, mg_emu::to_bits(var),
+                                              src_lane, width, "__shfl_sync", file, line));
 }
 template <class T>
 T __shfl_up_sync(unsigned mask, T var, unsigned delta, int width = 32, const char* file = __builtin_FILE(),
@@ -143,13 +143,14 @@ template <class T>
 T __shfl_down_sync(unsigned mask, T var, unsigned delta, int width = 32, const char* file = __builtin_FILE(),
                    int line = __builtin_LINE()) {
   return mg_emu::from_bits<T>(mg_emu::shuffle(mg_emu::ShuffleKind::down, mask, mg_emu::to_bits(var),
-                                              static_cast<int>(delta), width, "__shfl_down_sync", file, line));
+                                              static_cast<int>(delta), width, "__shfl_down_sync", file,
+                                              line));
 }
 template <class T>
 T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = 32, const char* file = __builtin_FILE(),
                   int line = __builtin_LINE()) {
-  return mg_emu::from_bits<T>(mg_emu::shuffle(mg_emu::ShuffleKind::bfly, mask, mg_emu::to_bits(var), lane_mask,
-                                              width, "__shfl_xor_sync", file, line));
+  return mg_emu::from_bits<T>(mg_emu::shuffle(mg_emu::ShuffleKind::bfly, mask, mg_emu::to_bits(var),
+                                              lane_mask, width, "__shfl_xor_sync", file, line));
 }
 
 // ---- atomics: really atomic across the worker threads that run blocks ---------------------------
@@ -171,7 +172,9 @@ inline T mg_emu_atomic_add(T* p, T v) {
 }
 inline int atomicAdd(int* p, int v) { return mg_emu_atomic_add(p, v); }
 inline unsigned atomicAdd(unsigned* p, unsigned v) { return mg_emu_atomic_add(p, v); }
-inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) { return mg_emu_atomic_add(p, v); }
+inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
+  return mg_emu_atomic_add(p, v);
+}
 inline float atomicAdd(float* p, float v) { return mg_emu_atomic_add(p, v); }
 inline double atomicAdd(double* p, double v) { return mg_emu_atomic_add(p, v); }
 inline int atomicSub(int* p, int v) { return __atomic_fetch_sub(p, v, __ATOMIC_RELAXED); }
@@ -195,11 +198,14 @@ inline T mg_emu_atomic_exch(T* p, T v) {
 }
 inline int atomicExch(int* p, int v) { return mg_emu_atomic_exch(p, v); }
 inline unsigned atomicExch(unsigned* p, unsigned v) { return mg_emu_atomic_exch(p, v); }
-inline unsigned long long atomicExch(unsigned long long* p, unsigned long long v) { return mg_emu_atomic_exch(p, v); }
+inline unsigned long long atomicExch(unsigned long long* p, unsigned long long v) {
+  return mg_emu_atomic_exch(p, v);
+}
 template <class T, class Better>
 inline T mg_emu_atomic_extreme(T* p, T v, Better better) {
   T old = __atomic_load_n(p, __ATOMIC_RELAXED);
-  while (better(v, old) && !__atomic_compare_exchange_n(p, &old, v, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+  while (better(v, old) &&
+         !__atomic_compare_exchange_n(p, &old, v, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
   }
   return old;
 }
@@ -213,11 +219,15 @@ inline T mg_emu_atomic_max(T* p, T v) {
 }
 inline int atomicMin(int* p, int v) { return mg_emu_atomic_min(p, v); }
 inline unsigned atomicMin(unsigned* p, unsigned v) { return mg_emu_atomic_min(p, v); }
-inline unsigned long long atomicMin(unsigned long long* p, unsigned long long v) { return mg_emu_atomic_min(p, v); }
+inline unsigned long long atomicMin(unsigned long long* p, unsigned long long v) {
+  return mg_emu_atomic_min(p, v);
+}
 inline long long atomicMin(long long* p, long long v) { return mg_emu_atomic_min(p, v); }
 inline int atomicMax(int* p, int v) { return mg_emu_atomic_max(p, v); }
 inline unsigned atomicMax(unsigned* p, unsigned v) { return mg_emu_atomic_max(p, v); }
-inline unsigned long long atomicMax(unsigned long long* p, unsigned long long v) { return mg_emu_atomic_max(p, v); }
+inline unsigned long long atomicMax(unsigned long long* p, unsigned long long v) {
+  return mg_emu_atomic_max(p, v);
+}
 inline long long atomicMax(long long* p, long long v) { return mg_emu_atomic_max(p, v); }
 inline unsigned atomicOr(unsigned* p, unsigned v) { return __atomic_fetch_or(p, v, __ATOMIC_RELAXED); }
 inline unsigned atomicAnd(unsigned* p, unsigned v) { return __atomic_fetch_and(p, v, __ATOMIC_RELAXED); }
@@ -233,7 +243,9 @@ inline float __uint_as_float(unsigned u) { return mg_emu::from_bits<float>(u); }
 inline unsigned __float_as_uint(float f) { return static_cast<unsigned>(mg_emu::to_bits(f)); }
 inline float __int_as_float(int i) { return mg_emu::from_bits<float>(static_cast<uint32_t>(i)); }
 inline int __float_as_int(float f) { return static_cast<int>(static_cast<uint32_t>(mg_emu::to_bits(f))); }
-inline double __longlong_as_double(long long i) { return mg_emu::from_bits<double>(static_cast<uint64_t>(i)); }
+inline double __longlong_as_double(long long i) {
+  return mg_emu::from_bits<double>(static_cast<uint64_t>(i));
+}
 inline long long __double_as_longlong(double d) { return static_cast<long long>(mg_emu::to_bits(d)); }
 // The _rn intrinsics are IEEE operations rounded to nearest even, never contracted into an FMA:
 // exactly what the host's SSE arithmetic does (the build compiles without -ffast-math or -mfma).
@@ -261,14 +273,18 @@ inline float __saturatef(float a) { return a != a ? 0.f : (a < 0.f ? 0.f : (a > 
 template <class A, class B>
 inline std::common_type_t<A, B> min(A a, B b) {
   using C = std::common_type_t<A, B>;
-  if constexpr (std::is_floating_point<C>::value) return std::fmin(C(a), C(b));
-  else return C(b) < C(a) ? C(b) : C(a);
+  if constexpr (std::is_floating_point<C>::value)
+    return std::fmin(C(a), C(b));
+  else
+    return C(b) < C(a) ? C(b) : C(a);
 }
 template <class A, class B>
 inline std::common_type_t<A, B> max(A a, B b) {
   using C = std::common_type_t<A, B>;
-  if constexpr (std::is_floating_point<C>::value) return std::fmax(C(a), C(b));
-  else return C(a) < C(b) ? C(b) : C(a);
+  if constexpr (std::is_floating_point<C>::value)
+    return std::fmax(C(a), C(b));
+  else
+    return C(a) < C(b) ? C(b) : C(a);
 }
 [[noreturn]] inline void __trap(const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
   mg_emu::device_fault("__trap() executed", file, line);

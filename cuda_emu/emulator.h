@@ -33,10 +33,10 @@ cudaError_t launch(Launch launch);
 // Static __shared__ bytes a kernel declares are not visible to the emulator (they live in
 // thread-local storage), so the 48 KiB check counts dynamic shared memory only.
 struct Counters {
-  uint64_t kernel_launches = 0;    // grids enqueued
-  uint64_t host_syncs = 0;         // the host waited for the device: stream/event/device synchronise,
-                                   // blocking cudaMemcpy, cudaMemcpyAsync to or from pageable memory
-  uint64_t device_mallocs = 0;     // cudaMalloc / cudaMallocAsync calls
+  uint64_t kernel_launches = 0;  // grids enqueued
+  uint64_t host_syncs = 0;       // the host waited for the device: stream/event/device synchronise,
+                                 // blocking cudaMemcpy, cudaMemcpyAsync to or from pageable memory
+  uint64_t device_mallocs = 0;   // cudaMalloc / cudaMallocAsync calls
   uint64_t bytes_host_to_device = 0;
   uint64_t bytes_device_to_host = 0;
 };

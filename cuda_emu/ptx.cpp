@@ -48,7 +48,8 @@ void complete_ldmatrix(WarpLane (&lanes)[32], uint32_t, int trans) {
   for (int l = 0; l < 32; ++l) {
     const int g = l / 4, t = l % 4;
     for (int j = 0; j < 4; ++j) {
-      lanes[l].out[j] = trans ? pack(m[j][2 * t][g], m[j][2 * t + 1][g]) : pack(m[j][g][2 * t], m[j][g][2 * t + 1]);
+      lanes[l].out[j] =
+          trans ? pack(m[j][2 * t][g], m[j][2 * t + 1][g]) : pack(m[j][g][2 * t], m[j][g][2 * t + 1]);
     }
   }
 }
@@ -91,8 +92,8 @@ void ldmatrix_x4(uint32_t (&r)[4], uint32_t shared_address, bool trans, const ch
                   complete_ldmatrix, file, line);
 }
 
-void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, bool bf16, const char* file,
-                  int line) {
+void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, bool bf16,
+                  const char* file, int line) {
   uint32_t in[10] = {a[0], a[1], a[2], a[3], b0, b1};
   for (int e = 0; e < 4; ++e) in[6 + e] = static_cast<uint32_t>(to_bits(d[e]));
   uint32_t out[4];

@@ -140,7 +140,8 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
 
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
   if (value == nullptr) return fail(cudaErrorInvalidValue, "cudaDeviceGetAttribute");
-  if (device < 0 || device >= mg_emu::device_count()) return fail(cudaErrorInvalidDevice, "cudaDeviceGetAttribute");
+  if (device < 0 || device >= mg_emu::device_count())
+    return fail(cudaErrorInvalidDevice, "cudaDeviceGetAttribute");
   switch (attr) {
     case cudaDevAttrComputeCapabilityMajor: *value = 9; return cudaSuccess;
     case cudaDevAttrComputeCapabilityMinor: *value = 0; return cudaSuccess;

@@ -40,7 +40,7 @@ int device_of_pointer(const void* p);
 // ---- shared by the runtime's own files (runtime_*.cpp, streams.cpp, launch.cpp) ----------------
 namespace mg_emu {
 
-int device_count();    // MG_EMU_GPUS, default 2
+int device_count();     // MG_EMU_GPUS, default 2
 size_t total_memory();  // per device, as an H200 reports it
 
 // Sets the calling thread's last error (cudaGetLastError) and returns `err`; when `why` is given

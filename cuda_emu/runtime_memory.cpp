@@ -43,7 +43,7 @@ struct Allocation {
 
 std::mutex g_mutex;
 std::map<uintptr_t, Allocation> g_allocations;  // by start address
-std::vector<size_t> g_used;                      // device bytes in use, per device
+std::vector<size_t> g_used;                     // device bytes in use, per device
 
 // The allocation holding [p, p + bytes), or nullptr. Caller holds g_mutex.
 const Allocation* find(const void* p, size_t bytes, uintptr_t* start = nullptr) {
@@ -70,7 +70,8 @@ void* allocate(size_t bytes, int device, Kind kind) {
   std::lock_guard<std::mutex> lock(g_mutex);
   g_allocations[reinterpret_cast<uintptr_t>(p)] = Allocation{bytes, device, kind};
   if (kind == Kind::device) {
-    if (g_used.size() < static_cast<size_t>(device_count())) g_used.resize(static_cast<size_t>(device_count()));
+    if (g_used.size() < static_cast<size_t>(device_count()))
+      g_used.resize(static_cast<size_t>(device_count()));
     g_used[static_cast<size_t>(device)] += bytes;
   }
   return p;
@@ -110,12 +111,14 @@ cudaError_t check_copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind&
   if (want_dst_dev != dst_dev || want_src_dev != src_dev) {
     auto side = [](bool want, bool is, const void* p, size_t n, const char* name) -> std::string {
       if (want == is) return "";
-      if (want) return std::string(name) + " " + hex(p) + " (+" + std::to_string(n) +
-                       " bytes) is not inside a device allocation; ";
+      if (want)
+        return std::string(name) + " " + hex(p) + " (+" + std::to_string(n) +
+               " bytes) is not inside a device allocation; ";
       return std::string(name) + " " + hex(p) + " is device memory; ";
     };
     return fail(cudaErrorInvalidValue, api,
-                side(want_dst_dev, dst_dev, dst, bytes, "destination") + side(want_src_dev, src_dev, src, bytes, "source") +
+                side(want_dst_dev, dst_dev, dst, bytes, "destination") +
+                    side(want_src_dev, src_dev, src, bytes, "source") +
                     "the copy's direction says otherwise");
   }
   return cudaSuccess;
@@ -129,8 +132,8 @@ cudaError_t copy_async(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
   if (err != cudaSuccess || bytes == 0) return err;
   count_copy(kind, bytes);
   if (kind == cudaMemcpyHostToDevice && !is_pinned_range(src, bytes)) {
-    auto staged = std::make_shared<std::vector<unsigned char>>(static_cast<const unsigned char*>(src),
-                                                                static_cast<const unsigned char*>(src) + bytes);
+    auto staged = std::make_shared<std::vector<unsigned char>>(
+        static_cast<const unsigned char*>(src), static_cast<const unsigned char*>(src) + bytes);
     enqueue(stream, api, [dst, staged] { std::memcpy(dst, staged->data(), staged->size()); });
     return cudaSuccess;
   }
@@ -282,7 +285,8 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
   return err == cudaSuccess ? err : fail(err, "cudaMemcpy");
 }
 
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream) {
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                            cudaStream_t stream) {
   return mg_emu::copy_async(dst, src, bytes, kind, stream, "cudaMemcpyAsync");
 }
 
@@ -290,7 +294,8 @@ cudaError_t cudaMemcpyPeerAsync(void* dst, int dst_device, const void* src, int 
                                 cudaStream_t stream) {
   if (bytes == 0) return cudaSuccess;
   if (mg_emu::device_of_pointer(dst) != dst_device || mg_emu::device_of_pointer(src) != src_device)
-    return fail(cudaErrorInvalidValue, "cudaMemcpyPeerAsync", "a pointer is not memory of the device named for it");
+    return fail(cudaErrorInvalidValue, "cudaMemcpyPeerAsync",
+                "a pointer is not memory of the device named for it");
   return mg_emu::copy_async(dst, src, bytes, cudaMemcpyDeviceToDevice, stream, "cudaMemcpyPeerAsync");
 }
 

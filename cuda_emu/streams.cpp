@@ -57,7 +57,7 @@ namespace mg_emu {
 namespace {
 
 std::mutex g_streams_mutex;
-std::vector<CUstream_st*> g_streams;  // every stream ever created (streams are never freed)
+std::vector<CUstream_st*> g_streams;   // every stream ever created (streams are never freed)
 std::map<int, CUstream_st*> g_legacy;  // device -> its legacy default stream
 std::atomic<uint64_t> g_launch_number{0};
 std::atomic<int> g_order{-2};  // -2: not read from MG_EMU_ORDER yet
@@ -76,7 +76,8 @@ void run_stream(CUstream_st* s) {
     try {
       task.second();
     } catch (const std::exception& e) {  // a kernel's fault already names the kernel
-      failure = std::strcmp(task.first, "kernel") == 0 ? std::string(e.what()) : std::string(task.first) + ": " + e.what();
+      failure = std::strcmp(task.first, "kernel") == 0 ? std::string(e.what())
+                                                       : std::string(task.first) + ": " + e.what();
     }
     std::lock_guard<std::mutex> lock(s->mutex);
     if (!failure.empty()) {
@@ -228,8 +229,11 @@ ThreadOrder next_order(uint64_t launch_number) {
   int o = g_order.load();
   if (o == -2) {
     const char* v = std::getenv("MG_EMU_ORDER");
-    o = !v ? -1 : std::strcmp(v, "forward") == 0 ? 0 : std::strcmp(v, "reverse") == 0 ? 1
-                                                   : std::strcmp(v, "shuffle") == 0 ? 2 : -1;
+    o = !v                               ? -1
+        : std::strcmp(v, "forward") == 0 ? 0
+        : std::strcmp(v, "reverse") == 0 ? 1
+        : std::strcmp(v, "shuffle") == 0 ? 2
+                                         : -1;
     g_order.store(o);
   }
   return static_cast<ThreadOrder>(o >= 0 ? o : static_cast<int>(launch_number % 3));
@@ -270,7 +274,8 @@ void enqueue(cudaStream_t stream, const char* what, std::function<void()> work) 
 }
 
 int stream_device(cudaStream_t stream) {
-  if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread) return current_device();
+  if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread)
+    return current_device();
   return stream_exists(stream) ? stream->device : -1;
 }
 
@@ -334,9 +339,10 @@ cudaError_t launch(Launch l) {
     err = cudaErrorInvalidValue;
     why = std::to_string(l.dynamic_shared_bytes) + " bytes of dynamic shared memory, but the kernel allows " +
           std::to_string(max_dynamic) +
-          (max_dynamic == 48 * 1024 ? " (48 KiB unless cudaFuncSetAttribute(cudaFuncAttributeMaxDynamicSharedMemorySize) "
-                                      "raises it, up to 227 KiB)"
-                                    : " (its cudaFuncAttributeMaxDynamicSharedMemorySize)");
+          (max_dynamic == 48 * 1024
+               ? " (48 KiB unless cudaFuncSetAttribute(cudaFuncAttributeMaxDynamicSharedMemorySize) "
+                 "raises it, up to 227 KiB)"
+               : " (its cudaFuncAttributeMaxDynamicSharedMemorySize)");
   } else if (!stream_exists(l.stream)) {
     err = cudaErrorInvalidResourceHandle;
     why = "unknown stream";
@@ -354,9 +360,11 @@ cudaError_t launch(Launch l) {
     grid->seed = number;
     grid->blocks = uint64_t(shared->grid.x) * shared->grid.y * shared->grid.z;
     workers().run(grid);
-    if (grid->failed.load()) throw std::runtime_error("kernel " + std::string(shared->kernel_name) + ", " + grid->fault);
+    if (grid->failed.load())
+      throw std::runtime_error("kernel " + std::string(shared->kernel_name) + ", " + grid->fault);
     const std::string overflow = check_guards(current_device());
-    if (!overflow.empty()) throw std::runtime_error("kernel " + std::string(shared->kernel_name) + " " + overflow);
+    if (!overflow.empty())
+      throw std::runtime_error("kernel " + std::string(shared->kernel_name) + " " + overflow);
   });
   return cudaSuccess;
 }
@@ -373,7 +381,9 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) 
   return cudaSuccess;
 }
 
-cudaError_t cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCreateWithFlags(stream, cudaStreamDefault); }
+cudaError_t cudaStreamCreate(cudaStream_t* stream) {
+  return cudaStreamCreateWithFlags(stream, cudaStreamDefault);
+}
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   if (!mg_emu::stream_exists(stream)) return fail(cudaErrorInvalidResourceHandle, "cudaStreamSynchronize");
@@ -390,7 +400,8 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
 }
 
 cudaError_t cudaStreamGetDevice(cudaStream_t stream, int* device) {
-  if (device == nullptr || !mg_emu::stream_exists(stream)) return fail(cudaErrorInvalidValue, "cudaStreamGetDevice");
+  if (device == nullptr || !mg_emu::stream_exists(stream))
+    return fail(cudaErrorInvalidValue, "cudaStreamGetDevice");
   *device = mg_emu::stream_device(stream);
   return cudaSuccess;
 }
@@ -413,7 +424,8 @@ cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int v
   if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize) {
     if (value < 0 || value > 227 * 1024)
       return fail(cudaErrorInvalidValue, "cudaFuncSetAttribute",
-                  std::to_string(value) + " bytes of dynamic shared memory: an H200 allows at most 227 KiB per block");
+                  std::to_string(value) +
+                      " bytes of dynamic shared memory: an H200 allows at most 227 KiB per block");
     std::lock_guard<std::mutex> lock(mg_emu::g_attr_mutex);
     mg_emu::g_max_dynamic_shared[func] = value;
     return cudaSuccess;
@@ -501,7 +513,8 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
   {
     std::lock_guard<std::mutex> lock(start->mutex);
     if (start->recorded == 0 || start->completed < start->recorded)
-      return fail(start->recorded ? cudaErrorNotReady : cudaErrorInvalidResourceHandle, "cudaEventElapsedTime");
+      return fail(start->recorded ? cudaErrorNotReady : cudaErrorInvalidResourceHandle,
+                  "cudaEventElapsedTime");
     a = start->when;
   }
   {

@@ -114,8 +114,8 @@ void im2col(const Conv2dGeometry& g, DType dtype, const void* image, void* colum
   cudaStream_t stream = mg::cuda::current_cuda_stream();
   visit_float(dtype, "im2col", [&](auto t) {
     using T = typename decltype(t)::type;
-    launch_kernel<im2col_kernel<T>>(grid_for(total), kThreads, 0, stream, 
-        make_params(g, images), static_cast<const T*>(image), static_cast<T*>(columns));
+    launch_kernel<im2col_kernel<T>>(grid_for(total), kThreads, 0, stream, make_params(g, images),
+                                    static_cast<const T*>(image), static_cast<T*>(columns));
   });
 }
 
@@ -126,8 +126,8 @@ void col2im(const Conv2dGeometry& g, DType dtype, const void* columns, void* ima
   cudaStream_t stream = mg::cuda::current_cuda_stream();
   visit_float(dtype, "col2im", [&](auto t) {
     using T = typename decltype(t)::type;
-    launch_kernel<col2im_kernel<T>>(grid_for(total), kThreads, 0, stream, 
-        make_params(g, images), static_cast<const T*>(columns), static_cast<T*>(image));
+    launch_kernel<col2im_kernel<T>>(grid_for(total), kThreads, 0, stream, make_params(g, images),
+                                    static_cast<const T*>(columns), static_cast<T*>(image));
   });
 }
 

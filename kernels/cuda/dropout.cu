@@ -72,9 +72,9 @@ void dropout_forward(DType dtype, const void* x, void* y, bool* mask, int64_t co
   visit_float(dtype, "dropout_forward", [&](auto t) {
     using T = typename decltype(t)::type;
     if (count == 0) return;
-    launch_kernel<forward_kernel<T>>(grid_for(count), kThreads, 0, stream, static_cast<const T*>(x), static_cast<T*>(y),
-                                                                mask, count, static_cast<float>(p),
-                                                                keep_scale(p), seed, call_offset);
+    launch_kernel<forward_kernel<T>>(grid_for(count), kThreads, 0, stream, static_cast<const T*>(x),
+                                     static_cast<T*>(y), mask, count, static_cast<float>(p), keep_scale(p),
+                                     seed, call_offset);
   });
 }
 
@@ -85,8 +85,8 @@ void dropout_backward(DType dtype, const void* grad_y, const bool* mask, void* g
   visit_float(dtype, "dropout_backward", [&](auto t) {
     using T = typename decltype(t)::type;
     if (count == 0) return;
-    launch_kernel<backward_kernel<T>>(grid_for(count), kThreads, 0, stream, 
-        static_cast<const T*>(grad_y), mask, static_cast<T*>(grad_x), count, keep_scale(p));
+    launch_kernel<backward_kernel<T>>(grid_for(count), kThreads, 0, stream, static_cast<const T*>(grad_y),
+                                      mask, static_cast<T*>(grad_x), count, keep_scale(p));
   });
 }
 

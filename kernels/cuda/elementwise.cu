@@ -663,9 +663,9 @@ void unary(UnaryOp op, const StridedView& in, const StridedView& out, double sca
     if constexpr (!std::is_same<T, bool>::value) {
       constexpr int V = pack_width<T>();
       const PackPlan plan = plan_packs<2>(oc, views, n, V);
-      launch_kernel<unary_kernel<T>>(grid_of(n, plan, V), kThreads, 0, stream(), 
-          static_cast<int>(op), oc, contiguous, plan, n, in.ptr<const T>(), out.ptr<T>(),
-          static_cast<calc_t<T>>(scalar));
+      launch_kernel<unary_kernel<T>>(grid_of(n, plan, V), kThreads, 0, stream(), static_cast<int>(op), oc,
+                                     contiguous, plan, n, in.ptr<const T>(), out.ptr<T>(),
+                                     static_cast<calc_t<T>>(scalar));
     }
   });
 }
@@ -693,10 +693,10 @@ void unary_backward(UnaryOp op, const StridedView& grad_out, const StridedView& 
   const OffsetCalc<3> oc = make_offset_calc<3>(views, &contiguous);
   visit_float(grad_out.dtype, name, [&](auto t) {
     using T = typename decltype(t)::type;
-    launch_kernel<unary_backward_kernel<T>>(grid_for(n, 4), kThreads, 0, stream(), 
-        static_cast<int>(op), oc, contiguous, n, grad_out.ptr<const T>(),
-        saved ? saved->ptr<const T>() : nullptr, use_output, grad_in.ptr<T>(),
-        static_cast<calc_t<T>>(scalar));
+    launch_kernel<unary_backward_kernel<T>>(grid_for(n, 4), kThreads, 0, stream(), static_cast<int>(op), oc,
+                                            contiguous, n, grad_out.ptr<const T>(),
+                                            saved ? saved->ptr<const T>() : nullptr, use_output,
+                                            grad_in.ptr<T>(), static_cast<calc_t<T>>(scalar));
   });
 }
 
@@ -734,9 +734,9 @@ void binary_impl(BinaryOp op, const StridedView& a, const StridedView* b, double
     // scalar path: rare, and leaving them out keeps the pack code small.
     const bool scalar_only = a.dtype == DType::boolean || (!b && to_bool && !is_floating(a.dtype));
     const PackPlan plan = scalar_only ? PackPlan{} : plan_packs<3>(oc, views, n, V);
-    launch_kernel<binary_kernel<T>>(grid_of(n, plan, V), kThreads, 0, stream(), 
-        static_cast<int>(op), to_bool, oc, contiguous, plan, n, a.ptr<const T>(),
-        b ? b->ptr<const T>() : nullptr, scalar, out.data);
+    launch_kernel<binary_kernel<T>>(grid_of(n, plan, V), kThreads, 0, stream(), static_cast<int>(op), to_bool,
+                                    oc, contiguous, plan, n, a.ptr<const T>(),
+                                    b ? b->ptr<const T>() : nullptr, scalar, out.data);
   });
 }
 }  // namespace
@@ -763,9 +763,9 @@ void axpby(const StridedView& a, double alpha, const StridedView& b, const Strid
     using T = typename decltype(t)::type;
     constexpr int V = pack_width<T>();
     const PackPlan plan = plan_packs<3>(oc, views, n, V);
-    launch_kernel<axpby_kernel<T>>(grid_of(n, plan, V), kThreads, 0, stream(), oc, contiguous, plan, n, a.ptr<const T>(),
-                                                                    static_cast<calc_t<T>>(alpha),
-                                                                    b.ptr<const T>(), out.ptr<T>());
+    launch_kernel<axpby_kernel<T>>(grid_of(n, plan, V), kThreads, 0, stream(), oc, contiguous, plan, n,
+                                   a.ptr<const T>(), static_cast<calc_t<T>>(alpha), b.ptr<const T>(),
+                                   out.ptr<T>());
   });
 }
 
@@ -783,8 +783,9 @@ void where(const StridedView& condition, const StridedView& a, const StridedView
   const OffsetCalc<4> oc = make_offset_calc<4>(views, &contiguous);
   visit_width(dtype_size(a.dtype), [&](auto t) {
     using W = typename decltype(t)::type;
-    launch_kernel<where_kernel<W>>(grid_for(n, 4), kThreads, 0, stream(), 
-        oc, contiguous, n, condition.ptr<const bool>(), a.ptr<const W>(), b.ptr<const W>(), out.ptr<W>());
+    launch_kernel<where_kernel<W>>(grid_for(n, 4), kThreads, 0, stream(), oc, contiguous, n,
+                                   condition.ptr<const bool>(), a.ptr<const W>(), b.ptr<const W>(),
+                                   out.ptr<W>());
   });
 }
 
@@ -813,8 +814,8 @@ void clamp(const StridedView& in, const StridedView& out, double lo, double hi) 
         h = hi_in <= min_v ? std::numeric_limits<C>::lowest()
                            : (hi_in >= -min_v ? std::numeric_limits<C>::max() : static_cast<C>(hi_in));
       }
-      launch_kernel<clamp_kernel<T>>(grid_for(n, 4), kThreads, 0, stream(), oc, contiguous, n, in.ptr<const T>(),
-                                                                 out.ptr<T>(), l, h, lo > hi);
+      launch_kernel<clamp_kernel<T>>(grid_for(n, 4), kThreads, 0, stream(), oc, contiguous, n,
+                                     in.ptr<const T>(), out.ptr<T>(), l, h, lo > hi);
     }
   });
 }
@@ -846,7 +847,8 @@ void fill(const StridedView& out, double value) {
     std::memcpy(&w, &bits, sizeof(W));
     constexpr int V = pack_width<W>();
     const PackPlan plan = plan_packs<1>(oc, views, n, V);
-    launch_kernel<fill_kernel<W>>(grid_of(n, plan, V), kThreads, 0, stream(), oc, contiguous, plan, n, out.ptr<W>(), w);
+    launch_kernel<fill_kernel<W>>(grid_of(n, plan, V), kThreads, 0, stream(), oc, contiguous, plan, n,
+                                  out.ptr<W>(), w);
   });
 }
 
@@ -858,7 +860,8 @@ void arange(const StridedView& out, double start, double step) {
   visit_all(out.dtype, [&](auto t) {
     using T = typename decltype(t)::type;
     if constexpr (!std::is_same<T, bool>::value)
-      launch_kernel<arange_kernel<T>>(grid_for(n, 4), kThreads, 0, stream(), n, out.strides[0], out.ptr<T>(), start, step);
+      launch_kernel<arange_kernel<T>>(grid_for(n, 4), kThreads, 0, stream(), n, out.strides[0], out.ptr<T>(),
+                                      start, step);
   });
 }
 
@@ -879,7 +882,8 @@ void copy(const StridedView& in, const StridedView& out) {
       using W = typename decltype(t)::type;
       constexpr int V = pack_width<W>();
       const PackPlan plan = plan_packs<2>(oc, views, n, V);
-      launch_kernel<move_kernel<W>>(grid_of(n, plan, V), kThreads, 0, stream(), oc, plan, n, in.ptr<const W>(), out.ptr<W>());
+      launch_kernel<move_kernel<W>>(grid_of(n, plan, V), kThreads, 0, stream(), oc, plan, n,
+                                    in.ptr<const W>(), out.ptr<W>());
     });
     return;
   }
@@ -894,14 +898,15 @@ void copy(const StridedView& in, const StridedView& out) {
         using From = typename decltype(from)::type;
         using To = typename decltype(to)::type;
         if constexpr (!std::is_same<From, To>::value) {
-          launch_kernel<convert_pack_kernel<From, To>>(grid_of(n, plan, V), kThreads, 0, stream(), 
-              oc, contiguous, plan, n, in.ptr<const From>(), out.ptr<To>());
+          launch_kernel<convert_pack_kernel<From, To>>(grid_of(n, plan, V), kThreads, 0, stream(), oc,
+                                                       contiguous, plan, n, in.ptr<const From>(),
+                                                       out.ptr<To>());
         }
       });
     });
   } else {
-    launch_kernel<convert_kernel>(grid_for(n, 4), kThreads, 0, stream(), oc, contiguous, n, in.data, in.dtype, out.data,
-                                                              out.dtype);
+    launch_kernel<convert_kernel>(grid_for(n, 4), kThreads, 0, stream(), oc, contiguous, n, in.data, in.dtype,
+                                  out.data, out.dtype);
   }
 }
 

@@ -105,8 +105,8 @@ void gather(DType dtype, const IndexShape& s, const void* input, const int64_t* 
   if (total == 0) return;
   auto launch = [&](auto word) {
     using W = typename decltype(word)::type;
-    launch_kernel<gather_kernel<W>>(grid_for(total), kThreads, 0, stream, s, static_cast<const W*>(input), indices,
-                                                               count, static_cast<W*>(out));
+    launch_kernel<gather_kernel<W>>(grid_for(total), kThreads, 0, stream, s, static_cast<const W*>(input),
+                                    indices, count, static_cast<W*>(out));
   };
   switch (dtype_size(dtype)) {
     case 1: launch(tag<Word<1>::type>{}); break;
@@ -161,8 +161,9 @@ void scatter_add(DType dtype, const char* what, const IndexShape& s, const void*
   visit_float(dtype, what, [&](auto t) {
     using T = typename decltype(t)::type;
     if (total == 0) return;
-    launch_kernel<scatter_add_kernel<T>>(grid_for(total), kThreads, 0, stream, 
-        s, static_cast<const T*>(grad_out), indices, count, skip, static_cast<T*>(grad_input));
+    launch_kernel<scatter_add_kernel<T>>(grid_for(total), kThreads, 0, stream, s,
+                                         static_cast<const T*>(grad_out), indices, count, skip,
+                                         static_cast<T*>(grad_input));
   });
 }
 

@@ -828,11 +828,12 @@ void allow_dynamic_smem(const void* kernel, int bytes) {
 // One of the four layout instantiations, with its shared-memory opt-in.
 template <class T, bool kAKContiguous, bool kBKContiguous>
 void launch_tensor_core_layout(const Problem& p, int64_t batch, cudaStream_t stream) {
-  allow_dynamic_smem(reinterpret_cast<const void*>(gemm_tensor_core<T, kAKContiguous, kBKContiguous>), kTcSmemBytes);
+  allow_dynamic_smem(reinterpret_cast<const void*>(gemm_tensor_core<T, kAKContiguous, kBKContiguous>),
+                     kTcSmemBytes);
   const unsigned tiles = tile_count(p.m, p.n, kTcTile, kTcTile, "tensor_core");
   for_each_batch_chunk(p, batch, sizeof(T), [&](const Problem& q, unsigned z) {
-    launch_kernel<gemm_tensor_core<T, kAKContiguous, kBKContiguous>>(dim3(tiles, 1, z), kTcThreads, kTcSmemBytes,
-                                                                      stream, q);
+    launch_kernel<gemm_tensor_core<T, kAKContiguous, kBKContiguous>>(dim3(tiles, 1, z), kTcThreads,
+                                                                     kTcSmemBytes, stream, q);
   });
 }
 
@@ -860,8 +861,8 @@ void launch_scale_c(const GemmArgs& g, cudaStream_t stream) {
   for (int64_t first = 0; first < g.batch; first += kMaxGridZ) {
     const unsigned z = static_cast<unsigned>(std::min(kMaxGridZ, g.batch - first));
     T* c = static_cast<T*>(g.c) + first * g.batch_stride_c;
-    launch_kernel<scale_c<T>>(dim3(blocks, 1, z), kThreads, 0, stream, c, int(g.m), int(g.n), g.ldc, g.batch_stride_c,
-                                                            static_cast<float>(g.beta));
+    launch_kernel<scale_c<T>>(dim3(blocks, 1, z), kThreads, 0, stream, c, int(g.m), int(g.n), g.ldc,
+                              g.batch_stride_c, static_cast<float>(g.beta));
   }
 }
 

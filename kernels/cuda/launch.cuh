@@ -69,7 +69,7 @@ void launch_kernel(dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stre
   launch.body = [params = Params(args...)] { std::apply(Kernel, params); };
   mg_emu::launch(std::move(launch));
 #else
-  Kernel<<<grid, block, shared_bytes, stream>>>(args...);
+  Kernel<<<grid, block, shared_bytes, stream> > >(args...);
 #endif
   MG_CUDA_CHECK_LAUNCH();
 }

@@ -149,9 +149,9 @@ void layer_norm_forward(DType dtype, const void* x, const void* weight, const vo
   visit_float(dtype, "layer_norm_forward", [&](auto t) {
     using T = typename decltype(t)::type;
     using S = stat_t<T>;
-    launch_kernel<forward_kernel<T>>(row_grid(rows), row_block(cols), 0, stream, 
-        static_cast<const T*>(x), static_cast<const T*>(weight), static_cast<const T*>(bias), rows, cols, eps,
-        static_cast<T*>(y), static_cast<S*>(mean), static_cast<S*>(rstd));
+    launch_kernel<forward_kernel<T>>(row_grid(rows), row_block(cols), 0, stream, static_cast<const T*>(x),
+                                     static_cast<const T*>(weight), static_cast<const T*>(bias), rows, cols,
+                                     eps, static_cast<T*>(y), static_cast<S*>(mean), static_cast<S*>(rstd));
   });
 }
 
@@ -169,13 +169,13 @@ void layer_norm_backward(DType dtype, const void* grad_y, const void* x, const v
     const S* mu = static_cast<const S*>(mean);
     const S* rs = static_cast<const S*>(rstd);
     if (rows > 0) {
-      launch_kernel<grad_x_kernel<T>>(row_grid(rows), row_block(cols), 0, stream, 
-          gy, xs, mu, rs, static_cast<const T*>(weight), rows, cols, static_cast<T*>(grad_x));
+      launch_kernel<grad_x_kernel<T>>(row_grid(rows), row_block(cols), 0, stream, gy, xs, mu, rs,
+                                      static_cast<const T*>(weight), rows, cols, static_cast<T*>(grad_x));
     }
     if (grad_weight || grad_bias) {  // rows == 0 still writes zeros, like the CPU
       const unsigned blocks = static_cast<unsigned>((cols + kColumnsPerBlock - 1) / kColumnsPerBlock);
-      launch_kernel<params_kernel<T>>(blocks, dim3(kColumnsPerBlock, kRowThreads), 0, stream, 
-          gy, xs, mu, rs, rows, cols, static_cast<T*>(grad_weight), static_cast<T*>(grad_bias));
+      launch_kernel<params_kernel<T>>(blocks, dim3(kColumnsPerBlock, kRowThreads), 0, stream, gy, xs, mu, rs,
+                                      rows, cols, static_cast<T*>(grad_weight), static_cast<T*>(grad_bias));
     }
   });
 }

@@ -295,10 +295,10 @@ void adam_common(const char* what, DType dtype, int64_t n, void* param, const vo
   if (n == 0) return;
   visit_param(dtype, what, [&](auto tg) {
     using T = typename decltype(tg)::type;
-    launch_kernel<adam_kernel<T>>(grid_for(n), kThreads, 0, mg::cuda::current_cuda_stream(), 
-        n, static_cast<T*>(param), static_cast<const T*>(grad), static_cast<T*>(exp_avg),
-        static_cast<T*>(exp_avg_sq), static_cast<T*>(max_exp_avg_sq), adam_scalars<T>(h, l2, decay),
-        adam_step_scalars<T>(h, h.step));
+    launch_kernel<adam_kernel<T>>(
+        grid_for(n), kThreads, 0, mg::cuda::current_cuda_stream(), n, static_cast<T*>(param),
+        static_cast<const T*>(grad), static_cast<T*>(exp_avg), static_cast<T*>(exp_avg_sq),
+        static_cast<T*>(max_exp_avg_sq), adam_scalars<T>(h, l2, decay), adam_step_scalars<T>(h, h.step));
   });
 }
 
@@ -340,9 +340,9 @@ void sgd_step(DType dtype, int64_t n, void* param, const void* grad, void* momen
   if (n == 0) return;
   visit_param(dtype, "sgd_step", [&](auto tg) {
     using T = typename decltype(tg)::type;
-    launch_kernel<sgd_kernel<T>>(grid_for(n), kThreads, 0, mg::cuda::current_cuda_stream(), 
-        n, static_cast<T*>(param), static_cast<const T*>(grad), static_cast<T*>(momentum_buffer), first_step,
-        sgd_scalars<T>(h));
+    launch_kernel<sgd_kernel<T>>(grid_for(n), kThreads, 0, mg::cuda::current_cuda_stream(), n,
+                                 static_cast<T*>(param), static_cast<const T*>(grad),
+                                 static_cast<T*>(momentum_buffer), first_step, sgd_scalars<T>(h));
   });
 }
 

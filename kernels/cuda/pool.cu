@@ -174,8 +174,8 @@ void max_pool2d_forward(const Pool2dGeometry& g, DType dtype, const void* input,
   cudaStream_t stream = mg::cuda::current_cuda_stream();
   visit_float(dtype, "max_pool2d_forward", [&](auto t) {
     using T = typename decltype(t)::type;
-    launch_kernel<max_forward_kernel<T>>(grid_for(total), kThreads, 0, stream, 
-        make_params(g), static_cast<const T*>(input), static_cast<T*>(output), argmax);
+    launch_kernel<max_forward_kernel<T>>(grid_for(total), kThreads, 0, stream, make_params(g),
+                                         static_cast<const T*>(input), static_cast<T*>(output), argmax);
   });
 }
 
@@ -188,8 +188,9 @@ void max_pool2d_backward(const Pool2dGeometry& g, DType dtype, const void* grad_
   cudaStream_t stream = mg::cuda::current_cuda_stream();
   visit_float(dtype, "max_pool2d_backward", [&](auto t) {
     using T = typename decltype(t)::type;
-    launch_kernel<max_backward_kernel<T>>(grid_for(total), kThreads, 0, stream, 
-        make_params(g), static_cast<const T*>(grad_output), argmax, static_cast<T*>(grad_input));
+    launch_kernel<max_backward_kernel<T>>(grid_for(total), kThreads, 0, stream, make_params(g),
+                                          static_cast<const T*>(grad_output), argmax,
+                                          static_cast<T*>(grad_input));
   });
 }
 
@@ -201,8 +202,9 @@ void avg_pool2d_forward(const Pool2dGeometry& g, DType dtype, const void* input,
   cudaStream_t stream = mg::cuda::current_cuda_stream();
   visit_float(dtype, "avg_pool2d_forward", [&](auto t) {
     using T = typename decltype(t)::type;
-    launch_kernel<avg_forward_kernel<T>>(grid_for(total), kThreads, 0, stream, 
-        make_params(g), static_cast<const T*>(input), static_cast<T*>(output), count_include_pad);
+    launch_kernel<avg_forward_kernel<T>>(grid_for(total), kThreads, 0, stream, make_params(g),
+                                         static_cast<const T*>(input), static_cast<T*>(output),
+                                         count_include_pad);
   });
 }
 
@@ -214,8 +216,9 @@ void avg_pool2d_backward(const Pool2dGeometry& g, DType dtype, const void* grad_
   cudaStream_t stream = mg::cuda::current_cuda_stream();
   visit_float(dtype, "avg_pool2d_backward", [&](auto t) {
     using T = typename decltype(t)::type;
-    launch_kernel<avg_backward_kernel<T>>(grid_for(total), kThreads, 0, stream, 
-        make_params(g), static_cast<const T*>(grad_output), static_cast<T*>(grad_input), count_include_pad);
+    launch_kernel<avg_backward_kernel<T>>(grid_for(total), kThreads, 0, stream, make_params(g),
+                                          static_cast<const T*>(grad_output), static_cast<T*>(grad_input),
+                                          count_include_pad);
   });
 }
 

@@ -210,9 +210,9 @@ void reduce(ReduceOp op, const ReduceShape& shape, const void* input, DType in_d
     using T = typename decltype(t)::type;
     using A = typename AccOf<T>::type;
     const size_t smem = sizeof(Partial<A>) * kThreads;
-    launch_kernel<reduce_kernel<T>>(grid, block, smem, mg::cuda::current_cuda_stream(), 
-        static_cast<int>(op), shape.outer, shape.reduce, shape.inner, static_cast<const T*>(input), output,
-        out_dtype, correction);
+    launch_kernel<reduce_kernel<T>>(grid, block, smem, mg::cuda::current_cuda_stream(), static_cast<int>(op),
+                                    shape.outer, shape.reduce, shape.inner, static_cast<const T*>(input),
+                                    output, out_dtype, correction);
   });
 }
 

@@ -234,11 +234,12 @@ void softmax_forward(DType dtype, const SoftmaxShape& s, const void* input, void
   visit_float(dtype, log ? "log_softmax" : "softmax", [&](auto t) {
     using T = typename decltype(t)::type;
     if (s.inner == 1) {
-      launch_kernel<softmax_rows_kernel<T>>(row_grid(s.outer), row_block(s.dim), 0, stream, 
-          s.outer, s.dim, static_cast<const T*>(input), static_cast<T*>(output), log);
+      launch_kernel<softmax_rows_kernel<T>>(row_grid(s.outer), row_block(s.dim), 0, stream, s.outer, s.dim,
+                                            static_cast<const T*>(input), static_cast<T*>(output), log);
     } else {
-      launch_kernel<softmax_columns_kernel<T>>(grid_for(s.outer * s.inner), kThreads, 0, stream, 
-          s.outer, s.dim, s.inner, static_cast<const T*>(input), static_cast<T*>(output), log);
+      launch_kernel<softmax_columns_kernel<T>>(grid_for(s.outer * s.inner), kThreads, 0, stream, s.outer,
+                                               s.dim, s.inner, static_cast<const T*>(input),
+                                               static_cast<T*>(output), log);
     }
   });
 }
@@ -253,9 +254,11 @@ void softmax_backward(DType dtype, const SoftmaxShape& s, const void* grad_outpu
     const T* y = static_cast<const T*>(output);
     T* gx = static_cast<T*>(grad_input);
     if (s.inner == 1) {
-      launch_kernel<softmax_backward_rows_kernel<T>>(row_grid(s.outer), row_block(s.dim), 0, stream, s.outer, s.dim, gy, y, gx, log);
+      launch_kernel<softmax_backward_rows_kernel<T>>(row_grid(s.outer), row_block(s.dim), 0, stream, s.outer,
+                                                     s.dim, gy, y, gx, log);
     } else {
-      launch_kernel<softmax_backward_columns_kernel<T>>(grid_for(s.outer * s.inner), kThreads, 0, stream, s.outer, s.dim, s.inner, gy, y, gx, log);
+      launch_kernel<softmax_backward_columns_kernel<T>>(grid_for(s.outer * s.inner), kThreads, 0, stream,
+                                                        s.outer, s.dim, s.inner, gy, y, gx, log);
     }
   });
 }
@@ -274,9 +277,9 @@ int64_t cross_entropy_forward(DType dtype, const void* logits, const int64_t* ta
   MG_CUDA_CHECK(cudaMemcpyAsync(status, init, sizeof(init), cudaMemcpyHostToDevice, stream));
   visit_float(dtype, "cross_entropy", [&](auto t) {
     using T = typename decltype(t)::type;
-    launch_kernel<cross_entropy_forward_kernel<T>>(row_grid(rows), row_block(classes), 0, stream, 
-        rows, classes, static_cast<const T*>(logits), targets, ignore_index, label_smoothing,
-        static_cast<T*>(losses), status);
+    launch_kernel<cross_entropy_forward_kernel<T>>(
+        row_grid(rows), row_block(classes), 0, stream, rows, classes, static_cast<const T*>(logits), targets,
+        ignore_index, label_smoothing, static_cast<T*>(losses), status);
   });
   unsigned long long result[2] = {0, 0};
   MG_CUDA_CHECK(cudaMemcpyAsync(result, status, sizeof(result), cudaMemcpyDeviceToHost, stream));
@@ -299,9 +302,9 @@ void cross_entropy_backward(DType dtype, const void* logits, const int64_t* targ
   cudaStream_t stream = mg::cuda::current_cuda_stream();
   visit_float(dtype, "cross_entropy backward", [&](auto t) {
     using T = typename decltype(t)::type;
-    launch_kernel<cross_entropy_backward_kernel<T>>(row_grid(rows), row_block(classes), 0, stream, 
-        rows, classes, static_cast<const T*>(logits), targets, ignore_index, label_smoothing,
-        static_cast<const T*>(grad_losses), static_cast<T*>(grad_logits));
+    launch_kernel<cross_entropy_backward_kernel<T>>(
+        row_grid(rows), row_block(classes), 0, stream, rows, classes, static_cast<const T*>(logits), targets,
+        ignore_index, label_smoothing, static_cast<const T*>(grad_losses), static_cast<T*>(grad_logits));
   });
 }
 

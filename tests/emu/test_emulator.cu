@@ -208,7 +208,8 @@ __global__ void ldmatrix_registers(const uint16_t* m, uint32_t* regs, bool trans
   for (int e = threadIdx.x; e < 256; e += 32) s[e] = m[e];
   __syncwarp();
   uint32_t r[4];
-  mg_emu::ldmatrix_x4(r, static_cast<uint32_t>(threadIdx.x * 16), trans, __FILE__, __LINE__);  // row l at 16 l
+  mg_emu::ldmatrix_x4(r, static_cast<uint32_t>(threadIdx.x * 16), trans, __FILE__,
+                      __LINE__);  // row l at 16 l
   for (int j = 0; j < 4; ++j) regs[threadIdx.x * 4 + j] = r[j];
 }
 
@@ -288,7 +289,7 @@ TEST_CASE("emulator: warp shuffles, ballot and atomics", "[emu]") {
   for (int l = 0; l < 32; ++l) want_ballot |= (vals[l] % 3 == 0 ? 1u : 0u) << l;
   for (int l = 0; l < 32; ++l) {
     CHECK(idx[l] == vals[31 - l]);
-    CHECK(up[l] == (l % 8 >= 3 ? vals[l - 3] : vals[l]));     // width 8: no crossing of segments
+    CHECK(up[l] == (l % 8 >= 3 ? vals[l - 3] : vals[l]));  // width 8: no crossing of segments
     CHECK(down[l] == (l + 5 < 32 ? vals[l + 5] : vals[l]));
     CHECK(ballot[l] == want_ballot);
   }
@@ -348,7 +349,8 @@ TEST_CASE("emulator: ldmatrix and mma.m16n8k16 against a plain matrix product", 
           // matrix j = rows 8j .. 8j+7 of m (row l of the 32 rows lies at 16 l bytes = 8 l elements)
           const int g = l / 4, t = l % 4;
           auto at = [&](int row, int col) { return uint32_t(8 * (8 * j + row) + col); };
-          const uint32_t lo = trans ? at(2 * t, g) : at(g, 2 * t), hi = trans ? at(2 * t + 1, g) : at(g, 2 * t + 1);
+          const uint32_t lo = trans ? at(2 * t, g) : at(g, 2 * t),
+                         hi = trans ? at(2 * t + 1, g) : at(g, 2 * t + 1);
           REQUIRE(r[l * 4 + j] == (lo | (hi << 16)));
         }
     }
@@ -401,7 +403,8 @@ TEST_CASE("emulator: launch configurations an H200 rejects are rejected", "[emu]
     REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
     CHECK(to_host(d, 32)[5] == 2.f);
     CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(uses_dynamic_shared),
-                               cudaFuncAttributeMaxDynamicSharedMemorySize, 228 * 1024) == cudaErrorInvalidValue);
+                               cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               228 * 1024) == cudaErrorInvalidValue);
     cudaGetLastError();
   }
   cudaFree(d);
@@ -419,14 +422,16 @@ TEST_CASE("emulator: kernel faults name the kernel, block and thread", "[emu]") 
   SECTION("a shuffle that reads a lane outside its mask") {
     const std::vector<float> in = random_floats(32, 6);
     float* d_in = to_device(in);
-    const std::string msg = expect_fault([&] { launch_kernel<partial_mask_shuffle>(1, 32, 0, nullptr, d_in, d); });
+    const std::string msg =
+        expect_fault([&] { launch_kernel<partial_mask_shuffle>(1, 32, 0, nullptr, d_in, d); });
     CHECK_THAT(msg, Catch::Contains("partial_mask_shuffle"));
     CHECK_THAT(msg, Catch::Contains("__shfl_xor_sync with mask 0x0000ffff reads lane 16"));
     cudaFree(d_in);
   }
   SECTION("an off-by-one tail writes past the allocation") {
     float* exact = device_alloc<float>(100);
-    const std::string msg = expect_fault([&] { launch_kernel<off_by_one_tail>(1, 128, 0, nullptr, exact, 100); });
+    const std::string msg =
+        expect_fault([&] { launch_kernel<off_by_one_tail>(1, 128, 0, nullptr, exact, 100); });
     CHECK_THAT(msg, Catch::Contains("off_by_one_tail"));
     CHECK_THAT(msg, Catch::Contains("past the end of a 400-byte device allocation"));
     cudaFree(exact);
