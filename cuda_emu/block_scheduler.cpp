@@ -36,10 +36,10 @@
 
 #include "cuda_emu/device.h"
 
-thread_local uint3 threadIdx;
-thread_local uint3 blockIdx;
-thread_local dim3 blockDim;
-thread_local dim3 gridDim;
+thread_local uint3 threadIdx MG_EMU_TLS;
+thread_local uint3 blockIdx MG_EMU_TLS;
+thread_local dim3 blockDim MG_EMU_TLS;
+thread_local dim3 gridDim MG_EMU_TLS;
 
 namespace mg_emu {
 namespace {
@@ -352,12 +352,6 @@ void warp_collective(const char* op, uint32_t mask, int arg, const uint32_t* in,
                   op, mask, warp_index, b.size, existing);
     device_fault(text, file, line);
   }
-  for (int l = 0; l < 32; ++l) {
-    if ((mask >> l & 1u) && b.threads[static_cast<size_t>(warp_index * 32 + l)].state == State::done) {
-      std::snprintf(text, sizeof text, "%s with mask 0x%08x names lane %d, which has exited", op, mask, l);
-      device_fault(text, file, line);
-    }
-  }
   Warp& w = b.warps[static_cast<size_t>(warp_index)];
   WarpOp* group = nullptr;
   for (WarpOp& g : w.pending) {
@@ -371,7 +365,13 @@ void warp_collective(const char* op, uint32_t mask, int arg, const uint32_t* in,
       device_fault(text, file, line);
     }
   }
-  if (group == nullptr) {
+  if (group == nullptr) {  // the first lane to arrive: every lane it names must still be there
+    for (int l = 0; l < 32; ++l) {
+      if ((mask >> l & 1u) && b.threads[static_cast<size_t>(warp_index * 32 + l)].state == State::done) {
+        std::snprintf(text, sizeof text, "%s with mask 0x%08x names lane %d, which has exited", op, mask, l);
+        device_fault(text, file, line);
+      }
+    }
     w.pending.push_back(WarpOp{op, mask, 0, arg, file, line});
     group = &w.pending.back();
   }
@@ -379,10 +379,8 @@ void warp_collective(const char* op, uint32_t mask, int arg, const uint32_t* in,
   group->arrived |= 1u << lane;
   if (group->arrived == mask) {
     complete(w.lanes, mask, arg);
-    for (int l = 0; l < 32; ++l) {
-      EmuThread& other = b.threads[static_cast<size_t>(std::min(warp_index * 32 + l, b.size - 1))];
-      if ((mask >> l & 1u) && l != lane) other.state = State::ready;
-    }
+    for (int l = 0; l < 32; ++l)  // the mask names existing lanes only (checked above)
+      if ((mask >> l & 1u) && l != lane) b.threads[static_cast<size_t>(warp_index * 32 + l)].state = State::ready;
     w.pending.erase(w.pending.begin() + (group - w.pending.data()));
   } else {
     t.state = State::at_warp_op;

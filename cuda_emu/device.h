@@ -38,14 +38,17 @@
 #define __device__
 #define __host__
 #define __constant__
-#define __shared__ thread_local
+// initial-exec: a thread-local read is one load off the thread pointer, not a __tls_get_addr call
+// (libmg_cuda_emu and libmultigrad are loaded with the program, never dlopen'ed later).
+#define MG_EMU_TLS __attribute__((tls_model("initial-exec")))
+#define __shared__ thread_local MG_EMU_TLS
 #define __launch_bounds__(...)
 
 // ---- built-in variables -------------------------------------------------------------------------
-extern thread_local uint3 threadIdx;
-extern thread_local uint3 blockIdx;
-extern thread_local dim3 blockDim;
-extern thread_local dim3 gridDim;
+extern thread_local uint3 threadIdx MG_EMU_TLS;
+extern thread_local uint3 blockIdx MG_EMU_TLS;
+extern thread_local dim3 blockDim MG_EMU_TLS;
+extern thread_local dim3 gridDim MG_EMU_TLS;
 constexpr int warpSize = 32;
 
 namespace mg_emu {

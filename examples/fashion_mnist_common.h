@@ -40,13 +40,15 @@ inline std::shared_ptr<mg::data::Normalize> normalize_transform() {
                                                std::vector<double>{mg::data::FashionMNIST::kStd});
 }
 
-// {correct, seen} over a loader, in eval mode and without building a graph.
+// {correct, seen} over a loader (its first `limit_batches` batches when > 0), in eval mode and
+// without building a graph.
 inline std::pair<int64_t, int64_t> count_correct(mg::nn::Module& model, mg::data::DataLoader& loader,
-                                                 mg::Device device, bool bf16) {
+                                                 mg::Device device, bool bf16, int64_t limit_batches = 0) {
   mg::NoGradGuard no_grad;
   model.eval();
-  int64_t correct = 0, seen = 0;
+  int64_t correct = 0, seen = 0, batches = 0;
   for (auto& [x, y] : loader) {
+    if (limit_batches > 0 && batches++ == limit_batches) break;
     mg::AutocastGuard autocast(mg::DType::bf16, bf16);
     mg::Tensor predicted = mg::argmax(model.forward(x.to(device)), 1);
     correct += mg::sum(mg::eq(predicted, y.to(device))).item<int64_t>();

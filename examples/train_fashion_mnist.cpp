@@ -49,7 +49,7 @@ int main(int argc, char** argv) {
   CLI::App app{"Train an MLP or a CNN on Fashion-MNIST with multigrad"};
   std::string model_name = "mlp", device_name = "auto", precision = "f32", checkpoint_dir;
   int epochs = 0, workers = 2;
-  int64_t batch_size = 128, limit_train = 0;
+  int64_t batch_size = 128, limit_train = 0, limit_test = 0;
   double lr = 1e-3, weight_decay = 1e-4;
   bool resume = false;
   uint64_t seed = 42;
@@ -64,6 +64,8 @@ int main(int argc, char** argv) {
   app.add_option("--seed", seed, "initialisation and shuffling seed");
   app.add_option("--limit-train", limit_train,
                  "use only the first N batches of each epoch (0 = all; for smoke tests)");
+  app.add_option("--limit-test", limit_test,
+                 "evaluate on only the first N test batches of 1000 (0 = all; for smoke tests)");
   app.add_option("--checkpoint-dir", checkpoint_dir,
                  "save model + optimizer + position here after every epoch");
   app.add_flag("--resume", resume, "continue from --checkpoint-dir if it holds a checkpoint");
@@ -137,7 +139,7 @@ int main(int argc, char** argv) {
         examples::print_progress(epoch + 1, batches, steps_per_epoch, loss_sum,
                                  static_cast<double>(batches * batch_size) / seconds_since(epoch_start));
       }
-      auto [correct, seen] = examples::count_correct(*model, test_loader, device, bf16);
+      auto [correct, seen] = examples::count_correct(*model, test_loader, device, bf16, limit_test);
       accuracy = static_cast<double>(correct) / static_cast<double>(seen);
       std::printf("\nepoch %d: train loss %.4f, test accuracy %.4f, %.1f s\n", epoch + 1,
                   loss_sum / static_cast<double>(std::max<int64_t>(batches, 1)), accuracy,
