@@ -5,6 +5,9 @@
 // DeviceGuard) and, per thread and logical device, its current stream. The
 // default streams of virtual devices are created once per process.
 #include <cuda_runtime.h>
+#if defined(MG_CUDA_EMULATE)
+#include "cuda_emu/emulator.h"
+#endif
 
 #include <array>
 #include <cstdlib>
@@ -30,31 +33,21 @@ const char* short_file(const char* file) {
   return file;
 }
 
-const char* cublas_status_name(cublasStatus_t s) {
-  switch (s) {
-    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
-    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
-    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
-    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
-    case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
-    case CUBLAS_STATUS_MAPPING_ERROR: return "CUBLAS_STATUS_MAPPING_ERROR";
-    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
-    case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";
-    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
-    case CUBLAS_STATUS_LICENSE_ERROR: return "CUBLAS_STATUS_LICENSE_ERROR";
-  }
-  return "unknown cuBLAS status";
-}
 }  // namespace
 
 void throw_cuda_error(cudaError_t err, const char* expr, const char* file, int line) {
   cudaGetLastError();  // clear the sticky error so the next call starts clean
+  std::string detail;
+#if defined(MG_CUDA_EMULATE)
+  // The emulator knows what a GPU would only code: which kernel, block and thread faulted, and why.
+  if (err == cudaErrorLaunchFailure) detail = "; cuda_emu: " + mg_emu::last_fault();
+#endif
   throw Error(str_cat(short_file(file), ":", line, ": ", expr, " failed: ", cudaGetErrorName(err), " (",
-                      cudaGetErrorString(err), ")"));
+                      cudaGetErrorString(err), ")", detail));
 }
 
 void throw_cublas_error(cublasStatus_t status, const char* expr, const char* file, int line) {
-  throw Error(str_cat(short_file(file), ":", line, ": ", expr, " failed: ", cublas_status_name(status), " (",
+  throw Error(str_cat(short_file(file), ":", line, ": ", expr, " failed: ", cublasGetStatusName(status), " (",
                       cublasGetStatusString(status), ")"));
 }
 

@@ -380,7 +380,8 @@ void warp_collective(const char* op, uint32_t mask, int arg, const uint32_t* in,
   if (group->arrived == mask) {
     complete(w.lanes, mask, arg);
     for (int l = 0; l < 32; ++l)  // the mask names existing lanes only (checked above)
-      if ((mask >> l & 1u) && l != lane) b.threads[static_cast<size_t>(warp_index * 32 + l)].state = State::ready;
+      if ((mask >> l & 1u) && l != lane)
+        b.threads[static_cast<size_t>(warp_index * 32 + l)].state = State::ready;
     w.pending.erase(w.pending.begin() + (group - w.pending.data()));
   } else {
     t.state = State::at_warp_op;

@@ -60,6 +60,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "cuda_emu/half_bits.h"
 #include "cuda_emu/runtime_internal.h"
 
 // The opaque types cudnn.h forward-declares.
@@ -86,6 +87,11 @@ struct cudnnConvolutionStruct {
   cudnnDataType_t compute = CUDNN_DATA_FLOAT;
   cudnnMathType_t math = CUDNN_DEFAULT_MATH;
 };
+
+using mg_emu::bf16_to_float;
+using mg_emu::float_to_bf16;
+using mg_emu::float_to_half;
+using mg_emu::half_to_float;
 
 namespace {
 
@@ -151,39 +157,6 @@ float bits_float(uint32_t u) {
   float f;
   std::memcpy(&f, &u, sizeof f);
   return f;
-}
-
-float half_to_float(uint16_t h) {
-  const uint32_t sign = uint32_t(h & 0x8000u) << 16;
-  const uint32_t exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
-  if (exponent == 0x1f) return bits_float(sign | 0x7f800000u | (mantissa << 13));  // inf, NaN
-  if (exponent != 0) return bits_float(sign | ((exponent + 112) << 23) | (mantissa << 13));
-  const float subnormal = float(mantissa) * 0x1p-24f;  // exact
-  return sign ? -subnormal : subnormal;
-}
-
-uint16_t float_to_half(float f) {  // round to nearest even
-  const uint32_t x = float_bits(f);
-  const uint16_t sign = uint16_t((x >> 16) & 0x8000u);
-  const uint32_t ax = x & 0x7fffffffu;
-  if (ax > 0x7f800000u) return uint16_t(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));  // quiet NaN
-  if (ax >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // from 65520 (halfway past 65504): inf
-  if (ax < 0x38800000u) {  // below 2^-14: a subnormal half, in units of 2^-24 (exact scaling)
-    const float units = std::nearbyint(bits_float(ax) * 0x1p24f);  // current mode: to nearest even
-    return uint16_t(sign | uint32_t(units));
-  }
-  uint32_t h = (((ax >> 23) - 112) << 10) | ((ax >> 13) & 0x3ffu);
-  const uint32_t rest = ax & 0x1fffu;
-  if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) ++h;  // a carry moves into the exponent
-  return uint16_t(sign | h);
-}
-
-float bf16_to_float(uint16_t b) { return bits_float(uint32_t(b) << 16); }
-
-uint16_t float_to_bf16(float f) {  // round to nearest even
-  const uint32_t x = float_bits(f);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return uint16_t((x >> 16) | 0x40u);  // quiet NaN
-  return uint16_t((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
 }
 
 float to_tf32(float v) {  // 10 mantissa bits, to nearest with ties away (cvt.rna.tf32.f32)

@@ -12,10 +12,10 @@
 #include <memory>
 #include <string>
 
-#include "core/cuda_allocator.h"
 #include "multigrad.h"
 #include "parallel/distributed.h"
 #include "parallel/distributed_data_parallel.h"
+#include "tests/test_device.h"
 
 using namespace mg;
 using namespace mg::parallel;
@@ -24,15 +24,7 @@ namespace {
 
 // cpu, or cuda:<local rank> over the NCCL backend when MG_TEST_DEVICE=cuda (tests/mpi/CMakeLists.txt
 // runs the equivalence cases that way in the CUDA emulation build).
-Device test_device() {
-  static const Device device = [] {
-    const char* v = std::getenv("MG_TEST_DEVICE");
-    if (v == nullptr || std::string(v) != "cuda") return Device::cpu();
-    cuda::enable_backend();
-    return Device::cuda(detect_launch().local_rank);
-  }();
-  return device;
-}
+Device test_device() { return testing::test_device(detect_launch().local_rank); }
 
 ProcessGroup test_group() {
   InitOptions options;

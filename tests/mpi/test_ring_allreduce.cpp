@@ -14,16 +14,15 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "core/cuda_allocator.h"
 #include "core/cuda_runtime.h"
 #include "core/tensor.h"
 #include "parallel/process_group.h"
 #include "parallel/ring_allreduce.h"
+#include "tests/test_device.h"
 
 using namespace mg;
 using namespace mg::parallel;
@@ -31,15 +30,7 @@ using namespace mg::parallel;
 namespace {
 
 // cpu, or cuda:<local rank> when MG_TEST_DEVICE=cuda.
-Device test_device() {
-  static const Device device = [] {
-    const char* v = std::getenv("MG_TEST_DEVICE");
-    if (v == nullptr || std::string(v) != "cuda") return Device::cpu();
-    cuda::enable_backend();
-    return Device::cuda(detect_launch().local_rank);
-  }();
-  return device;
-}
+Device test_device() { return testing::test_device(detect_launch().local_rank); }
 
 ProcessGroup& group() {
   static ProcessGroup pg = [] {
@@ -75,7 +66,8 @@ std::vector<double> contribution(uint64_t seed, int rank, int64_t numel, Data da
 }
 
 Tensor make(const std::vector<double>& values, DType dtype, Device device = test_device()) {
-  return tensor(values, Shape{static_cast<int64_t>(values.size())}, TensorOptions{dtype, Device::cpu(), false})
+  return tensor(values, Shape{static_cast<int64_t>(values.size())},
+                TensorOptions{dtype, Device::cpu(), false})
       .to(device);
 }
 

@@ -5,17 +5,16 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <cmath>
-#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "core/cuda_allocator.h"
 #include "multigrad.h"
 #include "nn/nn.h"
 #include "optim/adam.h"
 #include "optim/sgd.h"
 #include "parallel/parallel.h"
+#include "tests/test_device.h"
 
 using namespace mg;
 using Catch::Matchers::Contains;
@@ -30,17 +29,8 @@ std::vector<Device> cpus(int n) {
 
 // The devices of the equivalence tests: logical CPU devices, or cuda:0..n-1 when
 // MG_TEST_DEVICE=cuda (the CUDA emulation build runs them so on 2 and 4 emulated GPUs).
-bool on_cuda() {
-  static const bool cuda = [] {
-    const char* v = std::getenv("MG_TEST_DEVICE");
-    if (v == nullptr || std::string(v) != "cuda") return false;
-    cuda::enable_backend();
-    return true;
-  }();
-  return cuda;
-}
 std::vector<Device> test_devices(int n) {
-  if (!on_cuda()) return cpus(n);
+  if (!testing::test_on_cuda()) return cpus(n);
   std::vector<Device> devices;
   for (int i = 0; i < n; ++i) devices.push_back(Device::cuda(i));
   return devices;
@@ -310,7 +300,7 @@ TEST_CASE("K optimizer steps with DataParallel give one device's parameters", "[
   for (const std::string optimizer : {"sgd-momentum", "adamw"}) {
     INFO(optimizer);
     manual_seed(11);
-    const std::vector<Device> devices = test_devices(on_cuda() ? 4 : 3);
+    const std::vector<Device> devices = test_devices(testing::test_on_cuda() ? 4 : 3);
     SmallCNN net;
     net.to(devices[0]);
     std::shared_ptr<nn::Module> single = net.clone(), start = net.clone();
