@@ -48,7 +48,8 @@ size_t total_memory();  // per device, as an H200 reports it
 cudaError_t fail(cudaError_t err, const char* api, const std::string& why = std::string());
 
 // Waits until everything enqueued on `stream` so far has run. Returns (and clears) an error a
-// task on it reported. Does not count as a host synchronisation (the caller decides).
+// task on it reported. Counts a host synchronisation when work was enqueued on the stream since
+// the host last waited for it.
 cudaError_t drain_stream(cudaStream_t stream);
 // The same for every stream of `device`, including its legacy default stream.
 cudaError_t drain_device(int device);

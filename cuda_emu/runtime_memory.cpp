@@ -138,7 +138,6 @@ cudaError_t copy_async(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
     return cudaSuccess;
   }
   if ((kind == cudaMemcpyDeviceToHost && !is_pinned_range(dst, bytes)) || kind == cudaMemcpyHostToHost) {
-    count_host_sync();
     err = drain_stream(stream);
     if (err != cudaSuccess) return fail(err, api);
     std::memcpy(dst, src, bytes);
@@ -211,7 +210,6 @@ cudaError_t cudaFree(void* p) {
   const int dev = mg_emu::device_of_pointer(p);
   if (dev < 0) return fail(cudaErrorInvalidValue, "cudaFree", "not the start of a device allocation");
   // cudaFree waits for the device, so memory a queued kernel still uses is never pulled away.
-  mg_emu::count_host_sync();
   mg_emu::drain_device(dev);
   if (!mg_emu::release(p, mg_emu::Kind::device))
     return fail(cudaErrorInvalidValue, "cudaFree", "not the start of a device allocation");
@@ -280,7 +278,6 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
   cudaError_t err = mg_emu::copy_async(dst, src, bytes, kind, nullptr, "cudaMemcpy");
   if (err != cudaSuccess) return err;
-  mg_emu::count_host_sync();
   err = mg_emu::drain_stream(nullptr);
   return err == cudaSuccess ? err : fail(err, "cudaMemcpy");
 }
@@ -311,7 +308,6 @@ cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t strea
 cudaError_t cudaMemset(void* p, int value, size_t bytes) {
   cudaError_t err = cudaMemsetAsync(p, value, bytes, nullptr);
   if (err != cudaSuccess) return err;
-  mg_emu::count_host_sync();
   return mg_emu::drain_stream(nullptr);
 }
 

@@ -41,6 +41,7 @@ struct CUstream_st {
   std::condition_variable changed;
   std::deque<std::pair<const char*, std::function<void()>>> queue;
   uint64_t enqueued = 0, completed = 0;
+  uint64_t waited = 0;              // `enqueued` when the host last waited for this stream
   cudaError_t error = cudaSuccess;  // a task's failure, reported by the next synchronisation
   std::thread worker;
 };
@@ -287,13 +288,25 @@ bool stream_exists(cudaStream_t stream) {
   return false;
 }
 
-cudaError_t drain_stream(cudaStream_t stream) {
-  CUstream_st* s = resolve(stream);
+namespace {
+// Waits for everything enqueued on s so far; true when work was enqueued since the last wait on
+// s (the host then really synchronised with the device: what counters().host_syncs counts; a
+// second wait with nothing new in between is free on a GPU too, and is not counted).
+bool wait_for(CUstream_st* s, cudaError_t* error) {
   std::unique_lock<std::mutex> lock(s->mutex);
   const uint64_t ticket = s->enqueued;
   s->changed.wait(lock, [&] { return s->completed >= ticket; });
-  const cudaError_t e = s->error;
+  *error = s->error;
   s->error = cudaSuccess;
+  const bool new_work = ticket > s->waited;
+  s->waited = ticket;
+  return new_work;
+}
+}  // namespace
+
+cudaError_t drain_stream(cudaStream_t stream) {
+  cudaError_t e = cudaSuccess;
+  if (wait_for(resolve(stream), &e)) count_host_sync();
   return e;
 }
 
@@ -305,10 +318,13 @@ cudaError_t drain_device(int device) {
       if (s->device == device) mine.push_back(s);
   }
   cudaError_t first = cudaSuccess;
+  bool new_work = false;
   for (CUstream_st* s : mine) {
-    const cudaError_t e = drain_stream(s);
+    cudaError_t e = cudaSuccess;
+    new_work |= wait_for(s, &e);
     if (first == cudaSuccess) first = e;
   }
+  if (new_work) count_host_sync();
   return first;
 }
 
@@ -387,7 +403,6 @@ cudaError_t cudaStreamCreate(cudaStream_t* stream) {
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   if (!mg_emu::stream_exists(stream)) return fail(cudaErrorInvalidResourceHandle, "cudaStreamSynchronize");
-  mg_emu::count_host_sync();
   const cudaError_t e = mg_emu::drain_stream(stream);
   return e == cudaSuccess ? e : fail(e, "cudaStreamSynchronize");
 }
@@ -407,7 +422,6 @@ cudaError_t cudaStreamGetDevice(cudaStream_t stream, int* device) {
 }
 
 cudaError_t cudaDeviceSynchronize(void) {
-  mg_emu::count_host_sync();
   const cudaError_t e = mg_emu::drain_device(mg_emu::current_device());
   return e == cudaSuccess ? e : fail(e, "cudaDeviceSynchronize");
 }

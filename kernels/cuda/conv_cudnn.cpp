@@ -49,6 +49,7 @@
 #include "core/cuda_stream.h"
 #include "kernels/cuda/handle_pool.h"
 #include "kernels/cuda/kernels.h"
+#include "kernels/cuda/workspace.h"
 #endif
 
 namespace mg::kernels::cuda {
@@ -497,26 +498,6 @@ void promote(const CacheKey& key, const Candidate& winner) {
     }
   }
 }
-
-// A workspace from the caching allocator on the current stream; given back (to that stream's
-// free list, so reusable by later work on it without a sync) when the call has been queued.
-class Workspace {
- public:
-  explicit Workspace(size_t bytes) : bytes_(bytes), device_(mg::cuda::current_device()) {
-    if (bytes_ > 0) ptr_ = device_allocate(bytes_, Device::cuda(device_));
-  }
-  ~Workspace() {
-    if (ptr_ != nullptr) device_free(ptr_, bytes_, Device::cuda(device_));
-  }
-  Workspace(const Workspace&) = delete;
-  Workspace& operator=(const Workspace&) = delete;
-  void* get() const { return ptr_; }
-
- private:
-  size_t bytes_;
-  int device_;
-  void* ptr_ = nullptr;
-};
 
 // The buffers of one call. alpha = 1; beta = 0 overwrites the output (cuDNN does not read it
 // then), beta = 1 adds to it. Scaling factors are float for float, half and bfloat16 data.

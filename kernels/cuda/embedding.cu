@@ -30,6 +30,7 @@
 #include "core/cuda_stream.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
+#include "kernels/cuda/workspace.h"
 
 namespace mg::kernels::cuda {
 namespace {
@@ -52,14 +53,13 @@ struct BadIndex {
 BadIndex find_bad_index(const int64_t* indices, int64_t count, int64_t limit, cudaStream_t stream) {
   BadIndex bad;
   if (count == 0) return bad;
-  unsigned long long* first = nullptr;
-  MG_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&first), sizeof(unsigned long long), stream));
+  Workspace slot(sizeof(unsigned long long));  // from the caching allocator, on this stream
+  unsigned long long* first = static_cast<unsigned long long*>(slot.get());
   const unsigned long long none = static_cast<unsigned long long>(count);
   MG_CUDA_CHECK(cudaMemcpyAsync(first, &none, sizeof(none), cudaMemcpyHostToDevice, stream));
   launch_kernel<first_bad_index_kernel>(grid_for(count), kThreads, 0, stream, indices, count, limit, first);
   unsigned long long position = none;
   MG_CUDA_CHECK(cudaMemcpyAsync(&position, first, sizeof(position), cudaMemcpyDeviceToHost, stream));
-  MG_CUDA_CHECK(cudaFreeAsync(first, stream));
   MG_CUDA_CHECK(cudaStreamSynchronize(stream));
   if (position == none) return bad;
   bad.position = static_cast<int64_t>(position);

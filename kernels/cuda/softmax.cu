@@ -26,6 +26,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
+#include "kernels/cuda/workspace.h"
 
 namespace mg::kernels::cuda {
 namespace {
@@ -270,9 +271,9 @@ int64_t cross_entropy_forward(DType dtype, const void* logits, const int64_t* ta
   if (rows == 0) return 0;
   check(classes > 0, "cross_entropy (CUDA): no classes");
   cudaStream_t stream = mg::cuda::current_cuda_stream();
-  // Two counters on the device (stream-ordered allocation), read back below.
-  unsigned long long* status = nullptr;
-  MG_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&status), 2 * sizeof(unsigned long long), stream));
+  // Two counters on the device (from the caching allocator, on this stream), read back below.
+  Workspace counters(2 * sizeof(unsigned long long));
+  unsigned long long* status = static_cast<unsigned long long*>(counters.get());
   const unsigned long long init[2] = {0ull, static_cast<unsigned long long>(rows)};
   MG_CUDA_CHECK(cudaMemcpyAsync(status, init, sizeof(init), cudaMemcpyHostToDevice, stream));
   visit_float(dtype, "cross_entropy", [&](auto t) {
@@ -283,7 +284,6 @@ int64_t cross_entropy_forward(DType dtype, const void* logits, const int64_t* ta
   });
   unsigned long long result[2] = {0, 0};
   MG_CUDA_CHECK(cudaMemcpyAsync(result, status, sizeof(result), cudaMemcpyDeviceToHost, stream));
-  MG_CUDA_CHECK(cudaFreeAsync(status, stream));
   MG_CUDA_CHECK(cudaStreamSynchronize(stream));
   if (result[1] < static_cast<unsigned long long>(rows)) {
     int64_t bad = 0;
