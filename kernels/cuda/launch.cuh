@@ -69,7 +69,10 @@ void launch_kernel(dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stre
   launch.body = [params = Params(args...)] { std::apply(Kernel, params); };
   mg_emu::launch(std::move(launch));
 #else
-  Kernel<<<grid, block, shared_bytes, stream> > >(args...);
+  // (clang-format would split the closing >>> apart)
+  // clang-format off
+  Kernel<<<grid, block, shared_bytes, stream>>>(args...);
+  // clang-format on
 #endif
   MG_CUDA_CHECK_LAUNCH();
 }
