@@ -32,9 +32,17 @@
 // pool on first use and returned when the thread exits (kernels/cuda/handle_pool.h:
 // DataParallel starts new threads every step), bound to the current stream on
 // every call (cuBLAS handles must not be shared by threads running concurrently).
+// Workspace: cuBLAS keeps scratch memory per handle, and a pooled handle moves between streams, so
+// two GEMMs in flight on different streams would share it. Each (GPU, stream) therefore gets its
+// own workspace (cublasSetWorkspace), taken once from the caching allocator and kept.
+#include <algorithm>
 #include <array>
 #include <climits>
+#include <map>
+#include <mutex>
+#include <utility>
 
+#include "core/allocator.h"
 #include "core/cuda_stream.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gemm_ladder.h"
@@ -56,6 +64,20 @@ cublasHandle_t handle_for_current_device() {
   return pooled_handle<cublasHandle_t, create_cublas_handle>(device);
 }
 
+// cuBLAS's recommended workspace on Hopper.
+constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;
+
+// This stream's cuBLAS workspace on the current (logical) device.
+void* workspace_for(cudaStream_t stream) {
+  static std::mutex mutex;
+  static std::map<std::pair<int, cudaStream_t>, void*> workspaces;
+  const int device = mg::cuda::current_device();
+  std::lock_guard<std::mutex> lock(mutex);
+  void*& w = workspaces[{device, stream}];
+  if (w == nullptr) w = device_allocate(kCublasWorkspaceBytes, Device::cuda(device));
+  return w;
+}
+
 int as_int(int64_t v, const char* what) {
   check(v >= 0 && v <= INT_MAX, "gemm (CUDA): ", what, " = ", v, " does not fit cuBLAS's 32-bit int");
   return static_cast<int>(v);
@@ -70,20 +92,9 @@ void gemm(const GemmArgs& a) {
 }
 
 void gemm_cublas(const GemmArgs& a) {
-  check(a.m >= 0 && a.n >= 0 && a.k >= 0 && a.batch >= 0, "gemm (CUDA): negative size (m=", a.m, ", n=", a.n,
-        ", k=", a.k, ", batch=", a.batch, ")");
-  check(a.ldc >= (a.n > 1 ? a.n : 1), "gemm (CUDA): ldc ", a.ldc, " < n ", a.n);
+  check_gemm_args(a, "gemm (CUDA, cuBLAS)");
   if (a.m == 0 || a.n == 0 || a.batch == 0) return;
   cudaStream_t stream = mg::cuda::current_cuda_stream();
-  if (a.k == 0 || a.alpha == 0.0) {
-    // No product to add: C = beta C. The op layer only gets here with beta == 0
-    // and a contiguous C, which we clear; anything else is refused.
-    check(a.beta == 0.0 && a.ldc == a.n && (a.batch == 1 || a.batch_stride_c == a.m * a.n),
-          "gemm (CUDA): k == 0 or alpha == 0 is only supported with beta == 0 and a contiguous C");
-    MG_CUDA_CHECK(
-        cudaMemsetAsync(a.c, 0, static_cast<size_t>(a.batch * a.m * a.n) * dtype_size(a.dtype), stream));
-    return;
-  }
   cudaDataType_t type;
   cublasComputeType_t compute;
   switch (a.dtype) {
@@ -99,13 +110,18 @@ void gemm_cublas(const GemmArgs& a) {
   const float alpha_f = static_cast<float>(a.alpha), beta_f = static_cast<float>(a.beta);
   const void* alpha = a.dtype == DType::f64 ? static_cast<const void*>(&alpha_d) : &alpha_f;
   const void* beta = a.dtype == DType::f64 ? static_cast<const void*>(&beta_d) : &beta_f;
+  // k == 0 or alpha == 0: cuBLAS computes C = beta C and reads neither A nor B (nor C when
+  // beta == 0), but still wants leading dimensions of at least 1, which a k == 0 row-major
+  // operand need not have.
+  const int64_t lda = std::max<int64_t>(a.lda, 1), ldb = std::max<int64_t>(a.ldb, 1);
   cublasHandle_t handle = handle_for_current_device();
-  MG_CUBLAS_CHECK(cublasSetStream(handle, stream));
+  MG_CUBLAS_CHECK(cublasSetStream(handle, stream));  // (which resets the handle's workspace)
+  MG_CUBLAS_CHECK(cublasSetWorkspace(handle, workspace_for(stream), kCublasWorkspaceBytes));
   // Column-major C^T (n x m) = op(B)^T (n x k) * op(A)^T (k x m).
   MG_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
       handle, a.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, a.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, as_int(a.n, "n"),
-      as_int(a.m, "m"), as_int(a.k, "k"), alpha, a.b, type, as_int(a.ldb, "ldb"), a.batch_stride_b, a.a, type,
-      as_int(a.lda, "lda"), a.batch_stride_a, beta, a.c, type, as_int(a.ldc, "ldc"), a.batch_stride_c,
+      as_int(a.m, "m"), as_int(a.k, "k"), alpha, a.b, type, as_int(ldb, "ldb"), a.batch_stride_b, a.a, type,
+      as_int(lda, "lda"), a.batch_stride_a, beta, a.c, type, as_int(a.ldc, "ldc"), a.batch_stride_c,
       as_int(a.batch, "batch"), compute, CUBLAS_GEMM_DEFAULT));
 }
 

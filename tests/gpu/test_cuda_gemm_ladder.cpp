@@ -165,7 +165,8 @@ constexpr Shape3 kLargeShape = {520, 392, 136};
 #else
 constexpr Shape3 kLargeShape = {1024, 768, 512};
 #endif
-const Shape3 kShapes[] = {{1, 1, 1}, {37, 53, 71}, {128, 128, 128}, {257, 129, 65}, {200, 264, 136}, kLargeShape};
+const Shape3 kShapes[] = {{1, 1, 1},      {37, 53, 71},    {128, 128, 128},
+                          {257, 129, 65}, {200, 264, 136}, kLargeShape};
 
 TEST_CASE("every GEMM ladder step matches cuBLAS and the CPU", "[gpu][gemm][ladder]") {
   LadderStateGuard state;
@@ -230,7 +231,9 @@ TEST_CASE("the GEMM ladder: alpha == 0 and k == 0 read neither A nor B; empty si
     // A and B are all NaN: with alpha == 0 (or k == 0) not one of them may be read.
     const DeviceMatrices da = upload(full({batch, m, k}, NAN, TensorOptions{dt}), false, 0, 0);
     const DeviceMatrices db = upload(full({batch, k, n}, NAN, TensorOptions{dt}), false, 0, 0);
-    for (GemmKernel kernel : steps_for(dt)) {
+    std::vector<GemmKernel> kernels = steps_for(dt);
+    kernels.push_back(GemmKernel::cublas);  // BLAS semantics there too: C = beta C, beta != 0 included
+    for (GemmKernel kernel : kernels) {
       for (bool zero_k : {false, true}) {
         for (double beta : {0.0, 0.5}) {
           INFO("dtype " << dt << " kernel " << kernels::cuda::gemm_kernel_name(kernel)
