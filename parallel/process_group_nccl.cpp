@@ -16,13 +16,16 @@
 // * Creation. Rank 0 makes the NCCL unique ids and the group's CPU backend (MPI) broadcasts
 //   them; every rank then joins the communicators with ncclCommInitRank on its own GPU. NCCL
 //   refuses two ranks on one physical GPU, so MG_VIRTUAL_GPUS cannot stand in for a second GPU.
-// * Three communicators, each with its own non-blocking stream ("lanes"): one for the
-//   collectives, and two for point-to-point messages, one carrying messages from lower to higher
-//   ranks and one from higher to lower. NCCL runs the ops of one communicator one after another,
-//   and an unmatched ncclRecv blocks everything queued behind it on its stream; if sends and
-//   receives shared one stream, two ranks that each post a receive before their send (the ring
-//   all-reduce does exactly that) would wait for each other forever. With one lane per direction
-//   a rank's sends to a peer never queue behind its receives from that peer.
+// * Five communicators, each with its own non-blocking stream ("lanes"): one for the
+//   collectives, and four for point-to-point messages, chosen by the message's direction (to a
+//   higher or to a lower rank) and the parity of its sender. NCCL runs the ops of one
+//   communicator one after another, and an unmatched ncclRecv blocks everything queued behind it
+//   on its stream; if sends and receives shared one stream, two ranks that each post a receive
+//   before their send (the ring all-reduce does exactly that) would wait for each other forever.
+//   By direction, a rank's sends to a peer never queue behind its receives from that peer. By
+//   sender parity, a middle rank of a ring receives from r-1 and sends to r+1 on two different
+//   streams, so every link of the ring moves at once instead of one link after the other (with
+//   one upward lane, each rank's send waited on its stream for its receive to complete).
 // * Ordering, no host syncs. Each op is ordered after the work already queued on the tensor's
 //   current stream by an event ("ready"), and its completion is an event recorded on the lane's
 //   stream after the NCCL call ("done"). The tensors stay referenced until "done" has fired, so
@@ -124,7 +127,13 @@ struct Lane {
   ncclComm_t comm = nullptr;
   cuda::Stream stream;
 };
-enum LaneId { kCollectiveLane = 0, kUpwardLane = 1, kDownwardLane = 2, kLanes = 3 };
+enum LaneId : int { kCollectiveLane = 0, kLanes = 5 };
+
+// The lane of a message from `sender` to `receiver`: 1 + 2 * (downward) + (sender parity). Both
+// ends compute the same lane, so the send and its receive meet on one communicator.
+LaneId p2p_lane(int sender, int receiver) {
+  return static_cast<LaneId>(1 + 2 * (receiver < sender ? 1 : 0) + sender % 2);
+}
 
 // An op NCCL has been given and the watchdog is waiting for.
 struct InFlight {
@@ -143,8 +152,10 @@ class NcclBackend : public Backend {
     rank_ = cpu_->rank();
     size_ = cpu_->size();
     lanes_[kCollectiveLane].name = "collective";
-    lanes_[kUpwardLane].name = "point-to-point (to higher ranks)";
-    lanes_[kDownwardLane].name = "point-to-point (to lower ranks)";
+    lanes_[1].name = "point-to-point (even ranks to higher ranks)";
+    lanes_[2].name = "point-to-point (odd ranks to higher ranks)";
+    lanes_[3].name = "point-to-point (even ranks to lower ranks)";
+    lanes_[4].name = "point-to-point (odd ranks to lower ranks)";
 
     // Rank 0 makes one unique id per communicator; the CPU backend broadcasts them as bytes.
     constexpr int64_t kIdWords = (sizeof(ncclUniqueId) + sizeof(int64_t) - 1) / sizeof(int64_t);
@@ -272,15 +283,14 @@ class NcclBackend : public Backend {
     ncclDataType_t type = nccl_datatype(tensor.dtype());
     std::string what =
         str_cat("send ", dtype_name(tensor.dtype()), "[", count, "] to rank ", dst, " tag ", tag);
-    return issue(what, nullptr, dst > rank_ ? kUpwardLane : kDownwardLane, {tensor},
-                 [=](ncclComm_t comm, cudaStream_t stream) {
-                   // A group of one: NCCL's documented way to post a lone point-to-point op.
-                   ncclResult_t started = ncclGroupStart();
-                   if (started != ncclSuccess) return started;
-                   ncclResult_t result = ncclSend(data, count, type, dst, comm, stream);
-                   ncclResult_t ended = ncclGroupEnd();
-                   return result != ncclSuccess ? result : ended;
-                 });
+    return issue(what, nullptr, p2p_lane(rank_, dst), {tensor}, [=](ncclComm_t comm, cudaStream_t stream) {
+      // A group of one: NCCL's documented way to post a lone point-to-point op.
+      ncclResult_t started = ncclGroupStart();
+      if (started != ncclSuccess) return started;
+      ncclResult_t result = ncclSend(data, count, type, dst, comm, stream);
+      ncclResult_t ended = ncclGroupEnd();
+      return result != ncclSuccess ? result : ended;
+    });
   }
 
   WorkPtr recv(Tensor& tensor, int src, int tag) override {
@@ -290,15 +300,13 @@ class NcclBackend : public Backend {
     ncclDataType_t type = nccl_datatype(tensor.dtype());
     std::string what =
         str_cat("recv ", dtype_name(tensor.dtype()), "[", count, "] from rank ", src, " tag ", tag);
-    // Messages from a lower rank travel on the upward lane, from a higher rank on the downward.
-    return issue(what, nullptr, src < rank_ ? kUpwardLane : kDownwardLane, {tensor},
-                 [=](ncclComm_t comm, cudaStream_t stream) {
-                   ncclResult_t started = ncclGroupStart();
-                   if (started != ncclSuccess) return started;
-                   ncclResult_t result = ncclRecv(data, count, type, src, comm, stream);
-                   ncclResult_t ended = ncclGroupEnd();
-                   return result != ncclSuccess ? result : ended;
-                 });
+    return issue(what, nullptr, p2p_lane(src, rank_), {tensor}, [=](ncclComm_t comm, cudaStream_t stream) {
+      ncclResult_t started = ncclGroupStart();
+      if (started != ncclSuccess) return started;
+      ncclResult_t result = ncclRecv(data, count, type, src, comm, stream);
+      ncclResult_t ended = ncclGroupEnd();
+      return result != ncclSuccess ? result : ended;
+    });
   }
 
  private:
