@@ -19,19 +19,32 @@
 // Blocks loop over outer indices (grid.y capped at 65535).
 //
 // Cost. Reads outer*reduce*inner elements once (twice for var), writes
-// outer*inner: memory bound. With very small outer*inner and a long reduce (one
-// scalar out of 100M elements) only a few blocks run and the kernel is far
-// from peak; a second split-reduce pass would fix that and is not written yet.
+// outer*inner: memory bound.
+//
+// Split reduce. With small outer*inner and a long reduce (one scalar out of 100M
+// elements: sum() of a whole tensor) the grid above has a handful of blocks and
+// most of the GPU idles. Then the reduced axis is cut into `slices` of at least
+// kMinSliceRows rows, so that about kSplitBlocks blocks run: pass 1
+// (reduce_slices_kernel) leaves one Partial per (outer, slice, inner) in a
+// workspace, pass 2 (reduce_finish_kernel, one thread per output) combines each
+// output's slices in order and finishes it. Var keeps the single pass: it needs
+// the mean before the deviations.
 //
 // Accumulation: float for f32/f16/bf16 (tree order, so error grows ~log n, not
 // n), double for f64, int64 for integers and bool, as the CPU does for ints.
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
+#include "kernels/cuda/workspace.h"
 
 namespace mg::kernels::cuda {
 namespace {
+
+// The split reduce's targets: about two blocks per SM of an H200, slices of at least 4096 rows.
+constexpr int64_t kSplitBlocks = 264;
+constexpr int64_t kMinSliceRows = 4096;
 
 // The accumulator type of a storage type.
 template <class T>
@@ -131,6 +144,29 @@ __device__ __forceinline__ void store_out(void* out, int64_t off, DType t, doubl
   }
 }
 
+// Writes one output from its combined partial: the op's identity for an empty reduction, the
+// mean/variance division, the arg index, in the output dtype.
+template <class A>
+__device__ void finish(int op, const Partial<A>& total, int64_t reduce, int64_t correction, void* out,
+                       int64_t off, DType out_dtype) {
+  if (op == int(ReduceOp::Argmax) || op == int(ReduceOp::Argmin)) {
+    store_out(out, off, out_dtype, 0.0, total.idx, true);
+    return;
+  }
+  A v = total.idx < 0 ? A(op == int(ReduceOp::Prod) ? 1 : 0) : total.v;
+  double f = static_cast<double>(v);
+  if (op == int(ReduceOp::Mean)) f = static_cast<double>(A(v / A(reduce)));
+  if (op == int(ReduceOp::Var)) {
+    const int64_t dof = reduce - correction > 0 ? reduce - correction : 0;
+    f = static_cast<double>(A(v / A(dof)));
+  }
+  if (std::is_floating_point<A>::value || op == int(ReduceOp::Mean) || op == int(ReduceOp::Var)) {
+    store_out(out, off, out_dtype, f, 0, false);
+  } else {
+    store_out(out, off, out_dtype, 0.0, static_cast<int64_t>(v), true);
+  }
+}
+
 template <class T>
 __global__ void reduce_kernel(int op, int64_t outer, int64_t reduce, int64_t inner, const T* in, void* out,
                               DType out_dtype, int64_t correction) {
@@ -138,7 +174,6 @@ __global__ void reduce_kernel(int op, int64_t outer, int64_t reduce, int64_t inn
   Partial<A>* shared = reinterpret_cast<Partial<A>*>(dynamic_shared_memory());
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const bool active = i < inner;
-  const bool arg = op == int(ReduceOp::Argmax) || op == int(ReduceOp::Argmin);
   for (int64_t o = blockIdx.y; o < outer; o += gridDim.y) {
     const T* base = in + o * reduce * inner + (active ? i : 0);
     Partial<A> p{A(op == int(ReduceOp::Prod) ? 1 : 0), -1};
@@ -160,25 +195,43 @@ __global__ void reduce_kernel(int op, int64_t outer, int64_t reduce, int64_t inn
         }
       total = block_combine(op, q, shared);
     }
-    if (threadIdx.y == 0 && active) {
-      const int64_t off = o * inner + i;
-      if (arg) {
-        store_out(out, off, out_dtype, 0.0, total.idx, true);
-      } else {
-        A v = total.idx < 0 ? A(op == int(ReduceOp::Prod) ? 1 : 0) : total.v;
-        double f = static_cast<double>(v);
-        if (op == int(ReduceOp::Mean)) f = static_cast<double>(A(v / A(reduce)));
-        if (op == int(ReduceOp::Var)) {
-          const int64_t dof = reduce - correction > 0 ? reduce - correction : 0;
-          f = static_cast<double>(A(v / A(dof)));
-        }
-        if (std::is_floating_point<A>::value || op == int(ReduceOp::Mean) || op == int(ReduceOp::Var)) {
-          store_out(out, off, out_dtype, f, 0, false);
-        } else {
-          store_out(out, off, out_dtype, 0.0, static_cast<int64_t>(v), true);
-        }
-      }
-    }
+    if (threadIdx.y == 0 && active) finish(op, total, reduce, correction, out, o * inner + i, out_dtype);
+  }
+}
+
+// Pass 1 of the split reduce: block (x, y, z) reduces rows [z len, (z + 1) len) of its columns.
+template <class T>
+__global__ void reduce_slices_kernel(int op, int64_t outer, int64_t reduce, int64_t inner, int64_t slice_rows,
+                                     const T* in, Partial<typename AccOf<T>::type>* partials) {
+  using A = typename AccOf<T>::type;
+  Partial<A>* shared = reinterpret_cast<Partial<A>*>(dynamic_shared_memory());
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const bool active = i < inner;
+  const int64_t first = int64_t(blockIdx.z) * slice_rows;
+  const int64_t last = first + slice_rows < reduce ? first + slice_rows : reduce;
+  for (int64_t o = blockIdx.y; o < outer; o += gridDim.y) {
+    const T* base = in + o * reduce * inner + (active ? i : 0);
+    Partial<A> p{A(op == int(ReduceOp::Prod) ? 1 : 0), -1};
+    if (active)
+      for (int64_t r = first + threadIdx.y; r < last; r += blockDim.y)
+        combine(op, p, Partial<A>{static_cast<A>(load(base + r * inner)), r});
+    const Partial<A> total = block_combine(op, p, shared);
+    if (threadIdx.y == 0 && active) partials[(o * gridDim.z + blockIdx.z) * inner + i] = total;
+  }
+}
+
+// Pass 2: one thread per output combines its slices in order and finishes it.
+template <class T>
+__global__ void reduce_finish_kernel(int op, int64_t outer, int64_t reduce, int64_t inner, int64_t slices,
+                                     const Partial<typename AccOf<T>::type>* partials, void* out,
+                                     DType out_dtype) {
+  using A = typename AccOf<T>::type;
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < outer * inner;
+       e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t o = e / inner, i = e % inner;
+    Partial<A> total{A(op == int(ReduceOp::Prod) ? 1 : 0), -1};
+    for (int64_t z = 0; z < slices; ++z) combine(op, total, partials[(o * slices + z) * inner + i]);
+    finish(op, total, reduce, 0, out, e, out_dtype);
   }
 }
 
@@ -204,15 +257,34 @@ void reduce(ReduceOp op, const ReduceShape& shape, const void* input, DType in_d
   const dim3 block(tx, ty);
   const int64_t tiles = (shape.inner + tx - 1) / tx;
   check(tiles < (int64_t(1) << 31), name, " (CUDA): inner size ", shape.inner, " too large");
-  const dim3 grid(static_cast<unsigned>(tiles),
-                  static_cast<unsigned>(shape.outer < 65535 ? shape.outer : 65535));
+  const unsigned outer_blocks = static_cast<unsigned>(shape.outer < 65535 ? shape.outer : 65535);
+  cudaStream_t stream = mg::cuda::current_cuda_stream();
+  // Split the reduced axis when the plain grid would leave the GPU idle (see the top).
+  const int64_t blocks = tiles * outer_blocks;
+  int64_t slices = 1;
+  if (op != ReduceOp::Var && blocks < kSplitBlocks && shape.reduce >= 2 * kMinSliceRows) {
+    slices = std::min<int64_t>(shape.reduce / kMinSliceRows, kSplitBlocks / blocks);
+  }
   visit_all(in_dtype, [&](auto t) {
     using T = typename decltype(t)::type;
     using A = typename AccOf<T>::type;
     const size_t smem = sizeof(Partial<A>) * kThreads;
-    launch_kernel<reduce_kernel<T>>(grid, block, smem, mg::cuda::current_cuda_stream(), static_cast<int>(op),
-                                    shape.outer, shape.reduce, shape.inner, static_cast<const T*>(input),
-                                    output, out_dtype, correction);
+    if (slices == 1) {
+      launch_kernel<reduce_kernel<T>>(dim3(static_cast<unsigned>(tiles), outer_blocks), block, smem, stream,
+                                      static_cast<int>(op), shape.outer, shape.reduce, shape.inner,
+                                      static_cast<const T*>(input), output, out_dtype, correction);
+      return;
+    }
+    const int64_t slice_rows = (shape.reduce + slices - 1) / slices;
+    Workspace partials(sizeof(Partial<A>) * static_cast<size_t>(shape.outer * slices * shape.inner));
+    auto* p = static_cast<Partial<A>*>(partials.get());
+    launch_kernel<reduce_slices_kernel<T>>(
+        dim3(static_cast<unsigned>(tiles), outer_blocks, static_cast<unsigned>(slices)), block, smem, stream,
+        static_cast<int>(op), shape.outer, shape.reduce, shape.inner, slice_rows,
+        static_cast<const T*>(input), p);
+    launch_kernel<reduce_finish_kernel<T>>(grid_for(shape.outer * shape.inner), kThreads, 0, stream,
+                                           static_cast<int>(op), shape.outer, shape.reduce, shape.inner,
+                                           slices, static_cast<const Partial<A>*>(p), output, out_dtype);
   });
 }
 

@@ -206,8 +206,9 @@ TEST_CASE("cuda copy converts between all dtype pairs like the CPU", "[gpu][copy
 
 TEST_CASE("cuda reductions match the CPU", "[gpu][reduce]") {
   manual_seed(5);
-  const kernels::cpu::ReduceShape shapes[] = {
-      {7, 1000, 1}, {3, 129, 40}, {1, 5000, 3}, {64, 1, 1}, {2, 0, 3}};
+  // The last two split their long reduced axis over many blocks (a full sum(), the split reduce).
+  const kernels::cpu::ReduceShape shapes[] = {{7, 1000, 1}, {3, 129, 40},   {1, 5000, 3}, {64, 1, 1},
+                                              {2, 0, 3},    {1, 300001, 1}, {2, 40000, 3}};
   const ReduceOp ops[] = {ReduceOp::Sum,    ReduceOp::Mean,   ReduceOp::Max, ReduceOp::Min,
                           ReduceOp::Argmax, ReduceOp::Argmin, ReduceOp::Var, ReduceOp::Prod};
   for (DType dt : {DType::f32, DType::f64, DType::bf16, DType::i64, DType::i32, DType::boolean}) {
@@ -216,9 +217,11 @@ TEST_CASE("cuda reductions match the CPU", "[gpu][reduce]") {
       Tensor x = random_cpu(in_shape, DType::f64, 1.0);
       if (!is_floating(dt)) x = mul(x, 20.0);
       x = x.to(dt);
-      // Prod of 5000 numbers overflows: use values near 1 for it.
+      // Prod of 5000 numbers overflows: use values near 1 for it (and for long reductions, nearer).
       const Tensor x_prod =
-          is_floating(dt) ? add(mul(random_cpu(in_shape, DType::f64), 0.01), 1.0).to(dt) : x;
+          is_floating(dt)
+              ? add(mul(random_cpu(in_shape, DType::f64), s.reduce > 10000 ? 0.001 : 0.01), 1.0).to(dt)
+              : x;
       for (ReduceOp op : ops) {
         const bool arg = op == ReduceOp::Argmax || op == ReduceOp::Argmin;
         if ((op == ReduceOp::Mean || op == ReduceOp::Var) && !is_floating(dt)) continue;
