@@ -40,8 +40,10 @@
 // of its events have completed (what PyTorch's CachingHostAllocator does).
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdlib>
+#include <cstring>
 #include <iomanip>
 #include <iterator>
 #include <list>
@@ -101,10 +103,22 @@ struct Block {
   std::vector<Stream> users;  // other streams that use it (record_stream)
 };
 
+// MG_CUDA_NO_CACHING=1 (as PyTorch's PYTORCH_NO_CUDA_MEMORY_CACHING): every allocation is its
+// own cudaMalloc of exactly the bytes asked for, every free a cudaFree. Slow, but a kernel that
+// writes past a tensor then writes past an allocation, which the CUDA emulation's guard bytes,
+// compute-sanitizer and AddressSanitizer all see (inside a cached block they cannot).
+bool caching_disabled() {
+  static const bool off = [] {
+    const char* v = std::getenv("MG_CUDA_NO_CACHING");
+    return v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0;
+  }();
+  return off;
+}
+
 class CudaCachingAllocator {
  public:
   void* allocate(size_t nbytes, int device) {
-    const size_t size = round_size(nbytes);
+    const size_t size = caching_disabled() ? std::max<size_t>(nbytes, 1) : round_size(nbytes);
     DeviceGuard guard(device);
     void* stream = current_stream(device).handle;
     std::lock_guard<std::mutex> lock(mutex_);
@@ -169,6 +183,11 @@ class CudaCachingAllocator {
     const Block b = std::move(found->second);
     live_.erase(found);
     stats_[b.device].allocated_bytes -= static_cast<int64_t>(b.size);
+    if (caching_disabled()) {  // cudaFree waits for the device: no stream still uses the block after
+      DeviceGuard guard(b.device);
+      MG_CUDA_CHECK(cudaFree(ptr));
+      return;
+    }
     cached_[b.device] += static_cast<int64_t>(b.size);
     if (b.users.empty()) {
       free_[b.device].emplace(b.size, Cached{ptr, b.stream});
