@@ -25,6 +25,8 @@ namespace mg::bench {
 
 struct BenchOptions {
   bool quick = false;  // a few small sizes and few repetitions: scripts/gpu-check runs this
+  bool check = false;  // correctness only: tiny sizes, one call each (the CUDA emulation's ctest
+                       // runs this; its times mean nothing there). Implies quick.
   int device = 0;      // physical CUDA device
   int warmup = 3;
   int repeats = 20;

@@ -107,7 +107,9 @@ std::vector<KernelResult> bench_gemm_ladder(const BenchOptions& o, const Ceiling
   cublasHandle_t handle = nullptr;
   cublas_ok(cublasCreate(&handle));
   cublas_ok(cublasSetStream(handle, stream));
-  const std::vector<int> sizes = o.quick ? std::vector<int>{1024, 4096} : std::vector<int>{1024, 2048, 4096};
+  const std::vector<int> sizes = o.check   ? std::vector<int>{128, 264}
+                                 : o.quick ? std::vector<int>{1024, 4096}
+                                           : std::vector<int>{1024, 2048, 4096};
   std::vector<KernelResult> rows;
   try {
     for (int size : sizes) {

@@ -1,7 +1,7 @@
 // bench_kernels: every CUDA kernel family against a ceiling measured in the same run, in the
 // manner of llm.c's dev/cuda kernel lab and nccl-tests' tables.
 //
-//   build/benchmarks/bench_kernels [--quick] [--device N] [--family NAME[,NAME...]]... [--list]
+//   build/benchmarks/bench_kernels [--quick|--check] [--device N] [--family NAME[,NAME...]]... [--list]
 //                                  [-w|--warmup N] [-n|--repeats N] [--json PATH]
 //
 // What it does, in order:
@@ -42,6 +42,9 @@
 //
 // --quick (what scripts/gpu-check runs): a 64 MiB ceiling, -w 2 -n 10, and each family's own
 // short list of sizes. Defaults otherwise: -w 3 -n 20.
+// --check (what ctest runs in the CUDA emulation build): correctness only -- a 1 MiB ceiling,
+// -w 0 -n 1 and each family's smallest sizes; rows are judged WRONG or ok as always, and the
+// times and ratios mean nothing (the emulator says nothing about speed).
 //
 // Flags are parsed by hand, like bench_allreduce's, so the binary builds where CLI11 is absent
 // (the GPU machine may have nothing but CUDA, cmake and python3). JSON uses nlohmann_json when
@@ -84,7 +87,7 @@ struct Flags {
 };
 
 const char* usage =
-    "usage: bench_kernels [--quick] [--device N] [--family NAME[,NAME...]]... [--list]\n"
+    "usage: bench_kernels [--quick|--check] [--device N] [--family NAME[,NAME...]]... [--list]\n"
     "                     [-w|--warmup N] [-n|--repeats N] [--json PATH]\n"
     "  defaults: device 0, every family, -w 3 -n 20, a 256 MiB copy ceiling;\n"
     "  --quick: -w 2 -n 10, a 64 MiB ceiling and each family's short list of sizes;\n"
@@ -109,6 +112,8 @@ Flags parse_flags(int argc, char** argv) {
     };
     if (arg == "--quick") {
       f.options.quick = true;
+    } else if (arg == "--check") {
+      f.options.quick = f.options.check = true;
     } else if (arg == "--device" || arg == "-d") {
       f.options.device = parse_int(value(), arg, 0);
     } else if (arg == "--family" || arg == "-f") {
@@ -134,8 +139,8 @@ Flags parse_flags(int argc, char** argv) {
     }
   }
   if (f.options.quick) {
-    if (!warmup_set) f.options.warmup = 2;
-    if (!repeats_set) f.options.repeats = 10;
+    if (!warmup_set) f.options.warmup = f.options.check ? 0 : 2;
+    if (!repeats_set) f.options.repeats = f.options.check ? 1 : 10;
   }
   if (f.json_path.empty()) {
     const char* dir = std::getenv("MG_BENCH_OUT_DIR");
@@ -496,10 +501,13 @@ int run(int argc, char** argv) {
   Report rep;
   rep.options = flags.options;
   rep.device = describe(physical);
-  rep.copy_bytes = size_t{flags.options.quick ? 64u : 256u} << 20;
+  rep.copy_bytes = size_t{flags.options.check ? 1u : flags.options.quick ? 64u : 256u} << 20;
   std::printf("# bench_kernels: cuda:%d %s, sm_%d%d, %d SMs, %.0f GiB; %s, -w %d -n %d\n",
               flags.options.device, rep.device.name.c_str(), rep.device.major, rep.device.minor,
-              rep.device.sm_count, rep.device.memory_gib, flags.options.quick ? "quick" : "full",
+              rep.device.sm_count, rep.device.memory_gib,
+              flags.options.check   ? "check"
+              : flags.options.quick ? "quick"
+                                    : "full",
               flags.options.warmup, flags.options.repeats);
   rep.ceilings.copy_gbps = measure_copy_gbps(rep.copy_bytes, flags.options, stream);
   std::printf("# ceiling: device-to-device cudaMemcpyAsync of %zu MiB: %.1f GB/s (bytes read + written)",

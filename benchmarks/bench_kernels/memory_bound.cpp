@@ -517,7 +517,7 @@ std::vector<bench::KernelResult> bench_memory(const bench::BenchOptions& options
   const Env env{options, ceilings,
                 static_cast<cudaStream_t>(mg::cuda::current_stream(mg::cuda::current_device()).handle)};
   std::vector<bench::KernelResult> rows;
-  std::vector<int64_t> sizes_mib = {64};
+  std::vector<int64_t> sizes_mib = {options.check ? 1 : 64};
   if (!options.quick) sizes_mib.push_back(256);
   for (int64_t mib : sizes_mib) {
     const int64_t n = (mib << 20) / 4;  // f32 elements
