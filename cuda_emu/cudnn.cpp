@@ -60,7 +60,7 @@
 #include <unordered_set>
 #include <vector>
 
-#include "cuda_emu/half_bits.h"
+#include "cuda_emu/elements.h"
 #include "cuda_emu/runtime_internal.h"
 
 // The opaque types cudnn.h forward-declares.
@@ -89,9 +89,14 @@ struct cudnnConvolutionStruct {
 };
 
 using mg_emu::bf16_to_float;
+using mg_emu::Elem;
+using mg_emu::elem_bytes;
 using mg_emu::float_to_bf16;
 using mg_emu::float_to_half;
 using mg_emu::half_to_float;
+using mg_emu::load;
+using mg_emu::store;
+using mg_emu::to_tf32;
 
 namespace {
 
@@ -144,47 +149,6 @@ cudnnStatus_t fail(const char* fn, cudnnStatus_t status, const std::string& why)
 }
 
 // ---- element types -----------------------------------------------------------------------------
-enum class Elem { f32, f64, f16, bf16 };
-
-size_t elem_bytes(Elem e) { return e == Elem::f64 ? 8 : e == Elem::f32 ? 4 : 2; }
-
-uint32_t float_bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-}
-float bits_float(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-float to_tf32(float v) {  // 10 mantissa bits, to nearest with ties away (cvt.rna.tf32.f32)
-  const uint32_t x = float_bits(v);
-  if ((x & 0x7f800000u) == 0x7f800000u) return v;  // inf, NaN
-  return bits_float((x + 0x1000u) & 0xffffe000u);
-}
-
-template <class Acc>
-Acc load(Elem e, const void* base, long long i) {
-  switch (e) {
-    case Elem::f32: return Acc(static_cast<const float*>(base)[i]);
-    case Elem::f64: return Acc(static_cast<const double*>(base)[i]);
-    case Elem::f16: return Acc(half_to_float(static_cast<const uint16_t*>(base)[i]));
-    case Elem::bf16: return Acc(bf16_to_float(static_cast<const uint16_t*>(base)[i]));
-  }
-  return Acc(0);
-}
-
-template <class Acc>
-void store(Elem e, void* base, long long i, Acc v) {
-  switch (e) {
-    case Elem::f32: static_cast<float*>(base)[i] = float(v); return;
-    case Elem::f64: static_cast<double*>(base)[i] = double(v); return;
-    case Elem::f16: static_cast<uint16_t*>(base)[i] = float_to_half(float(v)); return;
-    case Elem::bf16: static_cast<uint16_t*>(base)[i] = float_to_bf16(float(v)); return;
-  }
-}
 
 bool valid_data_type(cudnnDataType_t t) {
   return int(t) >= CUDNN_DATA_FLOAT && int(t) <= CUDNN_DATA_COMPLEX_FP64;
