@@ -4,6 +4,7 @@
 #include "core/allocator.h"
 #include "core/autocast.h"
 #include "core/autograd/node.h"
+#include "core/cuda_runtime.h"
 #include "core/device.h"
 #include "core/dtype.h"
 #include "core/error.h"

@@ -378,7 +378,10 @@ int run(Flags f) {
   // Everything on the device before the first step.
   model->to(device);
   const mg::Tensor x_dev = x_all.to(device), y_dev = y_all.to(device);
-  mg::optim::SGD opt(model->parameters(), {.lr = lr, .momentum = f.momentum});
+  mg::optim::SGDOptions sgd;
+  sgd.lr = lr;
+  sgd.momentum = f.momentum;
+  mg::optim::SGD opt(model->parameters(), sgd);
   auto sync = [&] {
     if (device.is_cuda()) mg::cuda::synchronize_device(device.index);
   };

@@ -215,7 +215,10 @@ Result compare(Setup& s, int warmup, int steps, double momentum, bool print_loss
     t_y.push_back(to_torch(mg_y.back()));
   }
 
-  mg::optim::SGD mg_opt(s.mg_model->parameters(), {.lr = lr, .momentum = momentum});
+  mg::optim::SGDOptions mg_sgd;
+  mg_sgd.lr = lr;
+  mg_sgd.momentum = momentum;
+  mg::optim::SGD mg_opt(s.mg_model->parameters(), mg_sgd);
   torch::optim::SGD t_opt(s.torch_model->parameters(), torch::optim::SGDOptions(lr).momentum(momentum));
 
   auto mg_step = [&](int i) {

@@ -462,13 +462,13 @@ Tensor Tensor::to(DType dtype) const { return to(device(), dtype); }
 // ---- autograd accessors ----------------------------------------------------
 bool Tensor::requires_grad() const { return impl_ && impl_->autograd && impl_->autograd->requires_grad; }
 
-Tensor& Tensor::set_requires_grad(bool requires) {
+Tensor& Tensor::set_requires_grad(bool requires_grad) {
   require_defined(*this, "set_requires_grad");
   check(is_leaf(), "set_requires_grad: only leaf tensors can change requires_grad (this one comes from ",
         grad_fn() ? grad_fn()->name() : std::string("?"), "); use detach() first");
-  check(!requires || is_floating(dtype()),
+  check(!requires_grad || is_floating(dtype()),
         "set_requires_grad: only floating tensors can require grad, this one is ", dtype());
-  impl_->autograd_meta().requires_grad = requires;
+  impl_->autograd_meta().requires_grad = requires_grad;
   return *this;
 }
 

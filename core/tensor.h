@@ -108,7 +108,7 @@ class Tensor {
 
   // ---- autograd ----
   bool requires_grad() const;
-  Tensor& set_requires_grad(bool requires);  // leaves only
+  Tensor& set_requires_grad(bool requires_grad);  // leaves only
   bool is_leaf() const;
   const Tensor& grad() const;  // undefined until a backward reaches this leaf
   Tensor& mutable_grad() const;

@@ -1,6 +1,10 @@
 // DataLoader: turns a Dataset into a stream of batches for a training loop.
 //
-//   data::DataLoader loader(train, {.batch_size = 128, .shuffle = true, .workers = 2});
+//   data::DataLoaderOptions options;
+//   options.batch_size = 128;
+//   options.shuffle = true;
+//   options.workers = 2;
+//   data::DataLoader loader(train, options);
 //   for (auto& [x, y] : loader) { ... }          // one pass = one epoch
 //
 // What it does per pass: ask the sampler for the epoch's index list, cut it into batches of

@@ -35,10 +35,17 @@ inline Random128 philox128(uint64_t key, uint64_t element, uint64_t call) {
                                                                                               << 32};
 }
 
-// An integer in [0, n) from 64 random bits (Lemire's multiply-shift; bias below n / 2^64).
-inline uint64_t below(uint64_t random64, uint64_t n) {
-  return static_cast<uint64_t>((static_cast<unsigned __int128>(random64) * n) >> 64);
+// The high 64 bits of the 128-bit product a * b, from four 32 x 32 -> 64 products (standard
+// C++ has no 128-bit integer; this is what the compiler's __int128 multiply computes).
+inline uint64_t mul_high64(uint64_t a, uint64_t b) {
+  const uint64_t a_lo = a & 0xffffffffu, a_hi = a >> 32, b_lo = b & 0xffffffffu, b_hi = b >> 32;
+  const uint64_t lo_lo = a_lo * b_lo, hi_lo = a_hi * b_lo, lo_hi = a_lo * b_hi, hi_hi = a_hi * b_hi;
+  const uint64_t middle = (lo_lo >> 32) + (hi_lo & 0xffffffffu) + lo_hi;  // cannot overflow
+  return hi_hi + (hi_lo >> 32) + (middle >> 32);
 }
+
+// An integer in [0, n) from 64 random bits (Lemire's multiply-shift; bias below n / 2^64).
+inline uint64_t below(uint64_t random64, uint64_t n) { return mul_high64(random64, n); }
 
 // A double in [0, 1) from the top 53 of 64 random bits.
 inline double unit_double(uint64_t random64) { return static_cast<double>(random64 >> 11) * 0x1.0p-53; }

@@ -91,17 +91,27 @@ int main(int argc, char** argv) {
 
     data::FashionMNIST train_set(data::Split::Train), test_set(data::Split::Test);
     auto normalize = examples::normalize_transform();
-    data::DistributedSampler train_sampler(train_set.size(), pg.rank(), pg.size(),
-                                           {.shuffle = true, .seed = seed});
-    data::DistributedSampler test_sampler(test_set.size(), pg.rank(), pg.size(), {.shuffle = false});
-    data::DataLoader train_loader(train_set, {.batch_size = batch_size,
-                                              .drop_last = true,
-                                              .seed = seed,
-                                              .sampler = &train_sampler,
-                                              .workers = workers,
-                                              .transform = normalize});
-    data::DataLoader test_loader(
-        test_set, {.batch_size = 1000, .sampler = &test_sampler, .workers = workers, .transform = normalize});
+    data::DistributedSamplerOptions train_shard;
+    train_shard.shuffle = true;
+    train_shard.seed = seed;
+    data::DistributedSampler train_sampler(train_set.size(), pg.rank(), pg.size(), train_shard);
+    data::DistributedSamplerOptions test_shard;
+    test_shard.shuffle = false;
+    data::DistributedSampler test_sampler(test_set.size(), pg.rank(), pg.size(), test_shard);
+    data::DataLoaderOptions train_options;
+    train_options.batch_size = batch_size;
+    train_options.drop_last = true;
+    train_options.seed = seed;
+    train_options.sampler = &train_sampler;
+    train_options.workers = workers;
+    train_options.transform = normalize;
+    data::DataLoader train_loader(train_set, train_options);
+    data::DataLoaderOptions test_options;
+    test_options.batch_size = 1000;
+    test_options.sampler = &test_sampler;
+    test_options.workers = workers;
+    test_options.transform = normalize;
+    data::DataLoader test_loader(test_set, test_options);
 
     manual_seed(seed);  // identical initialisation on every rank...
     std::shared_ptr<nn::Module> model = examples::make_model(model_name);
@@ -112,10 +122,15 @@ int main(int argc, char** argv) {
     ddp_options.check_replicas_every = check_replicas_every;
     parallel::DistributedDataParallel ddp(*model, pg, ddp_options);  // ...verified and broadcast
     manual_seed(parallel::seed_for_rank(seed, pg.rank()));           // ...while dropout differs per rank
-    optim::AdamW opt(ddp.parameters(), {.lr = lr, .weight_decay = weight_decay});
+    optim::AdamWOptions adamw;
+    adamw.lr = lr;
+    adamw.weight_decay = weight_decay;
+    optim::AdamW opt(ddp.parameters(), adamw);
     const int64_t steps_per_epoch =
         limit_train > 0 ? std::min(limit_train, train_loader.size()) : train_loader.size();
-    optim::CosineAnnealingLR schedule(opt, {.t_max = epochs * steps_per_epoch});
+    optim::CosineAnnealingLROptions cosine;
+    cosine.t_max = epochs * steps_per_epoch;
+    optim::CosineAnnealingLR schedule(opt, cosine);
 
     int start_epoch = 0;
     int64_t step = 0;
@@ -176,8 +191,12 @@ int main(int argc, char** argv) {
             "exposed\n",
             epoch + 1, loss_sum / static_cast<double>(std::max<int64_t>(batches, 1)), accuracy,
             seconds_since(epoch_start), stats.comm_ms, stats.exposed_ms);
-      if (!checkpoint_dir.empty())
-        parallel::save_checkpoint(pg, checkpoint_dir, *model, opt, {.step = step, .epoch = epoch + 1});
+      if (!checkpoint_dir.empty()) {
+        optim::CheckpointInfo info;
+        info.step = step;
+        info.epoch = epoch + 1;
+        parallel::save_checkpoint(pg, checkpoint_dir, *model, opt, info);
+      }
     }
     if (main_rank)
       std::printf("final: model %s, %d ranks, test accuracy %.4f, wall time %.1f s\n", model_name.c_str(),

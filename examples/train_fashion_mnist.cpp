@@ -83,21 +83,32 @@ int main(int argc, char** argv) {
 
     data::FashionMNIST train_set(data::Split::Train), test_set(data::Split::Test);
     auto normalize = examples::normalize_transform();
-    data::DataLoader train_loader(train_set, {.batch_size = batch_size,
-                                              .shuffle = true,
-                                              .drop_last = true,
-                                              .seed = seed,
-                                              .workers = workers,
-                                              .transform = normalize});
-    data::DataLoader test_loader(test_set, {.batch_size = 1000, .workers = workers, .transform = normalize});
+    data::DataLoaderOptions train_options;
+    train_options.batch_size = batch_size;
+    train_options.shuffle = true;
+    train_options.drop_last = true;
+    train_options.seed = seed;
+    train_options.workers = workers;
+    train_options.transform = normalize;
+    data::DataLoader train_loader(train_set, train_options);
+    data::DataLoaderOptions test_options;
+    test_options.batch_size = 1000;
+    test_options.workers = workers;
+    test_options.transform = normalize;
+    data::DataLoader test_loader(test_set, test_options);
 
     manual_seed(seed);
     std::shared_ptr<nn::Module> model = examples::make_model(model_name);
     model->to(device);
-    optim::AdamW opt(model->parameters(), {.lr = lr, .weight_decay = weight_decay});
+    optim::AdamWOptions adamw;
+    adamw.lr = lr;
+    adamw.weight_decay = weight_decay;
+    optim::AdamW opt(model->parameters(), adamw);
     const int64_t steps_per_epoch =
         limit_train > 0 ? std::min(limit_train, train_loader.size()) : train_loader.size();
-    optim::CosineAnnealingLR schedule(opt, {.t_max = epochs * steps_per_epoch});
+    optim::CosineAnnealingLROptions cosine;
+    cosine.t_max = epochs * steps_per_epoch;
+    optim::CosineAnnealingLR schedule(opt, cosine);
 
     int start_epoch = 0;
     int64_t step = 0;
@@ -144,8 +155,12 @@ int main(int argc, char** argv) {
       std::printf("\nepoch %d: train loss %.4f, test accuracy %.4f, %.1f s\n", epoch + 1,
                   loss_sum / static_cast<double>(std::max<int64_t>(batches, 1)), accuracy,
                   seconds_since(epoch_start));
-      if (!checkpoint_dir.empty())
-        optim::save_checkpoint(checkpoint_dir, *model, opt, {.step = step, .epoch = epoch + 1});
+      if (!checkpoint_dir.empty()) {
+        optim::CheckpointInfo info;
+        info.step = step;
+        info.epoch = epoch + 1;
+        optim::save_checkpoint(checkpoint_dir, *model, opt, info);
+      }
     }
     std::printf("final: model %s, test accuracy %.4f, wall time %.1f s\n", model_name.c_str(), accuracy,
                 seconds_since(run_start));

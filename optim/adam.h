@@ -17,7 +17,10 @@
 // t is the PARAMETER's step count (state "step"), as in PyTorch: a parameter
 // that got no gradient in some step() does not advance.
 //
-//   optim::AdamW opt(params, {.lr = 1e-3, .weight_decay = 0.01});
+//   optim::AdamWOptions adamw;
+//   adamw.lr = 1e-3;
+//   adamw.weight_decay = 0.01;
+//   optim::AdamW opt(params, adamw);
 #pragma once
 
 #include <vector>

@@ -6,7 +6,9 @@
 // PyTorch's constructor does); each step() then does ++t and applies lr(t).
 // Call it AFTER optimizer.step():
 //
-//   optim::CosineAnnealingLR sched(opt, {.t_max = 100});
+//   optim::CosineAnnealingLROptions cosine;
+//   cosine.t_max = 100;
+//   optim::CosineAnnealingLR sched(opt, cosine);
 //   for (...) { loss.backward(); opt.step(); sched.step(); }
 //
 // Every schedule here is written in CLOSED FORM, a function of t only, instead

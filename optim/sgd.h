@@ -8,9 +8,12 @@
 //   p  -= lr * d
 //
 // Options are a plain aggregate with defaults, like every options struct in
-// multigrad:
-//   optim::SGD opt(params, {.lr = 0.1, .momentum = 0.9});   // GCC/Clang, see docs/nn-and-optim.md
-//   optim::SGDOptions o; o.lr = 0.1; o.momentum = 0.9;       // strictly portable C++17
+// multigrad: set the fields you need by name, the others keep their defaults
+// (see docs/nn-and-optim.md):
+//   optim::SGDOptions sgd;
+//   sgd.lr = 0.1;
+//   sgd.momentum = 0.9;
+//   optim::SGD opt(params, sgd);
 #pragma once
 
 #include <vector>

@@ -25,7 +25,9 @@
 //
 //   nn::FashionCNN net;                    // parameters on devices[0]
 //   parallel::DataParallel dp(net, {Device::cpu(0), Device::cpu(1)});
-//   optim::AdamW opt(net.parameters(), {.lr = 1e-3});
+//   optim::AdamWOptions adamw;
+//   adamw.lr = 1e-3;
+//   optim::AdamW opt(net.parameters(), adamw);
 //   Tensor loss = nn::cross_entropy(dp(x), y);   // output and loss on cpu:0
 //   opt.zero_grad(); loss.backward(); opt.step();
 //

@@ -5,7 +5,9 @@
 //   manual_seed(42);                                     // same init on every rank...
 //   Net net;  net.to(pg.device());
 //   parallel::DistributedDataParallel ddp(net, pg);      // ...checked, then broadcast from rank 0
-//   optim::AdamW opt(ddp.parameters(), {.lr = 1e-3});
+//   optim::AdamWOptions adamw;
+//   adamw.lr = 1e-3;
+//   optim::AdamW opt(ddp.parameters(), adamw);
 //   loss = nn::cross_entropy(ddp(x), y);                 // x: this rank's part of the batch
 //   loss.backward();                                     // buckets all-reduce while backward runs
 //   opt.step();                                          // every rank takes the same step

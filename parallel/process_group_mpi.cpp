@@ -105,11 +105,19 @@ class MpiRuntime {
     return runtime;
   }
 
+  // A poisoned group aborts the whole job at exit (never a hang). It first waits a short grace:
+  // the other survivors' watchdogs fire at about the same moment (their collective started at
+  // about the same time), and an immediate MPI_Abort would kill them before they report their
+  // own error -- each survivor's message is what tells the user which rank waited on what.
+  static constexpr std::chrono::milliseconds kAbortGrace{2000};
+
   ~MpiRuntime() {
     if (poisoned_) {
       std::fprintf(stderr,
-                   "multigrad: aborting the MPI job: a collective timed out or failed on this rank\n");
+                   "multigrad: aborting the MPI job in %.0f s: a collective timed out or failed on this rank\n",
+                   std::chrono::duration<double>(kAbortGrace).count());
       std::fflush(stderr);
+      std::this_thread::sleep_for(kAbortGrace);
       MPI_Abort(MPI_COMM_WORLD, 1);
     }
     for (MPI_Op& op : half_ops_) MPI_Op_free(&op);

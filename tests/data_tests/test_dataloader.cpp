@@ -97,7 +97,9 @@ TEST_CASE("SyntheticClassification is deterministic and learnable-shaped", "[dat
 
 TEST_CASE("DataLoader batches in order, with len() and drop_last", "[data][dataloader]") {
   TensorDataset ds(arange(10).to(DType::f32), arange(10));
-  DataLoader loader(ds, {.batch_size = 3});
+  DataLoaderOptions options;
+  options.batch_size = 3;
+  DataLoader loader(ds, options);
   CHECK(loader.size() == 4);
   CHECK(loader.len() == 4);
   Pass p = collect(loader);
@@ -105,13 +107,19 @@ TEST_CASE("DataLoader batches in order, with len() and drop_last", "[data][datal
   CHECK(p.target[0] == std::vector<int64_t>{0, 1, 2});
   CHECK(p.target[3] == std::vector<int64_t>{9});  // the last batch is smaller
 
-  DataLoader dropping(ds, {.batch_size = 3, .drop_last = true});
+  DataLoaderOptions dropping_options;
+  dropping_options.batch_size = 3;
+  dropping_options.drop_last = true;
+  DataLoader dropping(ds, dropping_options);
   CHECK(dropping.size() == 3);
   Pass d = collect(dropping);
   REQUIRE(d.target.size() == 3);
   CHECK(d.target[2] == std::vector<int64_t>{6, 7, 8});
 
-  DataLoader big(ds, {.batch_size = 32, .drop_last = true});
+  DataLoaderOptions big_options;
+  big_options.batch_size = 32;
+  big_options.drop_last = true;
+  DataLoader big(ds, big_options);
   CHECK(big.size() == 0);
   CHECK(big.begin() == big.end());
 
@@ -131,12 +139,14 @@ TEST_CASE("DataLoader gives identical batches for 0, 1 and 3 workers", "[data][d
   std::vector<Pass> passes;
   for (int workers : {0, 1, 3}) {
     for (int prefetch : {1, 4}) {
-      DataLoader loader(ds, {.batch_size = 64,
-                             .shuffle = true,
-                             .seed = 11,
-                             .workers = workers,
-                             .prefetch = prefetch,
-                             .transform = transform});
+      DataLoaderOptions options;
+      options.batch_size = 64;
+      options.shuffle = true;
+      options.seed = 11;
+      options.workers = workers;
+      options.prefetch = prefetch;
+      options.transform = transform;
+      DataLoader loader(ds, options);
       CHECK(loader.size() == 16);
       passes.push_back(collect(loader));  // epoch 0
       passes.push_back(collect(loader));  // epoch 1
@@ -148,14 +158,25 @@ TEST_CASE("DataLoader gives identical batches for 0, 1 and 3 workers", "[data][d
 
   // Workers finishing out of order (random sleeps) still deliver in order.
   SlowDataset slow(200, -1, 300);
-  DataLoader serial(slow, {.batch_size = 7, .shuffle = true, .seed = 3});
-  DataLoader parallel(slow, {.batch_size = 7, .shuffle = true, .seed = 3, .workers = 4, .prefetch = 1});
+  DataLoaderOptions serial_options;
+  serial_options.batch_size = 7;
+  serial_options.shuffle = true;
+  serial_options.seed = 3;
+  DataLoaderOptions parallel_options = serial_options;
+  parallel_options.workers = 4;
+  parallel_options.prefetch = 1;
+  DataLoader serial(slow, serial_options);
+  DataLoader parallel(slow, parallel_options);
   CHECK(collect(serial) == collect(parallel));
 }
 
 TEST_CASE("DataLoader epochs: shuffle per epoch, set_epoch, a user sampler", "[data][dataloader]") {
   TensorDataset ds(arange(50).to(DType::f32), arange(50));
-  DataLoader loader(ds, {.batch_size = 50, .shuffle = true, .seed = 1});
+  DataLoaderOptions options;
+  options.batch_size = 50;
+  options.shuffle = true;
+  options.seed = 1;
+  DataLoader loader(ds, options);
   CHECK(loader.epoch() == 0);
   Pass e0 = collect(loader);
   CHECK(loader.epoch() == 1);  // each pass advances the loader's own sampler
@@ -165,12 +186,21 @@ TEST_CASE("DataLoader epochs: shuffle per epoch, set_epoch, a user sampler", "[d
   loader.set_epoch(0);
   CHECK(collect(loader) == e0);  // resuming at epoch 0 replays it
 
-  DataLoader sequential(ds, {.batch_size = 50});
+  DataLoaderOptions sequential_options;
+  sequential_options.batch_size = 50;
+  DataLoader sequential(ds, sequential_options);
   CHECK(collect(sequential) == collect(sequential));
 
   // A user sampler decides the order; the loader never advances its epoch.
-  DistributedSampler sampler(50, 1, 2, {.shuffle = true, .seed = 8});
-  DataLoader shard(ds, {.batch_size = 5, .sampler = &sampler, .workers = 2});
+  DistributedSamplerOptions sampler_options;
+  sampler_options.shuffle = true;
+  sampler_options.seed = 8;
+  DistributedSampler sampler(50, 1, 2, sampler_options);
+  DataLoaderOptions shard_options;
+  shard_options.batch_size = 5;
+  shard_options.sampler = &sampler;
+  shard_options.workers = 2;
+  DataLoader shard(ds, shard_options);
   CHECK(shard.size() == 5);
   Pass s0 = collect(shard);
   CHECK(collect(shard) == s0);
@@ -184,11 +214,23 @@ TEST_CASE("DataLoader epochs: shuffle per epoch, set_epoch, a user sampler", "[d
   shard.set_epoch(0);  // forwards to the sampler
   CHECK(sampler.epoch() == 0);
 
-  CHECK_THROWS_WITH(DataLoader(ds, {.shuffle = true, .sampler = &sampler}), Contains("mutually exclusive"));
-  CHECK_THROWS_WITH(DataLoader(ds, {.batch_size = 0}), Contains("batch_size must be >= 1"));
-  CHECK_THROWS_WITH(DataLoader(ds, {.workers = -1}), Contains("workers must be >= 0"));
-  DistributedSampler too_big(60, 0, 1, {.shuffle = false});
-  DataLoader bad(ds, {.batch_size = 5, .sampler = &too_big});
+  DataLoaderOptions shuffle_and_sampler;
+  shuffle_and_sampler.shuffle = true;
+  shuffle_and_sampler.sampler = &sampler;
+  CHECK_THROWS_WITH(DataLoader(ds, shuffle_and_sampler), Contains("mutually exclusive"));
+  DataLoaderOptions empty_batches;
+  empty_batches.batch_size = 0;
+  CHECK_THROWS_WITH(DataLoader(ds, empty_batches), Contains("batch_size must be >= 1"));
+  DataLoaderOptions negative_workers;
+  negative_workers.workers = -1;
+  CHECK_THROWS_WITH(DataLoader(ds, negative_workers), Contains("workers must be >= 0"));
+  DistributedSamplerOptions in_order;
+  in_order.shuffle = false;
+  DistributedSampler too_big(60, 0, 1, in_order);
+  DataLoaderOptions bad_options;
+  bad_options.batch_size = 5;
+  bad_options.sampler = &too_big;
+  DataLoader bad(ds, bad_options);
   CHECK_THROWS_WITH(bad.begin(), Contains("sampler gave index 50") && Contains("dataset of size 50"));
 }
 
@@ -196,11 +238,16 @@ TEST_CASE("DataLoader: set_start_batch resumes mid-epoch exactly", "[data][datal
   SyntheticClassification ds(100, {1, 2, 3}, 4, 1);
   auto flip = std::make_shared<RandomHorizontalFlip>(0.5);
   for (int workers : {0, 2}) {
-    DataLoader full(ds, {.batch_size = 8, .shuffle = true, .seed = 5, .workers = workers, .transform = flip});
+    DataLoaderOptions options;
+    options.batch_size = 8;
+    options.shuffle = true;
+    options.seed = 5;
+    options.workers = workers;
+    options.transform = flip;
+    DataLoader full(ds, options);
     full.set_epoch(3);
     const Pass all = collect(full);
-    DataLoader resumed(ds,
-                       {.batch_size = 8, .shuffle = true, .seed = 5, .workers = workers, .transform = flip});
+    DataLoader resumed(ds, options);
     resumed.set_epoch(3);
     resumed.set_start_batch(5);
     std::vector<int64_t> indices;
@@ -224,7 +271,11 @@ TEST_CASE("DataLoader: breaking out early stops the workers", "[data][dataloader
   SlowDataset ds(100000, -1, 50);
   const auto start = std::chrono::steady_clock::now();
   for (int round = 0; round < 20; ++round) {
-    DataLoader loader(ds, {.batch_size = 10, .workers = 3, .prefetch = 2});
+    DataLoaderOptions options;
+    options.batch_size = 10;
+    options.workers = 3;
+    options.prefetch = 2;
+    DataLoader loader(ds, options);
     ds.calls = 0;
     int seen = 0;
     for (auto& [x, y] : loader) {
@@ -236,7 +287,10 @@ TEST_CASE("DataLoader: breaking out early stops the workers", "[data][dataloader
   }
   // An iterator dropped mid-pass (not via range-for) also cleans up.
   {
-    DataLoader loader(ds, {.batch_size = 10, .workers = 2});
+    DataLoaderOptions options;
+    options.batch_size = 10;
+    options.workers = 2;
+    DataLoader loader(ds, options);
     auto it = loader.begin();
     ++it;
   }
@@ -247,7 +301,10 @@ TEST_CASE("DataLoader rethrows a failed batch with its index", "[data][dataloade
   SlowDataset ds(100, /*throw_at=*/37);
   for (int workers : {0, 1, 3}) {
     INFO("workers " << workers);
-    DataLoader loader(ds, {.batch_size = 10, .workers = workers});
+    DataLoaderOptions options;
+    options.batch_size = 10;
+    options.workers = workers;
+    DataLoader loader(ds, options);
     int delivered = 0;
     try {
       for (auto& batch : loader) {
@@ -266,7 +323,12 @@ TEST_CASE("DataLoader rethrows a failed batch with its index", "[data][dataloade
 
 TEST_CASE("DataLoader moves batches to the requested device", "[data][dataloader]") {
   TensorDataset ds(arange(8).to(DType::f32), arange(8));
-  DataLoader loader(ds, {.batch_size = 4, .workers = 1, .pin_memory = true, .device = Device::cpu(1)});
+  DataLoaderOptions options;
+  options.batch_size = 4;
+  options.workers = 1;
+  options.pin_memory = true;
+  options.device = Device::cpu(1);
+  DataLoader loader(ds, options);
   for (auto& [x, y] : loader) {
     CHECK(x.device() == Device::cpu(1));
     CHECK(y.device() == Device::cpu(1));

@@ -35,9 +35,15 @@ TEST_CASE("DataLoader pin_memory has no effect in a CPU-only run", "[data][pin_m
   }
   data::TensorDataset ds(arange(40).to(DType::f32).reshape({20, 2}), arange(20));
   for (int workers : {0, 2}) {
-    data::DataLoader plain(ds, {.batch_size = 6, .shuffle = true, .seed = 3, .workers = workers});
-    data::DataLoader pinned(
-        ds, {.batch_size = 6, .shuffle = true, .seed = 3, .workers = workers, .pin_memory = true});
+    data::DataLoaderOptions plain_options;
+    plain_options.batch_size = 6;
+    plain_options.shuffle = true;
+    plain_options.seed = 3;
+    plain_options.workers = workers;
+    data::DataLoaderOptions pinned_options = plain_options;
+    pinned_options.pin_memory = true;
+    data::DataLoader plain(ds, plain_options);
+    data::DataLoader pinned(ds, pinned_options);
     std::vector<std::vector<float>> expected_x, got_x;
     std::vector<std::vector<int64_t>> expected_y, got_y;
     for (auto& batch : plain) {

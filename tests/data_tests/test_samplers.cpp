@@ -72,24 +72,29 @@ TEST_CASE("DistributedSampler: PyTorch's examples", "[data][sampler][distributed
   // n = 10, world = 4: padded to 12 by wrapping ([0..9, 0, 1]), rank r takes [r::4].
   const std::vector<std::vector<int64_t>> padded = {{0, 4, 8}, {1, 5, 9}, {2, 6, 0}, {3, 7, 1}};
   const std::vector<std::vector<int64_t>> dropped = {{0, 4}, {1, 5}, {2, 6}, {3, 7}};
+  DistributedSamplerOptions in_order;
+  in_order.shuffle = false;
+  DistributedSamplerOptions in_order_drop_last;
+  in_order_drop_last.shuffle = false;
+  in_order_drop_last.drop_last = true;
   for (int64_t r = 0; r < 4; ++r) {
-    DistributedSampler pad(10, r, 4, {.shuffle = false});
+    DistributedSampler pad(10, r, 4, in_order);
     CHECK(pad.size() == 3);
     CHECK(pad.total_size() == 12);
     CHECK(pad.indices(0) == padded[size_t(r)]);
-    DistributedSampler drop(10, r, 4, {.shuffle = false, .drop_last = true});
+    DistributedSampler drop(10, r, 4, in_order_drop_last);
     CHECK(drop.size() == 2);
     CHECK(drop.indices(0) == dropped[size_t(r)]);
   }
   // More ranks than samples: the list wraps around several times.
   std::vector<int64_t> got;
   for (int64_t r = 0; r < 5; ++r) {
-    DistributedSampler s(2, r, 5, {.shuffle = false});
+    DistributedSampler s(2, r, 5, in_order);
     REQUIRE(s.size() == 1);
     got.push_back(s.indices(0)[0]);
   }
   CHECK(got == std::vector<int64_t>{0, 1, 0, 1, 0});
-  CHECK(DistributedSampler(2, 4, 5, {.shuffle = false, .drop_last = true}).indices(0).empty());
+  CHECK(DistributedSampler(2, 4, 5, in_order_drop_last).indices(0).empty());
 }
 
 TEST_CASE("DistributedSampler: shards are disjoint, cover the dataset, and pad or drop",
@@ -103,7 +108,11 @@ TEST_CASE("DistributedSampler: shards are disjoint, cover the dataset, and pad o
           std::map<int64_t, int> seen;
           std::vector<int64_t> interleaved(size_t(per_rank * world));
           for (int64_t r = 0; r < world; ++r) {
-            DistributedSampler s(n, r, world, {.shuffle = shuffle, .seed = 9, .drop_last = drop_last});
+            DistributedSamplerOptions options;
+            options.shuffle = shuffle;
+            options.seed = 9;
+            options.drop_last = drop_last;
+            DistributedSampler s(n, r, world, options);
             const std::vector<int64_t> shard = s.indices(2);
             REQUIRE(int64_t(shard.size()) == per_rank);  // every rank runs the same number of steps
             CHECK(s.size() == per_rank);
@@ -141,8 +150,10 @@ TEST_CASE("DistributedSampler: shards are disjoint, cover the dataset, and pad o
 
 TEST_CASE("DistributedSampler: the epoch changes the shuffle, the same on every rank",
           "[data][sampler][distributed]") {
-  DistributedSampler r0(100, 0, 2, {.shuffle = true, .seed = 42}),
-      r1(100, 1, 2, {.shuffle = true, .seed = 42});
+  DistributedSamplerOptions options;
+  options.shuffle = true;
+  options.seed = 42;
+  DistributedSampler r0(100, 0, 2, options), r1(100, 1, 2, options);
   CHECK(r0.indices(0) != r0.indices(1));
   // set_epoch is what the DataLoader reads; indices(epoch) is pure.
   r0.set_epoch(3);
@@ -155,7 +166,9 @@ TEST_CASE("DistributedSampler: the epoch changes the shuffle, the same on every 
   }
   CHECK(global == random_permutation(100, 42, 3));
   // Unshuffled, the epoch doesn't matter.
-  DistributedSampler plain(100, 0, 2, {.shuffle = false});
+  DistributedSamplerOptions in_order;
+  in_order.shuffle = false;
+  DistributedSampler plain(100, 0, 2, in_order);
   CHECK(plain.indices(0) == plain.indices(5));
 }
 

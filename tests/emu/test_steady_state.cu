@@ -51,7 +51,10 @@ TEST_CASE(
   manual_seed(3);
   nn::MLP model(32, std::vector<int64_t>{64, 64}, 10);
   model.to(dev);
-  optim::AdamW opt(model.parameters(), optim::AdamWOptions{.lr = 1e-3, .weight_decay = 0.01});
+  optim::AdamWOptions adamw;
+  adamw.lr = 1e-3;
+  adamw.weight_decay = 0.01;
+  optim::AdamW opt(model.parameters(), adamw);
   manual_seed(4);
   const Tensor x = randn({16, 32}).to(dev);
   const Tensor y = randint(0, 10, {16}).to(dev);

@@ -171,12 +171,23 @@ TEST_CASE("Optimizer::step on CUDA parameters matches the CPU", "[gpu][optim][mu
       gpu_params.push_back(cpu_params.back().detach().to(gpu()).set_requires_grad(true));
     }
     auto make = [&](std::vector<Tensor> ps) -> std::unique_ptr<optim::Optimizer> {
-      if (which == 0)
-        return std::make_unique<optim::SGD>(ps,
-                                            optim::SGDOptions{.lr = 0.1, .momentum = 0.9, .nesterov = true});
-      if (which == 1)
-        return std::make_unique<optim::Adam>(ps, optim::AdamOptions{.lr = 0.01, .weight_decay = 0.1});
-      return std::make_unique<optim::AdamW>(ps, optim::AdamWOptions{.lr = 0.01, .amsgrad = true});
+      if (which == 0) {
+        optim::SGDOptions sgd;
+        sgd.lr = 0.1;
+        sgd.momentum = 0.9;
+        sgd.nesterov = true;
+        return std::make_unique<optim::SGD>(ps, sgd);
+      }
+      if (which == 1) {
+        optim::AdamOptions adam;
+        adam.lr = 0.01;
+        adam.weight_decay = 0.1;
+        return std::make_unique<optim::Adam>(ps, adam);
+      }
+      optim::AdamWOptions adamw;
+      adamw.lr = 0.01;
+      adamw.amsgrad = true;
+      return std::make_unique<optim::AdamW>(ps, adamw);
     };
     auto on_cpu = make(cpu_params), on_cuda = make(gpu_params);
     for (int step = 0; step < 3; ++step) {

@@ -66,7 +66,11 @@ TEST_CASE("DataLoader with pin_memory and device cuda:0 yields the same batches 
   data::TensorDataset ds(random_cpu({100, 3, 5}), arange(100));
   for (int workers : {0, 2}) {
     INFO("workers = " << workers);
-    const data::DataLoaderOptions base{.batch_size = 16, .shuffle = true, .seed = 9, .workers = workers};
+    data::DataLoaderOptions base;
+    base.batch_size = 16;
+    base.shuffle = true;
+    base.seed = 9;
+    base.workers = workers;
     data::DataLoaderOptions pinned_gpu = base, pinned_cpu = base;
     pinned_gpu.pin_memory = pinned_cpu.pin_memory = true;
     pinned_gpu.device = gpu();

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install a built multigrad tree into a temporary prefix, then configure, build and
-# run tests/install/consumer against it with find_package(multigrad).
+# run tests/install/consumer against it with find_package(multigrad): the same program built at
+# C++17, C++20 and C++23 with -Wall -Wextra -Wpedantic -Werror (headers included).
 #
 #   tests/install/run_install_test.sh <build-dir> [<c++ compiler> [<cmake generator>]]
 #
@@ -27,5 +28,7 @@ echo "== configure consumer"
 cmake "${args[@]}"
 echo "== build consumer"
 cmake --build "$tmp/build"
-echo "== run consumer"
-"$tmp/build/consumer"
+for std in 17 20 23; do
+  echo "== run consumer_cxx$std"
+  "$tmp/build/consumer_cxx$std"
+done

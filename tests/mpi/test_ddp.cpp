@@ -53,10 +53,16 @@ std::pair<Tensor, Tensor> global_batch(int world, int step) {
 using MakeOptimizer = std::function<std::unique_ptr<optim::Optimizer>(std::vector<Tensor>)>;
 
 std::unique_ptr<optim::Optimizer> sgd_momentum(std::vector<Tensor> params) {
-  return std::make_unique<optim::SGD>(params, optim::SGDOptions{.lr = 0.1, .momentum = 0.9});
+  optim::SGDOptions options;
+  options.lr = 0.1;
+  options.momentum = 0.9;
+  return std::make_unique<optim::SGD>(params, options);
 }
 std::unique_ptr<optim::Optimizer> adamw(std::vector<Tensor> params) {
-  return std::make_unique<optim::AdamW>(params, optim::AdamWOptions{.lr = 0.01, .weight_decay = 0.01});
+  optim::AdamWOptions options;
+  options.lr = 0.01;
+  options.weight_decay = 0.01;
+  return std::make_unique<optim::AdamW>(params, options);
 }
 
 // K steps on one process with the whole global batch (the reference).
@@ -277,8 +283,12 @@ TEST_CASE("the GradScaler's skip decision is shared by all ranks", "[mpi][ddp]")
   ProcessGroup pg = test_group();
   auto model = make_model(4);
   DistributedDataParallel ddp(*model, pg);
-  optim::SGD opt(ddp.parameters(), optim::SGDOptions{.lr = 0.1});
-  optim::GradScaler scaler(optim::GradScalerOptions{.init_scale = 1024.0});
+  optim::SGDOptions sgd;
+  sgd.lr = 0.1;
+  optim::SGD opt(ddp.parameters(), sgd);
+  optim::GradScalerOptions scaling;
+  scaling.init_scale = 1024.0;
+  optim::GradScaler scaler(scaling);
   synchronize_grad_scaler(scaler, pg);
   auto before = model->parameters()[0].clone();
   auto [x, y] = global_batch(pg.size(), 0);
@@ -313,7 +323,9 @@ TEST_CASE("rank 0 checkpoints, every rank resumes, and the run continues exactly
   DistributedDataParallel ddp(*model, pg);
   auto opt = adamw(ddp.parameters());
   run(*model, *opt, ddp, 0, 3);
-  save_checkpoint(pg, dir, *model, *opt, optim::CheckpointInfo{.step = 3});
+  optim::CheckpointInfo saved;
+  saved.step = 3;
+  save_checkpoint(pg, dir, *model, *opt, saved);
   run(*model, *opt, ddp, 3, 6);
 
   auto resumed = make_model(99);  // different init: everything must come from the checkpoint
@@ -330,7 +342,10 @@ TEST_CASE("rank 0 checkpoints, every rank resumes, and the run continues exactly
 TEST_CASE("uneven datasets: every rank gets the same number of batches", "[mpi][ddp]") {
   ProcessGroup pg = test_group();
   for (int64_t n : {10, 11, 13, 1}) {
-    data::DistributedSampler sampler(n, pg.rank(), pg.size(), {.shuffle = true, .seed = 3});
+    data::DistributedSamplerOptions options;
+    options.shuffle = true;
+    options.seed = 3;
+    data::DistributedSampler sampler(n, pg.rank(), pg.size(), options);
     Tensor count = full({1}, static_cast<double>(sampler.indices(0).size()), TensorOptions{DType::i64});
     Tensor most = count.clone(), least = count.clone();
     pg.allreduce(most, ReduceOp::Max)->wait();

@@ -41,11 +41,20 @@ constexpr int kFirstSteps = 9;   // N: one epoch is 6 batches, so N ends 3 batch
 constexpr int kSecondSteps = 7;  // M: crosses into epoch 2
 constexpr uint64_t kSeed = 5;
 
+data::DataLoaderOptions loader_options() {
+  data::DataLoaderOptions options;
+  options.batch_size = 16;
+  options.shuffle = true;
+  options.drop_last = true;
+  options.seed = 77;
+  options.workers = 2;
+  return options;
+}
+
 // Everything one run needs, built the same way in every process.
 struct Run {
   data::SyntheticClassification dataset{96, {8}, 3, /*seed=*/21};
-  data::DataLoader loader{dataset,
-                          {.batch_size = 16, .shuffle = true, .drop_last = true, .seed = 77, .workers = 2}};
+  data::DataLoader loader{dataset, loader_options()};
   nn::Sequential model;
   std::unique_ptr<optim::AdamW> opt;
 
@@ -55,8 +64,10 @@ struct Run {
     model.emplace_back<nn::ReLU>();
     model.emplace_back<nn::Dropout>(0.3);
     model.emplace_back<nn::Linear>(32, 3);
-    opt = std::make_unique<optim::AdamW>(model.parameters(),
-                                         optim::AdamWOptions{.lr = 1e-2, .weight_decay = 0.05});
+    optim::AdamWOptions adamw;
+    adamw.lr = 1e-2;
+    adamw.weight_decay = 0.05;
+    opt = std::make_unique<optim::AdamW>(model.parameters(), adamw);
   }
 };
 
@@ -120,8 +131,11 @@ TEST_CASE("resume worker: one half of a training run, in its own process", "[.re
     const Position at = train(run, {}, kFirstSteps);
     REQUIRE(at.epoch == 1);
     REQUIRE(at.batch == 3);
-    optim::save_checkpoint(dir, run.model, *run.opt,
-                           {.step = kFirstSteps, .epoch = at.epoch, .batches_into_epoch = at.batch});
+    optim::CheckpointInfo info;
+    info.step = kFirstSteps;
+    info.epoch = at.epoch;
+    info.batches_into_epoch = at.batch;
+    optim::save_checkpoint(dir, run.model, *run.opt, info);
   } else {
     REQUIRE(std::string(phase) == "second");
     Run run(/*init_seed=*/12345);  // other weights: only the checkpoint can make them right

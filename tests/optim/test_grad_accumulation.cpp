@@ -43,8 +43,11 @@ TEST_CASE("k micro-batch backwards of loss/k give the full-batch gradient", "[op
 TEST_CASE("GradAccumulator: one step per k micro-batches equals the full-batch step",
           "[optim][accumulation]") {
   Problem full(mg::DType::f64), acc(mg::DType::f64);
-  mg::optim::SGD opt_full({full.W, full.b}, {.lr = 0.1, .momentum = 0.9});
-  mg::optim::SGD opt_acc({acc.W, acc.b}, {.lr = 0.1, .momentum = 0.9});
+  mg::optim::SGDOptions sgd;
+  sgd.lr = 0.1;
+  sgd.momentum = 0.9;
+  mg::optim::SGD opt_full({full.W, full.b}, sgd);
+  mg::optim::SGD opt_acc({acc.W, acc.b}, sgd);
   mg::optim::GradAccumulator accumulator(4);
   const int64_t n = acc.X.size(0) / 4;
   for (int step = 0; step < 3; ++step) {

@@ -12,8 +12,12 @@ using namespace mg;
 
 TEST_CASE("GradScaler unscales gradients and steps when they are finite", "[grad_scaler]") {
   Tensor w = tensor<float>({1.0f, 2.0f}).set_requires_grad(true);
-  optim::SGD opt({w}, {.lr = 0.1});
-  optim::GradScaler scaler({.init_scale = 1024.0});
+  optim::SGDOptions sgd;
+  sgd.lr = 0.1;
+  optim::SGD opt({w}, sgd);
+  optim::GradScalerOptions scaling;
+  scaling.init_scale = 1024.0;
+  optim::GradScaler scaler(scaling);
   Tensor loss = sum(mul(w, w));  // d/dw = 2w = [2, 4]
   scaler.scale(loss).backward();
   REQUIRE(w.grad().to_vector<float>() == std::vector<float>{2048.0f, 4096.0f});
@@ -27,9 +31,15 @@ TEST_CASE("GradScaler unscales gradients and steps when they are finite", "[grad
 
 TEST_CASE("GradScaler skips the step on inf/NaN and backs off; grows after clean steps", "[grad_scaler]") {
   Tensor w = tensor<float>({1.0f}).set_requires_grad(true);
-  optim::SGD opt({w}, {.lr = 0.1});
-  optim::GradScaler scaler(
-      {.init_scale = 8.0, .growth_factor = 2.0, .backoff_factor = 0.5, .growth_interval = 2});
+  optim::SGDOptions sgd;
+  sgd.lr = 0.1;
+  optim::SGD opt({w}, sgd);
+  optim::GradScalerOptions scaling;
+  scaling.init_scale = 8.0;
+  scaling.growth_factor = 2.0;
+  scaling.backoff_factor = 0.5;
+  scaling.growth_interval = 2;
+  optim::GradScaler scaler(scaling);
   for (float bad : {std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
     w.set_grad(tensor<float>({bad}));
     REQUIRE_FALSE(scaler.step(opt));
@@ -48,9 +58,14 @@ TEST_CASE("GradScaler skips the step on inf/NaN and backs off; grows after clean
 }
 
 TEST_CASE("GradScaler state round-trips and a reducer makes the verdict global", "[grad_scaler]") {
-  optim::GradScaler a({.init_scale = 256.0, .growth_interval = 3});
+  optim::GradScalerOptions a_options;
+  a_options.init_scale = 256.0;
+  a_options.growth_interval = 3;
+  optim::GradScaler a(a_options);
   Tensor w = tensor<float>({1.0f}).set_requires_grad(true);
-  optim::SGD opt({w}, {.lr = 0.1});
+  optim::SGDOptions sgd;
+  sgd.lr = 0.1;
+  optim::SGD opt({w}, sgd);
   w.set_grad(tensor<float>({1.0f}));
   a.step(opt);
   a.update();
@@ -60,7 +75,9 @@ TEST_CASE("GradScaler state round-trips and a reducer makes the verdict global",
   REQUIRE(b.growth_tracker() == 1);
 
   // Another rank saw an inf: the reducer says so, and this rank skips too.
-  optim::GradScaler c({.init_scale = 16.0});
+  optim::GradScalerOptions c_options;
+  c_options.init_scale = 16.0;
+  optim::GradScaler c(c_options);
   c.set_found_inf_reducer([](bool local) { return local || true; });
   w.set_grad(tensor<float>({1.0f}));
   const float before = w.item<float>();

@@ -57,8 +57,11 @@ TEST_CASE("LinearWarmupCosine follows its closed form", "[optim][lr_scheduler]")
   TwoGroups m;
   const int64_t warmup = 4, total = 12;
   const double min_lr = 0.001;
-  mg::optim::LinearWarmupCosine sched(m.opt,
-                                      {.warmup_steps = warmup, .total_steps = total, .min_lr = min_lr});
+  mg::optim::LinearWarmupCosineOptions options;
+  options.warmup_steps = warmup;
+  options.total_steps = total;
+  options.min_lr = min_lr;
+  mg::optim::LinearWarmupCosine sched(m.opt, options);
   const double pi = std::acos(-1.0);
   for (int64_t t = 0; t <= total + 3; ++t) {
     if (t > 0) sched.step();
@@ -84,23 +87,35 @@ TEST_CASE("LinearWarmupCosine follows its closed form", "[optim][lr_scheduler]")
   CHECK(sched.lr_at(total, 0.1) == Approx(min_lr));
   // No warmup: a plain cosine.
   TwoGroups n;
-  mg::optim::LinearWarmupCosine plain(n.opt, {.warmup_steps = 0, .total_steps = 10});
+  mg::optim::LinearWarmupCosineOptions no_warmup;
+  no_warmup.warmup_steps = 0;
+  no_warmup.total_steps = 10;
+  mg::optim::LinearWarmupCosine plain(n.opt, no_warmup);
   CHECK(plain.get_last_lr()[0] == 0.1);
   CHECK(plain.lr_at(5, 0.1) == Approx(0.05));
 }
 
 TEST_CASE("scheduler settings are validated", "[optim][lr_scheduler]") {
   TwoGroups m;
-  REQUIRE_THROWS_WITH(mg::optim::StepLR(m.opt, {.step_size = 0}), Catch::Contains("step_size must be >= 1"));
-  REQUIRE_THROWS_WITH(mg::optim::CosineAnnealingLR(m.opt, {.t_max = 0}),
-                      Catch::Contains("t_max must be >= 1"));
-  REQUIRE_THROWS_WITH(mg::optim::LinearWarmupCosine(m.opt, {.warmup_steps = 5, .total_steps = 5}),
+  mg::optim::StepLROptions step;
+  step.step_size = 0;
+  REQUIRE_THROWS_WITH(mg::optim::StepLR(m.opt, step), Catch::Contains("step_size must be >= 1"));
+  mg::optim::CosineAnnealingLROptions cosine;
+  cosine.t_max = 0;
+  REQUIRE_THROWS_WITH(mg::optim::CosineAnnealingLR(m.opt, cosine), Catch::Contains("t_max must be >= 1"));
+  mg::optim::LinearWarmupCosineOptions warmup_cosine;
+  warmup_cosine.warmup_steps = 5;
+  warmup_cosine.total_steps = 5;
+  REQUIRE_THROWS_WITH(mg::optim::LinearWarmupCosine(m.opt, warmup_cosine),
                       Catch::Contains("must be greater than warmup_steps"));
 }
 
 TEST_CASE("scheduler state dict round trip and errors", "[optim][lr_scheduler][state_dict]") {
   TwoGroups m;
-  mg::optim::StepLR sched(m.opt, {.step_size = 2, .gamma = 0.5});
+  mg::optim::StepLROptions step;
+  step.step_size = 2;
+  step.gamma = 0.5;
+  mg::optim::StepLR sched(m.opt, step);
   for (int i = 0; i < 5; ++i) sched.step();
   const mg::StateDict sd = sched.state_dict();
   CHECK(sd.at("last_epoch").item<double>() == 5.0);
@@ -108,7 +123,10 @@ TEST_CASE("scheduler state dict round trip and errors", "[optim][lr_scheduler][s
   CHECK(sd.at("gamma").item<double>() == 0.5);
 
   TwoGroups m2;
-  mg::optim::StepLR sched2(m2.opt, {.step_size = 7, .gamma = 0.9});  // settings come from the state
+  mg::optim::StepLROptions other_step;
+  other_step.step_size = 7;
+  other_step.gamma = 0.9;
+  mg::optim::StepLR sched2(m2.opt, other_step);  // settings come from the state
   sched2.load_state_dict(sd);
   CHECK(sched2.last_epoch() == 5);
   CHECK(sched2.get_last_lr() == sched.get_last_lr());
@@ -131,7 +149,9 @@ TEST_CASE("scheduler state dict round trip and errors", "[optim][lr_scheduler][s
     mg::StateDict cosine_state;
     {
       TwoGroups m3;
-      cosine_state = mg::optim::CosineAnnealingLR(m3.opt, {.t_max = 5}).state_dict();
+      mg::optim::CosineAnnealingLROptions cosine;
+      cosine.t_max = 5;
+      cosine_state = mg::optim::CosineAnnealingLR(m3.opt, cosine).state_dict();
     }
     REQUIRE_THROWS_WITH(sched2.load_state_dict(cosine_state),
                         Catch::Contains("unexpected keys:") && Catch::Contains("t_max"));

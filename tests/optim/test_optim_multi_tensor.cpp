@@ -147,19 +147,29 @@ TEST_CASE("a group mixing f32 and f64 parameters steps as one optimizer per para
           "[optim][multi_tensor]") {
   SECTION("SGD, nesterov momentum and weight decay") {
     check_mixed_group([](std::vector<Tensor> ps) {
-      return std::make_unique<optim::SGD>(
-          ps, optim::SGDOptions{.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01, .nesterov = true});
+      optim::SGDOptions sgd;
+      sgd.lr = 0.1;
+      sgd.momentum = 0.9;
+      sgd.weight_decay = 0.01;
+      sgd.nesterov = true;
+      return std::make_unique<optim::SGD>(ps, sgd);
     });
   }
   SECTION("Adam with weight decay") {
     check_mixed_group([](std::vector<Tensor> ps) {
-      return std::make_unique<optim::Adam>(ps, optim::AdamOptions{.lr = 0.01, .weight_decay = 0.1});
+      optim::AdamOptions adam;
+      adam.lr = 0.01;
+      adam.weight_decay = 0.1;
+      return std::make_unique<optim::Adam>(ps, adam);
     });
   }
   SECTION("AdamW with amsgrad") {
     check_mixed_group([](std::vector<Tensor> ps) {
-      return std::make_unique<optim::AdamW>(
-          ps, optim::AdamWOptions{.lr = 0.01, .weight_decay = 0.1, .amsgrad = true});
+      optim::AdamWOptions adamw;
+      adamw.lr = 0.01;
+      adamw.weight_decay = 0.1;
+      adamw.amsgrad = true;
+      return std::make_unique<optim::AdamW>(ps, adamw);
     });
   }
 }

@@ -48,25 +48,37 @@ const std::vector<std::pair<std::string, Factory>>& factories() {
   static const std::vector<std::pair<std::string, Factory>> f = {
       {"SGD nesterov",
        [](const Tensor& W, const Tensor& b) -> std::unique_ptr<mg::optim::Optimizer> {
-         return std::make_unique<mg::optim::SGD>(
-             groups(W, b),
-             mg::optim::SGDOptions{.lr = 0.05, .momentum = 0.9, .weight_decay = 0.01, .nesterov = true});
+         mg::optim::SGDOptions sgd;
+         sgd.lr = 0.05;
+         sgd.momentum = 0.9;
+         sgd.weight_decay = 0.01;
+         sgd.nesterov = true;
+         return std::make_unique<mg::optim::SGD>(groups(W, b), sgd);
        }},
       {"Adam amsgrad",
        [](const Tensor& W, const Tensor& b) -> std::unique_ptr<mg::optim::Optimizer> {
-         return std::make_unique<mg::optim::Adam>(
-             groups(W, b), mg::optim::AdamOptions{.lr = 0.02, .weight_decay = 0.1, .amsgrad = true});
+         mg::optim::AdamOptions adam;
+         adam.lr = 0.02;
+         adam.weight_decay = 0.1;
+         adam.amsgrad = true;
+         return std::make_unique<mg::optim::Adam>(groups(W, b), adam);
        }},
       {"AdamW",
        [](const Tensor& W, const Tensor& b) -> std::unique_ptr<mg::optim::Optimizer> {
-         return std::make_unique<mg::optim::AdamW>(groups(W, b), mg::optim::AdamWOptions{.lr = 0.02});
+         mg::optim::AdamWOptions adamw;
+         adamw.lr = 0.02;
+         return std::make_unique<mg::optim::AdamW>(groups(W, b), adamw);
        }},
   };
   return f;
 }
 
 mg::optim::LinearWarmupCosineOptions schedule() {
-  return {.warmup_steps = 3, .total_steps = 10, .min_lr = 1e-3};
+  mg::optim::LinearWarmupCosineOptions options;
+  options.warmup_steps = 3;
+  options.total_steps = 10;
+  options.min_lr = 1e-3;
+  return options;
 }
 
 void train(const Problem& prob, mg::optim::Optimizer& opt, mg::optim::LRScheduler& sched, int steps) {
@@ -136,7 +148,9 @@ TEST_CASE("resuming from a state dict is bitwise exact", "[optim][state_dict]") 
 
 TEST_CASE("optimizer state dict layout", "[optim][state_dict]") {
   Problem prob(mg::DType::f32);
-  mg::optim::Adam opt(groups(prob.W, prob.b), {.lr = 0.02});
+  mg::optim::AdamOptions adam;
+  adam.lr = 0.02;
+  mg::optim::Adam opt(groups(prob.W, prob.b), adam);
   StateDict before = opt.state_dict();
   // No step yet: hyperparameters only.
   for (const auto& [key, t] : before) CHECK(key.rfind("param_groups.", 0) == 0);
@@ -170,12 +184,15 @@ TEST_CASE("optimizer state dict layout", "[optim][state_dict]") {
 }
 
 TEST_CASE("load_state_dict converts state to the parameter's dtype", "[optim][state_dict]") {
+  mg::optim::SGDOptions sgd;
+  sgd.lr = 0.1;
+  sgd.momentum = 0.9;
   Problem p64(mg::DType::f64);
-  mg::optim::SGD opt64({p64.W, p64.b}, {.lr = 0.1, .momentum = 0.9});
+  mg::optim::SGD opt64({p64.W, p64.b}, sgd);
   p64.compute_grads(opt64);
   opt64.step();
   Problem p32(mg::DType::f32);
-  mg::optim::SGD opt32({p32.W, p32.b}, {.lr = 0.1, .momentum = 0.9});
+  mg::optim::SGD opt32({p32.W, p32.b}, sgd);
   opt32.load_state_dict(opt64.state_dict());
   CHECK(opt32.state(0).at("momentum_buffer").dtype() == mg::DType::f32);
   CHECK(opt32.state(0).at("momentum_buffer").to_vector<double>()[0] ==
@@ -185,7 +202,10 @@ TEST_CASE("load_state_dict converts state to the parameter's dtype", "[optim][st
 TEST_CASE("load_state_dict rejects a state dict that does not fit, and changes nothing",
           "[optim][state_dict]") {
   Problem prob(mg::DType::f32);
-  mg::optim::Adam opt(groups(prob.W, prob.b), {.lr = 0.02, .amsgrad = true});
+  mg::optim::AdamOptions adam;
+  adam.lr = 0.02;
+  adam.amsgrad = true;
+  mg::optim::Adam opt(groups(prob.W, prob.b), adam);
   for (int s = 0; s < 2; ++s) {
     prob.compute_grads(opt);
     opt.step();
@@ -230,7 +250,9 @@ TEST_CASE("load_state_dict rejects a state dict that does not fit, and changes n
   }
   SECTION("different grouping") {
     Problem other(mg::DType::f32);
-    mg::optim::Adam one_group({other.W, other.b}, {.amsgrad = true});
+    mg::optim::AdamOptions amsgrad;
+    amsgrad.amsgrad = true;
+    mg::optim::Adam one_group({other.W, other.b}, amsgrad);
     REQUIRE_THROWS_WITH(one_group.load_state_dict(good),
                         Catch::Contains("param_groups.0.params (the state's group 0 has parameters [0]") &&
                             Catch::Contains("this optimizer's has [0, 1]") &&
@@ -243,7 +265,10 @@ TEST_CASE("load_state_dict rejects a state dict that does not fit, and changes n
   }
   SECTION("another optimizer's state") {
     Problem other(mg::DType::f32);
-    mg::optim::SGD sgd(groups(other.W, other.b), {.lr = 0.1, .momentum = 0.9});
+    mg::optim::SGDOptions momentum;
+    momentum.lr = 0.1;
+    momentum.momentum = 0.9;
+    mg::optim::SGD sgd(groups(other.W, other.b), momentum);
     other.compute_grads(sgd);
     sgd.step();
     expect_error(sgd.state_dict(), {"missing keys: param_groups.0.amsgrad", "unexpected keys:",

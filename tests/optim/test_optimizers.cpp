@@ -67,18 +67,25 @@ TEST_CASE("optimizer trajectories match PyTorch", "[optim][torch]") {
   }
 }
 
-TEST_CASE("options structs take designated initializers", "[optim]") {
+TEST_CASE("options structs are aggregates with defaults, set field by field", "[optim]") {
   Problem prob(mg::DType::f64);
-  // GCC and Clang accept C++20 designated initializers in C++17 mode with no
-  // warning under -Wall -Wextra (only -Wpedantic complains); see docs/nn-and-optim.md.
-  mg::optim::AdamW adamw({prob.W, prob.b}, {.lr = 2e-3, .weight_decay = 0.05});
+  // multigrad is C++17: set the fields you need by name, the others keep their defaults
+  // (a C++20 program may use designated initializers on the same structs); see docs/nn-and-optim.md.
+  mg::optim::AdamWOptions adamw_options;
+  adamw_options.lr = 2e-3;
+  adamw_options.weight_decay = 0.05;
+  mg::optim::AdamW adamw({prob.W, prob.b}, adamw_options);
   CHECK(adamw.param_groups()[0].lr() == 2e-3);
   CHECK(adamw.param_groups()[0].get("weight_decay") == 0.05);
   CHECK(adamw.param_groups()[0].get("beta2") == 0.999);
   CHECK(adamw.name() == std::string("AdamW"));
   mg::optim::AdamW adamw_default({Tensor(mg::zeros({2}))});
   CHECK(adamw_default.param_groups()[0].get("weight_decay") == 0.01);  // PyTorch's AdamW default
-  mg::optim::SGD sgd({mg::zeros({3})}, {.lr = 0.1, .momentum = 0.9, .nesterov = true});
+  mg::optim::SGDOptions sgd_options;
+  sgd_options.lr = 0.1;
+  sgd_options.momentum = 0.9;
+  sgd_options.nesterov = true;
+  mg::optim::SGD sgd({mg::zeros({3})}, sgd_options);
   CHECK(sgd.param_groups()[0].get("nesterov") == 1.0);
   CHECK(sgd.param_groups()[0].get("dampening") == 0.0);
 }
@@ -125,7 +132,9 @@ TEST_CASE("a parameter that misses steps keeps its own Adam step count", "[optim
 
 TEST_CASE("zero_grad sets gradients undefined", "[optim]") {
   Tensor w = mg::ones({2, 2}, {mg::DType::f32, mg::Device::cpu(), true});
-  mg::optim::SGD opt({w}, {.lr = 0.1});
+  mg::optim::SGDOptions sgd;
+  sgd.lr = 0.1;
+  mg::optim::SGD opt({w}, sgd);
   mg::sum(w * 3.0).backward();
   REQUIRE(w.grad().defined());
   opt.zero_grad();
@@ -137,7 +146,9 @@ TEST_CASE("zero_grad sets gradients undefined", "[optim]") {
 TEST_CASE("a gradient that does not match its parameter is refused before any update", "[optim]") {
   Tensor first = mg::ones({2}, {mg::DType::f32, mg::Device::cpu(), true});
   Tensor w = mg::ones({3}, {mg::DType::f32, mg::Device::cpu(), true});
-  mg::optim::SGD opt({first, w}, {.lr = 0.1});
+  mg::optim::SGDOptions sgd;
+  sgd.lr = 0.1;
+  mg::optim::SGD opt({first, w}, sgd);
   first.set_grad(mg::ones({2}));
 
   SECTION("dtype") {
@@ -171,7 +182,9 @@ TEST_CASE("steps run under NoGradGuard and bump the parameters' version", "[opti
 
 TEST_CASE("non-contiguous gradients are accepted", "[optim]") {
   Tensor w = mg::zeros({2, 3}, {mg::DType::f64, mg::Device::cpu(), true});
-  mg::optim::SGD opt({w}, {.lr = 1.0});
+  mg::optim::SGDOptions sgd;
+  sgd.lr = 1.0;
+  mg::optim::SGD opt({w}, sgd);
   Tensor g = mg::arange(0, 6, 1, {mg::DType::f64}).reshape({3, 2}).t();  // [2, 3], transposed strides
   REQUIRE_FALSE(g.is_contiguous());
   w.set_grad(g);
@@ -183,8 +196,10 @@ TEST_CASE("param groups: defaults, overrides, add_param_group", "[optim]") {
   Tensor a = mg::ones({2}, {mg::DType::f32, mg::Device::cpu(), true});
   Tensor b = mg::ones({2}, {mg::DType::f32, mg::Device::cpu(), true});
   Tensor c = mg::ones({2}, {mg::DType::f32, mg::Device::cpu(), true});
-  mg::optim::SGD opt({mg::optim::ParamGroup{{a}, {}}, mg::optim::ParamGroup{{b}, {{"lr", 0.5}}}},
-                     {.lr = 0.1, .momentum = 0.9});
+  mg::optim::SGDOptions defaults;
+  defaults.lr = 0.1;
+  defaults.momentum = 0.9;
+  mg::optim::SGD opt({mg::optim::ParamGroup{{a}, {}}, mg::optim::ParamGroup{{b}, {{"lr", 0.5}}}}, defaults);
   REQUIRE(opt.param_groups().size() == 2);
   CHECK(opt.param_groups()[0].lr() == 0.1);
   CHECK(opt.param_groups()[1].lr() == 0.5);
@@ -222,15 +237,30 @@ TEST_CASE("hyperparameters are validated", "[optim]") {
   Tensor w = mg::ones({2}, {mg::DType::f32, mg::Device::cpu(), true});
   using mg::optim::Adam;
   using mg::optim::SGD;
-  REQUIRE_THROWS_WITH(SGD({w}, {.lr = -1.0}), Catch::Contains("invalid learning rate -1"));
-  REQUIRE_THROWS_WITH(SGD({w}, {.lr = 0.1, .nesterov = true}), Catch::Contains("nesterov momentum requires"));
-  REQUIRE_THROWS_WITH(SGD({w}, {.lr = 0.1, .momentum = 0.9, .dampening = 0.1, .nesterov = true}),
-                      Catch::Contains("dampening == 0"));
-  REQUIRE_THROWS_WITH(Adam({w}, {.beta1 = 1.0}), Catch::Contains("invalid beta1 1"));
-  REQUIRE_THROWS_WITH(Adam({w}, {.eps = -1e-8}), Catch::Contains("invalid eps"));
+  mg::optim::SGDOptions negative_lr;
+  negative_lr.lr = -1.0;
+  REQUIRE_THROWS_WITH(SGD({w}, negative_lr), Catch::Contains("invalid learning rate -1"));
+  mg::optim::SGDOptions nesterov_without_momentum;
+  nesterov_without_momentum.lr = 0.1;
+  nesterov_without_momentum.nesterov = true;
+  REQUIRE_THROWS_WITH(SGD({w}, nesterov_without_momentum), Catch::Contains("nesterov momentum requires"));
+  mg::optim::SGDOptions nesterov_with_dampening;
+  nesterov_with_dampening.lr = 0.1;
+  nesterov_with_dampening.momentum = 0.9;
+  nesterov_with_dampening.dampening = 0.1;
+  nesterov_with_dampening.nesterov = true;
+  REQUIRE_THROWS_WITH(SGD({w}, nesterov_with_dampening), Catch::Contains("dampening == 0"));
+  mg::optim::AdamOptions beta1_one;
+  beta1_one.beta1 = 1.0;
+  REQUIRE_THROWS_WITH(Adam({w}, beta1_one), Catch::Contains("invalid beta1 1"));
+  mg::optim::AdamOptions negative_eps;
+  negative_eps.eps = -1e-8;
+  REQUIRE_THROWS_WITH(Adam({w}, negative_eps), Catch::Contains("invalid eps"));
   REQUIRE_THROWS_WITH(SGD(std::vector<Tensor>{}), Catch::Contains("empty parameter list"));
   Tensor h = mg::ones({2}, {mg::DType::f16, mg::Device::cpu(), true});
-  SGD half({h}, {.lr = 0.1});
+  mg::optim::SGDOptions sgd;
+  sgd.lr = 0.1;
+  SGD half({h}, sgd);
   h.set_grad(mg::ones({2}, {mg::DType::f16}));
   REQUIRE_THROWS_WITH(half.step(), Catch::Contains("f32 or f64"));
 }

@@ -48,11 +48,18 @@ double relative_error(const Tensor& a, const Tensor& b) {
   return diff / std::max(scale, 1e-30);
 }
 
+// Padding 1: the 3x3 convolution keeps the 8x8 input size.
+nn::Conv2dOptions padding_one() {
+  nn::Conv2dOptions options;
+  options.padding = 1;
+  return options;
+}
+
 // A small CNN without BatchNorm or Dropout: nothing in it mixes the rows of a batch
 // or draws random numbers, so DataParallel must reproduce one device exactly (up to
 // summation order).
 struct SmallCNN : nn::Module {
-  nn::Conv2d conv{1, 4, 3, {.padding = 1}};
+  nn::Conv2d conv{1, 4, 3, padding_one()};
   nn::Linear fc1{4 * 4 * 4, 16};
   nn::Linear fc2{16, 5};
   SmallCNN() {
@@ -306,9 +313,16 @@ TEST_CASE("K optimizer steps with DataParallel give one device's parameters", "[
     std::shared_ptr<nn::Module> single = net.clone(), start = net.clone();
     parallel::DataParallel dp(net, devices);
     auto make = [&](std::vector<Tensor> params) -> std::unique_ptr<optim::Optimizer> {
-      if (optimizer == "adamw")
-        return std::make_unique<optim::AdamW>(params, optim::AdamWOptions{.lr = 1e-2, .weight_decay = 0.01});
-      return std::make_unique<optim::SGD>(params, optim::SGDOptions{.lr = 0.05, .momentum = 0.9});
+      if (optimizer == "adamw") {
+        optim::AdamWOptions adamw;
+        adamw.lr = 1e-2;
+        adamw.weight_decay = 0.01;
+        return std::make_unique<optim::AdamW>(params, adamw);
+      }
+      optim::SGDOptions sgd;
+      sgd.lr = 0.05;
+      sgd.momentum = 0.9;
+      return std::make_unique<optim::SGD>(params, sgd);
     };
     auto dp_opt = make(dp.parameters());  // the wrapped module's own parameters
     auto single_opt = make(single->parameters());
@@ -337,7 +351,9 @@ TEST_CASE("DataParallel trains: the parameters move away from their start", "[pa
   SmallCNN net;
   std::shared_ptr<nn::Module> start = net.clone();
   parallel::DataParallel dp(net, cpus(2));
-  optim::SGD opt(dp.parameters(), {.lr = 0.1});
+  optim::SGDOptions sgd;
+  sgd.lr = 0.1;
+  optim::SGD opt(dp.parameters(), sgd);
   Tensor x = randn({6, 1, 8, 8});
   Tensor y = randint(0, 5, {6});
   const double first = cross_entropy(dp(x), y).item<double>();
