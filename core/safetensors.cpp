@@ -85,6 +85,10 @@ void write_file_atomically(const std::string& path, const std::string& bytes) {
 
 void save_safetensors(const std::string& path, const StateDict& tensors,
                       const SafetensorsMetadata& metadata) {
+  write_file_atomically(path, encode_safetensors(tensors, metadata));
+}
+
+std::string encode_safetensors(const StateDict& tensors, const SafetensorsMetadata& metadata) {
   json header = json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::vector<Tensor> host;
@@ -111,13 +115,17 @@ void save_safetensors(const std::string& path, const StateDict& tensors,
   for (int i = 0; i < 8; ++i) bytes.push_back(static_cast<char>((n >> (8 * i)) & 0xff));
   bytes += header_text;
   for (const Tensor& h : host) bytes.append(static_cast<const char*>(h.data_ptr()), h.nbytes());
-  write_file_atomically(path, bytes);
+  return bytes;
 }
 
 SafetensorsFile load_safetensors(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   check(in.good(), "cannot open ", path, ": ", errno_text());
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return decode_safetensors(bytes, path);
+}
+
+SafetensorsFile decode_safetensors(const std::string& bytes, const std::string& path) {
   check(bytes.size() >= 8, path, ": not a safetensors file (", bytes.size(),
         " bytes, shorter than the 8-byte header "
         "length)");

@@ -30,6 +30,7 @@
 #include "optim/lr_scheduler.h"
 #include "parallel/distributed.h"
 #include "parallel/distributed_data_parallel.h"
+#include "parallel/zero_redundancy_optimizer.h"
 
 #include "fashion_mnist_common.h"
 
@@ -57,6 +58,7 @@ int main(int argc, char** argv) {
   int epochs = 3, workers = 1;
   int64_t batch_size = 64, limit_train = 0, check_replicas_every = 0;
   double lr = 2e-3, weight_decay = 1e-4, bucket_cap_mb = 25.0;
+  bool zero_shard = false;
   bool resume = false;
   uint64_t seed = 42;
   app.add_option("--model", model_name, "mlp (784-256-128-10) or cnn (2 conv + BN + pooling)");
@@ -73,6 +75,8 @@ int main(int argc, char** argv) {
                  "rank 0 saves model + optimizer + position here each epoch");
   app.add_flag("--resume", resume, "continue from --checkpoint-dir if it holds a checkpoint");
   app.add_option("--bucket-cap-mb", bucket_cap_mb, "DDP gradient bucket size");
+  app.add_flag("--zero", zero_shard,
+               "ZeRO-1: shard AdamW's state over the ranks (optim::ZeroRedundancyOptimizer); no checkpoints");
   app.add_option("--algo", algo, "all-reduce: native (MPI/NCCL) or ring (multigrad's own)");
   app.add_option("--check-replicas-every", check_replicas_every,
                  "compare parameter checksums across ranks every K steps (0 = never)");
@@ -125,7 +129,18 @@ int main(int argc, char** argv) {
     optim::AdamWOptions adamw;
     adamw.lr = lr;
     adamw.weight_decay = weight_decay;
-    optim::AdamW opt(ddp.parameters(), adamw);
+    // --zero: each rank keeps the AdamW state of its shard of the parameters only (ZeRO-1).
+    std::unique_ptr<optim::AdamW> replicated;
+    std::unique_ptr<optim::ZeroRedundancyOptimizer> zero;
+    if (zero_shard) {
+      if (!checkpoint_dir.empty())
+        throw Error("--zero with --checkpoint-dir: this example does not checkpoint a sharded optimizer yet");
+      zero = std::make_unique<optim::ZeroRedundancyOptimizer>(
+          ddp.parameters(), pg, [&](std::vector<Tensor> shard) { return std::make_unique<optim::AdamW>(shard, adamw); });
+    } else {
+      replicated = std::make_unique<optim::AdamW>(ddp.parameters(), adamw);
+    }
+    optim::Optimizer& opt = zero ? zero->local_optimizer() : *replicated;  // hyperparameters and schedule
     const int64_t steps_per_epoch =
         limit_train > 0 ? std::min(limit_train, train_loader.size()) : train_loader.size();
     optim::CosineAnnealingLROptions cosine;
@@ -169,9 +184,9 @@ int main(int argc, char** argv) {
           AutocastGuard autocast(DType::bf16, bf16);
           loss = cross_entropy(ddp(x.to(device)), y.to(device));
         }
-        opt.zero_grad();
+        zero ? zero->zero_grad() : opt.zero_grad();
         loss.backward();
-        opt.step();
+        zero ? zero->step() : opt.step();
         schedule.step();
         ++step;
         ++batches;
@@ -198,9 +213,24 @@ int main(int argc, char** argv) {
         parallel::save_checkpoint(pg, checkpoint_dir, *model, opt, info);
       }
     }
-    if (main_rank)
+    // The optimizer state each rank holds: all of AdamW's moments, or (--zero) its shard's.
+    int64_t mine = 0;
+    if (zero) {
+      mine = zero->state_bytes();
+    } else {
+      for (int64_t i = 0; i < opt.num_params(); ++i)
+        for (const auto& [name, t] : opt.state(i)) mine += static_cast<int64_t>(t.nbytes());
+    }
+    Tensor state_bytes = zeros({pg.size()}, TensorOptions{DType::f64});
+    pg.allgather(state_bytes, full({1}, static_cast<double>(mine), TensorOptions{DType::f64}))->wait();
+    std::string per_rank;
+    for (double b : state_bytes.to_vector<double>()) per_rank += str_cat(per_rank.empty() ? "" : " / ", b / 1e6);
+    if (main_rank) {
+      std::printf("optimizer state per rank (MB): %s%s\n", per_rank.c_str(),
+                  zero ? " (ZeRO-1: sharded)" : " (replicated)");
       std::printf("final: model %s, %d ranks, test accuracy %.4f, wall time %.1f s\n", model_name.c_str(),
                   pg.size(), accuracy, seconds_since(run_start));
+    }
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train_ddp: %s\n", e.what());

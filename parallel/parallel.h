@@ -11,6 +11,7 @@
 #include "parallel/data_parallel.h"
 #include "parallel/distributed.h"
 #include "parallel/distributed_data_parallel.h"
+#include "parallel/object_collectives.h"
 #include "parallel/parallel_apply.h"
 #include "parallel/process_group.h"
 #include "parallel/reducer.h"
@@ -18,3 +19,4 @@
 #include "parallel/ring_allreduce.h"
 #include "parallel/scatter_gather.h"
 #include "parallel/work.h"
+#include "parallel/zero_redundancy_optimizer.h"

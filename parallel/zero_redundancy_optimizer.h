@@ -1,0 +1,104 @@
+// ZeroRedundancyOptimizer: ZeRO stage 1 -- the optimizer state is sharded across the ranks
+// instead of replicated (PyTorch's torch.distributed.optim.ZeroRedundancyOptimizer).
+//
+// With plain DDP every rank holds the whole optimizer state: AdamW keeps two moments per
+// parameter, so 2x the model's bytes on every rank, all of it updated redundantly. Here each
+// rank owns the state of ~1/N of the parameters and updates only those:
+//
+//            rank 0                 rank 1                 rank 2
+//   params   [ A B C D E F ]        [ A B C D E F ]        [ A B C D E F ]   (full replicas)
+//   state    [ A . . D . . ]        [ . B . . E . ]        [ . . C . . F ]   (1/N each)
+//
+//   step:  gradients   all-reduced by DDP (AllReduced)       every rank has all of them
+//                   or reduce-scattered here (ReduceScatter)  each rank gets its shard's only
+//          update      the wrapped optimizer on this rank's shard
+//          all-gather  every rank's updated shard -> every rank's full parameters
+//
+// Ownership is by whole parameter, balanced by size: largest first, each to the rank holding the
+// fewest elements so far (ties: the lower rank), the same on every rank. Communication per step,
+// per rank, for P parameter bytes: AllReduced = DDP's all-reduce 2(N-1)/N P + the all-gather
+// (N-1)/N P; ReduceScatter (no DDP) = (N-1)/N P + (N-1)/N P, the same as one all-reduce. Memory:
+// the optimizer state is 1/N of plain DDP's (state_bytes() reports this rank's).
+//
+// The result equals plain DDP + the wrapped optimizer (same gradients, same update rule; only
+// where each update is computed changes), which tests/mpi/test_zero.cpp checks for SGD with
+// momentum and AdamW. Limits: one parameter group; every parameter of one dtype and device.
+//
+//   auto pg = parallel::init_process_group();
+//   parallel::DistributedDataParallel ddp(net, pg);
+//   optim::ZeroRedundancyOptimizer opt(ddp.parameters(), pg, [](std::vector<Tensor> shard) {
+//     optim::AdamWOptions adamw;
+//     adamw.lr = 1e-3;
+//     return std::make_unique<optim::AdamW>(shard, adamw);
+//   });
+//   loss.backward();  opt.step();  opt.zero_grad();
+//   optim::CosineAnnealingLR schedule(opt.local_optimizer(), cosine);  // schedulers: the wrapped one
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "core/state_dict.h"
+#include "core/tensor.h"
+#include "optim/optimizer.h"
+#include "parallel/process_group.h"
+
+namespace mg::optim {
+
+enum class ZeroGradients {
+  AllReduced,    // the gradients are already averaged over the ranks (DDP ran the all-reduce)
+  ReduceScatter  // local gradients: step() reduce-scatters (averages) them, each rank gets its shard's
+};
+
+struct ZeroOptions {
+  ZeroGradients gradients = ZeroGradients::AllReduced;
+};
+
+// Builds the wrapped optimizer over one rank's shard (called once, with that rank's parameters).
+using OptimizerFactory = std::function<std::unique_ptr<Optimizer>(std::vector<Tensor> shard)>;
+
+class ZeroRedundancyOptimizer {
+ public:
+  // `params`: the whole model's parameters, in the same order on every rank (e.g. ddp.parameters()).
+  ZeroRedundancyOptimizer(std::vector<Tensor> params, parallel::ProcessGroup group,
+                          const OptimizerFactory& make_optimizer, ZeroOptions options = {});
+
+  // The update: (reduce-scatter,) the wrapped optimizer's step on this rank's shard, all-gather.
+  // A collective: every rank calls it.
+  void step();
+  // Every parameter's gradient (not only the shard's) to undefined, as Optimizer::zero_grad.
+  void zero_grad();
+
+  // The optimizer over this rank's shard: hyperparameters live here (LR schedulers take it).
+  Optimizer& local_optimizer() { return *local_; }
+  const std::vector<Tensor>& params() const { return params_; }
+  // The rank that owns parameter `index` (its position in `params`).
+  int owner(int64_t index) const { return owner_[static_cast<size_t>(index)]; }
+  // The parameter indices rank `rank` owns, ascending.
+  const std::vector<int64_t>& shard(int rank) const { return shards_[static_cast<size_t>(rank)]; }
+  // Bytes of optimizer state this rank holds (momentum buffers, moments, step counters).
+  int64_t state_bytes() const;
+
+  // The whole optimizer's state in the layout one optimizer over all `params` would save
+  // (optim/optimizer.h: state.<index>.<name>, param_groups.0.*), so it loads into a plain
+  // optimizer, or into a ZeroRedundancyOptimizer at any world size. A collective: every rank
+  // sends its shard's state to `to`, which returns the whole; the other ranks return {}.
+  StateDict consolidated_state_dict(int to = 0);
+  // Loads a whole state (consolidated_state_dict, or a plain optimizer's state_dict over the same
+  // parameters): each rank keeps its shard's part. Every rank passes the whole state.
+  void load_state_dict(const StateDict& state);
+
+ private:
+  std::vector<Tensor> params_;
+  parallel::ProcessGroup group_;
+  ZeroOptions options_;
+  std::vector<int> owner_;                   // by parameter index
+  std::vector<std::vector<int64_t>> shards_;  // by rank: owned parameter indices, ascending
+  std::vector<int64_t> offset_;              // by parameter index: offset in its owner's flat block
+  int64_t block_numel_ = 0;                  // the largest shard's elements (every block's size)
+  std::unique_ptr<Optimizer> local_;
+};
+
+}  // namespace mg::optim

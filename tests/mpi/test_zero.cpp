@@ -1,0 +1,311 @@
+// ZeroRedundancyOptimizer (ZeRO-1) under `mpiexec -n K`: sharding the optimizer state changes
+// where each update is computed, not what it computes. So K steps of DDP + ZeRO(optimizer), and
+// of ZeRO reduce-scattering the gradients itself (no DDP), must equal K steps of DDP + the plain
+// optimizer; the shards must partition the parameters and the state; the consolidated state
+// must be the plain optimizer's and load back at another world size; object collectives move
+// bytes between ranks.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <functional>
+#include <memory>
+#include <numeric>
+#include <string>
+
+#include "multigrad.h"
+#include "parallel/distributed_data_parallel.h"
+#include "parallel/object_collectives.h"
+#include "parallel/zero_redundancy_optimizer.h"
+#include "tests/test_device.h"
+
+using namespace mg;
+using namespace mg::parallel;
+
+namespace {
+
+Device test_device() { return testing::test_device(detect_launch().local_rank); }
+
+ProcessGroup test_group() {
+  InitOptions options;
+  options.timeout = std::chrono::seconds(60);
+  options.device = test_device();
+  return init_process_group(options);
+}
+
+constexpr int64_t kPerRank = 6;
+constexpr int64_t kFeatures = 8;
+
+// 8 -> 16 -> 24 -> 4: six parameters of unequal sizes (384, 16, 384, 24, 96, 4 elements).
+std::shared_ptr<nn::MLP> make_model() {
+  manual_seed(11);
+  return std::make_shared<nn::MLP>(kFeatures, std::vector<int64_t>{16, 24}, 4);
+}
+
+std::pair<Tensor, Tensor> global_batch(int world, int step) {
+  manual_seed(2000 + static_cast<uint64_t>(step));
+  Tensor x = randn({world * kPerRank, kFeatures});
+  Tensor y = randint(0, 4, {world * kPerRank});
+  return {x, y};
+}
+
+using MakeOptimizer = std::function<std::unique_ptr<optim::Optimizer>(std::vector<Tensor>)>;
+
+std::unique_ptr<optim::Optimizer> sgd_momentum(std::vector<Tensor> params) {
+  optim::SGDOptions options;
+  options.lr = 0.1;
+  options.momentum = 0.9;
+  options.weight_decay = 0.01;
+  return std::make_unique<optim::SGD>(params, options);
+}
+std::unique_ptr<optim::Optimizer> adamw(std::vector<Tensor> params) {
+  optim::AdamWOptions options;
+  options.lr = 0.01;
+  options.weight_decay = 0.05;
+  return std::make_unique<optim::AdamW>(params, options);
+}
+
+// This rank's slice of step `step`'s global batch, on the group's device.
+std::pair<Tensor, Tensor> my_slice(ProcessGroup& pg, int world, int step) {
+  auto [x, y] = global_batch(world, step);
+  return {x.narrow(0, pg.rank() * kPerRank, kPerRank).to(pg.device()),
+          y.narrow(0, pg.rank() * kPerRank, kPerRank).to(pg.device())};
+}
+
+enum class Mode { PlainDDP, ZeroAfterDDP, ZeroReduceScatter };
+
+// K steps in one of the three ways; returns the final parameters (on the CPU).
+std::vector<Tensor> train(ProcessGroup& pg, const MakeOptimizer& make_opt, Mode mode, int steps) {
+  auto model = make_model();
+  model->to(pg.device());
+  std::unique_ptr<DistributedDataParallel> ddp;
+  if (mode != Mode::ZeroReduceScatter) ddp = std::make_unique<DistributedDataParallel>(*model, pg);
+  std::vector<Tensor> params = ddp ? ddp->parameters() : model->parameters();
+  std::unique_ptr<optim::Optimizer> plain;
+  std::unique_ptr<optim::ZeroRedundancyOptimizer> zero;
+  if (mode == Mode::PlainDDP) {
+    plain = make_opt(params);
+  } else {
+    optim::ZeroOptions options;
+    options.gradients =
+        mode == Mode::ZeroAfterDDP ? optim::ZeroGradients::AllReduced : optim::ZeroGradients::ReduceScatter;
+    zero = std::make_unique<optim::ZeroRedundancyOptimizer>(params, pg, make_opt, options);
+  }
+  for (int s = 0; s < steps; ++s) {
+    auto [x, y] = my_slice(pg, pg.size(), s);
+    Tensor out = ddp ? (*ddp)(x) : (*model)(x);
+    nn::cross_entropy(out, y).backward();
+    if (plain) {
+      plain->step();
+      plain->zero_grad();
+    } else {
+      zero->step();
+      zero->zero_grad();
+    }
+  }
+  std::vector<Tensor> out;
+  for (const Tensor& p : model->parameters()) out.push_back(p.to(Device::cpu()));
+  return out;
+}
+
+void require_close(const std::vector<Tensor>& a, const std::vector<Tensor>& b, double rtol) {
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    auto u = a[i].to_vector<double>(), v = b[i].to_vector<double>();
+    REQUIRE(u.size() == v.size());
+    double diff = 0, norm = 0;
+    for (size_t k = 0; k < u.size(); ++k) {
+      diff += (u[k] - v[k]) * (u[k] - v[k]);
+      norm += v[k] * v[k];
+    }
+    INFO("tensor " << i << ": |a - b| " << std::sqrt(diff) << ", |b| " << std::sqrt(norm));
+    REQUIRE(std::sqrt(diff) <= rtol * std::sqrt(norm) + 1e-12);
+  }
+}
+
+int64_t plain_state_bytes(const optim::Optimizer& opt) {
+  int64_t bytes = 0;
+  for (int64_t i = 0; i < opt.num_params(); ++i)
+    for (const auto& [name, t] : opt.state(i)) bytes += static_cast<int64_t>(t.nbytes());
+  return bytes;
+}
+
+}  // namespace
+
+TEST_CASE("ZeRO-1 equals DDP + the wrapped optimizer", "[mpi][zero]") {
+  ProcessGroup pg = test_group();
+  const std::pair<const char*, MakeOptimizer> optimizers[] = {{"sgd-momentum", sgd_momentum}, {"adamw", adamw}};
+  for (const auto& [name, make_opt] : optimizers) {
+    INFO(name);
+    auto reference = train(pg, make_opt, Mode::PlainDDP, 10);
+    require_close(train(pg, make_opt, Mode::ZeroAfterDDP, 10), reference, 1e-6);
+    require_close(train(pg, make_opt, Mode::ZeroReduceScatter, 10), reference, 1e-6);
+  }
+}
+
+TEST_CASE("ZeRO-1 shards: every parameter owned once, balanced, 1/N of the state", "[mpi][zero]") {
+  ProcessGroup pg = test_group();
+  const int world = pg.size();
+  auto model = make_model();
+  model->to(pg.device());
+  DistributedDataParallel ddp(*model, pg);
+  optim::ZeroRedundancyOptimizer zero(ddp.parameters(), pg, adamw);
+  auto reference_model = make_model();
+  reference_model->to(pg.device());
+  auto plain = adamw(reference_model->parameters());
+
+  const std::vector<Tensor>& params = zero.params();
+  std::vector<int> owners(params.size(), -1);
+  int64_t total = 0, largest = 0, biggest_shard = 0;
+  for (int r = 0; r < world; ++r) {
+    int64_t shard_numel = 0;
+    for (int64_t i : zero.shard(r)) {
+      CHECK(owners[static_cast<size_t>(i)] == -1);  // owned once
+      owners[static_cast<size_t>(i)] = r;
+      CHECK(zero.owner(i) == r);
+      shard_numel += params[static_cast<size_t>(i)].numel();
+    }
+    CHECK_FALSE(zero.shard(r).empty());
+    biggest_shard = std::max(biggest_shard, shard_numel);
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    CHECK(owners[i] >= 0);  // every parameter has an owner
+    total += params[i].numel();
+    largest = std::max(largest, params[i].numel());
+  }
+  // Greedy largest-first: no shard exceeds the even share by more than one parameter.
+  CHECK(biggest_shard <= total / world + largest);
+
+  auto [x, y] = my_slice(pg, world, 0);
+  nn::cross_entropy(ddp(x), y).backward();
+  zero.step();
+  nn::cross_entropy((*reference_model)(x), y).backward();
+  plain->step();
+  // AdamW: exp_avg + exp_avg_sq (+ an 8-byte step) per parameter; the shards add up to the whole.
+  Tensor bytes = full({1}, static_cast<double>(zero.state_bytes()), TensorOptions{DType::f64});
+  pg.allreduce(bytes)->wait();
+  CHECK(static_cast<int64_t>(bytes.item<double>()) == plain_state_bytes(*plain));
+  if (world > 1) CHECK(zero.state_bytes() < plain_state_bytes(*plain));
+}
+
+TEST_CASE("ZeRO-1 state: consolidated as the plain optimizer's, loads back at another world size",
+          "[mpi][zero]") {
+  ProcessGroup pg = test_group();
+  const int world = pg.size();
+  // The plain optimizer over DDP, and ZeRO, 5 steps each.
+  auto plain_model = make_model();
+  plain_model->to(pg.device());
+  DistributedDataParallel plain_ddp(*plain_model, pg);
+  auto plain = adamw(plain_ddp.parameters());
+  auto zero_model = make_model();
+  zero_model->to(pg.device());
+  DistributedDataParallel zero_ddp(*zero_model, pg);
+  optim::ZeroRedundancyOptimizer zero(zero_ddp.parameters(), pg, adamw);
+  for (int s = 0; s < 5; ++s) {
+    auto [x, y] = my_slice(pg, world, s);
+    nn::cross_entropy(plain_ddp(x), y).backward();
+    plain->step();
+    plain->zero_grad();
+    nn::cross_entropy(zero_ddp(x), y).backward();
+    zero.step();
+    zero.zero_grad();
+  }
+  StateDict whole = zero.consolidated_state_dict(0);
+  if (pg.rank() != 0) {
+    CHECK(whole.empty());
+  } else {
+    StateDict expected = plain->state_dict();
+    REQUIRE(whole.size() == expected.size());
+    std::vector<Tensor> a, b;
+    for (const auto& [key, tensor] : expected) {
+      INFO(key);
+      REQUIRE(whole.count(key) == 1);
+      a.push_back(whole.at(key).to(Device::cpu()).to(DType::f64));
+      b.push_back(tensor.to(Device::cpu()).to(DType::f64));
+    }
+    require_close(a, b, 1e-6);
+  }
+  // Every rank gets rank 0's whole state (it is what a checkpoint would hold).
+  whole = decode_safetensors(broadcast_object(pg, pg.rank() == 0 ? encode_safetensors(whole) : std::string()))
+              .tensors;
+
+  // Resume at world size 1: a group of this rank alone, the ZeRO state loaded into a one-rank
+  // ZeRO and into a plain AdamW; 3 more steps on the whole global batch. The N-rank run goes on
+  // with its slices. All three must end equal.
+  auto one_rank = make_single_process_backend();  // for CPU and CUDA tensors alike
+  ProcessGroup alone(one_rank, pg.device(), LaunchInfo{}, one_rank);
+  auto resumed_model = make_model();
+  resumed_model->to(pg.device());
+  {
+    NoGradGuard no_grad;
+    for (size_t i = 0; i < resumed_model->parameters().size(); ++i)
+      resumed_model->parameters()[i].copy_(zero_model->parameters()[i]);
+  }
+  optim::ZeroRedundancyOptimizer resumed(resumed_model->parameters(), alone, adamw);
+  resumed.load_state_dict(whole);
+  auto loaded_model = make_model();
+  loaded_model->to(pg.device());
+  {
+    NoGradGuard no_grad;
+    for (size_t i = 0; i < loaded_model->parameters().size(); ++i)
+      loaded_model->parameters()[i].copy_(zero_model->parameters()[i]);
+  }
+  auto loaded = adamw(loaded_model->parameters());
+  loaded->load_state_dict(whole);
+  for (int s = 5; s < 8; ++s) {
+    auto [x, y] = my_slice(pg, world, s);
+    nn::cross_entropy(zero_ddp(x), y).backward();
+    zero.step();
+    zero.zero_grad();
+    auto [gx, gy] = global_batch(world, s);
+    nn::cross_entropy((*resumed_model)(gx.to(pg.device())), gy.to(pg.device())).backward();
+    resumed.step();
+    resumed.zero_grad();
+    nn::cross_entropy((*loaded_model)(gx.to(pg.device())), gy.to(pg.device())).backward();
+    loaded->step();
+    loaded->zero_grad();
+  }
+  auto cpu = [](const std::vector<Tensor>& ts) {
+    std::vector<Tensor> out;
+    for (const Tensor& t : ts) out.push_back(t.to(Device::cpu()));
+    return out;
+  };
+  require_close(cpu(resumed_model->parameters()), cpu(zero_model->parameters()), 1e-5);
+  require_close(cpu(loaded_model->parameters()), cpu(zero_model->parameters()), 1e-5);
+}
+
+TEST_CASE("ZeRO-1 errors name what is wrong", "[mpi][zero]") {
+  ProcessGroup pg = test_group();
+  auto model = make_model();
+  model->to(pg.device());
+  std::vector<Tensor> params = model->parameters();
+  std::vector<Tensor> mixed = params;
+  mixed.back() = mixed.back().to(DType::f64).detach().set_requires_grad(true);
+  REQUIRE_THROWS_WITH(optim::ZeroRedundancyOptimizer(mixed, pg, adamw),
+                      Catch::Contains("every parameter must share one dtype and device"));
+  optim::ZeroRedundancyOptimizer zero(params, pg, adamw);
+  StateDict wrong = adamw(std::vector<Tensor>(params.begin(), params.begin() + 2))->state_dict();
+  REQUIRE_THROWS_WITH(zero.load_state_dict(wrong), Catch::Contains("the state is for 2 parameters but this "
+                                                                   "optimizer has 6"));
+}
+
+TEST_CASE("object collectives move bytes of any length between ranks", "[mpi][zero]") {
+  ProcessGroup pg = test_group();
+  const int rank = pg.rank(), world = pg.size();
+  // Lengths that are not multiples of 8, one of them empty, with zero bytes inside.
+  auto bytes_of = [](int r) { return std::string(static_cast<size_t>(r * 5), static_cast<char>('a' + r)) + '\0' + "!"; };
+  CHECK(broadcast_object(pg, rank == world - 1 ? bytes_of(world - 1) : std::string("ignored"), world - 1) ==
+        bytes_of(world - 1));
+  CHECK(broadcast_object(pg, rank == 0 ? std::string() : std::string("x"), 0).empty());
+  std::vector<std::string> gathered = gather_object(pg, bytes_of(rank), 0);
+  std::vector<std::string> everyone = all_gather_object(pg, bytes_of(rank));
+  REQUIRE(everyone.size() == static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) CHECK(everyone[static_cast<size_t>(r)] == bytes_of(r));
+  if (rank == 0) {
+    REQUIRE(gathered.size() == static_cast<size_t>(world));
+    for (int r = 0; r < world; ++r) CHECK(gathered[static_cast<size_t>(r)] == bytes_of(r));
+  } else {
+    CHECK(gathered.empty());
+  }
+  REQUIRE_THROWS_WITH(broadcast_object(pg, "x", world), Catch::Contains("is not a rank of this group"));
+}
