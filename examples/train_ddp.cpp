@@ -59,6 +59,7 @@ int main(int argc, char** argv) {
   int64_t batch_size = 64, limit_train = 0, check_replicas_every = 0;
   double lr = 2e-3, weight_decay = 1e-4, bucket_cap_mb = 25.0;
   bool zero_shard = false;
+  std::string zero_partition = "parameters";
   bool resume = false;
   uint64_t seed = 42;
   app.add_option("--model", model_name, "mlp (784-256-128-10) or cnn (2 conv + BN + pooling)");
@@ -77,6 +78,8 @@ int main(int argc, char** argv) {
   app.add_option("--bucket-cap-mb", bucket_cap_mb, "DDP gradient bucket size");
   app.add_flag("--zero", zero_shard,
                "ZeRO-1: shard AdamW's state over the ranks (optim::ZeroRedundancyOptimizer); no checkpoints");
+  app.add_option("--zero-partition", zero_partition, "with --zero: parameters (whole ones, PyTorch's) or flat "
+                                                     "(equal ranges, DeepSpeed's)");
   app.add_option("--algo", algo, "all-reduce: native (MPI/NCCL) or ring (multigrad's own)");
   app.add_option("--check-replicas-every", check_replicas_every,
                  "compare parameter checksums across ranks every K steps (0 = never)");
@@ -135,8 +138,14 @@ int main(int argc, char** argv) {
     if (zero_shard) {
       if (!checkpoint_dir.empty())
         throw Error("--zero with --checkpoint-dir: this example does not checkpoint a sharded optimizer yet");
+      if (zero_partition != "parameters" && zero_partition != "flat")
+        throw Error("--zero-partition must be parameters or flat, got '" + zero_partition + "'");
+      optim::ZeroOptions zero_options;
+      zero_options.partition =
+          zero_partition == "flat" ? optim::ZeroPartition::Flat : optim::ZeroPartition::Parameters;
       zero = std::make_unique<optim::ZeroRedundancyOptimizer>(
-          ddp.parameters(), pg, [&](std::vector<Tensor> shard) { return std::make_unique<optim::AdamW>(shard, adamw); });
+          ddp.parameters(), pg,
+          [&](std::vector<Tensor> shard) { return std::make_unique<optim::AdamW>(shard, adamw); }, zero_options);
     } else {
       replicated = std::make_unique<optim::AdamW>(ddp.parameters(), adamw);
     }

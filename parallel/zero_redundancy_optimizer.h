@@ -14,15 +14,26 @@
 //          update      the wrapped optimizer on this rank's shard
 //          all-gather  every rank's updated shard -> every rank's full parameters
 //
-// Ownership is by whole parameter, balanced by size: largest first, each to the rank holding the
-// fewest elements so far (ties: the lower rank), the same on every rank. Communication per step,
+// Two ways to cut the parameters into shards (ZeroPartition):
+//   Parameters  (PyTorch's, the default) whole parameters, balanced by size: largest first, each to
+//               the rank holding the fewest elements so far (ties: the lower rank). The wrapped
+//               optimizer updates the real parameters. One big tensor unbalances it: an MLP
+//               784-256-128-10 at N = 2 puts 85 % of the elements (the 784x256 weight) on rank 0.
+//   Flat        (DeepSpeed's) the parameters laid end to end, cut into N equal ranges: exactly 1/N
+//               of the state per rank. The wrapped optimizer updates one flat tensor of this
+//               rank's range; its values are copied out of and back into the parameters each
+//               step. Every parameter must have a gradient at every step (a flat range cannot
+//               skip a piece of itself): a missing one is an error naming it.
+// Communication per step,
 // per rank, for P parameter bytes: AllReduced = DDP's all-reduce 2(N-1)/N P + the all-gather
 // (N-1)/N P; ReduceScatter (no DDP) = (N-1)/N P + (N-1)/N P, the same as one all-reduce. Memory:
 // the optimizer state is 1/N of plain DDP's (state_bytes() reports this rank's).
 //
 // The result equals plain DDP + the wrapped optimizer (same gradients, same update rule; only
 // where each update is computed changes), which tests/mpi/test_zero.cpp checks for SGD with
-// momentum and AdamW. Limits: one parameter group; every parameter of one dtype and device.
+// momentum and AdamW, in both partitions. Limits: one parameter group; every parameter of one
+// dtype and device; with Flat, optimizers whose update is elementwise (SGD, Adam, AdamW: all of
+// multigrad's), since a flat range mixes pieces of several parameters.
 //
 //   auto pg = parallel::init_process_group();
 //   parallel::DistributedDataParallel ddp(net, pg);
@@ -52,8 +63,14 @@ enum class ZeroGradients {
   ReduceScatter  // local gradients: step() reduce-scatters (averages) them, each rank gets its shard's
 };
 
+enum class ZeroPartition {
+  Parameters,  // whole parameters, balanced by size (PyTorch)
+  Flat         // equal ranges of the flattened parameters (DeepSpeed)
+};
+
 struct ZeroOptions {
   ZeroGradients gradients = ZeroGradients::AllReduced;
+  ZeroPartition partition = ZeroPartition::Parameters;
 };
 
 // Builds the wrapped optimizer over one rank's shard (called once, with that rank's parameters).
@@ -74,10 +91,10 @@ class ZeroRedundancyOptimizer {
   // The optimizer over this rank's shard: hyperparameters live here (LR schedulers take it).
   Optimizer& local_optimizer() { return *local_; }
   const std::vector<Tensor>& params() const { return params_; }
-  // The rank that owns parameter `index` (its position in `params`).
-  int owner(int64_t index) const { return owner_[static_cast<size_t>(index)]; }
-  // The parameter indices rank `rank` owns, ascending.
-  const std::vector<int64_t>& shard(int rank) const { return shards_[static_cast<size_t>(rank)]; }
+  // The parameter indices whose state rank `rank` holds (all of it, or with Flat a piece), ascending.
+  std::vector<int64_t> shard(int rank) const;
+  // Elements of the parameters whose state rank `rank` holds.
+  int64_t shard_numel(int rank) const;
   // Bytes of optimizer state this rank holds (momentum buffers, moments, step counters).
   int64_t state_bytes() const;
 
@@ -91,13 +108,22 @@ class ZeroRedundancyOptimizer {
   void load_state_dict(const StateDict& state);
 
  private:
+  // A piece of one parameter in one rank's block: the unit every copy below moves.
+  struct Segment {
+    int64_t param;         // index into params_
+    int64_t param_offset;  // first element of the piece within the (flattened) parameter
+    int64_t numel;
+    int64_t block_offset;  // where the piece sits in its rank's block
+  };
+  Tensor flat(int64_t param) const { return params_[static_cast<size_t>(param)].reshape({-1}); }
+  StateDict consolidate_flat(const std::vector<std::string>& parts) const;
+
   std::vector<Tensor> params_;
   parallel::ProcessGroup group_;
   ZeroOptions options_;
-  std::vector<int> owner_;                   // by parameter index
-  std::vector<std::vector<int64_t>> shards_;  // by rank: owned parameter indices, ascending
-  std::vector<int64_t> offset_;              // by parameter index: offset in its owner's flat block
-  int64_t block_numel_ = 0;                  // the largest shard's elements (every block's size)
+  std::vector<std::vector<Segment>> segments_;  // by rank, in block order
+  int64_t block_numel_ = 0;                     // every rank's block (the largest shard, padded)
+  Tensor flat_shard_;                           // Flat: the leaf the wrapped optimizer updates
   std::unique_ptr<Optimizer> local_;
 };
 

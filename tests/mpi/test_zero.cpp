@@ -75,7 +75,8 @@ std::pair<Tensor, Tensor> my_slice(ProcessGroup& pg, int world, int step) {
 enum class Mode { PlainDDP, ZeroAfterDDP, ZeroReduceScatter };
 
 // K steps in one of the three ways; returns the final parameters (on the CPU).
-std::vector<Tensor> train(ProcessGroup& pg, const MakeOptimizer& make_opt, Mode mode, int steps) {
+std::vector<Tensor> train(ProcessGroup& pg, const MakeOptimizer& make_opt, Mode mode, int steps,
+                          optim::ZeroPartition partition = optim::ZeroPartition::Parameters) {
   auto model = make_model();
   model->to(pg.device());
   std::unique_ptr<DistributedDataParallel> ddp;
@@ -87,6 +88,7 @@ std::vector<Tensor> train(ProcessGroup& pg, const MakeOptimizer& make_opt, Mode 
     plain = make_opt(params);
   } else {
     optim::ZeroOptions options;
+    options.partition = partition;
     options.gradients =
         mode == Mode::ZeroAfterDDP ? optim::ZeroGradients::AllReduced : optim::ZeroGradients::ReduceScatter;
     zero = std::make_unique<optim::ZeroRedundancyOptimizer>(params, pg, make_opt, options);
@@ -123,12 +125,17 @@ void require_close(const std::vector<Tensor>& a, const std::vector<Tensor>& b, d
   }
 }
 
-int64_t plain_state_bytes(const optim::Optimizer& opt) {
+// Bytes of the optimizer's parameter-shaped state (moments, momentum; not the 0-d step counters).
+int64_t tensor_state_bytes(const optim::Optimizer& opt) {
   int64_t bytes = 0;
   for (int64_t i = 0; i < opt.num_params(); ++i)
-    for (const auto& [name, t] : opt.state(i)) bytes += static_cast<int64_t>(t.nbytes());
+    for (const auto& [name, t] : opt.state(i))
+      if (t.dim() > 0) bytes += static_cast<int64_t>(t.nbytes());
   return bytes;
 }
+
+const std::pair<const char*, optim::ZeroPartition> kPartitions[] = {{"by parameter", optim::ZeroPartition::Parameters},
+                                                                     {"flat", optim::ZeroPartition::Flat}};
 
 }  // namespace
 
@@ -136,62 +143,76 @@ TEST_CASE("ZeRO-1 equals DDP + the wrapped optimizer", "[mpi][zero]") {
   ProcessGroup pg = test_group();
   const std::pair<const char*, MakeOptimizer> optimizers[] = {{"sgd-momentum", sgd_momentum}, {"adamw", adamw}};
   for (const auto& [name, make_opt] : optimizers) {
-    INFO(name);
     auto reference = train(pg, make_opt, Mode::PlainDDP, 10);
-    require_close(train(pg, make_opt, Mode::ZeroAfterDDP, 10), reference, 1e-6);
-    require_close(train(pg, make_opt, Mode::ZeroReduceScatter, 10), reference, 1e-6);
+    for (const auto& [partition_name, partition] : kPartitions) {
+      INFO(name << ", " << partition_name);
+      require_close(train(pg, make_opt, Mode::ZeroAfterDDP, 10, partition), reference, 1e-6);
+      require_close(train(pg, make_opt, Mode::ZeroReduceScatter, 10, partition), reference, 1e-6);
+    }
   }
 }
 
-TEST_CASE("ZeRO-1 shards: every parameter owned once, balanced, 1/N of the state", "[mpi][zero]") {
+TEST_CASE("ZeRO-1 shards: every element owned once, balanced, 1/N of the state", "[mpi][zero]") {
   ProcessGroup pg = test_group();
   const int world = pg.size();
-  auto model = make_model();
-  model->to(pg.device());
-  DistributedDataParallel ddp(*model, pg);
-  optim::ZeroRedundancyOptimizer zero(ddp.parameters(), pg, adamw);
-  auto reference_model = make_model();
-  reference_model->to(pg.device());
-  auto plain = adamw(reference_model->parameters());
+  for (const auto& [partition_name, partition] : kPartitions) {
+    INFO(partition_name);
+    auto model = make_model();
+    model->to(pg.device());
+    DistributedDataParallel ddp(*model, pg);
+    optim::ZeroOptions options;
+    options.partition = partition;
+    optim::ZeroRedundancyOptimizer zero(ddp.parameters(), pg, adamw, options);
+    auto reference_model = make_model();
+    reference_model->to(pg.device());
+    auto plain = adamw(reference_model->parameters());
 
-  const std::vector<Tensor>& params = zero.params();
-  std::vector<int> owners(params.size(), -1);
-  int64_t total = 0, largest = 0, biggest_shard = 0;
-  for (int r = 0; r < world; ++r) {
-    int64_t shard_numel = 0;
-    for (int64_t i : zero.shard(r)) {
-      CHECK(owners[static_cast<size_t>(i)] == -1);  // owned once
-      owners[static_cast<size_t>(i)] = r;
-      CHECK(zero.owner(i) == r);
-      shard_numel += params[static_cast<size_t>(i)].numel();
+    const std::vector<Tensor>& params = zero.params();
+    int64_t total = 0, largest = 0, biggest_shard = 0, owned = 0;
+    for (const Tensor& p : params) {
+      total += p.numel();
+      largest = std::max(largest, p.numel());
     }
-    CHECK_FALSE(zero.shard(r).empty());
-    biggest_shard = std::max(biggest_shard, shard_numel);
-  }
-  for (size_t i = 0; i < params.size(); ++i) {
-    CHECK(owners[i] >= 0);  // every parameter has an owner
-    total += params[i].numel();
-    largest = std::max(largest, params[i].numel());
-  }
-  // Greedy largest-first: no shard exceeds the even share by more than one parameter.
-  CHECK(biggest_shard <= total / world + largest);
+    std::vector<int> holders(params.size(), 0);
+    for (int r = 0; r < world; ++r) {
+      CHECK(zero.shard_numel(r) > 0);
+      owned += zero.shard_numel(r);
+      biggest_shard = std::max(biggest_shard, zero.shard_numel(r));
+      for (int64_t i : zero.shard(r)) holders[static_cast<size_t>(i)] += 1;
+    }
+    CHECK(owned == total);  // every element's state is held exactly once
+    for (int h : holders) CHECK(h >= 1);
+    if (partition == optim::ZeroPartition::Parameters) {
+      for (int h : holders) CHECK(h == 1);  // whole parameters
+      // Greedy largest-first: no shard exceeds the even share by more than one parameter.
+      CHECK(biggest_shard <= total / world + largest);
+    } else {
+      CHECK(biggest_shard == (total + world - 1) / world);  // equal ranges
+    }
 
-  auto [x, y] = my_slice(pg, world, 0);
-  nn::cross_entropy(ddp(x), y).backward();
-  zero.step();
-  nn::cross_entropy((*reference_model)(x), y).backward();
-  plain->step();
-  // AdamW: exp_avg + exp_avg_sq (+ an 8-byte step) per parameter; the shards add up to the whole.
-  Tensor bytes = full({1}, static_cast<double>(zero.state_bytes()), TensorOptions{DType::f64});
-  pg.allreduce(bytes)->wait();
-  CHECK(static_cast<int64_t>(bytes.item<double>()) == plain_state_bytes(*plain));
-  if (world > 1) CHECK(zero.state_bytes() < plain_state_bytes(*plain));
+    auto [x, y] = my_slice(pg, world, 0);
+    nn::cross_entropy(ddp(x), y).backward();
+    zero.step();
+    nn::cross_entropy((*reference_model)(x), y).backward();
+    plain->step();
+    // AdamW's moments: the shards add up to the whole, each rank holding its share.
+    const int64_t mine = tensor_state_bytes(zero.local_optimizer());
+    Tensor bytes = full({1}, static_cast<double>(mine), TensorOptions{DType::f64});
+    pg.allreduce(bytes)->wait();
+    CHECK(static_cast<int64_t>(bytes.item<double>()) == tensor_state_bytes(*plain));
+    CHECK(mine == 2 * zero.shard_numel(pg.rank()) * static_cast<int64_t>(sizeof(float)));
+    CHECK(zero.state_bytes() >= mine);  // + the step counters
+  }
 }
 
 TEST_CASE("ZeRO-1 state: consolidated as the plain optimizer's, loads back at another world size",
           "[mpi][zero]") {
   ProcessGroup pg = test_group();
   const int world = pg.size();
+  for (const auto& [partition_name, partition] : kPartitions) {
+  INFO(partition_name);
+  optim::ZeroOptions options;
+  options.partition = partition;
   // The plain optimizer over DDP, and ZeRO, 5 steps each.
   auto plain_model = make_model();
   plain_model->to(pg.device());
@@ -200,7 +221,7 @@ TEST_CASE("ZeRO-1 state: consolidated as the plain optimizer's, loads back at an
   auto zero_model = make_model();
   zero_model->to(pg.device());
   DistributedDataParallel zero_ddp(*zero_model, pg);
-  optim::ZeroRedundancyOptimizer zero(zero_ddp.parameters(), pg, adamw);
+  optim::ZeroRedundancyOptimizer zero(zero_ddp.parameters(), pg, adamw, options);
   for (int s = 0; s < 5; ++s) {
     auto [x, y] = my_slice(pg, world, s);
     nn::cross_entropy(plain_ddp(x), y).backward();
@@ -241,7 +262,7 @@ TEST_CASE("ZeRO-1 state: consolidated as the plain optimizer's, loads back at an
     for (size_t i = 0; i < resumed_model->parameters().size(); ++i)
       resumed_model->parameters()[i].copy_(zero_model->parameters()[i]);
   }
-  optim::ZeroRedundancyOptimizer resumed(resumed_model->parameters(), alone, adamw);
+  optim::ZeroRedundancyOptimizer resumed(resumed_model->parameters(), alone, adamw, options);
   resumed.load_state_dict(whole);
   auto loaded_model = make_model();
   loaded_model->to(pg.device());
@@ -272,6 +293,7 @@ TEST_CASE("ZeRO-1 state: consolidated as the plain optimizer's, loads back at an
   };
   require_close(cpu(resumed_model->parameters()), cpu(zero_model->parameters()), 1e-5);
   require_close(cpu(loaded_model->parameters()), cpu(zero_model->parameters()), 1e-5);
+  }
 }
 
 TEST_CASE("ZeRO-1 errors name what is wrong", "[mpi][zero]") {
@@ -283,6 +305,10 @@ TEST_CASE("ZeRO-1 errors name what is wrong", "[mpi][zero]") {
   mixed.back() = mixed.back().to(DType::f64).detach().set_requires_grad(true);
   REQUIRE_THROWS_WITH(optim::ZeroRedundancyOptimizer(mixed, pg, adamw),
                       Catch::Contains("every parameter must share one dtype and device"));
+  optim::ZeroOptions flat;
+  flat.partition = optim::ZeroPartition::Flat;
+  optim::ZeroRedundancyOptimizer flat_zero(params, pg, adamw, flat);
+  REQUIRE_THROWS_WITH(flat_zero.step(), Catch::Contains("parameter 0 has no gradient this step"));
   optim::ZeroRedundancyOptimizer zero(params, pg, adamw);
   StateDict wrong = adamw(std::vector<Tensor>(params.begin(), params.begin() + 2))->state_dict();
   REQUIRE_THROWS_WITH(zero.load_state_dict(wrong), Catch::Contains("the state is for 2 parameters but this "
