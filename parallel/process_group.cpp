@@ -4,8 +4,10 @@
 // check a user can trip over lives here, once, so each backend can trust its inputs.
 #include "parallel/process_group.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
+#include <thread>
 
 #include "core/allocator.h"
 #include "core/cuda_runtime.h"
@@ -43,6 +45,13 @@ std::optional<int> env_int(const char* name) {
   check(end != text && *end == '\0', "init_process_group: environment variable ", name, "='", text,
         "' is not an integer");
   return static_cast<int>(value);
+}
+
+// "1, 3" for error messages.
+std::string join_ranks(const std::vector<int64_t>& ranks) {
+  std::string text;
+  for (int64_t r : ranks) text += str_cat(text.empty() ? "" : ", ", r);
+  return text;
 }
 
 }  // namespace
@@ -144,6 +153,7 @@ std::string ProcessGroup::backend_name(DeviceType type) const {
   if (type != DeviceType::CUDA) return cpu.name();
   if (cuda_ != nullptr) return cuda_->name();
   if (!device_.is_cuda()) return str_cat("none (this rank computes on ", device_, ")");
+  if (subgroup_) return "none (a subgroup from new_group has no NCCL communicator yet: CPU tensors only)";
   return "none (this build has no NCCL backend)";
 }
 
@@ -223,6 +233,118 @@ WorkPtr ProcessGroup::reduce_scatter(Tensor& output, const Tensor& input, Reduce
   return backend.reduce_scatter(output, input, op);
 }
 
+// Root-only buffers of gather (output) and scatter (input) are checked on the root only.
+WorkPtr ProcessGroup::gather(Tensor& output, const Tensor& input, int root) {
+  Backend& backend = backend_for(input, "gather");
+  check(root >= 0 && root < size(), "ProcessGroup::gather: root ", root, " is not a rank of a world of ", size());
+  if (rank() == root) {
+    backend_for(output, "gather");
+    check(output.device() == input.device() && output.dtype() == input.dtype(), "ProcessGroup::gather: output is ",
+          output.dtype(), " on ", output.device(), " but input is ", input.dtype(), " on ", input.device());
+    check(output.numel() == input.numel() * size(), "ProcessGroup::gather: output has ", output.numel(),
+          " elements but needs world size (", size(), ") x input (", input.numel(), ")");
+  }
+  return backend.gather(output, input, root);
+}
+
+WorkPtr ProcessGroup::scatter(Tensor& output, const Tensor& input, int root) {
+  Backend& backend = backend_for(output, "scatter");
+  check(root >= 0 && root < size(), "ProcessGroup::scatter: root ", root, " is not a rank of a world of ",
+        size());
+  if (rank() == root) {
+    backend_for(input, "scatter");
+    check(output.device() == input.device() && output.dtype() == input.dtype(), "ProcessGroup::scatter: output is ",
+          output.dtype(), " on ", output.device(), " but input is ", input.dtype(), " on ", input.device());
+    check(input.numel() == output.numel() * size(), "ProcessGroup::scatter: input has ", input.numel(),
+          " elements but needs world size (", size(), ") x output (", output.numel(), ")");
+  }
+  return backend.scatter(output, input, root);
+}
+
+WorkPtr ProcessGroup::all_to_all(Tensor& output, const Tensor& input) {
+  Backend& backend = backend_for(input, "all_to_all");
+  backend_for(output, "all_to_all");
+  check(output.device() == input.device() && output.dtype() == input.dtype(), "ProcessGroup::all_to_all: output is ",
+        output.dtype(), " on ", output.device(), " but input is ", input.dtype(), " on ", input.device());
+  check(output.numel() == input.numel() && input.numel() % size() == 0, "ProcessGroup::all_to_all: input (",
+        input.numel(), " elements) and output (", output.numel(), ") must be equal and divide into world size (",
+        size(), ") blocks");
+  return backend.all_to_all(output, input);
+}
+
+void ProcessGroup::monitored_barrier(std::chrono::milliseconds timeout) {
+  Backend& backend = any_backend("monitored_barrier");
+  const int world = size(), me = rank();
+  if (world == 1) return;
+  const int tag = 0x6d62;  // "mb"
+  // Arrival: every rank tells rank 0; release: rank 0 answers each arrived rank with the number of
+  // missing ranks, followed by their list, so every arrived rank can name them.
+  if (me != 0) {
+    Tensor arrived = full({1}, static_cast<double>(me), TensorOptions{DType::i64});
+    backend.send(arrived, 0, tag)->wait();
+    Tensor missing_count = zeros({1}, TensorOptions{DType::i64});
+    backend.recv(missing_count, 0, tag)->wait();
+    const int64_t n = missing_count.item<int64_t>();
+    if (n == 0) return;
+    Tensor missing = zeros({n}, TensorOptions{DType::i64});
+    backend.recv(missing, 0, tag)->wait();
+    std::vector<int64_t> ranks = missing.to_vector<int64_t>();
+    throw Error(str_cat("monitored_barrier: rank", n > 1 ? "s " : " ", join_ranks(ranks), " of ", world,
+                        " did not arrive within ", std::chrono::duration<double>(timeout).count(),
+                        " s (reported by rank 0 to rank ", me, ")"));
+  }
+  std::vector<Tensor> arrivals;
+  std::vector<WorkPtr> works;
+  for (int r = 1; r < world; ++r) {
+    arrivals.push_back(zeros({1}, TensorOptions{DType::i64}));
+    works.push_back(backend.recv(arrivals.back(), r, tag));
+  }
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto all_done = [&] {
+    for (const WorkPtr& w : works)
+      if (!w->is_completed()) return false;
+    return true;
+  };
+  while (!all_done() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::vector<int64_t> missing;
+  for (int r = 1; r < world; ++r)
+    if (!works[static_cast<size_t>(r - 1)]->is_completed() || works[static_cast<size_t>(r - 1)]->failed())
+      missing.push_back(r);
+  // The answer goes to the missing ranks too, without waiting: one that comes late gets its
+  // arrival matched by the receive still posted above and learns that it was late. (One that
+  // never comes leaves those ops to the group's timeout.)
+  for (int r = 1; r < world; ++r) {
+    const bool late = std::find(missing.begin(), missing.end(), r) != missing.end();
+    Tensor count = full({1}, static_cast<double>(missing.size()), TensorOptions{DType::i64});
+    WorkPtr sent = backend.send(count, r, tag);
+    if (!late) sent->wait();
+    if (!missing.empty()) {
+      Tensor list = tensor<int64_t>(missing, Shape{static_cast<int64_t>(missing.size())}, TensorOptions{DType::i64});
+      WorkPtr listed = backend.send(list, r, tag);
+      if (!late) listed->wait();
+    }
+  }
+  check(missing.empty(), "monitored_barrier: rank", missing.size() > 1 ? "s " : " ", join_ranks(missing), " of ", world,
+        " did not arrive within ", std::chrono::duration<double>(timeout).count(), " s");
+}
+
+ProcessGroup ProcessGroup::new_group(std::vector<int> ranks) const {
+  Backend& backend = any_backend("new_group");
+  std::sort(ranks.begin(), ranks.end());
+  check(!ranks.empty(), "ProcessGroup::new_group: no ranks");
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    check(ranks[i] >= 0 && ranks[i] < size(), "ProcessGroup::new_group: rank ", ranks[i],
+          " is not a rank of this group of ", size());
+    check(i == 0 || ranks[i] != ranks[i - 1], "ProcessGroup::new_group: rank ", ranks[i], " is named twice");
+  }
+  std::shared_ptr<Backend> sub = backend.new_group(ranks);
+  if (sub == nullptr) return ProcessGroup();  // not a member
+  ProcessGroup group(sub, device_, launch_, cuda_ == cpu_ ? sub : nullptr);
+  group.subgroup_ = true;
+  return group;
+}
+
 WorkPtr ProcessGroup::send(const Tensor& tensor, int dst, int tag) {
   Backend& backend = backend_for(tensor, "send");
   check(dst >= 0 && dst < size() && dst != rank(), "ProcessGroup::send: destination ", dst,
@@ -268,6 +390,25 @@ class SingleProcessBackend : public Backend {
     NoGradGuard no_grad;
     output.copy_(input.view(output.shape()));
     return completed_work("reduce_scatter");
+  }
+  WorkPtr gather(Tensor& output, const Tensor& input, int) override {
+    NoGradGuard no_grad;
+    output.copy_(input.view(output.shape()));
+    return completed_work("gather");
+  }
+  WorkPtr scatter(Tensor& output, const Tensor& input, int) override {
+    NoGradGuard no_grad;
+    output.copy_(input.view(output.shape()));
+    return completed_work("scatter");
+  }
+  WorkPtr all_to_all(Tensor& output, const Tensor& input) override {
+    NoGradGuard no_grad;
+    output.copy_(input.view(output.shape()));
+    return completed_work("all_to_all");
+  }
+  std::shared_ptr<Backend> new_group(const std::vector<int>& ranks) override {
+    check(ranks.size() == 1 && ranks[0] == 0, "new_group: a world of one has only rank 0");
+    return std::make_shared<SingleProcessBackend>();
   }
   // ProcessGroup refuses send/recv to oneself before they get here.
   WorkPtr send(const Tensor&, int dst, int) override {

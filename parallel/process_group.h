@@ -78,9 +78,19 @@ class Backend {
   virtual WorkPtr allgather(Tensor& output, const Tensor& input) = 0;
   // input holds size() blocks of output.numel() elements; rank r gets the reduction of block r.
   virtual WorkPtr reduce_scatter(Tensor& output, const Tensor& input, ReduceOp op) = 0;
+  // Rank r's input lands in block r of root's output (root's output: size() blocks of input.numel();
+  // the other ranks' output is not touched).
+  virtual WorkPtr gather(Tensor& output, const Tensor& input, int root) = 0;
+  // Root's input holds size() blocks of output.numel(); rank r receives block r.
+  virtual WorkPtr scatter(Tensor& output, const Tensor& input, int root) = 0;
+  // Both hold size() equal blocks: block j of rank i's input becomes block i of rank j's output.
+  virtual WorkPtr all_to_all(Tensor& output, const Tensor& input) = 0;
   virtual WorkPtr send(const Tensor& tensor, int dst, int tag) = 0;
   virtual WorkPtr recv(Tensor& tensor, int src, int tag) = 0;
   virtual WorkPtr barrier() = 0;
+  // A collective over this backend's ranks: the members of `ranks` (ascending ranks of this
+  // backend) get a backend of their own, rank i being ranks[i]; the others get nullptr.
+  virtual std::shared_ptr<Backend> new_group(const std::vector<int>& ranks) = 0;
 };
 
 // A cheap, copyable handle (copies share the same communicators).
@@ -112,9 +122,28 @@ class ProcessGroup {
   WorkPtr reduce(Tensor& tensor, int root = 0, ReduceOp op = ReduceOp::Sum);  // result on root
   WorkPtr allgather(Tensor& output, const Tensor& input);
   WorkPtr reduce_scatter(Tensor& output, const Tensor& input, ReduceOp op = ReduceOp::Sum);
+  // Every rank's input, concatenated in rank order, in root's output (size() x input.numel()
+  // elements); on the other ranks `output` is not used and may be undefined.
+  WorkPtr gather(Tensor& output, const Tensor& input, int root = 0);
+  // Root's input cut into size() equal blocks, block r to rank r's output; on the other ranks
+  // `input` is not used and may be undefined.
+  WorkPtr scatter(Tensor& output, const Tensor& input, int root = 0);
+  // input and output of size() equal blocks: rank i's block j goes to rank j's block i.
+  WorkPtr all_to_all(Tensor& output, const Tensor& input);
   WorkPtr send(const Tensor& tensor, int dst, int tag = 0);
   WorkPtr recv(Tensor& tensor, int src, int tag = 0);
   WorkPtr barrier();
+  // A barrier that says who is missing (PyTorch's monitored_barrier): rank 0 waits up to `timeout`
+  // for every other rank, then releases them; if some did not arrive, rank 0 and every rank that
+  // did throw mg::Error naming the missing ranks. Blocking; CPU backend.
+  void monitored_barrier(std::chrono::milliseconds timeout = std::chrono::seconds(30));
+
+  // Subgroups (PyTorch's new_group): a collective over this group -- every rank calls it with the
+  // same `ranks` (ranks of this group, any order, no repeats), in the same order as any other
+  // collective. Members get the new group (its rank i is the i-th smallest of `ranks`); the other
+  // ranks get an undefined group (defined() is false). Collectives of different groups may run at
+  // the same time. CPU tensors only for now: a subgroup has no NCCL communicator yet.
+  ProcessGroup new_group(std::vector<int> ranks) const;
 
  private:
   Backend& backend_for(const Tensor& tensor, const char* op) const;
@@ -122,6 +151,7 @@ class ProcessGroup {
 
   std::shared_ptr<Backend> cpu_;
   std::shared_ptr<Backend> cuda_;  // nullptr when CUDA tensors have no backend
+  bool subgroup_ = false;          // made by new_group (no NCCL communicator)
   Device device_;
   LaunchInfo launch_;
 };

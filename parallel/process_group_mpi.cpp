@@ -199,18 +199,16 @@ struct Op {
 
 class MpiBackend : public Backend {
  public:
-  MpiBackend(const LaunchInfo& launch, std::chrono::milliseconds timeout, bool verify)
+  // The communicators are duplicates of `comm` (MPI_COMM_WORLD, or a subgroup's split of it).
+  MpiBackend(MPI_Comm comm, std::chrono::milliseconds timeout, bool verify)
       : runtime_(MpiRuntime::get()), timeout_(timeout), verify_(verify) {
-    MPI_Comm_dup(MPI_COMM_WORLD, &data_comm_);
-    MPI_Comm_dup(MPI_COMM_WORLD, &check_comm_);
+    MPI_Comm_dup(comm, &data_comm_);
+    MPI_Comm_dup(comm, &check_comm_);
     // Errors come back as return codes (then become mg::Errors) instead of killing the job.
     MPI_Comm_set_errhandler(data_comm_, MPI_ERRORS_RETURN);
     MPI_Comm_set_errhandler(check_comm_, MPI_ERRORS_RETURN);
     MPI_Comm_rank(data_comm_, &rank_);
     MPI_Comm_size(data_comm_, &size_);
-    check(rank_ == launch.rank && size_ == launch.world_size, "init_process_group: the launcher (",
-          launch.launcher, ") says rank ", launch.rank, " of ", launch.world_size, " but MPI says rank ",
-          rank_, " of ", size_, " (was the program started by a different MPI's mpirun?)");
     collective_thread_ = std::thread([this] { collective_loop(); });
     progress_thread_ = std::thread([this] { progress_loop(); });
   }
@@ -303,6 +301,61 @@ class MpiBackend : public Backend {
                               [](MPI_Comm comm) { return MPI_Barrier(comm); });
   }
 
+  WorkPtr gather(Tensor& output, const Tensor& input, int root) override {
+    const void* in = input.data_ptr();
+    void* out = rank_ == root ? output.data_ptr() : nullptr;  // significant at the root only
+    int count = checked_count(input, "gather");
+    MPI_Datatype type = mpi_datatype(input.dtype());
+    std::vector<Tensor> keep = {input};
+    if (rank_ == root) keep.push_back(output);
+    return enqueue_collective({OpKind::Gather, root, input}, keep, [=](MPI_Comm comm) {
+      return MPI_Gather(in, count, type, out, count, type, root, comm);
+    });
+  }
+
+  WorkPtr scatter(Tensor& output, const Tensor& input, int root) override {
+    const void* in = rank_ == root ? input.data_ptr() : nullptr;
+    void* out = output.data_ptr();
+    int count = checked_count(output, "scatter");
+    MPI_Datatype type = mpi_datatype(output.dtype());
+    std::vector<Tensor> keep = {output};
+    if (rank_ == root) keep.push_back(input);
+    return enqueue_collective({OpKind::Scatter, root, output}, keep, [=](MPI_Comm comm) {
+      return MPI_Scatter(in, count, type, out, count, type, root, comm);
+    });
+  }
+
+  WorkPtr all_to_all(Tensor& output, const Tensor& input) override {
+    const void* in = input.data_ptr();
+    void* out = output.data_ptr();
+    checked_count(input, "all_to_all");
+    int block = static_cast<int>(input.numel() / size_);
+    MPI_Datatype type = mpi_datatype(input.dtype());
+    return enqueue_collective({OpKind::AllToAll, 0, input}, {input, output}, [=](MPI_Comm comm) {
+      return MPI_Alltoall(in, block, type, out, block, type, comm);
+    });
+  }
+
+  // MPI_Comm_split on the collective thread, in call order like every collective (it is one on
+  // this communicator); the members then build a backend of their own on the new communicator.
+  std::shared_ptr<Backend> new_group(const std::vector<int>& ranks) override {
+    const auto position = std::find(ranks.begin(), ranks.end(), rank_);
+    const bool member = position != ranks.end();
+    const int color = member ? 0 : MPI_UNDEFINED;
+    const int key = member ? static_cast<int>(position - ranks.begin()) : 0;
+    uint64_t hash = 1469598103934665603ull;  // FNV-1a over the ranks: every rank must name the same
+    for (int r : ranks) hash = (hash ^ static_cast<uint64_t>(r)) * 1099511628211ull;
+    auto split = std::make_shared<MPI_Comm>(MPI_COMM_NULL);
+    WorkPtr work = enqueue_collective(
+        {OpKind::NewGroup, static_cast<int64_t>(hash >> 2), Tensor(), static_cast<int64_t>(ranks.size())}, {},
+        [split, color, key](MPI_Comm comm) { return MPI_Comm_split(comm, color, key, split.get()); });
+    work->wait();
+    if (!member) return nullptr;
+    auto backend = std::make_shared<MpiBackend>(*split, timeout_.load(), verify_);
+    MPI_Comm_free(split.get());
+    return backend;
+  }
+
   WorkPtr send(const Tensor& tensor, int dst, int tag) override {
     const void* data = tensor.data_ptr();
     int count = checked_count(tensor, "send");
@@ -337,7 +390,8 @@ class MpiBackend : public Backend {
   struct CallShape {
     OpKind kind;
     int64_t detail;
-    Tensor tensor;  // dtype and count for the signature (undefined for barrier)
+    Tensor tensor;      // dtype and count for the signature (undefined for barrier)
+    int64_t ranks = 0;  // new_group: how many ranks the new group has
   };
 
   static int checked_count(const Tensor& tensor, const char* op) {
@@ -380,6 +434,7 @@ class MpiBackend : public Backend {
       op->signature.dtype = static_cast<int64_t>(shape.tensor.dtype());
       op->signature.count = shape.tensor.numel();
     }
+    if (shape.kind == OpKind::NewGroup) op->signature.count = shape.ranks;
     int64_t number = ++collective_count_;
     op->work =
         std::make_shared<Work>(str_cat(op->signature.str(), " #", number, " on rank ", rank_, " of ", size_));
@@ -624,7 +679,11 @@ class MpiBackend : public Backend {
 
 std::shared_ptr<Backend> make_mpi_backend(const LaunchInfo& launch, std::chrono::milliseconds timeout,
                                           bool verify_collectives) {
-  return std::make_shared<MpiBackend>(launch, timeout, verify_collectives);
+  auto backend = std::make_shared<MpiBackend>(MPI_COMM_WORLD, timeout, verify_collectives);
+  check(backend->rank() == launch.rank && backend->size() == launch.world_size, "init_process_group: the launcher (",
+        launch.launcher, ") says rank ", launch.rank, " of ", launch.world_size, " but MPI says rank ",
+        backend->rank(), " of ", backend->size(), " (was the program started by a different MPI's mpirun?)");
+  return backend;
 }
 
 #endif  // MG_HAS_MPI

@@ -274,6 +274,92 @@ class NcclBackend : public Backend {
     });
   }
 
+  // gather, scatter and all-to-all are NCCL point-to-point ops in one group (NCCL has no such
+  // collectives); a rank's own block is a device copy on the same stream.
+  WorkPtr gather(Tensor& output, const Tensor& input, int root) override {
+    check_device(input, "gather");
+    const bool is_root = rank_ == root;
+    if (is_root) check_device(output, "gather");
+    const char* in = static_cast<const char*>(input.data_ptr());
+    char* out = is_root ? static_cast<char*>(output.data_ptr()) : nullptr;
+    const size_t count = static_cast<size_t>(input.numel()), bytes = input.nbytes();
+    ncclDataType_t type = nccl_datatype(input.dtype());
+    const int me = rank_, world = size_;
+    std::vector<Tensor> keep = {input};
+    if (is_root) keep.push_back(output);
+    return collective({OpKind::Gather, root, input}, keep, [=](ncclComm_t comm, cudaStream_t stream) {
+      return grouped([&]() -> ncclResult_t {
+        if (!is_root) return ncclSend(in, count, type, root, comm, stream);
+        for (int r = 0; r < world; ++r) {
+          if (r == me) {
+            if (cudaMemcpyAsync(out + r * bytes, in, bytes, cudaMemcpyDeviceToDevice, stream) != cudaSuccess)
+              return ncclUnhandledCudaError;
+          } else if (ncclResult_t e = ncclRecv(out + r * bytes, count, type, r, comm, stream); e != ncclSuccess) {
+            return e;
+          }
+        }
+        return ncclSuccess;
+      });
+    });
+  }
+
+  WorkPtr scatter(Tensor& output, const Tensor& input, int root) override {
+    check_device(output, "scatter");
+    const bool is_root = rank_ == root;
+    if (is_root) check_device(input, "scatter");
+    const char* in = is_root ? static_cast<const char*>(input.data_ptr()) : nullptr;
+    char* out = static_cast<char*>(output.data_ptr());
+    const size_t count = static_cast<size_t>(output.numel()), bytes = output.nbytes();
+    ncclDataType_t type = nccl_datatype(output.dtype());
+    const int me = rank_, world = size_;
+    std::vector<Tensor> keep = {output};
+    if (is_root) keep.push_back(input);
+    return collective({OpKind::Scatter, root, output}, keep, [=](ncclComm_t comm, cudaStream_t stream) {
+      return grouped([&]() -> ncclResult_t {
+        if (!is_root) return ncclRecv(out, count, type, root, comm, stream);
+        for (int r = 0; r < world; ++r) {
+          if (r == me) {
+            if (cudaMemcpyAsync(out, in + r * bytes, bytes, cudaMemcpyDeviceToDevice, stream) != cudaSuccess)
+              return ncclUnhandledCudaError;
+          } else if (ncclResult_t e = ncclSend(in + r * bytes, count, type, r, comm, stream); e != ncclSuccess) {
+            return e;
+          }
+        }
+        return ncclSuccess;
+      });
+    });
+  }
+
+  WorkPtr all_to_all(Tensor& output, const Tensor& input) override {
+    check_device(input, "all_to_all");
+    check_device(output, "all_to_all");
+    const char* in = static_cast<const char*>(input.data_ptr());
+    char* out = static_cast<char*>(output.data_ptr());
+    const size_t count = static_cast<size_t>(input.numel() / size_), bytes = input.nbytes() / size_;
+    ncclDataType_t type = nccl_datatype(input.dtype());
+    const int me = rank_, world = size_;
+    return collective({OpKind::AllToAll, 0, input}, {input, output}, [=](ncclComm_t comm, cudaStream_t stream) {
+      return grouped([&]() -> ncclResult_t {
+        for (int r = 0; r < world; ++r) {
+          if (r == me) {
+            if (cudaMemcpyAsync(out + r * bytes, in + r * bytes, bytes, cudaMemcpyDeviceToDevice, stream) !=
+                cudaSuccess)
+              return ncclUnhandledCudaError;
+            continue;
+          }
+          if (ncclResult_t e = ncclSend(in + r * bytes, count, type, r, comm, stream); e != ncclSuccess) return e;
+          if (ncclResult_t e = ncclRecv(out + r * bytes, count, type, r, comm, stream); e != ncclSuccess) return e;
+        }
+        return ncclSuccess;
+      });
+    });
+  }
+
+  // ProcessGroup::new_group builds subgroups on the CPU backend only (no NCCL communicator yet).
+  std::shared_ptr<Backend> new_group(const std::vector<int>&) override {
+    throw Error("new_group: NCCL communicators for subgroups are not built yet");
+  }
+
   // NCCL matches sends and receives between two ranks by order, not by tag: the tag is only
   // named in messages. (The ring all-reduce posts them in matching order on both sides.)
   WorkPtr send(const Tensor& tensor, int dst, int tag) override {
@@ -317,6 +403,15 @@ class NcclBackend : public Backend {
     int64_t detail;
     Tensor tensor;  // dtype and count for the signature (undefined for barrier)
   };
+
+  // Runs `calls` between ncclGroupStart and ncclGroupEnd; the first error wins.
+  static ncclResult_t grouped(const std::function<ncclResult_t()>& calls) {
+    ncclResult_t started = ncclGroupStart();
+    if (started != ncclSuccess) return started;
+    ncclResult_t result = calls();
+    ncclResult_t ended = ncclGroupEnd();
+    return result != ncclSuccess ? result : ended;
+  }
 
   void check_device(const Tensor& tensor, const char* op) const {
     check(tensor.device() == device_, "ProcessGroup::", op, ": the tensor is on ", tensor.device(),

@@ -23,7 +23,11 @@ enum class OpKind : int64_t {
   ReduceScatter,
   Barrier,
   Send,
-  Recv
+  Recv,
+  Gather,
+  Scatter,
+  AllToAll,
+  NewGroup
 };
 
 inline const char* op_kind_name(OpKind kind) {
@@ -36,6 +40,10 @@ inline const char* op_kind_name(OpKind kind) {
     case OpKind::Barrier: return "barrier";
     case OpKind::Send: return "send";
     case OpKind::Recv: return "recv";
+    case OpKind::Gather: return "gather";
+    case OpKind::Scatter: return "scatter";
+    case OpKind::AllToAll: return "all_to_all";
+    case OpKind::NewGroup: return "new_group";
   }
   return "?";
 }
@@ -43,7 +51,7 @@ inline const char* op_kind_name(OpKind kind) {
 // What a collective call looks like. Laid out as four int64 so it travels as one small array.
 struct Signature {
   int64_t kind = 0;
-  int64_t detail = 0;  // the reduce op, the root, or for reduce: root * 16 + reduce op
+  int64_t detail = 0;  // the reduce op, the root, for reduce root * 16 + reduce op, for new_group a hash of the ranks
   int64_t dtype = 0;
   int64_t count = 0;
 
@@ -55,11 +63,12 @@ struct Signature {
     auto op_kind = static_cast<OpKind>(kind);
     std::string text = op_kind_name(op_kind);
     if (op_kind == OpKind::Barrier) return text;
-    if (op_kind == OpKind::Broadcast)
+    if (op_kind == OpKind::NewGroup) return str_cat(text, "(", count, " ranks, id ", detail, ")");
+    if (op_kind == OpKind::Broadcast || op_kind == OpKind::Gather || op_kind == OpKind::Scatter)
       text += str_cat("(root ", detail, ")");
     else if (op_kind == OpKind::Reduce)
       text += str_cat("(", reduce_op_name(static_cast<ReduceOp>(detail % 16)), ", root ", detail / 16, ")");
-    else if (op_kind != OpKind::Allgather)
+    else if (op_kind != OpKind::Allgather && op_kind != OpKind::AllToAll)
       text += str_cat("(", reduce_op_name(static_cast<ReduceOp>(detail)), ")");
     return str_cat(text, " ", dtype_name(static_cast<DType>(dtype)), "[", count, "]");
   }
