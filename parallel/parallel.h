@@ -18,5 +18,6 @@
 #include "parallel/replicate.h"
 #include "parallel/ring_allreduce.h"
 #include "parallel/scatter_gather.h"
+#include "parallel/tensor_parallel.h"
 #include "parallel/work.h"
 #include "parallel/zero_redundancy_optimizer.h"

@@ -1,0 +1,182 @@
+// Tensor parallelism under `mpiexec -n K` (K = 2 and 4): every rank builds the tensor-parallel
+// layers and, after the same seed, the single-device layers they split; forward, the gradients
+// (each rank's slice of the single-device gradient), the input gradient and 10 AdamW steps must
+// agree.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <vector>
+
+#include "multigrad.h"
+#include "parallel/distributed_data_parallel.h"
+#include "parallel/tensor_parallel.h"
+
+using namespace mg;
+using namespace mg::parallel;
+
+namespace {
+
+ProcessGroup test_group() {
+  InitOptions options;
+  options.timeout = std::chrono::seconds(60);
+  options.device = Device::cpu();
+  return init_process_group(options);
+}
+
+void require_close(const Tensor& a, const Tensor& b, double rtol = 1e-5) {
+  REQUIRE(a.shape() == b.shape());
+  auto u = a.contiguous().to_vector<double>(), v = b.contiguous().to_vector<double>();
+  double diff = 0, norm = 0;
+  for (size_t k = 0; k < u.size(); ++k) {
+    diff += (u[k] - v[k]) * (u[k] - v[k]);
+    norm += v[k] * v[k];
+  }
+  INFO("|a - b| = " << std::sqrt(diff) << ", |b| = " << std::sqrt(norm));
+  REQUIRE(std::sqrt(diff) <= rtol * std::sqrt(norm) + 1e-7);
+}
+
+constexpr int64_t kFeatures = 8, kHidden = 16, kBatch = 6;
+
+std::pair<Tensor, Tensor> batch(int step) {
+  manual_seed(500 + static_cast<uint64_t>(step));
+  return {randn({kBatch, kFeatures}), randint(0, kFeatures, {kBatch})};
+}
+
+std::unique_ptr<optim::AdamW> adamw(std::vector<Tensor> params) {
+  optim::AdamWOptions options;
+  options.lr = 0.01;
+  options.weight_decay = 0.05;
+  return std::make_unique<optim::AdamW>(params, options);
+}
+
+}  // namespace
+
+TEST_CASE("TensorParallelMLP equals the single-device MLP: forward, gradients, 10 AdamW steps",
+          "[mpi][tensor-parallel]") {
+  ProcessGroup pg = test_group();
+  const int64_t r = pg.rank(), n = pg.size();
+  const int64_t h = kHidden / n;
+  manual_seed(42);
+  nn::MLP single(kFeatures, {kHidden}, kFeatures);
+  manual_seed(42);
+  TensorParallelMLP tp(kFeatures, kHidden, pg);
+  auto& up = dynamic_cast<nn::Linear&>(single.layers.child("0"));
+  auto& down = dynamic_cast<nn::Linear&>(single.layers.child("2"));
+
+  // Forward and the gradients of one step.
+  auto [x, y] = batch(0);
+  Tensor x_single = x.clone().set_requires_grad(true), x_tp = x.clone().set_requires_grad(true);
+  Tensor out_single = single(x_single), out_tp = tp(x_tp);
+  require_close(out_tp, out_single);
+  nn::cross_entropy(out_single, y).backward();
+  nn::cross_entropy(out_tp, y).backward();
+  require_close(x_tp.grad(), x_single.grad());  // f's backward all-reduced the input gradient
+  require_close(tp.up->weight.grad(), up.weight.grad().narrow(0, r * h, h));
+  require_close(tp.up->bias.grad(), up.bias.grad().narrow(0, r * h, h));
+  require_close(tp.down->weight.grad(), down.weight.grad().narrow(1, r * h, h));
+  require_close(tp.down->bias.grad(), down.bias.grad());
+
+  // 10 AdamW steps each: every rank's slices follow the single model's.
+  auto opt_single = adamw(single.parameters());
+  auto opt_tp = adamw(tp.parameters());
+  for (int s = 1; s <= 10; ++s) {
+    auto [xs, ys] = batch(s);
+    opt_single->zero_grad();
+    opt_tp->zero_grad();
+    nn::cross_entropy(single(xs), ys).backward();
+    nn::cross_entropy(tp(xs), ys).backward();
+    opt_single->step();
+    opt_tp->step();
+  }
+  require_close(tp.up->weight, up.weight.narrow(0, r * h, h));
+  require_close(tp.up->bias, up.bias.narrow(0, r * h, h));
+  require_close(tp.down->weight, down.weight.narrow(1, r * h, h));
+  require_close(tp.down->bias, down.bias);
+}
+
+TEST_CASE("ColumnParallelLinear with gather_output and RowParallelLinear on the full input equal Linear",
+          "[mpi][tensor-parallel]") {
+  ProcessGroup pg = test_group();
+  const int64_t n = pg.size();
+  auto [x, y] = batch(0);
+  (void)y;
+  manual_seed(7);
+  nn::Linear column_single(kFeatures, 4 * n);
+  manual_seed(7);
+  ColumnParallelLinear column(kFeatures, 4 * n, pg, true, /*gather_output=*/true);
+  Tensor a = x.clone().set_requires_grad(true), b = x.clone().set_requires_grad(true);
+  Tensor out_single = column_single(a), out = column(b);
+  require_close(out, out_single);
+  (out_single * out_single).sum().backward();
+  (out * out).sum().backward();
+  require_close(b.grad(), a.grad());
+
+  manual_seed(9);
+  nn::Linear row_single(4 * n, 5);
+  manual_seed(9);
+  RowParallelLinear row(4 * n, 5, pg, true, /*input_is_parallel=*/false);
+  manual_seed(3);
+  Tensor wide = randn({kBatch, 4 * n});
+  Tensor c = wide.clone().set_requires_grad(true), d = wide.clone().set_requires_grad(true);
+  Tensor row_out_single = row_single(c), row_out = row(d);
+  require_close(row_out, row_out_single);
+  (row_out_single * row_out_single).sum().backward();
+  (row_out * row_out).sum().backward();
+  require_close(d.grad(), c.grad());
+}
+
+TEST_CASE("tensor-parallel layers refuse sizes that do not divide", "[mpi][tensor-parallel]") {
+  ProcessGroup pg = test_group();
+  if (pg.size() == 1) return;
+  const int64_t odd = pg.size() * 3 + 1;
+  REQUIRE_THROWS_WITH(ColumnParallelLinear(4, odd, pg),
+                      Catch::Contains("out_features " + std::to_string(odd) + " do not divide over the group's"));
+  REQUIRE_THROWS_WITH(RowParallelLinear(odd, 4, pg), Catch::Contains("in_features"));
+}
+
+TEST_CASE("hybrid: DDP over data groups x tensor parallelism over tensor groups equals one device",
+          "[mpi][tensor-parallel][hybrid]") {
+  ProcessGroup pg = test_group();
+  if (pg.size() != 4) return;  // a 2 x 2 grid: rank = data_rank * 2 + tensor_rank
+  const int me = pg.rank(), tensor_rank = me % 2, data_rank = me / 2;
+  ProcessGroup tensor_group, data_group;
+  for (int d = 0; d < 2; ++d) {
+    ProcessGroup g = pg.new_group({2 * d, 2 * d + 1});
+    if (g.defined()) tensor_group = g;
+  }
+  for (int t = 0; t < 2; ++t) {
+    ProcessGroup g = pg.new_group({t, t + 2});
+    if (g.defined()) data_group = g;
+  }
+  REQUIRE(tensor_group.rank() == tensor_rank);
+  REQUIRE(data_group.rank() == data_rank);
+  const int64_t h = kHidden / 2;
+
+  manual_seed(42);
+  nn::MLP single(kFeatures, {kHidden}, kFeatures);
+  manual_seed(42);
+  TensorParallelMLP tp(kFeatures, kHidden, tensor_group);
+  DistributedDataParallel ddp(tp, data_group);  // each replica: both tensor ranks of one data rank
+  auto opt_single = adamw(single.parameters());
+  auto opt = adamw(ddp.parameters());
+  for (int s = 0; s < 5; ++s) {
+    // The global batch is 2 x kBatch rows; data rank d trains on rows [d * kBatch, (d + 1) * kBatch).
+    manual_seed(900 + static_cast<uint64_t>(s));
+    Tensor x = randn({2 * kBatch, kFeatures});
+    Tensor y = randint(0, kFeatures, {2 * kBatch});
+    opt_single->zero_grad();
+    nn::cross_entropy(single(x), y).backward();
+    opt_single->step();
+    opt->zero_grad();
+    nn::cross_entropy(ddp(x.narrow(0, data_rank * kBatch, kBatch)), y.narrow(0, data_rank * kBatch, kBatch))
+        .backward();
+    opt->step();
+  }
+  auto& up = dynamic_cast<nn::Linear&>(single.layers.child("0"));
+  auto& down = dynamic_cast<nn::Linear&>(single.layers.child("2"));
+  require_close(tp.up->weight, up.weight.narrow(0, tensor_rank * h, h));
+  require_close(tp.up->bias, up.bias.narrow(0, tensor_rank * h, h));
+  require_close(tp.down->weight, down.weight.narrow(1, tensor_rank * h, h));
+  require_close(tp.down->bias, down.bias);
+}
