@@ -38,7 +38,7 @@ std::vector<float> values(const Tensor& t) { return t.to(Device::cpu()).to_vecto
 
 }  // namespace
 
-TEST_CASE("gather, scatter and all_to_all move the right blocks", "[mpi][groups]") {
+TEST_CASE("gather scatter and all_to_all move the right blocks", "[mpi][groups]") {
   ProcessGroup pg = test_group();
   const int world = pg.size(), me = pg.rank();
   const Device device = pg.device();
