@@ -578,13 +578,15 @@ std::vector<Agreement> compare_with_single(const Config& c, const std::vector<Re
       a.verdict = "(reference)";
     } else if (reference != nullptr) {
       if (single != nullptr) a.vs_single = max_relative_difference(r.params_file, single->params_file);
-      const double diff = reference == single ? a.vs_single
-                                              : (a.vs_shares = max_relative_difference(r.params_file,
-                                                                                       reference->params_file));
+      const double diff =
+          reference == single
+              ? a.vs_single
+              : (a.vs_shares = max_relative_difference(r.params_file, reference->params_file));
       a.differs = !(diff <= agreement_tolerance(c));
-      a.verdict = a.differs ? str_cat("DIFFER by ", format_sci(diff), " (> ", format_sci(agreement_tolerance(c)), ")")
-                  : diff == 0 ? std::string("identical (bitwise)")
-                              : str_cat("agree to ", format_sci(diff));
+      a.verdict =
+          a.differs ? str_cat("DIFFER by ", format_sci(diff), " (> ", format_sci(agreement_tolerance(c)), ")")
+          : diff == 0 ? std::string("identical (bitwise)")
+                      : str_cat("agree to ", format_sci(diff));
     }
     out.push_back(a);
   }
@@ -621,14 +623,15 @@ void print_table(const Config& c, const std::vector<Result>& results, const std:
   for (const Result& r : results)
     if (!r.note.empty()) std::printf("%s: %s\n", r.mode.c_str(), r.note.c_str());
   std::printf(
-      "params vs single: the largest ||p - p_single|| / ||p_single|| over the parameters after the last step; "
-      "rounding alone stays below %s.\n",
+      "params vs single: the largest ||p - p_single|| / ||p_single|| over the parameters after the last "
+      "step; rounding alone stays below %s.\n",
       format_sci(agreement_tolerance(c)).c_str());
   if (batch_statistics) {
     std::string whole;
     for (size_t i = 0; i < results.size(); ++i)
       if (agreement[i].vs_single >= 0)
-        whole += str_cat(whole.empty() ? "" : ", ", results[i].mode, " by ", format_sci(agreement[i].vs_single));
+        whole +=
+            str_cat(whole.empty() ? "" : ", ", results[i].mode, " by ", format_sci(agreement[i].vs_single));
     std::printf(
         "  This model has BatchNorm: DP and DDP normalise each device's share of the batch with that share's "
         "own statistics, as in PyTorch, so the reference is one device normalising the same %d shares of "
@@ -821,7 +824,8 @@ int main(int argc, char** argv) {
     bool under_mpi = parallel::detect_launch().world_size > 1;
     if (c.role == "ddp-worker" || under_mpi) {
       Result r = run_ddp_rank(c);
-      if (c.role != "ddp-worker" && parallel::detect_launch().rank == 0) print_table(c, {r}, {Agreement{}}, false);
+      if (c.role != "ddp-worker" && parallel::detect_launch().rank == 0)
+        print_table(c, {r}, {Agreement{}}, false);
       return 0;
     }
 

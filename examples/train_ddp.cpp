@@ -78,8 +78,8 @@ int main(int argc, char** argv) {
   app.add_option("--bucket-cap-mb", bucket_cap_mb, "DDP gradient bucket size");
   app.add_flag("--zero", zero_shard,
                "ZeRO-1: shard AdamW's state over the ranks (optim::ZeroRedundancyOptimizer); no checkpoints");
-  app.add_option("--zero-partition", zero_partition, "with --zero: parameters (whole ones, PyTorch's) or flat "
-                                                     "(equal ranges, DeepSpeed's)");
+  app.add_option("--zero-partition", zero_partition,
+                 "with --zero: parameters (whole ones, PyTorch's) or flat (equal ranges, DeepSpeed's)");
   app.add_option("--algo", algo, "all-reduce: native (MPI/NCCL) or ring (multigrad's own)");
   app.add_option("--check-replicas-every", check_replicas_every,
                  "compare parameter checksums across ranks every K steps (0 = never)");
@@ -145,7 +145,8 @@ int main(int argc, char** argv) {
           zero_partition == "flat" ? optim::ZeroPartition::Flat : optim::ZeroPartition::Parameters;
       zero = std::make_unique<optim::ZeroRedundancyOptimizer>(
           ddp.parameters(), pg,
-          [&](std::vector<Tensor> shard) { return std::make_unique<optim::AdamW>(shard, adamw); }, zero_options);
+          [&](std::vector<Tensor> shard) { return std::make_unique<optim::AdamW>(shard, adamw); },
+          zero_options);
     } else {
       replicated = std::make_unique<optim::AdamW>(ddp.parameters(), adamw);
     }
@@ -233,7 +234,8 @@ int main(int argc, char** argv) {
     Tensor state_bytes = zeros({pg.size()}, TensorOptions{DType::f64});
     pg.allgather(state_bytes, full({1}, static_cast<double>(mine), TensorOptions{DType::f64}))->wait();
     std::string per_rank;
-    for (double b : state_bytes.to_vector<double>()) per_rank += str_cat(per_rank.empty() ? "" : " / ", b / 1e6);
+    for (double b : state_bytes.to_vector<double>())
+      per_rank += str_cat(per_rank.empty() ? "" : " / ", b / 1e6);
     if (main_rank) {
       std::printf("optimizer state per rank (MB): %s%s\n", per_rank.c_str(),
                   zero ? " (ZeRO-1: sharded)" : " (replicated)");

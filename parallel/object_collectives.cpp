@@ -23,15 +23,16 @@ std::string unpack(const Tensor& packed, int64_t offset_words, int64_t length) {
 }
 
 void check_root(const ProcessGroup& group, int root, const char* op) {
-  check(root >= 0 && root < group.size(), op, ": root ", root, " is not a rank of this group of ", group.size());
+  check(root >= 0 && root < group.size(), op, ": root ", root, " is not a rank of this group of ",
+        group.size());
 }
 
 }  // namespace
 
 std::string broadcast_object(ProcessGroup& group, const std::string& bytes, int root) {
   check_root(group, root, "broadcast_object");
-  Tensor length = full({1}, group.rank() == root ? static_cast<double>(bytes.size()) : 0.0,
-                       TensorOptions{DType::i64});
+  Tensor length =
+      full({1}, group.rank() == root ? static_cast<double>(bytes.size()) : 0.0, TensorOptions{DType::i64});
   group.broadcast(length, root)->wait();
   const int64_t n = length.item<int64_t>();
   Tensor packed = pack(group.rank() == root ? bytes : std::string(), words_for(n));

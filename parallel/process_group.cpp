@@ -236,11 +236,13 @@ WorkPtr ProcessGroup::reduce_scatter(Tensor& output, const Tensor& input, Reduce
 // Root-only buffers of gather (output) and scatter (input) are checked on the root only.
 WorkPtr ProcessGroup::gather(Tensor& output, const Tensor& input, int root) {
   Backend& backend = backend_for(input, "gather");
-  check(root >= 0 && root < size(), "ProcessGroup::gather: root ", root, " is not a rank of a world of ", size());
+  check(root >= 0 && root < size(), "ProcessGroup::gather: root ", root, " is not a rank of a world of ",
+        size());
   if (rank() == root) {
     backend_for(output, "gather");
-    check(output.device() == input.device() && output.dtype() == input.dtype(), "ProcessGroup::gather: output is ",
-          output.dtype(), " on ", output.device(), " but input is ", input.dtype(), " on ", input.device());
+    check(output.device() == input.device() && output.dtype() == input.dtype(),
+          "ProcessGroup::gather: output is ", output.dtype(), " on ", output.device(), " but input is ",
+          input.dtype(), " on ", input.device());
     check(output.numel() == input.numel() * size(), "ProcessGroup::gather: output has ", output.numel(),
           " elements but needs world size (", size(), ") x input (", input.numel(), ")");
   }
@@ -253,8 +255,9 @@ WorkPtr ProcessGroup::scatter(Tensor& output, const Tensor& input, int root) {
         size());
   if (rank() == root) {
     backend_for(input, "scatter");
-    check(output.device() == input.device() && output.dtype() == input.dtype(), "ProcessGroup::scatter: output is ",
-          output.dtype(), " on ", output.device(), " but input is ", input.dtype(), " on ", input.device());
+    check(output.device() == input.device() && output.dtype() == input.dtype(),
+          "ProcessGroup::scatter: output is ", output.dtype(), " on ", output.device(), " but input is ",
+          input.dtype(), " on ", input.device());
     check(input.numel() == output.numel() * size(), "ProcessGroup::scatter: input has ", input.numel(),
           " elements but needs world size (", size(), ") x output (", output.numel(), ")");
   }
@@ -264,11 +267,12 @@ WorkPtr ProcessGroup::scatter(Tensor& output, const Tensor& input, int root) {
 WorkPtr ProcessGroup::all_to_all(Tensor& output, const Tensor& input) {
   Backend& backend = backend_for(input, "all_to_all");
   backend_for(output, "all_to_all");
-  check(output.device() == input.device() && output.dtype() == input.dtype(), "ProcessGroup::all_to_all: output is ",
-        output.dtype(), " on ", output.device(), " but input is ", input.dtype(), " on ", input.device());
+  check(output.device() == input.device() && output.dtype() == input.dtype(),
+        "ProcessGroup::all_to_all: output is ", output.dtype(), " on ", output.device(), " but input is ",
+        input.dtype(), " on ", input.device());
   check(output.numel() == input.numel() && input.numel() % size() == 0, "ProcessGroup::all_to_all: input (",
-        input.numel(), " elements) and output (", output.numel(), ") must be equal and divide into world size (",
-        size(), ") blocks");
+        input.numel(), " elements) and output (", output.numel(),
+        ") must be equal and divide into world size (", size(), ") blocks");
   return backend.all_to_all(output, input);
 }
 
@@ -320,13 +324,14 @@ void ProcessGroup::monitored_barrier(std::chrono::milliseconds timeout) {
     WorkPtr sent = backend.send(count, r, tag);
     if (!late) sent->wait();
     if (!missing.empty()) {
-      Tensor list = tensor<int64_t>(missing, Shape{static_cast<int64_t>(missing.size())}, TensorOptions{DType::i64});
+      Tensor list =
+          tensor<int64_t>(missing, Shape{static_cast<int64_t>(missing.size())}, TensorOptions{DType::i64});
       WorkPtr listed = backend.send(list, r, tag);
       if (!late) listed->wait();
     }
   }
-  check(missing.empty(), "monitored_barrier: rank", missing.size() > 1 ? "s " : " ", join_ranks(missing), " of ", world,
-        " did not arrive within ", std::chrono::duration<double>(timeout).count(), " s");
+  check(missing.empty(), "monitored_barrier: rank", missing.size() > 1 ? "s " : " ", join_ranks(missing),
+        " of ", world, " did not arrive within ", std::chrono::duration<double>(timeout).count(), " s");
 }
 
 ProcessGroup ProcessGroup::new_group(std::vector<int> ranks) const {

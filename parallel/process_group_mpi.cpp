@@ -113,9 +113,10 @@ class MpiRuntime {
 
   ~MpiRuntime() {
     if (poisoned_) {
-      std::fprintf(stderr,
-                   "multigrad: aborting the MPI job in %.0f s: a collective timed out or failed on this rank\n",
-                   std::chrono::duration<double>(kAbortGrace).count());
+      std::fprintf(
+          stderr,
+          "multigrad: aborting the MPI job in %.0f s: a collective timed out or failed on this rank\n",
+          std::chrono::duration<double>(kAbortGrace).count());
       std::fflush(stderr);
       std::this_thread::sleep_for(kAbortGrace);
       MPI_Abort(MPI_COMM_WORLD, 1);
@@ -680,9 +681,10 @@ class MpiBackend : public Backend {
 std::shared_ptr<Backend> make_mpi_backend(const LaunchInfo& launch, std::chrono::milliseconds timeout,
                                           bool verify_collectives) {
   auto backend = std::make_shared<MpiBackend>(MPI_COMM_WORLD, timeout, verify_collectives);
-  check(backend->rank() == launch.rank && backend->size() == launch.world_size, "init_process_group: the launcher (",
-        launch.launcher, ") says rank ", launch.rank, " of ", launch.world_size, " but MPI says rank ",
-        backend->rank(), " of ", backend->size(), " (was the program started by a different MPI's mpirun?)");
+  check(backend->rank() == launch.rank && backend->size() == launch.world_size,
+        "init_process_group: the launcher (", launch.launcher, ") says rank ", launch.rank, " of ",
+        launch.world_size, " but MPI says rank ", backend->rank(), " of ", backend->size(),
+        " (was the program started by a different MPI's mpirun?)");
   return backend;
 }
 

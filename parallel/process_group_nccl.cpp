@@ -294,7 +294,8 @@ class NcclBackend : public Backend {
           if (r == me) {
             if (cudaMemcpyAsync(out + r * bytes, in, bytes, cudaMemcpyDeviceToDevice, stream) != cudaSuccess)
               return ncclUnhandledCudaError;
-          } else if (ncclResult_t e = ncclRecv(out + r * bytes, count, type, r, comm, stream); e != ncclSuccess) {
+          } else if (ncclResult_t e = ncclRecv(out + r * bytes, count, type, r, comm, stream);
+                     e != ncclSuccess) {
             return e;
           }
         }
@@ -321,7 +322,8 @@ class NcclBackend : public Backend {
           if (r == me) {
             if (cudaMemcpyAsync(out, in + r * bytes, bytes, cudaMemcpyDeviceToDevice, stream) != cudaSuccess)
               return ncclUnhandledCudaError;
-          } else if (ncclResult_t e = ncclSend(in + r * bytes, count, type, r, comm, stream); e != ncclSuccess) {
+          } else if (ncclResult_t e = ncclSend(in + r * bytes, count, type, r, comm, stream);
+                     e != ncclSuccess) {
             return e;
           }
         }
@@ -338,21 +340,24 @@ class NcclBackend : public Backend {
     const size_t count = static_cast<size_t>(input.numel() / size_), bytes = input.nbytes() / size_;
     ncclDataType_t type = nccl_datatype(input.dtype());
     const int me = rank_, world = size_;
-    return collective({OpKind::AllToAll, 0, input}, {input, output}, [=](ncclComm_t comm, cudaStream_t stream) {
-      return grouped([&]() -> ncclResult_t {
-        for (int r = 0; r < world; ++r) {
-          if (r == me) {
-            if (cudaMemcpyAsync(out + r * bytes, in + r * bytes, bytes, cudaMemcpyDeviceToDevice, stream) !=
-                cudaSuccess)
-              return ncclUnhandledCudaError;
-            continue;
-          }
-          if (ncclResult_t e = ncclSend(in + r * bytes, count, type, r, comm, stream); e != ncclSuccess) return e;
-          if (ncclResult_t e = ncclRecv(out + r * bytes, count, type, r, comm, stream); e != ncclSuccess) return e;
-        }
-        return ncclSuccess;
-      });
-    });
+    return collective(
+        {OpKind::AllToAll, 0, input}, {input, output}, [=](ncclComm_t comm, cudaStream_t stream) {
+          return grouped([&]() -> ncclResult_t {
+            for (int r = 0; r < world; ++r) {
+              if (r == me) {
+                if (cudaMemcpyAsync(out + r * bytes, in + r * bytes, bytes, cudaMemcpyDeviceToDevice,
+                                    stream) != cudaSuccess)
+                  return ncclUnhandledCudaError;
+                continue;
+              }
+              if (ncclResult_t e = ncclSend(in + r * bytes, count, type, r, comm, stream); e != ncclSuccess)
+                return e;
+              if (ncclResult_t e = ncclRecv(out + r * bytes, count, type, r, comm, stream); e != ncclSuccess)
+                return e;
+            }
+            return ncclSuccess;
+          });
+        });
   }
 
   // ProcessGroup::new_group builds subgroups on the CPU backend only (no NCCL communicator yet).

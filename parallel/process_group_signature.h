@@ -51,7 +51,8 @@ inline const char* op_kind_name(OpKind kind) {
 // What a collective call looks like. Laid out as four int64 so it travels as one small array.
 struct Signature {
   int64_t kind = 0;
-  int64_t detail = 0;  // the reduce op, the root, for reduce root * 16 + reduce op, for new_group a hash of the ranks
+  int64_t detail =
+      0;  // the reduce op, the root, for reduce root * 16 + reduce op, for new_group a hash of the ranks
   int64_t dtype = 0;
   int64_t count = 0;
 

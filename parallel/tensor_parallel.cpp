@@ -24,9 +24,8 @@ Tensor all_reduced(const Tensor& x, ProcessGroup group) {
 Tensor with_backward(const char* name, const Tensor& x, Tensor out,
                      std::function<Tensor(const Tensor&)> backward) {
   if (!autograd::any_requires_grad({x})) return out;
-  autograd::record(name, {x}, {out}, [backward](const std::vector<Tensor>& g) {
-    return std::vector<Tensor>{backward(g[0])};
-  });
+  autograd::record(name, {x}, {out},
+                   [backward](const std::vector<Tensor>& g) { return std::vector<Tensor>{backward(g[0])}; });
   return out;
 }
 
@@ -63,7 +62,8 @@ Tensor gather_from_tensor_parallel(const Tensor& x, const ProcessGroup& group) {
     Tensor all = empty({world * mine.numel()}, TensorOptions{x.dtype(), x.device()});
     ProcessGroup(group).allgather(all, mine)->wait();
     std::vector<Tensor> slices;
-    for (int r = 0; r < world; ++r) slices.push_back(all.narrow(0, r * mine.numel(), mine.numel()).view(x.shape()));
+    for (int r = 0; r < world; ++r)
+      slices.push_back(all.narrow(0, r * mine.numel(), mine.numel()).view(x.shape()));
     out = cat(slices, x.dim() - 1);
   }
   return with_backward("GatherFromTensorParallelBackward", x, out, [rank, last](const Tensor& g) {
@@ -97,7 +97,8 @@ Tensor ColumnParallelLinear::forward(const Tensor& x) {
 }
 
 std::shared_ptr<nn::Module> ColumnParallelLinear::clone_empty() const {
-  return std::make_shared<ColumnParallelLinear>(in_features, out_features, group_, bias.defined(), gather_output);
+  return std::make_shared<ColumnParallelLinear>(in_features, out_features, group_, bias.defined(),
+                                                gather_output);
 }
 
 std::string ColumnParallelLinear::extra_repr() const {
@@ -127,8 +128,8 @@ RowParallelLinear::RowParallelLinear(int64_t in, int64_t out, ProcessGroup group
 
 Tensor RowParallelLinear::forward(const Tensor& x) {
   Tensor mine = input_is_parallel ? x
-                                  : copy_to_tensor_parallel(x, group_).narrow(x.dim() - 1, group_.rank() * in_per_rank,
-                                                                              in_per_rank);
+                                  : copy_to_tensor_parallel(x, group_).narrow(
+                                        x.dim() - 1, group_.rank() * in_per_rank, in_per_rank);
   check(mine.size(-1) == in_per_rank, "RowParallelLinear: this rank expects ", in_per_rank,
         " input features (its slice of ", in_features, "), got ", mine.size(-1));
   Tensor y = reduce_from_tensor_parallel(linear(mine, weight), group_);
@@ -136,12 +137,14 @@ Tensor RowParallelLinear::forward(const Tensor& x) {
 }
 
 std::shared_ptr<nn::Module> RowParallelLinear::clone_empty() const {
-  return std::make_shared<RowParallelLinear>(in_features, out_features, group_, bias.defined(), input_is_parallel);
+  return std::make_shared<RowParallelLinear>(in_features, out_features, group_, bias.defined(),
+                                             input_is_parallel);
 }
 
 std::string RowParallelLinear::extra_repr() const {
   return str_cat("in_features=", in_features, " (", in_per_rank, " on this rank of ", group_.size(),
-                 "), out_features=", out_features, ", input_is_parallel=", input_is_parallel ? "true" : "false");
+                 "), out_features=", out_features,
+                 ", input_is_parallel=", input_is_parallel ? "true" : "false");
 }
 
 // ---- TensorParallelMLP -------------------------------------------------------------------------

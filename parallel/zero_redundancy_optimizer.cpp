@@ -39,8 +39,9 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<Tensor> params, par
     const Tensor& p = params_[i];
     check(p.defined(), "ZeroRedundancyOptimizer: parameter ", i, " is undefined");
     check(p.dtype() == params_[0].dtype() && p.device() == params_[0].device(),
-          "ZeroRedundancyOptimizer: parameter ", i, " is ", p.dtype(), " on ", p.device(), " but parameter 0 is ",
-          params_[0].dtype(), " on ", params_[0].device(), "; every parameter must share one dtype and device");
+          "ZeroRedundancyOptimizer: parameter ", i, " is ", p.dtype(), " on ", p.device(),
+          " but parameter 0 is ", params_[0].dtype(), " on ", params_[0].device(),
+          "; every parameter must share one dtype and device");
     check(p.is_contiguous(), "ZeroRedundancyOptimizer: parameter ", i, " is not contiguous");
     total += p.numel();
   }
@@ -84,8 +85,8 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<Tensor> params, par
       start += n;
     }
     for (int r = 0; r < world; ++r)
-      check(shard_numel(r) > 0, "ZeroRedundancyOptimizer: ", total, " elements leave rank ", r,
-            " of ", world, " nothing to own");
+      check(shard_numel(r) > 0, "ZeroRedundancyOptimizer: ", total, " elements leave rank ", r, " of ", world,
+            " nothing to own");
   }
 
   std::vector<Tensor> mine;
@@ -102,8 +103,8 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<Tensor> params, par
   check(local_->param_groups().size() == 1, "ZeroRedundancyOptimizer: the wrapped ", local_->name(), " has ",
         local_->param_groups().size(), " parameter groups; only one is supported");
   check(local_->num_params() == static_cast<int64_t>(mine.size()), "ZeroRedundancyOptimizer: the wrapped ",
-        local_->name(), " holds ", local_->num_params(), " parameters, but this rank's shard has ", mine.size(),
-        " (the factory must optimize exactly the parameters it is given)");
+        local_->name(), " holds ", local_->num_params(), " parameters, but this rank's shard has ",
+        mine.size(), " (the factory must optimize exactly the parameters it is given)");
 }
 
 std::vector<int64_t> ZeroRedundancyOptimizer::shard(int rank) const {
@@ -162,7 +163,8 @@ void ZeroRedundancyOptimizer::step() {
       flat_shard_.narrow(0, s.block_offset, s.numel).copy_(flat(s.param).narrow(0, s.param_offset, s.numel));
       if (!my_grads.defined())
         grad.narrow(0, s.block_offset, s.numel)
-            .copy_(params_[static_cast<size_t>(s.param)].grad().reshape({-1}).narrow(0, s.param_offset, s.numel));
+            .copy_(params_[static_cast<size_t>(s.param)].grad().reshape({-1}).narrow(0, s.param_offset,
+                                                                                     s.numel));
     }
     flat_shard_.set_grad(my_grads.defined() ? my_grads.narrow(0, 0, flat_shard_.numel()) : grad);
   }
@@ -182,7 +184,9 @@ void ZeroRedundancyOptimizer::step() {
   for (int r = 0; r < world; ++r) {
     if (r == rank && !flat_partition) continue;  // updated in place already
     for (const Segment& s : segments_[static_cast<size_t>(r)])
-      flat(s.param).narrow(0, s.param_offset, s.numel).copy_(all.narrow(0, r * block_numel_ + s.block_offset, s.numel));
+      flat(s.param)
+          .narrow(0, s.param_offset, s.numel)
+          .copy_(all.narrow(0, r * block_numel_ + s.block_offset, s.numel));
   }
   if (flat_partition) flat_shard_.set_grad(Tensor());
 }
@@ -246,7 +250,8 @@ StateDict ZeroRedundancyOptimizer::consolidate_flat(const std::vector<std::strin
     }
     std::vector<Tensor> pieces;
     for (size_t r = 0; r < ranks.size(); ++r) {
-      check(ranks[r].count(key) == 1, "ZeroRedundancyOptimizer: rank ", r, " has no ", key, " but rank 0 has");
+      check(ranks[r].count(key) == 1, "ZeroRedundancyOptimizer: rank ", r, " has no ", key,
+            " but rank 0 has");
       pieces.push_back(ranks[r].at(key));
     }
     Tensor all = cat(pieces, 0);
@@ -264,7 +269,8 @@ void ZeroRedundancyOptimizer::load_state_dict(const StateDict& state) {
   const auto params_key = state.find("param_groups.0.params");
   check(params_key != state.end(), "ZeroRedundancyOptimizer.load_state_dict: no param_groups.0.params");
   check(state.count("param_groups.1.params") == 0,
-        "ZeroRedundancyOptimizer.load_state_dict: the state has several parameter groups; only one is supported");
+        "ZeroRedundancyOptimizer.load_state_dict: the state has several parameter groups; only one is "
+        "supported");
   check(params_key->second.numel() == static_cast<int64_t>(params_.size()),
         "ZeroRedundancyOptimizer.load_state_dict: the state is for ", params_key->second.numel(),
         " parameters but this optimizer has ", params_.size());
@@ -277,22 +283,24 @@ void ZeroRedundancyOptimizer::load_state_dict(const StateDict& state) {
       local[key] = tensor;  // the group's hyperparameters; anything unknown, the wrapped optimizer names
       continue;
     }
-    check(index >= 0 && index < static_cast<int64_t>(params_.size()), "ZeroRedundancyOptimizer.load_state_dict: ",
-          key, " names parameter ", index, " of ", params_.size());
+    check(index >= 0 && index < static_cast<int64_t>(params_.size()),
+          "ZeroRedundancyOptimizer.load_state_dict: ", key, " names parameter ", index, " of ",
+          params_.size());
   }
   if (options_.partition == ZeroPartition::Parameters) {
     for (size_t j = 0; j < my_segments.size(); ++j) {
       const std::string prefix = str_cat("state.", my_segments[j].param, ".");
-      for (auto it = state.lower_bound(prefix); it != state.end() && it->first.compare(0, prefix.size(), prefix) == 0;
-           ++it)
+      for (auto it = state.lower_bound(prefix);
+           it != state.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it)
         local[str_cat("state.", j, ".", it->first.substr(prefix.size()))] = it->second;
     }
-    local["param_groups.0.params"] = arange(static_cast<int64_t>(my_segments.size()), TensorOptions{DType::i64});
+    local["param_groups.0.params"] =
+        arange(static_cast<int64_t>(my_segments.size()), TensorOptions{DType::i64});
   } else {
     // Parameter 0's state names the entries; each is cut to this rank's range.
     const std::string prefix = "state.0.";
-    for (auto it = state.lower_bound(prefix); it != state.end() && it->first.compare(0, prefix.size(), prefix) == 0;
-         ++it) {
+    for (auto it = state.lower_bound(prefix);
+         it != state.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it) {
       const std::string name = it->first.substr(prefix.size());
       if (it->second.dim() == 0) {
         local["state.0." + name] = it->second;

@@ -130,8 +130,9 @@ TEST_CASE("tensor-parallel layers refuse sizes that do not divide", "[mpi][tenso
   ProcessGroup pg = test_group();
   if (pg.size() == 1) return;
   const int64_t odd = pg.size() * 3 + 1;
-  REQUIRE_THROWS_WITH(ColumnParallelLinear(4, odd, pg),
-                      Catch::Contains("out_features " + std::to_string(odd) + " do not divide over the group's"));
+  REQUIRE_THROWS_WITH(
+      ColumnParallelLinear(4, odd, pg),
+      Catch::Contains("out_features " + std::to_string(odd) + " do not divide over the group's"));
   REQUIRE_THROWS_WITH(RowParallelLinear(odd, 4, pg), Catch::Contains("in_features"));
 }
 

@@ -134,14 +134,15 @@ int64_t tensor_state_bytes(const optim::Optimizer& opt) {
   return bytes;
 }
 
-const std::pair<const char*, optim::ZeroPartition> kPartitions[] = {{"by parameter", optim::ZeroPartition::Parameters},
-                                                                     {"flat", optim::ZeroPartition::Flat}};
+const std::pair<const char*, optim::ZeroPartition> kPartitions[] = {
+    {"by parameter", optim::ZeroPartition::Parameters}, {"flat", optim::ZeroPartition::Flat}};
 
 }  // namespace
 
 TEST_CASE("ZeRO-1 equals DDP + the wrapped optimizer", "[mpi][zero]") {
   ProcessGroup pg = test_group();
-  const std::pair<const char*, MakeOptimizer> optimizers[] = {{"sgd-momentum", sgd_momentum}, {"adamw", adamw}};
+  const std::pair<const char*, MakeOptimizer> optimizers[] = {{"sgd-momentum", sgd_momentum},
+                                                              {"adamw", adamw}};
   for (const auto& [name, make_opt] : optimizers) {
     auto reference = train(pg, make_opt, Mode::PlainDDP, 10);
     for (const auto& [partition_name, partition] : kPartitions) {
@@ -210,89 +211,90 @@ TEST_CASE("ZeRO-1 state: consolidated as the plain optimizer's, loads back at an
   ProcessGroup pg = test_group();
   const int world = pg.size();
   for (const auto& [partition_name, partition] : kPartitions) {
-  INFO(partition_name);
-  optim::ZeroOptions options;
-  options.partition = partition;
-  // The plain optimizer over DDP, and ZeRO, 5 steps each.
-  auto plain_model = make_model();
-  plain_model->to(pg.device());
-  DistributedDataParallel plain_ddp(*plain_model, pg);
-  auto plain = adamw(plain_ddp.parameters());
-  auto zero_model = make_model();
-  zero_model->to(pg.device());
-  DistributedDataParallel zero_ddp(*zero_model, pg);
-  optim::ZeroRedundancyOptimizer zero(zero_ddp.parameters(), pg, adamw, options);
-  for (int s = 0; s < 5; ++s) {
-    auto [x, y] = my_slice(pg, world, s);
-    nn::cross_entropy(plain_ddp(x), y).backward();
-    plain->step();
-    plain->zero_grad();
-    nn::cross_entropy(zero_ddp(x), y).backward();
-    zero.step();
-    zero.zero_grad();
-  }
-  StateDict whole = zero.consolidated_state_dict(0);
-  if (pg.rank() != 0) {
-    CHECK(whole.empty());
-  } else {
-    StateDict expected = plain->state_dict();
-    REQUIRE(whole.size() == expected.size());
-    std::vector<Tensor> a, b;
-    for (const auto& [key, tensor] : expected) {
-      INFO(key);
-      REQUIRE(whole.count(key) == 1);
-      a.push_back(whole.at(key).to(Device::cpu()).to(DType::f64));
-      b.push_back(tensor.to(Device::cpu()).to(DType::f64));
+    INFO(partition_name);
+    optim::ZeroOptions options;
+    options.partition = partition;
+    // The plain optimizer over DDP, and ZeRO, 5 steps each.
+    auto plain_model = make_model();
+    plain_model->to(pg.device());
+    DistributedDataParallel plain_ddp(*plain_model, pg);
+    auto plain = adamw(plain_ddp.parameters());
+    auto zero_model = make_model();
+    zero_model->to(pg.device());
+    DistributedDataParallel zero_ddp(*zero_model, pg);
+    optim::ZeroRedundancyOptimizer zero(zero_ddp.parameters(), pg, adamw, options);
+    for (int s = 0; s < 5; ++s) {
+      auto [x, y] = my_slice(pg, world, s);
+      nn::cross_entropy(plain_ddp(x), y).backward();
+      plain->step();
+      plain->zero_grad();
+      nn::cross_entropy(zero_ddp(x), y).backward();
+      zero.step();
+      zero.zero_grad();
     }
-    require_close(a, b, 1e-6);
-  }
-  // Every rank gets rank 0's whole state (it is what a checkpoint would hold).
-  whole = decode_safetensors(broadcast_object(pg, pg.rank() == 0 ? encode_safetensors(whole) : std::string()))
-              .tensors;
+    StateDict whole = zero.consolidated_state_dict(0);
+    if (pg.rank() != 0) {
+      CHECK(whole.empty());
+    } else {
+      StateDict expected = plain->state_dict();
+      REQUIRE(whole.size() == expected.size());
+      std::vector<Tensor> a, b;
+      for (const auto& [key, tensor] : expected) {
+        INFO(key);
+        REQUIRE(whole.count(key) == 1);
+        a.push_back(whole.at(key).to(Device::cpu()).to(DType::f64));
+        b.push_back(tensor.to(Device::cpu()).to(DType::f64));
+      }
+      require_close(a, b, 1e-6);
+    }
+    // Every rank gets rank 0's whole state (it is what a checkpoint would hold).
+    whole =
+        decode_safetensors(broadcast_object(pg, pg.rank() == 0 ? encode_safetensors(whole) : std::string()))
+            .tensors;
 
-  // Resume at world size 1: a group of this rank alone, the ZeRO state loaded into a one-rank
-  // ZeRO and into a plain AdamW; 3 more steps on the whole global batch. The N-rank run goes on
-  // with its slices. All three must end equal.
-  auto one_rank = make_single_process_backend();  // for CPU and CUDA tensors alike
-  ProcessGroup alone(one_rank, pg.device(), LaunchInfo{}, one_rank);
-  auto resumed_model = make_model();
-  resumed_model->to(pg.device());
-  {
-    NoGradGuard no_grad;
-    for (size_t i = 0; i < resumed_model->parameters().size(); ++i)
-      resumed_model->parameters()[i].copy_(zero_model->parameters()[i]);
-  }
-  optim::ZeroRedundancyOptimizer resumed(resumed_model->parameters(), alone, adamw, options);
-  resumed.load_state_dict(whole);
-  auto loaded_model = make_model();
-  loaded_model->to(pg.device());
-  {
-    NoGradGuard no_grad;
-    for (size_t i = 0; i < loaded_model->parameters().size(); ++i)
-      loaded_model->parameters()[i].copy_(zero_model->parameters()[i]);
-  }
-  auto loaded = adamw(loaded_model->parameters());
-  loaded->load_state_dict(whole);
-  for (int s = 5; s < 8; ++s) {
-    auto [x, y] = my_slice(pg, world, s);
-    nn::cross_entropy(zero_ddp(x), y).backward();
-    zero.step();
-    zero.zero_grad();
-    auto [gx, gy] = global_batch(world, s);
-    nn::cross_entropy((*resumed_model)(gx.to(pg.device())), gy.to(pg.device())).backward();
-    resumed.step();
-    resumed.zero_grad();
-    nn::cross_entropy((*loaded_model)(gx.to(pg.device())), gy.to(pg.device())).backward();
-    loaded->step();
-    loaded->zero_grad();
-  }
-  auto cpu = [](const std::vector<Tensor>& ts) {
-    std::vector<Tensor> out;
-    for (const Tensor& t : ts) out.push_back(t.to(Device::cpu()));
-    return out;
-  };
-  require_close(cpu(resumed_model->parameters()), cpu(zero_model->parameters()), 1e-5);
-  require_close(cpu(loaded_model->parameters()), cpu(zero_model->parameters()), 1e-5);
+    // Resume at world size 1: a group of this rank alone, the ZeRO state loaded into a one-rank
+    // ZeRO and into a plain AdamW; 3 more steps on the whole global batch. The N-rank run goes on
+    // with its slices. All three must end equal.
+    auto one_rank = make_single_process_backend();  // for CPU and CUDA tensors alike
+    ProcessGroup alone(one_rank, pg.device(), LaunchInfo{}, one_rank);
+    auto resumed_model = make_model();
+    resumed_model->to(pg.device());
+    {
+      NoGradGuard no_grad;
+      for (size_t i = 0; i < resumed_model->parameters().size(); ++i)
+        resumed_model->parameters()[i].copy_(zero_model->parameters()[i]);
+    }
+    optim::ZeroRedundancyOptimizer resumed(resumed_model->parameters(), alone, adamw, options);
+    resumed.load_state_dict(whole);
+    auto loaded_model = make_model();
+    loaded_model->to(pg.device());
+    {
+      NoGradGuard no_grad;
+      for (size_t i = 0; i < loaded_model->parameters().size(); ++i)
+        loaded_model->parameters()[i].copy_(zero_model->parameters()[i]);
+    }
+    auto loaded = adamw(loaded_model->parameters());
+    loaded->load_state_dict(whole);
+    for (int s = 5; s < 8; ++s) {
+      auto [x, y] = my_slice(pg, world, s);
+      nn::cross_entropy(zero_ddp(x), y).backward();
+      zero.step();
+      zero.zero_grad();
+      auto [gx, gy] = global_batch(world, s);
+      nn::cross_entropy((*resumed_model)(gx.to(pg.device())), gy.to(pg.device())).backward();
+      resumed.step();
+      resumed.zero_grad();
+      nn::cross_entropy((*loaded_model)(gx.to(pg.device())), gy.to(pg.device())).backward();
+      loaded->step();
+      loaded->zero_grad();
+    }
+    auto cpu = [](const std::vector<Tensor>& ts) {
+      std::vector<Tensor> out;
+      for (const Tensor& t : ts) out.push_back(t.to(Device::cpu()));
+      return out;
+    };
+    require_close(cpu(resumed_model->parameters()), cpu(zero_model->parameters()), 1e-5);
+    require_close(cpu(loaded_model->parameters()), cpu(zero_model->parameters()), 1e-5);
   }
 }
 
@@ -319,7 +321,9 @@ TEST_CASE("object collectives move bytes of any length between ranks", "[mpi][ze
   ProcessGroup pg = test_group();
   const int rank = pg.rank(), world = pg.size();
   // Lengths that are not multiples of 8, one of them empty, with zero bytes inside.
-  auto bytes_of = [](int r) { return std::string(static_cast<size_t>(r * 5), static_cast<char>('a' + r)) + '\0' + "!"; };
+  auto bytes_of = [](int r) {
+    return std::string(static_cast<size_t>(r * 5), static_cast<char>('a' + r)) + '\0' + "!";
+  };
   CHECK(broadcast_object(pg, rank == world - 1 ? bytes_of(world - 1) : std::string("ignored"), world - 1) ==
         bytes_of(world - 1));
   CHECK(broadcast_object(pg, rank == 0 ? std::string() : std::string("x"), 0).empty());
