@@ -34,6 +34,17 @@ inline std::shared_ptr<mg::nn::Module> make_model(const std::string& name) {
   throw mg::Error("--model must be mlp or cnn, got '" + name + "'");
 }
 
+// The loader settings every example shares (batch size, background workers, the normalisation);
+// each example then sets its own order: shuffle and seed, or a DistributedSampler.
+inline mg::data::DataLoaderOptions loader_options(int64_t batch_size, int workers,
+                                                  std::shared_ptr<const mg::data::Transform> transform) {
+  mg::data::DataLoaderOptions options;
+  options.batch_size = batch_size;
+  options.workers = workers;
+  options.transform = std::move(transform);
+  return options;
+}
+
 // Pixels in [0, 1] -> zero mean, unit variance (the training set's statistics).
 inline std::shared_ptr<mg::data::Normalize> normalize_transform() {
   return std::make_shared<mg::data::Normalize>(std::vector<double>{mg::data::FashionMNIST::kMean},

@@ -105,19 +105,13 @@ int main(int argc, char** argv) {
     data::DistributedSamplerOptions test_shard;
     test_shard.shuffle = false;
     data::DistributedSampler test_sampler(test_set.size(), pg.rank(), pg.size(), test_shard);
-    data::DataLoaderOptions train_options;
-    train_options.batch_size = batch_size;
+    data::DataLoaderOptions train_options = examples::loader_options(batch_size, workers, normalize);
     train_options.drop_last = true;
     train_options.seed = seed;
     train_options.sampler = &train_sampler;
-    train_options.workers = workers;
-    train_options.transform = normalize;
     data::DataLoader train_loader(train_set, train_options);
-    data::DataLoaderOptions test_options;
-    test_options.batch_size = 1000;
+    data::DataLoaderOptions test_options = examples::loader_options(1000, workers, normalize);
     test_options.sampler = &test_sampler;
-    test_options.workers = workers;
-    test_options.transform = normalize;
     data::DataLoader test_loader(test_set, test_options);
 
     manual_seed(seed);  // identical initialisation on every rank...

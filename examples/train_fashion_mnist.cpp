@@ -83,19 +83,12 @@ int main(int argc, char** argv) {
 
     data::FashionMNIST train_set(data::Split::Train), test_set(data::Split::Test);
     auto normalize = examples::normalize_transform();
-    data::DataLoaderOptions train_options;
-    train_options.batch_size = batch_size;
+    data::DataLoaderOptions train_options = examples::loader_options(batch_size, workers, normalize);
     train_options.shuffle = true;
     train_options.drop_last = true;
     train_options.seed = seed;
-    train_options.workers = workers;
-    train_options.transform = normalize;
     data::DataLoader train_loader(train_set, train_options);
-    data::DataLoaderOptions test_options;
-    test_options.batch_size = 1000;
-    test_options.workers = workers;
-    test_options.transform = normalize;
-    data::DataLoader test_loader(test_set, test_options);
+    data::DataLoader test_loader(test_set, examples::loader_options(1000, workers, normalize));
 
     manual_seed(seed);
     std::shared_ptr<nn::Module> model = examples::make_model(model_name);

@@ -15,23 +15,12 @@
 #include "multigrad.h"
 #include "parallel/distributed.h"
 #include "parallel/distributed_data_parallel.h"
-#include "tests/test_device.h"
+#include "tests/mpi/mpi_test_group.h"
 
 using namespace mg;
 using namespace mg::parallel;
 
 namespace {
-
-// cpu, or cuda:<local rank> over the NCCL backend when MG_TEST_DEVICE=cuda (tests/mpi/CMakeLists.txt
-// runs the equivalence cases that way in the CUDA emulation build).
-Device test_device() { return testing::test_device(detect_launch().local_rank); }
-
-ProcessGroup test_group() {
-  InitOptions options;
-  options.timeout = std::chrono::seconds(60);
-  options.device = test_device();
-  return init_process_group(options);
-}
 
 constexpr int64_t kPerRank = 6;
 constexpr int64_t kFeatures = 8;
@@ -133,7 +122,7 @@ DDPOptions tiny_buckets() {
 }  // namespace
 
 TEST_CASE("DDP on N ranks with batch B equals one process on batch N*B", "[mpi][ddp]") {
-  ProcessGroup pg = test_group();
+  ProcessGroup pg = testing::mpi_test_group();
   struct Case {
     const char* name;
     MakeOptimizer make_opt;
@@ -161,7 +150,7 @@ TEST_CASE("DDP on N ranks with batch B equals one process on batch N*B", "[mpi][
 }
 
 TEST_CASE("DDP buckets: reverse order, several of them, rebuilt after the first pass", "[mpi][ddp]") {
-  ProcessGroup pg = test_group();
+  ProcessGroup pg = testing::mpi_test_group();
   auto model = make_model(3);
   model->to(pg.device());
   DistributedDataParallel ddp(*model, pg, tiny_buckets());
@@ -178,7 +167,7 @@ TEST_CASE("DDP buckets: reverse order, several of them, rebuilt after the first 
 }
 
 TEST_CASE("DDP broadcasts rank 0's parameters at construction", "[mpi][ddp]") {
-  ProcessGroup pg = test_group();
+  ProcessGroup pg = testing::mpi_test_group();
   auto model = make_model(100 + static_cast<uint64_t>(pg.rank()));  // different seeds per rank
   DistributedDataParallel ddp(*model, pg);
   auto reference = make_model(100);
@@ -187,7 +176,7 @@ TEST_CASE("DDP broadcasts rank 0's parameters at construction", "[mpi][ddp]") {
 }
 
 TEST_CASE("DDP refuses ranks with different models, naming the difference", "[mpi][ddp]") {
-  ProcessGroup pg = test_group();
+  ProcessGroup pg = testing::mpi_test_group();
   if (pg.size() == 1) return;
   auto model = make_model(1, pg.rank() == 1 ? 12 : 16);
   if (pg.rank() == 1) {
@@ -214,7 +203,7 @@ struct WithUnused : nn::Module {
 }  // namespace
 
 TEST_CASE("DDP names parameters that got no gradient; find_unused_parameters copes", "[mpi][ddp]") {
-  ProcessGroup pg = test_group();
+  ProcessGroup pg = testing::mpi_test_group();
   auto [x, y] = global_batch(pg.size(), 0);
   {
     manual_seed(5);
@@ -239,7 +228,7 @@ TEST_CASE("DDP names parameters that got no gradient; find_unused_parameters cop
 }
 
 TEST_CASE("check_replicas names the first divergent parameter on every rank", "[mpi][ddp]") {
-  ProcessGroup pg = test_group();
+  ProcessGroup pg = testing::mpi_test_group();
   if (pg.size() == 1) return;
   auto model = make_model(9);
   DDPOptions options;
@@ -256,7 +245,7 @@ TEST_CASE("check_replicas names the first divergent parameter on every rank", "[
 }
 
 TEST_CASE("broadcast_buffers makes every rank use rank 0's buffers", "[mpi][ddp]") {
-  ProcessGroup pg = test_group();
+  ProcessGroup pg = testing::mpi_test_group();
   struct WithNorm : nn::Module {
     nn::BatchNorm1d norm{kFeatures};
     nn::Linear fc{kFeatures, 4};
@@ -280,7 +269,7 @@ TEST_CASE("broadcast_buffers makes every rank use rank 0's buffers", "[mpi][ddp]
 }
 
 TEST_CASE("the GradScaler's skip decision is shared by all ranks", "[mpi][ddp]") {
-  ProcessGroup pg = test_group();
+  ProcessGroup pg = testing::mpi_test_group();
   auto model = make_model(4);
   DistributedDataParallel ddp(*model, pg);
   optim::SGDOptions sgd;
@@ -304,7 +293,7 @@ TEST_CASE("the GradScaler's skip decision is shared by all ranks", "[mpi][ddp]")
 }
 
 TEST_CASE("rank 0 checkpoints, every rank resumes, and the run continues exactly", "[mpi][ddp]") {
-  ProcessGroup pg = test_group();
+  ProcessGroup pg = testing::mpi_test_group();
   std::string dir = (std::filesystem::temp_directory_path() / "mg_test_ddp_checkpoint").string();
   if (pg.rank() == 0) std::filesystem::remove_all(dir);
   pg.barrier()->wait();
@@ -340,7 +329,7 @@ TEST_CASE("rank 0 checkpoints, every rank resumes, and the run continues exactly
 }
 
 TEST_CASE("uneven datasets: every rank gets the same number of batches", "[mpi][ddp]") {
-  ProcessGroup pg = test_group();
+  ProcessGroup pg = testing::mpi_test_group();
   for (int64_t n : {10, 11, 13, 1}) {
     data::DistributedSamplerOptions options;
     options.shuffle = true;

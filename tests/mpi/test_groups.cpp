@@ -11,21 +11,12 @@
 #include <vector>
 
 #include "multigrad.h"
-#include "tests/test_device.h"
+#include "tests/mpi/mpi_test_group.h"
 
 using namespace mg;
 using namespace mg::parallel;
 
 namespace {
-
-Device test_device() { return testing::test_device(detect_launch().local_rank); }
-
-ProcessGroup test_group() {
-  InitOptions options;
-  options.timeout = std::chrono::seconds(60);
-  options.device = test_device();
-  return init_process_group(options);
-}
 
 // rank * 100 + i for i in [0, n): every element says where it came from.
 Tensor numbered(int rank, int64_t n, Device device) {
@@ -39,7 +30,7 @@ std::vector<float> values(const Tensor& t) { return t.to(Device::cpu()).to_vecto
 }  // namespace
 
 TEST_CASE("gather scatter and all_to_all move the right blocks", "[mpi][groups]") {
-  ProcessGroup pg = test_group();
+  ProcessGroup pg = testing::mpi_test_group();
   const int world = pg.size(), me = pg.rank();
   const Device device = pg.device();
   const int64_t block = 3;
@@ -71,7 +62,7 @@ TEST_CASE("gather scatter and all_to_all move the right blocks", "[mpi][groups]"
 }
 
 TEST_CASE("new_group: members get a group of their own, the others an undefined one", "[mpi][groups]") {
-  ProcessGroup pg = test_group();
+  ProcessGroup pg = testing::mpi_test_group();
   const int world = pg.size(), me = pg.rank();
   // Even and odd ranks: two disjoint groups, each all-reducing at the same time.
   std::vector<int> evens, odds;
@@ -108,14 +99,14 @@ TEST_CASE("new_group: members get a group of their own, the others an undefined 
   }
   CHECK_THROWS_WITH(pg.new_group({0, 0}), Catch::Contains("rank 0 is named twice"));
   CHECK_THROWS_WITH(pg.new_group({world}), Catch::Contains("is not a rank of this group"));
-  if (test_device().is_cuda()) {
+  if (testing::mpi_test_device().is_cuda()) {
     Tensor on_gpu = zeros({1}, TensorOptions{DType::f32, pg.device()});
     CHECK_THROWS_WITH(mine.allreduce(on_gpu), Catch::Contains("no NCCL communicator yet"));
   }
 }
 
 TEST_CASE("a data x tensor grid of groups", "[mpi][groups]") {
-  ProcessGroup pg = test_group();
+  ProcessGroup pg = testing::mpi_test_group();
   const int world = pg.size(), me = pg.rank();
   if (world % 2 != 0) return;  // the 2 x (N/2) grid needs an even world
   const int tensor_size = 2, data_size = world / tensor_size;
@@ -143,7 +134,7 @@ TEST_CASE("a data x tensor grid of groups", "[mpi][groups]") {
 }
 
 TEST_CASE("monitored_barrier passes when everyone comes and names who did not", "[mpi][groups]") {
-  ProcessGroup pg = test_group();
+  ProcessGroup pg = testing::mpi_test_group();
   const int world = pg.size(), me = pg.rank();
   pg.monitored_barrier(std::chrono::seconds(20));  // everyone: passes
   // The last rank comes too late for a 1 s barrier: rank 0 and every rank that came name it.

@@ -11,18 +11,12 @@
 #include "multigrad.h"
 #include "parallel/distributed_data_parallel.h"
 #include "parallel/tensor_parallel.h"
+#include "tests/mpi/mpi_test_group.h"
 
 using namespace mg;
 using namespace mg::parallel;
 
 namespace {
-
-ProcessGroup test_group() {
-  InitOptions options;
-  options.timeout = std::chrono::seconds(60);
-  options.device = Device::cpu();
-  return init_process_group(options);
-}
 
 void require_close(const Tensor& a, const Tensor& b, double rtol = 1e-5) {
   REQUIRE(a.shape() == b.shape());
@@ -54,7 +48,7 @@ std::unique_ptr<optim::AdamW> adamw(std::vector<Tensor> params) {
 
 TEST_CASE("TensorParallelMLP equals the single-device MLP: forward, gradients, 10 AdamW steps",
           "[mpi][tensor-parallel]") {
-  ProcessGroup pg = test_group();
+  ProcessGroup pg = testing::mpi_test_group();
   const int64_t r = pg.rank(), n = pg.size();
   const int64_t h = kHidden / n;
   manual_seed(42);
@@ -97,7 +91,7 @@ TEST_CASE("TensorParallelMLP equals the single-device MLP: forward, gradients, 1
 
 TEST_CASE("ColumnParallelLinear with gather_output and RowParallelLinear on the full input equal Linear",
           "[mpi][tensor-parallel]") {
-  ProcessGroup pg = test_group();
+  ProcessGroup pg = testing::mpi_test_group();
   const int64_t n = pg.size();
   auto [x, y] = batch(0);
   (void)y;
@@ -127,7 +121,7 @@ TEST_CASE("ColumnParallelLinear with gather_output and RowParallelLinear on the 
 }
 
 TEST_CASE("tensor-parallel layers refuse sizes that do not divide", "[mpi][tensor-parallel]") {
-  ProcessGroup pg = test_group();
+  ProcessGroup pg = testing::mpi_test_group();
   if (pg.size() == 1) return;
   const int64_t odd = pg.size() * 3 + 1;
   REQUIRE_THROWS_WITH(
@@ -138,7 +132,7 @@ TEST_CASE("tensor-parallel layers refuse sizes that do not divide", "[mpi][tenso
 
 TEST_CASE("hybrid: DDP over data groups x tensor parallelism over tensor groups equals one device",
           "[mpi][tensor-parallel][hybrid]") {
-  ProcessGroup pg = test_group();
+  ProcessGroup pg = testing::mpi_test_group();
   if (pg.size() != 4) return;  // a 2 x 2 grid: rank = data_rank * 2 + tensor_rank
   const int me = pg.rank(), tensor_rank = me % 2, data_rank = me / 2;
   ProcessGroup tensor_group, data_group;

@@ -17,21 +17,12 @@
 #include "parallel/distributed_data_parallel.h"
 #include "parallel/object_collectives.h"
 #include "parallel/zero_redundancy_optimizer.h"
-#include "tests/test_device.h"
+#include "tests/mpi/mpi_test_group.h"
 
 using namespace mg;
 using namespace mg::parallel;
 
 namespace {
-
-Device test_device() { return testing::test_device(detect_launch().local_rank); }
-
-ProcessGroup test_group() {
-  InitOptions options;
-  options.timeout = std::chrono::seconds(60);
-  options.device = test_device();
-  return init_process_group(options);
-}
 
 constexpr int64_t kPerRank = 6;
 constexpr int64_t kFeatures = 8;
@@ -140,7 +131,7 @@ const std::pair<const char*, optim::ZeroPartition> kPartitions[] = {
 }  // namespace
 
 TEST_CASE("ZeRO-1 equals DDP + the wrapped optimizer", "[mpi][zero]") {
-  ProcessGroup pg = test_group();
+  ProcessGroup pg = testing::mpi_test_group();
   const std::pair<const char*, MakeOptimizer> optimizers[] = {{"sgd-momentum", sgd_momentum},
                                                               {"adamw", adamw}};
   for (const auto& [name, make_opt] : optimizers) {
@@ -154,7 +145,7 @@ TEST_CASE("ZeRO-1 equals DDP + the wrapped optimizer", "[mpi][zero]") {
 }
 
 TEST_CASE("ZeRO-1 shards: every element owned once, balanced, 1/N of the state", "[mpi][zero]") {
-  ProcessGroup pg = test_group();
+  ProcessGroup pg = testing::mpi_test_group();
   const int world = pg.size();
   for (const auto& [partition_name, partition] : kPartitions) {
     INFO(partition_name);
@@ -208,7 +199,7 @@ TEST_CASE("ZeRO-1 shards: every element owned once, balanced, 1/N of the state",
 
 TEST_CASE("ZeRO-1 state: consolidated as the plain optimizer's, loads back at another world size",
           "[mpi][zero]") {
-  ProcessGroup pg = test_group();
+  ProcessGroup pg = testing::mpi_test_group();
   const int world = pg.size();
   for (const auto& [partition_name, partition] : kPartitions) {
     INFO(partition_name);
@@ -299,7 +290,7 @@ TEST_CASE("ZeRO-1 state: consolidated as the plain optimizer's, loads back at an
 }
 
 TEST_CASE("ZeRO-1 errors name what is wrong", "[mpi][zero]") {
-  ProcessGroup pg = test_group();
+  ProcessGroup pg = testing::mpi_test_group();
   auto model = make_model();
   model->to(pg.device());
   std::vector<Tensor> params = model->parameters();
@@ -318,7 +309,7 @@ TEST_CASE("ZeRO-1 errors name what is wrong", "[mpi][zero]") {
 }
 
 TEST_CASE("object collectives move bytes of any length between ranks", "[mpi][zero]") {
-  ProcessGroup pg = test_group();
+  ProcessGroup pg = testing::mpi_test_group();
   const int rank = pg.rank(), world = pg.size();
   // Lengths that are not multiples of 8, one of them empty, with zero bytes inside.
   auto bytes_of = [](int r) {
