@@ -13,6 +13,7 @@
 #include "parallel/distributed_data_parallel.h"
 #include "parallel/object_collectives.h"
 #include "parallel/parallel_apply.h"
+#include "parallel/pipeline.h"
 #include "parallel/process_group.h"
 #include "parallel/reducer.h"
 #include "parallel/replicate.h"
