@@ -1,0 +1,130 @@
+// bench_pipeline: the pipeline bubble, measured against its formula.
+//
+//   mpirun -np P build/benchmarks/bench_pipeline [--hidden 512] [--batch 256] [--steps 10]
+//
+// A model of P equal stages (each Linear(H, H) + ReLU, twice) trains with GPipe and with 1F1B at
+// m = 1, 2, 4, 8 micro-batches. Per rank, the bubble is the share of the step the stage spent not
+// computing (waiting for activations or gradients, sending); the table gives the mean over the
+// ranks against (P - 1) / (m + P - 1), the idle share of a pipeline of equal stages with free
+// communication, and the step time (the slowest rank's) relative to m = 1. Each (schedule, m)
+// pair runs after 2 warm-up steps; the schedules alternate per m so drift hits both alike.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "multigrad.h"
+#include "parallel/pipeline.h"
+
+using namespace mg;
+using namespace mg::parallel;
+
+namespace {
+
+struct Flags {
+  int64_t hidden = 512, batch = 256;
+  int steps = 10;
+};
+
+Flags parse(int argc, char** argv) {
+  Flags f;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&]() -> const char* {
+      check(i + 1 < argc, "bench_pipeline: ", arg, " needs a value");
+      return argv[++i];
+    };
+    if (arg == "--hidden")
+      f.hidden = std::atoll(value());
+    else if (arg == "--batch")
+      f.batch = std::atoll(value());
+    else if (arg == "--steps")
+      f.steps = std::atoi(value());
+    else
+      throw Error("bench_pipeline: unknown flag " + arg + " (--hidden, --batch, --steps)");
+  }
+  return f;
+}
+
+std::shared_ptr<nn::Sequential> make_model(int stages, int64_t hidden) {
+  manual_seed(1);
+  auto model = std::make_shared<nn::Sequential>();
+  for (int s = 0; s < stages * 2; ++s) {
+    model->emplace_back<nn::Linear>(hidden, hidden);
+    model->emplace_back<nn::ReLU>();
+  }
+  return model;
+}
+
+// The mean over ranks of `value`, and the max.
+std::pair<double, double> mean_and_max(ProcessGroup& pg, double value) {
+  Tensor sum = full({1}, value, TensorOptions{DType::f64}), top = sum.clone();
+  pg.allreduce(sum)->wait();
+  pg.allreduce(top, ReduceOp::Max)->wait();
+  return {sum.item<double>() / pg.size(), top.item<double>()};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const Flags f = parse(argc, argv);
+    InitOptions init;
+    init.device = Device::cpu();
+    ProcessGroup pg = init_process_group(init);
+    const int p = pg.size();
+    auto full_model = make_model(p, f.hidden);
+    auto stage = pipeline_stage(*full_model, pg.rank(), p);
+    optim::SGDOptions sgd;
+    sgd.lr = 1e-3;
+    optim::SGD opt(stage->parameters(), sgd);
+    auto loss = [](const Tensor& out, const Tensor& y) { return nn::cross_entropy(out, y); };
+    manual_seed(2);
+    Tensor x = randn({f.batch, f.hidden}), y = randint(0, f.hidden, {f.batch});
+
+    if (pg.is_main())
+      std::printf(
+          "bench_pipeline: %d stages (ranks), each 2 x Linear(%lld, %lld) + ReLU, batch %lld, %d timed "
+          "steps\n"
+          "%-6s %3s %10s %10s %8s %10s %10s\n",
+          p, static_cast<long long>(f.hidden), static_cast<long long>(f.hidden),
+          static_cast<long long>(f.batch), f.steps, "sched", "m", "bubble", "(p-1)/(m+p-1)", "ratio",
+          "step ms", "vs m=1");
+    double base_ms[2] = {0, 0};
+    for (int m : {1, 2, 4, 8}) {
+      for (int which = 0; which < 2; ++which) {
+        const PipelineSchedule schedule =
+            which == 0 ? PipelineSchedule::GPipe : PipelineSchedule::OneForwardOneBackward;
+        Pipeline pipe(stage, pg, loss, schedule);
+        double step_ms = 0, compute_ms = 0;
+        for (int s = 0; s < 2 + f.steps; ++s) {
+          pg.barrier()->wait();  // steps start together
+          opt.zero_grad();
+          PipelineStepResult r =
+              pipe.train_step(pipe.is_first() ? x : Tensor(), pipe.is_last() ? y : Tensor(), m);
+          opt.step();
+          if (s < 2) continue;
+          step_ms += r.step_ms;
+          compute_ms += r.compute_ms;
+        }
+        const double bubble = mean_and_max(pg, 1.0 - compute_ms / step_ms).first;
+        const double slowest_ms = mean_and_max(pg, step_ms / f.steps).second;
+        if (m == 1) base_ms[which] = slowest_ms;
+        const double theory = static_cast<double>(p - 1) / (m + p - 1);
+        if (pg.is_main())
+          std::printf("%-6s %3d %10.3f %10.3f %8.2f %10.2f %10.2f\n", which == 0 ? "GPipe" : "1F1B", m,
+                      bubble, theory, theory > 0 ? bubble / theory : 0.0, slowest_ms,
+                      slowest_ms / base_ms[which]);
+      }
+    }
+    if (pg.is_main())
+      std::printf(
+          "bubble = mean over ranks of 1 - (stage forward + backward time) / step time; ratio = bubble / "
+          "formula. Communication and the loss count as idle here.\n");
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_pipeline: %s\n", e.what());
+    return 1;
+  }
+}
