@@ -15,7 +15,7 @@
 #include "multigrad.h"
 #include "parallel/distributed.h"
 #include "parallel/distributed_data_parallel.h"
-#include "tests/mpi/mpi_test_group.h"
+#include "tests/mpi/mpi_test_support.h"
 
 using namespace mg;
 using namespace mg::parallel;
@@ -101,14 +101,8 @@ std::vector<Tensor> train_ddp(ProcessGroup& pg, const MakeOptimizer& make_opt, i
 void require_close(const std::vector<Tensor>& a, const std::vector<Tensor>& b, double rtol) {
   REQUIRE(a.size() == b.size());
   for (size_t i = 0; i < a.size(); ++i) {
-    auto u = a[i].to_vector<double>(), v = b[i].to_vector<double>();
-    double diff = 0, norm = 0;
-    for (size_t k = 0; k < u.size(); ++k) {
-      diff += (u[k] - v[k]) * (u[k] - v[k]);
-      norm += v[k] * v[k];
-    }
-    INFO("parameter " << i);
-    REQUIRE(std::sqrt(diff) <= rtol * std::sqrt(norm) + 1e-12);
+    INFO("tensor " << i);
+    testing::require_close(a[i], b[i], rtol, 1e-12);
   }
 }
 

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "multigrad.h"
-#include "tests/mpi/mpi_test_group.h"
+#include "tests/mpi/mpi_test_support.h"
 
 using namespace mg;
 using namespace mg::parallel;

@@ -10,7 +10,7 @@
 
 #include "multigrad.h"
 #include "parallel/pipeline.h"
-#include "tests/mpi/mpi_test_group.h"
+#include "tests/mpi/mpi_test_support.h"
 
 using namespace mg;
 using namespace mg::parallel;
@@ -38,18 +38,6 @@ std::unique_ptr<optim::AdamW> adamw(std::vector<Tensor> params) {
 }
 
 Tensor loss_fn(const Tensor& out, const Tensor& y) { return nn::cross_entropy(out, y); }
-
-void require_close(const Tensor& a, const Tensor& b, double rtol) {
-  auto u = a.to(Device::cpu()).to_vector<double>(), v = b.to(Device::cpu()).to_vector<double>();
-  REQUIRE(u.size() == v.size());
-  double diff = 0, norm = 0;
-  for (size_t k = 0; k < u.size(); ++k) {
-    diff += (u[k] - v[k]) * (u[k] - v[k]);
-    norm += v[k] * v[k];
-  }
-  INFO("|a - b| = " << std::sqrt(diff) << ", |b| = " << std::sqrt(norm));
-  REQUIRE(std::sqrt(diff) <= rtol * std::sqrt(norm) + 1e-7);
-}
 
 }  // namespace
 
@@ -93,7 +81,7 @@ TEST_CASE("a pipeline of stages equals single-device training with the same glob
     std::vector<Tensor> mine = stage->parameters();
     std::vector<Tensor> expected = pipeline_stage(*reference, rank, p)->parameters();
     REQUIRE(mine.size() == expected.size());
-    for (size_t i = 0; i < mine.size(); ++i) require_close(mine[i], expected[i], 1e-5);
+    for (size_t i = 0; i < mine.size(); ++i) testing::require_close(mine[i], expected[i], 1e-5);
   }
 }
 

@@ -11,24 +11,12 @@
 #include "multigrad.h"
 #include "parallel/distributed_data_parallel.h"
 #include "parallel/tensor_parallel.h"
-#include "tests/mpi/mpi_test_group.h"
+#include "tests/mpi/mpi_test_support.h"
 
 using namespace mg;
 using namespace mg::parallel;
 
 namespace {
-
-void require_close(const Tensor& a, const Tensor& b, double rtol = 1e-5) {
-  REQUIRE(a.shape() == b.shape());
-  auto u = a.contiguous().to_vector<double>(), v = b.contiguous().to_vector<double>();
-  double diff = 0, norm = 0;
-  for (size_t k = 0; k < u.size(); ++k) {
-    diff += (u[k] - v[k]) * (u[k] - v[k]);
-    norm += v[k] * v[k];
-  }
-  INFO("|a - b| = " << std::sqrt(diff) << ", |b| = " << std::sqrt(norm));
-  REQUIRE(std::sqrt(diff) <= rtol * std::sqrt(norm) + 1e-7);
-}
 
 constexpr int64_t kFeatures = 8, kHidden = 16, kBatch = 6;
 
@@ -62,14 +50,14 @@ TEST_CASE("TensorParallelMLP equals the single-device MLP: forward, gradients, 1
   auto [x, y] = batch(0);
   Tensor x_single = x.clone().set_requires_grad(true), x_tp = x.clone().set_requires_grad(true);
   Tensor out_single = single(x_single), out_tp = tp(x_tp);
-  require_close(out_tp, out_single);
+  testing::require_close(out_tp, out_single, 1e-5);
   nn::cross_entropy(out_single, y).backward();
   nn::cross_entropy(out_tp, y).backward();
-  require_close(x_tp.grad(), x_single.grad());  // f's backward all-reduced the input gradient
-  require_close(tp.up->weight.grad(), up.weight.grad().narrow(0, r * h, h));
-  require_close(tp.up->bias.grad(), up.bias.grad().narrow(0, r * h, h));
-  require_close(tp.down->weight.grad(), down.weight.grad().narrow(1, r * h, h));
-  require_close(tp.down->bias.grad(), down.bias.grad());
+  testing::require_close(x_tp.grad(), x_single.grad(), 1e-5);  // f's backward all-reduced the input gradient
+  testing::require_close(tp.up->weight.grad(), up.weight.grad().narrow(0, r * h, h), 1e-5);
+  testing::require_close(tp.up->bias.grad(), up.bias.grad().narrow(0, r * h, h), 1e-5);
+  testing::require_close(tp.down->weight.grad(), down.weight.grad().narrow(1, r * h, h), 1e-5);
+  testing::require_close(tp.down->bias.grad(), down.bias.grad(), 1e-5);
 
   // 10 AdamW steps each: every rank's slices follow the single model's.
   auto opt_single = adamw(single.parameters());
@@ -83,10 +71,10 @@ TEST_CASE("TensorParallelMLP equals the single-device MLP: forward, gradients, 1
     opt_single->step();
     opt_tp->step();
   }
-  require_close(tp.up->weight, up.weight.narrow(0, r * h, h));
-  require_close(tp.up->bias, up.bias.narrow(0, r * h, h));
-  require_close(tp.down->weight, down.weight.narrow(1, r * h, h));
-  require_close(tp.down->bias, down.bias);
+  testing::require_close(tp.up->weight, up.weight.narrow(0, r * h, h), 1e-5);
+  testing::require_close(tp.up->bias, up.bias.narrow(0, r * h, h), 1e-5);
+  testing::require_close(tp.down->weight, down.weight.narrow(1, r * h, h), 1e-5);
+  testing::require_close(tp.down->bias, down.bias, 1e-5);
 }
 
 TEST_CASE("ColumnParallelLinear with gather_output and RowParallelLinear on the full input equal Linear",
@@ -101,10 +89,10 @@ TEST_CASE("ColumnParallelLinear with gather_output and RowParallelLinear on the 
   ColumnParallelLinear column(kFeatures, 4 * n, pg, true, /*gather_output=*/true);
   Tensor a = x.clone().set_requires_grad(true), b = x.clone().set_requires_grad(true);
   Tensor out_single = column_single(a), out = column(b);
-  require_close(out, out_single);
+  testing::require_close(out, out_single, 1e-5);
   (out_single * out_single).sum().backward();
   (out * out).sum().backward();
-  require_close(b.grad(), a.grad());
+  testing::require_close(b.grad(), a.grad(), 1e-5);
 
   manual_seed(9);
   nn::Linear row_single(4 * n, 5);
@@ -114,10 +102,10 @@ TEST_CASE("ColumnParallelLinear with gather_output and RowParallelLinear on the 
   Tensor wide = randn({kBatch, 4 * n});
   Tensor c = wide.clone().set_requires_grad(true), d = wide.clone().set_requires_grad(true);
   Tensor row_out_single = row_single(c), row_out = row(d);
-  require_close(row_out, row_out_single);
+  testing::require_close(row_out, row_out_single, 1e-5);
   (row_out_single * row_out_single).sum().backward();
   (row_out * row_out).sum().backward();
-  require_close(d.grad(), c.grad());
+  testing::require_close(d.grad(), c.grad(), 1e-5);
 }
 
 TEST_CASE("tensor-parallel layers refuse sizes that do not divide", "[mpi][tensor-parallel]") {
@@ -170,8 +158,8 @@ TEST_CASE("hybrid: DDP over data groups x tensor parallelism over tensor groups 
   }
   auto& up = dynamic_cast<nn::Linear&>(single.layers.child("0"));
   auto& down = dynamic_cast<nn::Linear&>(single.layers.child("2"));
-  require_close(tp.up->weight, up.weight.narrow(0, tensor_rank * h, h));
-  require_close(tp.up->bias, up.bias.narrow(0, tensor_rank * h, h));
-  require_close(tp.down->weight, down.weight.narrow(1, tensor_rank * h, h));
-  require_close(tp.down->bias, down.bias);
+  testing::require_close(tp.up->weight, up.weight.narrow(0, tensor_rank * h, h), 1e-5);
+  testing::require_close(tp.up->bias, up.bias.narrow(0, tensor_rank * h, h), 1e-5);
+  testing::require_close(tp.down->weight, down.weight.narrow(1, tensor_rank * h, h), 1e-5);
+  testing::require_close(tp.down->bias, down.bias, 1e-5);
 }

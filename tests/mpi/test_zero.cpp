@@ -17,7 +17,7 @@
 #include "parallel/distributed_data_parallel.h"
 #include "parallel/object_collectives.h"
 #include "parallel/zero_redundancy_optimizer.h"
-#include "tests/mpi/mpi_test_group.h"
+#include "tests/mpi/mpi_test_support.h"
 
 using namespace mg;
 using namespace mg::parallel;
@@ -104,15 +104,8 @@ std::vector<Tensor> train(ProcessGroup& pg, const MakeOptimizer& make_opt, Mode 
 void require_close(const std::vector<Tensor>& a, const std::vector<Tensor>& b, double rtol) {
   REQUIRE(a.size() == b.size());
   for (size_t i = 0; i < a.size(); ++i) {
-    auto u = a[i].to_vector<double>(), v = b[i].to_vector<double>();
-    REQUIRE(u.size() == v.size());
-    double diff = 0, norm = 0;
-    for (size_t k = 0; k < u.size(); ++k) {
-      diff += (u[k] - v[k]) * (u[k] - v[k]);
-      norm += v[k] * v[k];
-    }
-    INFO("tensor " << i << ": |a - b| " << std::sqrt(diff) << ", |b| " << std::sqrt(norm));
-    REQUIRE(std::sqrt(diff) <= rtol * std::sqrt(norm) + 1e-12);
+    INFO("tensor " << i);
+    testing::require_close(a[i], b[i], rtol, 1e-12);
   }
 }
 
