@@ -138,7 +138,9 @@ void ZeroRedundancyOptimizer::step() {
   if (options_.gradients == ZeroGradients::ReduceScatter) {
     // Every rank lays its local gradients out in the owners' blocks; the reduce-scatter leaves
     // each rank the average of its own block. A parameter without a gradient counts as zeros.
-    Tensor grads = zeros({world * block_numel_}, flat_options);
+    if (!reduce_input_.defined()) reduce_input_ = empty({world * block_numel_}, flat_options);
+    Tensor& grads = reduce_input_;
+    grads.zero_();
     for (int r = 0; r < world; ++r) {
       for (const Segment& s : segments_[static_cast<size_t>(r)]) {
         const Tensor& g = params_[static_cast<size_t>(s.param)].grad();
@@ -172,14 +174,18 @@ void ZeroRedundancyOptimizer::step() {
   local_->step();
 
   // Every rank's updated shard to every rank: one all-gather of equal-sized blocks.
-  Tensor mine = zeros({block_numel_}, flat_options);
+  if (!gathered_.defined()) {  // the communication buffers live as long as the optimizer
+    send_block_ = zeros({block_numel_}, flat_options);  // the padding stays zero
+    gathered_ = empty({world * block_numel_}, flat_options);
+  }
+  Tensor& mine = send_block_;
   if (flat_partition) {
     mine.narrow(0, 0, flat_shard_.numel()).copy_(flat_shard_);
   } else {
     for (const Segment& s : my_segments)
       mine.narrow(0, s.block_offset, s.numel).copy_(flat(s.param).narrow(0, s.param_offset, s.numel));
   }
-  Tensor all = empty({world * block_numel_}, flat_options);
+  Tensor& all = gathered_;
   group_.allgather(all, mine)->wait();
   for (int r = 0; r < world; ++r) {
     if (r == rank && !flat_partition) continue;  // updated in place already

@@ -124,6 +124,9 @@ class ZeroRedundancyOptimizer {
   std::vector<std::vector<Segment>> segments_;  // by rank, in block order
   int64_t block_numel_ = 0;                     // every rank's block (the largest shard, padded)
   Tensor flat_shard_;                           // Flat: the leaf the wrapped optimizer updates
+  // step()'s communication buffers, allocated at the first step: the reduce-scatter's input (every
+  // rank's block), this rank's block to all-gather, and the all-gathered blocks.
+  Tensor reduce_input_, send_block_, gathered_;
   std::unique_ptr<Optimizer> local_;
 };
 

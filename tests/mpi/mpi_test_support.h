@@ -8,6 +8,11 @@
 
 #include <chrono>
 #include <cmath>
+#include <memory>
+#include <vector>
+
+#include "optim/adam.h"
+#include "optim/sgd.h"
 
 #include "parallel/process_group.h"
 #include "tests/test_device.h"
@@ -21,6 +26,21 @@ inline parallel::ProcessGroup mpi_test_group() {
   options.timeout = std::chrono::seconds(60);
   options.device = mpi_test_device();
   return parallel::init_process_group(options);
+}
+
+// The optimizers the equivalence tests train with (as factories: ZeRO takes one).
+inline std::unique_ptr<optim::Optimizer> sgd_momentum(std::vector<Tensor> params) {
+  optim::SGDOptions options;
+  options.lr = 0.1;
+  options.momentum = 0.9;
+  options.weight_decay = 0.01;
+  return std::make_unique<optim::SGD>(params, options);
+}
+inline std::unique_ptr<optim::Optimizer> adamw(std::vector<Tensor> params) {
+  optim::AdamWOptions options;
+  options.lr = 0.01;
+  options.weight_decay = 0.05;
+  return std::make_unique<optim::AdamW>(params, options);
 }
 
 // ||a - b|| <= rtol ||b|| + atol over all elements (compared in f64 on the CPU), naming both norms.

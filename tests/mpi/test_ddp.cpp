@@ -19,6 +19,8 @@
 
 using namespace mg;
 using namespace mg::parallel;
+using mg::testing::adamw;
+using mg::testing::sgd_momentum;
 
 namespace {
 
@@ -40,19 +42,6 @@ std::pair<Tensor, Tensor> global_batch(int world, int step) {
 }
 
 using MakeOptimizer = std::function<std::unique_ptr<optim::Optimizer>(std::vector<Tensor>)>;
-
-std::unique_ptr<optim::Optimizer> sgd_momentum(std::vector<Tensor> params) {
-  optim::SGDOptions options;
-  options.lr = 0.1;
-  options.momentum = 0.9;
-  return std::make_unique<optim::SGD>(params, options);
-}
-std::unique_ptr<optim::Optimizer> adamw(std::vector<Tensor> params) {
-  optim::AdamWOptions options;
-  options.lr = 0.01;
-  options.weight_decay = 0.01;
-  return std::make_unique<optim::AdamW>(params, options);
-}
 
 // K steps on one process with the whole global batch (the reference).
 std::vector<Tensor> train_single(const MakeOptimizer& make_opt, int world, int steps, int micro_steps) {

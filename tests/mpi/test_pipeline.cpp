@@ -14,6 +14,8 @@
 
 using namespace mg;
 using namespace mg::parallel;
+using mg::testing::adamw;
+using mg::testing::sgd_momentum;
 
 namespace {
 
@@ -28,13 +30,6 @@ std::shared_ptr<nn::Sequential> make_model(Device device) {
   model->emplace_back<nn::Linear>(16, 4);
   model->to(device);
   return model;
-}
-
-std::unique_ptr<optim::AdamW> adamw(std::vector<Tensor> params) {
-  optim::AdamWOptions options;
-  options.lr = 0.01;
-  options.weight_decay = 0.05;
-  return std::make_unique<optim::AdamW>(params, options);
 }
 
 Tensor loss_fn(const Tensor& out, const Tensor& y) { return nn::cross_entropy(out, y); }

@@ -15,6 +15,8 @@
 
 using namespace mg;
 using namespace mg::parallel;
+using mg::testing::adamw;
+using mg::testing::sgd_momentum;
 
 namespace {
 
@@ -23,13 +25,6 @@ constexpr int64_t kFeatures = 8, kHidden = 16, kBatch = 6;
 std::pair<Tensor, Tensor> batch(int step) {
   manual_seed(500 + static_cast<uint64_t>(step));
   return {randn({kBatch, kFeatures}), randint(0, kFeatures, {kBatch})};
-}
-
-std::unique_ptr<optim::AdamW> adamw(std::vector<Tensor> params) {
-  optim::AdamWOptions options;
-  options.lr = 0.01;
-  options.weight_decay = 0.05;
-  return std::make_unique<optim::AdamW>(params, options);
 }
 
 }  // namespace

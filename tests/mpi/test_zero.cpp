@@ -21,6 +21,8 @@
 
 using namespace mg;
 using namespace mg::parallel;
+using mg::testing::adamw;
+using mg::testing::sgd_momentum;
 
 namespace {
 
@@ -41,20 +43,6 @@ std::pair<Tensor, Tensor> global_batch(int world, int step) {
 }
 
 using MakeOptimizer = std::function<std::unique_ptr<optim::Optimizer>(std::vector<Tensor>)>;
-
-std::unique_ptr<optim::Optimizer> sgd_momentum(std::vector<Tensor> params) {
-  optim::SGDOptions options;
-  options.lr = 0.1;
-  options.momentum = 0.9;
-  options.weight_decay = 0.01;
-  return std::make_unique<optim::SGD>(params, options);
-}
-std::unique_ptr<optim::Optimizer> adamw(std::vector<Tensor> params) {
-  optim::AdamWOptions options;
-  options.lr = 0.01;
-  options.weight_decay = 0.05;
-  return std::make_unique<optim::AdamW>(params, options);
-}
 
 // This rank's slice of step `step`'s global batch, on the group's device.
 std::pair<Tensor, Tensor> my_slice(ProcessGroup& pg, int world, int step) {
