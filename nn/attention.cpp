@@ -30,6 +30,16 @@ Tensor CausalSelfAttention::causal_mask(int64_t T, Device device) {
   return ge(arange(T, idx).unsqueeze(1), arange(T, idx).unsqueeze(0));  // row = query i, column = key j
 }
 
+Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, Dropout& attn_dropout) {
+  const int64_t T = q.size(-2), D = q.size(-1);
+  Tensor att = mul(matmul(q, k.transpose(-2, -1)), 1.0 / std::sqrt(static_cast<double>(D)));  // [B, H, T, T]
+  const Tensor minus_inf =
+      full({}, -std::numeric_limits<double>::infinity(), TensorOptions{att.dtype(), att.device()});
+  att = where(CausalSelfAttention::causal_mask(T, q.device()), att, minus_inf);
+  att = attn_dropout(softmax(att, -1));
+  return matmul(att, v);
+}
+
 Tensor CausalSelfAttention::forward(const Tensor& x) {
   check(x.defined() && x.dim() == 3 && x.size(2) == n_embd, "CausalSelfAttention: expected input [B, T, ",
         n_embd, "], got ", x.defined() ? shape_str(x.shape()) : std::string("an undefined tensor"));
@@ -39,13 +49,8 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
   auto heads = [&](const Tensor& t) { return t.reshape({B, T, H, D}).transpose(1, 2); };  // [B, H, T, D]
   Tensor q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
 
-  Tensor att = mul(matmul(q, k.transpose(-2, -1)), 1.0 / std::sqrt(static_cast<double>(D)));  // [B, H, T, T]
-  const Tensor minus_inf =
-      full({}, -std::numeric_limits<double>::infinity(), TensorOptions{att.dtype(), att.device()});
-  att = where(causal_mask(T, x.device()), att, minus_inf);
-  att = attn_dropout(softmax(att, -1));
-
-  Tensor y = matmul(att, v).transpose(1, 2).reshape({B, T, C});  // heads side by side again
+  Tensor y =
+      causal_attention(q, k, v, attn_dropout).transpose(1, 2).reshape({B, T, C});  // heads side by side
   return resid_dropout(c_proj(y));
 }
 

@@ -5,6 +5,8 @@
 //   DistributedDataParallel: bucketed gradient all-reduce overlapped with backward (Reducer)
 //   ring_allreduce: multigrad's own all-reduce over the group's send/recv
 //   distributed.h: seed_for_rank, synchronize_grad_scaler, rank-0 checkpoints
+//   beyond data parallelism: ZeroRedundancyOptimizer (ZeRO-1), tensor_parallel.h (column / row
+//   parallel layers), tensor_parallel_gpt.h (TensorParallelGPT), pipeline.h (GPipe, 1F1B)
 #pragma once
 
 #include "parallel/broadcast.h"
@@ -20,5 +22,6 @@
 #include "parallel/ring_allreduce.h"
 #include "parallel/scatter_gather.h"
 #include "parallel/tensor_parallel.h"
+#include "parallel/tensor_parallel_gpt.h"
 #include "parallel/work.h"
 #include "parallel/zero_redundancy_optimizer.h"

@@ -35,6 +35,15 @@ void check_divides(int64_t features, const ProcessGroup& group, const char* laye
         group.size(), " ranks");
 }
 
+// This rank's slice of each of `blocks` equal blocks of `full` along dim 0, side by side.
+Tensor rows_of_rank(const Tensor& full, int64_t blocks, const ProcessGroup& group) {
+  const int64_t block = full.size(0) / blocks, mine = block / group.size();
+  std::vector<Tensor> slices;
+  for (int64_t b = 0; b < blocks; ++b)
+    slices.push_back(full.narrow(0, b * block + group.rank() * mine, mine));
+  return cat(slices, 0).contiguous().clone();
+}
+
 }  // namespace
 
 Tensor copy_to_tensor_parallel(const Tensor& x, const ProcessGroup& group) {
@@ -75,18 +84,26 @@ Tensor gather_from_tensor_parallel(const Tensor& x, const ProcessGroup& group) {
 
 ColumnParallelLinear::ColumnParallelLinear(int64_t in, int64_t out, ProcessGroup group, bool has_bias,
                                            bool gather)
-    : in_features(in),
-      out_features(out),
-      out_per_rank(group.defined() && group.size() > 0 ? out / group.size() : 0),
+    : ColumnParallelLinear(nn::Linear(in, out, has_bias), std::move(group), gather) {}
+
+ColumnParallelLinear::ColumnParallelLinear(const nn::Linear& full, ProcessGroup group, bool gather,
+                                           int64_t out_blocks)
+    : in_features(full.in_features),
+      out_features(full.out_features),
+      out_per_rank(group.defined() && group.size() > 0 ? full.out_features / group.size() : 0),
       gather_output(gather),
+      blocks(out_blocks),
       group_(std::move(group)) {
-  check_divides(out, group_, "ColumnParallelLinear", "out_features");
-  nn::Linear full(in, out, has_bias);  // the single-device initialisation, drawn on every rank
+  check(blocks > 0 && out_features % blocks == 0, "ColumnParallelLinear: out_features ", out_features,
+        " are not ", blocks, " equal blocks");
+  check_divides(out_features / blocks, group_, "ColumnParallelLinear",
+                blocks > 1 ? "out_features per block" : "out_features");
+  check(!(gather_output && blocks > 1), "ColumnParallelLinear: gather_output needs blocks = 1");
   NoGradGuard no_grad;
-  weight = full.weight.narrow(0, group_.rank() * out_per_rank, out_per_rank).contiguous().clone();
+  weight = rows_of_rank(full.weight, blocks, group_);
   register_parameter("weight", weight);
-  if (has_bias) {
-    bias = full.bias.narrow(0, group_.rank() * out_per_rank, out_per_rank).contiguous().clone();
+  if (full.bias.defined()) {
+    bias = rows_of_rank(full.bias, blocks, group_);
     register_parameter("bias", bias);
   }
 }
@@ -97,30 +114,33 @@ Tensor ColumnParallelLinear::forward(const Tensor& x) {
 }
 
 std::shared_ptr<nn::Module> ColumnParallelLinear::clone_empty() const {
-  return std::make_shared<ColumnParallelLinear>(in_features, out_features, group_, bias.defined(),
-                                                gather_output);
+  return std::make_shared<ColumnParallelLinear>(nn::Linear(in_features, out_features, bias.defined()), group_,
+                                                gather_output, blocks);
 }
 
 std::string ColumnParallelLinear::extra_repr() const {
   return str_cat("in_features=", in_features, ", out_features=", out_features, " (", out_per_rank,
-                 " on this rank of ", group_.size(), "), gather_output=", gather_output ? "true" : "false");
+                 " on this rank of ", group_.size(), "), gather_output=", gather_output ? "true" : "false",
+                 blocks > 1 ? str_cat(", blocks=", blocks) : std::string());
 }
 
 // ---- RowParallelLinear -------------------------------------------------------------------------
 
 RowParallelLinear::RowParallelLinear(int64_t in, int64_t out, ProcessGroup group, bool has_bias,
                                      bool input_parallel)
-    : in_features(in),
-      out_features(out),
-      in_per_rank(group.defined() && group.size() > 0 ? in / group.size() : 0),
+    : RowParallelLinear(nn::Linear(in, out, has_bias), std::move(group), input_parallel) {}
+
+RowParallelLinear::RowParallelLinear(const nn::Linear& full, ProcessGroup group, bool input_parallel)
+    : in_features(full.in_features),
+      out_features(full.out_features),
+      in_per_rank(group.defined() && group.size() > 0 ? full.in_features / group.size() : 0),
       input_is_parallel(input_parallel),
       group_(std::move(group)) {
-  check_divides(in, group_, "RowParallelLinear", "in_features");
-  nn::Linear full(in, out, has_bias);
+  check_divides(in_features, group_, "RowParallelLinear", "in_features");
   NoGradGuard no_grad;
   weight = full.weight.narrow(1, group_.rank() * in_per_rank, in_per_rank).contiguous().clone();
   register_parameter("weight", weight);
-  if (has_bias) {
+  if (full.bias.defined()) {
     bias = full.bias.clone();
     register_parameter("bias", bias);
   }

@@ -18,13 +18,16 @@
 // Initialisation: every rank draws the FULL weight with the same seed (as a single-device
 // nn::Linear would) and keeps its slice, so a tensor-parallel model built after manual_seed(s)
 // equals the single-device model built after manual_seed(s): tests/mpi/test_tensor_parallel.cpp
-// compares forward, gradients and 10 AdamW steps at 2 and 4 ranks. Out/in features must divide
-// by the group size. The collectives block (wait) inside forward and backward.
+// compares forward, gradients and 10 AdamW steps at 2 and 4 ranks. Both layers can also be cut
+// out of an existing nn::Linear (how the tensor-parallel GPT is built from a TinyGPT). Out/in
+// features must divide by the group size. The collectives block (wait) inside forward and
+// backward.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 
+#include "nn/linear.h"
 #include "nn/module.h"
 #include "parallel/process_group.h"
 
@@ -44,12 +47,18 @@ class ColumnParallelLinear : public nn::Module {
   // ready for a RowParallelLinear).
   ColumnParallelLinear(int64_t in_features, int64_t out_features, ProcessGroup group, bool bias = true,
                        bool gather_output = false);
+  // This rank's rows of `full`. blocks > 1: the output features are that many stacked blocks
+  // (3 for attention's q, k, v projection) and each rank keeps its slice of every block, so the
+  // local output is [q_r, k_r, v_r]; each block must divide by the group size.
+  ColumnParallelLinear(const nn::Linear& full, ProcessGroup group, bool gather_output = false,
+                       int64_t blocks = 1);
   Tensor forward(const Tensor& x) override;
   std::shared_ptr<nn::Module> clone_empty() const override;
   std::string extra_repr() const override;
 
   const int64_t in_features, out_features, out_per_rank;
   const bool gather_output;
+  const int64_t blocks;
   Tensor weight, bias;  // [out/N, in], [out/N]: this rank's rows
 
  private:
@@ -62,6 +71,8 @@ class RowParallelLinear : public nn::Module {
   // ColumnParallelLinear); else each rank takes its slice of the full x.
   RowParallelLinear(int64_t in_features, int64_t out_features, ProcessGroup group, bool bias = true,
                     bool input_is_parallel = true);
+  // This rank's columns of `full` (and its whole bias).
+  RowParallelLinear(const nn::Linear& full, ProcessGroup group, bool input_is_parallel = true);
   Tensor forward(const Tensor& x) override;
   std::shared_ptr<nn::Module> clone_empty() const override;
   std::string extra_repr() const override;

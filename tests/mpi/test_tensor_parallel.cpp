@@ -158,3 +158,116 @@ TEST_CASE("hybrid: DDP over data groups x tensor parallelism over tensor groups 
   testing::require_close(tp.down->weight, down.weight.narrow(1, tensor_rank * h, h), 1e-5);
   testing::require_close(tp.down->bias, down.bias, 1e-5);
 }
+
+namespace {
+
+nn::GPTConfig tiny_gpt_config() {
+  nn::GPTConfig c;
+  c.vocab_size = 17;
+  c.block_size = 8;
+  c.n_layer = 2;
+  c.n_head = 4;  // divides over 2 and 4 ranks
+  c.n_embd = 16;
+  return c;
+}
+
+std::pair<Tensor, Tensor> token_batch(int step, const nn::GPTConfig& c) {
+  manual_seed(700 + static_cast<uint64_t>(step));
+  return {randint(0, c.vocab_size, {3, c.block_size}), randint(0, c.vocab_size, {3, c.block_size})};
+}
+
+Tensor lm_loss(const Tensor& logits, const Tensor& targets) {
+  return nn::cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));
+}
+
+// Rank r's rows of c_attn's [3C, C] weight (or [3C] bias): its slice of each of q, k and v.
+Tensor qkv_rows(const Tensor& full, int64_t r, int64_t n) {
+  const int64_t C = full.size(0) / 3, mine = C / n;
+  return cat({full.narrow(0, r * mine, mine), full.narrow(0, C + r * mine, mine), full.narrow(0, 2 * C + r * mine, mine)},
+             0);
+}
+
+void require_block_matches(TensorParallelBlock& tp, nn::TransformerBlock& single, int64_t r, int64_t n,
+                           bool gradients, double rtol) {
+  auto value = [gradients](const Tensor& t) { return gradients ? t.grad() : t; };
+  auto close = [&](const char* what, const Tensor& mine, const Tensor& reference) {
+    INFO(what << (gradients ? " (gradient)" : " (value)"));
+    testing::require_close(value(mine), reference, rtol);
+  };
+  const int64_t C = single.n_embd, c = C / n, f = 4 * C / n;
+  close("ln_1.weight", tp.ln_1.weight, value(single.ln_1.weight));
+  close("attn.c_attn.weight", tp.attn->c_attn->weight, qkv_rows(value(single.attn.c_attn.weight), r, n));
+  if (gradients) {
+    close("attn.c_attn.bias", tp.attn->c_attn->bias, qkv_rows(value(single.attn.c_attn.bias), r, n));
+  } else {
+    // The key bias adds q . b_k to every score of a query, which softmax ignores: its gradient is
+    // zero up to rounding, and AdamW turns that noise into steps of size lr. Compare q and v.
+    const Tensor mine = qkv_rows(single.attn.c_attn.bias, r, n);
+    const int64_t third = mine.size(0) / 3;
+    close("attn.c_attn.bias (q)", tp.attn->c_attn->bias.narrow(0, 0, third), mine.narrow(0, 0, third));
+    close("attn.c_attn.bias (v)", tp.attn->c_attn->bias.narrow(0, 2 * third, third), mine.narrow(0, 2 * third, third));
+  }
+  close("attn.c_proj.weight", tp.attn->c_proj->weight, value(single.attn.c_proj.weight).narrow(1, r * c, c));
+  close("attn.c_proj.bias", tp.attn->c_proj->bias, value(single.attn.c_proj.bias));
+  close("mlp.c_fc.weight", tp.mlp->c_fc->weight, value(single.mlp.c_fc.weight).narrow(0, r * f, f));
+  close("mlp.c_proj.weight", tp.mlp->c_proj->weight, value(single.mlp.c_proj.weight).narrow(1, r * f, f));
+  close("ln_2.bias", tp.ln_2.bias, value(single.ln_2.bias));
+}
+
+}  // namespace
+
+TEST_CASE("TensorParallelGPT equals TinyGPT: logits, gradients, 10 AdamW steps", "[mpi][tensor-parallel][gpt]") {
+  ProcessGroup pg = testing::mpi_test_group();
+  const int64_t r = pg.rank(), n = pg.size();
+  const nn::GPTConfig config = tiny_gpt_config();
+  manual_seed(42);
+  nn::TinyGPT single(config);
+  const GeneratorState after_single = generator_state();
+  manual_seed(42);
+  TensorParallelGPT tp(config, pg);
+  // Building it drew exactly what TinyGPT draws: later random numbers are the same too.
+  REQUIRE(generator_state().offset == after_single.offset);
+  REQUIRE(tp.h.size() == 2);
+  REQUIRE((tp.num_parameters() < single.num_parameters() || n == 1));
+
+  auto [x, y] = token_batch(0, config);
+  Tensor logits_single = single(x), logits_tp = tp(x);
+  testing::require_close(logits_tp, logits_single, 1e-5);
+  lm_loss(logits_single, y).backward();
+  lm_loss(logits_tp, y).backward();
+  testing::require_close(tp.wte.weight.grad(), single.wte.weight.grad(), 1e-5);  // replicated: whole gradients
+  testing::require_close(tp.wpe.weight.grad(), single.wpe.weight.grad(), 1e-5);
+  testing::require_close(tp.lm_head.weight.grad(), single.lm_head.weight.grad(), 1e-5);
+  for (size_t b = 0; b < 2; ++b)
+    require_block_matches(dynamic_cast<TensorParallelBlock&>(tp.h[b]), dynamic_cast<nn::TransformerBlock&>(single.h[b]),
+                          r, n, /*gradients=*/true, 1e-5);
+
+  auto opt_single = adamw(single.parameters());
+  auto opt_tp = adamw(tp.parameters());
+  for (int s = 1; s <= 10; ++s) {
+    auto [xs, ys] = token_batch(s, config);
+    opt_single->zero_grad();
+    opt_tp->zero_grad();
+    lm_loss(single(xs), ys).backward();
+    lm_loss(tp(xs), ys).backward();
+    opt_single->step();
+    opt_tp->step();
+  }
+  for (size_t b = 0; b < 2; ++b)
+    require_block_matches(dynamic_cast<TensorParallelBlock&>(tp.h[b]), dynamic_cast<nn::TransformerBlock&>(single.h[b]),
+                          r, n, /*gradients=*/false, 1e-5);
+  testing::require_close(tp.wte.weight, single.wte.weight, 1e-5);
+  auto [held_out, unused] = token_batch(99, config);
+  (void)unused;
+  NoGradGuard no_grad;
+  testing::require_close(tp(held_out), single(held_out), 1e-4);
+}
+
+TEST_CASE("TensorParallelGPT refuses heads that do not divide", "[mpi][tensor-parallel][gpt]") {
+  ProcessGroup pg = testing::mpi_test_group();
+  if (pg.size() == 1) return;
+  nn::GPTConfig c = tiny_gpt_config();
+  c.n_head = 1;
+  c.n_embd = 4 * pg.size();
+  REQUIRE_THROWS_WITH(TensorParallelGPT(c, pg), Catch::Contains("n_head 1 does not divide over the group's"));
+}
