@@ -5,6 +5,8 @@
 #include "parallel/process_group.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <string>
 #include <thread>
@@ -24,6 +26,11 @@ std::shared_ptr<Backend> make_mpi_backend(const LaunchInfo& launch, std::chrono:
 std::shared_ptr<Backend> make_nccl_backend(std::shared_ptr<Backend> cpu_backend, Device device,
                                            std::chrono::milliseconds timeout, bool verify_collectives);
 
+struct TrafficCounter {
+  std::atomic<int64_t> calls{0};
+  std::atomic<int64_t> bytes_sent{0};
+};
+
 const char* reduce_op_name(ReduceOp op) {
   switch (op) {
     case ReduceOp::Sum: return "sum";
@@ -35,6 +42,9 @@ const char* reduce_op_name(ReduceOp op) {
 }
 
 namespace {
+
+// The share of a message each rank sends in one pass of a ring: (N - 1) / N.
+double ring_share(int world) { return world > 1 ? static_cast<double>(world - 1) / world : 0.0; }
 
 // An integer from the environment, or nullopt when the variable is absent.
 std::optional<int> env_int(const char* name) {
@@ -139,10 +149,27 @@ ProcessGroup::ProcessGroup(std::shared_ptr<Backend> cpu_backend, Device device, 
     : cpu_(std::move(cpu_backend)),
       cuda_(std::move(cuda_backend)),
       device_(device),
-      launch_(std::move(launch)) {
+      launch_(std::move(launch)),
+      traffic_(std::make_shared<TrafficCounter>()) {
   check(cpu_ != nullptr, "ProcessGroup: null backend");
   launch_.rank = cpu_->rank();
   launch_.world_size = cpu_->size();
+}
+
+TrafficStats ProcessGroup::traffic() const {
+  any_backend("traffic");
+  return TrafficStats{traffic_->calls.load(), traffic_->bytes_sent.load()};
+}
+
+void ProcessGroup::reset_traffic() {
+  any_backend("reset_traffic");
+  traffic_->calls = 0;
+  traffic_->bytes_sent = 0;
+}
+
+void ProcessGroup::count_sent(double bytes) const {
+  traffic_->calls += 1;
+  traffic_->bytes_sent += static_cast<int64_t>(std::llround(bytes));
 }
 
 int ProcessGroup::rank() const { return any_backend("rank").rank(); }
@@ -188,6 +215,7 @@ WorkPtr ProcessGroup::allreduce(Tensor& tensor, ReduceOp op) {
   Backend& backend = backend_for(tensor, "allreduce");
   check(op != ReduceOp::Avg || is_floating(tensor.dtype()),
         "ProcessGroup::allreduce: avg needs a floating dtype, the tensor is ", tensor.dtype());
+  count_sent(2.0 * ring_share(size()) * static_cast<double>(tensor.nbytes()));
   return backend.allreduce(tensor, op);
 }
 
@@ -195,6 +223,7 @@ WorkPtr ProcessGroup::broadcast(Tensor& tensor, int root) {
   Backend& backend = backend_for(tensor, "broadcast");
   check(root >= 0 && root < size(), "ProcessGroup::broadcast: root ", root, " is not a rank of a world of ",
         size());
+  count_sent(ring_share(size()) * static_cast<double>(tensor.nbytes()));
   return backend.broadcast(tensor, root);
 }
 
@@ -204,6 +233,7 @@ WorkPtr ProcessGroup::reduce(Tensor& tensor, int root, ReduceOp op) {
         size());
   check(op != ReduceOp::Avg || is_floating(tensor.dtype()),
         "ProcessGroup::reduce: avg needs a floating dtype, the tensor is ", tensor.dtype());
+  count_sent(ring_share(size()) * static_cast<double>(tensor.nbytes()));
   return backend.reduce(tensor, root, op);
 }
 
@@ -216,6 +246,7 @@ WorkPtr ProcessGroup::allgather(Tensor& output, const Tensor& input) {
         " differs from input dtype ", input.dtype());
   check(output.numel() == input.numel() * size(), "ProcessGroup::allgather: output has ", output.numel(),
         " elements but needs world size (", size(), ") x input (", input.numel(), ")");
+  count_sent(ring_share(size()) * static_cast<double>(output.nbytes()));
   return backend.allgather(output, input);
 }
 
@@ -230,6 +261,7 @@ WorkPtr ProcessGroup::reduce_scatter(Tensor& output, const Tensor& input, Reduce
         " elements but needs world size (", size(), ") x output (", output.numel(), ")");
   check(op != ReduceOp::Avg || is_floating(input.dtype()),
         "ProcessGroup::reduce_scatter: avg needs a floating dtype, the tensor is ", input.dtype());
+  count_sent(ring_share(size()) * static_cast<double>(input.nbytes()));
   return backend.reduce_scatter(output, input, op);
 }
 
@@ -246,6 +278,7 @@ WorkPtr ProcessGroup::gather(Tensor& output, const Tensor& input, int root) {
     check(output.numel() == input.numel() * size(), "ProcessGroup::gather: output has ", output.numel(),
           " elements but needs world size (", size(), ") x input (", input.numel(), ")");
   }
+  count_sent(rank() == root ? 0.0 : static_cast<double>(input.nbytes()));
   return backend.gather(output, input, root);
 }
 
@@ -261,6 +294,7 @@ WorkPtr ProcessGroup::scatter(Tensor& output, const Tensor& input, int root) {
     check(input.numel() == output.numel() * size(), "ProcessGroup::scatter: input has ", input.numel(),
           " elements but needs world size (", size(), ") x output (", output.numel(), ")");
   }
+  count_sent(rank() == root ? ring_share(size()) * static_cast<double>(input.nbytes()) : 0.0);
   return backend.scatter(output, input, root);
 }
 
@@ -273,6 +307,7 @@ WorkPtr ProcessGroup::all_to_all(Tensor& output, const Tensor& input) {
   check(output.numel() == input.numel() && input.numel() % size() == 0, "ProcessGroup::all_to_all: input (",
         input.numel(), " elements) and output (", output.numel(),
         ") must be equal and divide into world size (", size(), ") blocks");
+  count_sent(ring_share(size()) * static_cast<double>(input.nbytes()));
   return backend.all_to_all(output, input);
 }
 
@@ -355,6 +390,7 @@ WorkPtr ProcessGroup::send(const Tensor& tensor, int dst, int tag) {
   check(dst >= 0 && dst < size() && dst != rank(), "ProcessGroup::send: destination ", dst,
         " must be another rank of a world of ", size(), " (this is rank ", rank(), ")");
   check(tag >= 0, "ProcessGroup::send: tag must be >= 0, got ", tag);
+  count_sent(static_cast<double>(tensor.nbytes()));
   return backend.send(tensor, dst, tag);
 }
 

@@ -93,6 +93,18 @@ class Backend {
   virtual std::shared_ptr<Backend> new_group(const std::vector<int>& ranks) = 0;
 };
 
+// What this rank has sent through a group (copies of the handle share the count), each call
+// counted as the bandwidth-optimal ring algorithm sends it -- nccl-tests' "bus bytes". For a
+// message of S bytes on N ranks: all-reduce 2(N-1)/N S; all-gather, reduce-scatter, all-to-all,
+// broadcast and reduce (N-1)/N S of the full-size side; gather S from each non-root rank; scatter
+// (N-1)/N S from the root; send S; recv and barrier nothing. bench_parallelism compares it with
+// the traffic formulas of docs/model-parallel.md.
+struct TrafficStats {
+  int64_t calls = 0;  // collectives and sends
+  int64_t bytes_sent = 0;
+};
+struct TrafficCounter;
+
 // A cheap, copyable handle (copies share the same communicators).
 class ProcessGroup {
  public:
@@ -145,13 +157,19 @@ class ProcessGroup {
   // the same time. CPU tensors only for now: a subgroup has no NCCL communicator yet.
   ProcessGroup new_group(std::vector<int> ranks) const;
 
+  // Since the group was made or reset_traffic() (see TrafficStats).
+  TrafficStats traffic() const;
+  void reset_traffic();
+
  private:
   Backend& backend_for(const Tensor& tensor, const char* op) const;
   Backend& any_backend(const char* op) const;
+  void count_sent(double bytes) const;
 
   std::shared_ptr<Backend> cpu_;
   std::shared_ptr<Backend> cuda_;  // nullptr when CUDA tensors have no backend
   bool subgroup_ = false;          // made by new_group (no NCCL communicator)
+  std::shared_ptr<TrafficCounter> traffic_;
   Device device_;
   LaunchInfo launch_;
 };
