@@ -173,7 +173,7 @@ TinyGPT::TinyGPT(GPTConfig c)
   }
 }
 
-Tensor TinyGPT::forward(const Tensor& idx) {
+Tensor TinyGPT::embed(const Tensor& idx) {
   check(
       idx.defined() && idx.dim() == 2 && is_integral(idx.dtype()),
       "TinyGPT: expected token ids [B, T] (i64), got ",
@@ -181,9 +181,54 @@ Tensor TinyGPT::forward(const Tensor& idx) {
   const int64_t T = idx.size(1);
   check(T <= config.block_size, "TinyGPT: sequence length ", T, " exceeds block_size ", config.block_size);
   const Tensor pos = arange(T, TensorOptions{DType::i64, idx.device()});
-  Tensor x = drop(add(wte(idx), wpe(pos)));  // [B, T, C] + [T, C]
+  return drop(add(wte(idx), wpe(pos)));  // [B, T, C] + [T, C]
+}
+
+Tensor TinyGPT::forward(const Tensor& idx) {
+  Tensor x = embed(idx);
   for (const auto& block : h) x = (*block)(x);
   return lm_head(ln_f(x));
+}
+
+namespace {
+
+// The first and last pieces of TinyGPT::as_sequential(): views that register the model's own
+// modules (so their parameters are the model's) and run its code.
+class GPTEmbeddingsView : public Module {
+ public:
+  explicit GPTEmbeddingsView(TinyGPT& gpt) : gpt_(gpt) {
+    register_module("wte", gpt.wte);
+    register_module("wpe", gpt.wpe);
+    register_module("drop", gpt.drop);
+  }
+  Tensor forward(const Tensor& idx) override { return gpt_.embed(idx); }
+  std::string type_name() const override { return "GPTEmbeddings"; }
+
+ private:
+  TinyGPT& gpt_;
+};
+
+class GPTHeadView : public Module {
+ public:
+  explicit GPTHeadView(TinyGPT& gpt) : gpt_(gpt) {
+    register_module("ln_f", gpt.ln_f);
+    register_module("lm_head", gpt.lm_head);
+  }
+  Tensor forward(const Tensor& x) override { return gpt_.lm_head(gpt_.ln_f(x)); }
+  std::string type_name() const override { return "GPTHead"; }
+
+ private:
+  TinyGPT& gpt_;
+};
+
+}  // namespace
+
+std::shared_ptr<Sequential> TinyGPT::as_sequential() {
+  auto layers = std::make_shared<Sequential>();
+  layers->push_back(std::make_shared<GPTEmbeddingsView>(*this));
+  for (size_t i = 0; i < h.size(); ++i) layers->push_back(h.ptr(i));
+  layers->push_back(std::make_shared<GPTHeadView>(*this));
+  return layers;
 }
 
 std::shared_ptr<Module> TinyGPT::clone_empty() const { return std::make_shared<TinyGPT>(config); }

@@ -113,6 +113,11 @@ class TinyGPT : public Module {
   explicit TinyGPT(GPTConfig config = {});
   Tensor forward(const Tensor& idx) override;  // [B, T] i64 -> logits [B, T, vocab_size]
   std::shared_ptr<Module> clone_empty() const override;
+  // The same model as a Sequential of the same modules (parameters shared), for pipeline_stage:
+  //   [embeddings (wte + wpe + drop), h.0, ..., h.{n_layer - 1}, head (ln_f + lm_head)]
+  // The Sequential refers to this TinyGPT, which must outlive it.
+  std::shared_ptr<Sequential> as_sequential();
+  Tensor embed(const Tensor& idx);  // drop(wte(idx) + wpe(positions)): [B, T] -> [B, T, C]
 
   const GPTConfig config;
   Embedding wte;  // token embeddings

@@ -183,7 +183,8 @@ Tensor lm_loss(const Tensor& logits, const Tensor& targets) {
 // Rank r's rows of c_attn's [3C, C] weight (or [3C] bias): its slice of each of q, k and v.
 Tensor qkv_rows(const Tensor& full, int64_t r, int64_t n) {
   const int64_t C = full.size(0) / 3, mine = C / n;
-  return cat({full.narrow(0, r * mine, mine), full.narrow(0, C + r * mine, mine), full.narrow(0, 2 * C + r * mine, mine)},
+  return cat({full.narrow(0, r * mine, mine), full.narrow(0, C + r * mine, mine),
+              full.narrow(0, 2 * C + r * mine, mine)},
              0);
 }
 
@@ -205,7 +206,8 @@ void require_block_matches(TensorParallelBlock& tp, nn::TransformerBlock& single
     const Tensor mine = qkv_rows(single.attn.c_attn.bias, r, n);
     const int64_t third = mine.size(0) / 3;
     close("attn.c_attn.bias (q)", tp.attn->c_attn->bias.narrow(0, 0, third), mine.narrow(0, 0, third));
-    close("attn.c_attn.bias (v)", tp.attn->c_attn->bias.narrow(0, 2 * third, third), mine.narrow(0, 2 * third, third));
+    close("attn.c_attn.bias (v)", tp.attn->c_attn->bias.narrow(0, 2 * third, third),
+          mine.narrow(0, 2 * third, third));
   }
   close("attn.c_proj.weight", tp.attn->c_proj->weight, value(single.attn.c_proj.weight).narrow(1, r * c, c));
   close("attn.c_proj.bias", tp.attn->c_proj->bias, value(single.attn.c_proj.bias));
@@ -216,7 +218,8 @@ void require_block_matches(TensorParallelBlock& tp, nn::TransformerBlock& single
 
 }  // namespace
 
-TEST_CASE("TensorParallelGPT equals TinyGPT: logits, gradients, 10 AdamW steps", "[mpi][tensor-parallel][gpt]") {
+TEST_CASE("TensorParallelGPT equals TinyGPT: logits, gradients, 10 AdamW steps",
+          "[mpi][tensor-parallel][gpt]") {
   ProcessGroup pg = testing::mpi_test_group();
   const int64_t r = pg.rank(), n = pg.size();
   const nn::GPTConfig config = tiny_gpt_config();
@@ -235,12 +238,13 @@ TEST_CASE("TensorParallelGPT equals TinyGPT: logits, gradients, 10 AdamW steps",
   testing::require_close(logits_tp, logits_single, 1e-5);
   lm_loss(logits_single, y).backward();
   lm_loss(logits_tp, y).backward();
-  testing::require_close(tp.wte.weight.grad(), single.wte.weight.grad(), 1e-5);  // replicated: whole gradients
+  testing::require_close(tp.wte.weight.grad(), single.wte.weight.grad(),
+                         1e-5);  // replicated: whole gradients
   testing::require_close(tp.wpe.weight.grad(), single.wpe.weight.grad(), 1e-5);
   testing::require_close(tp.lm_head.weight.grad(), single.lm_head.weight.grad(), 1e-5);
   for (size_t b = 0; b < 2; ++b)
-    require_block_matches(dynamic_cast<TensorParallelBlock&>(tp.h[b]), dynamic_cast<nn::TransformerBlock&>(single.h[b]),
-                          r, n, /*gradients=*/true, 1e-5);
+    require_block_matches(dynamic_cast<TensorParallelBlock&>(tp.h[b]),
+                          dynamic_cast<nn::TransformerBlock&>(single.h[b]), r, n, /*gradients=*/true, 1e-5);
 
   auto opt_single = adamw(single.parameters());
   auto opt_tp = adamw(tp.parameters());
@@ -254,8 +258,8 @@ TEST_CASE("TensorParallelGPT equals TinyGPT: logits, gradients, 10 AdamW steps",
     opt_tp->step();
   }
   for (size_t b = 0; b < 2; ++b)
-    require_block_matches(dynamic_cast<TensorParallelBlock&>(tp.h[b]), dynamic_cast<nn::TransformerBlock&>(single.h[b]),
-                          r, n, /*gradients=*/false, 1e-5);
+    require_block_matches(dynamic_cast<TensorParallelBlock&>(tp.h[b]),
+                          dynamic_cast<nn::TransformerBlock&>(single.h[b]), r, n, /*gradients=*/false, 1e-5);
   testing::require_close(tp.wte.weight, single.wte.weight, 1e-5);
   auto [held_out, unused] = token_batch(99, config);
   (void)unused;

@@ -167,3 +167,23 @@ TEST_CASE("TinyGPT: logits shape, causality, backward, SGD, clone", "[nn][zoo]")
   check_clone_matches(gpt, idx);
   CHECK_THROWS_WITH(gpt(randint(0, 11, {1, 9})), Catch::Contains("exceeds block_size 8"));
 }
+
+TEST_CASE("TinyGPT::as_sequential runs the same modules in the same order", "[nn][zoo]") {
+  manual_seed(104);
+  nn::GPTConfig cfg;
+  cfg.vocab_size = 11;
+  cfg.block_size = 8;
+  cfg.n_layer = 3;
+  cfg.n_head = 2;
+  cfg.n_embd = 8;
+  nn::TinyGPT gpt(cfg);
+  std::shared_ptr<nn::Sequential> layers = gpt.as_sequential();
+  REQUIRE(layers->size() == 5);  // embeddings, 3 blocks, head
+  const std::vector<Tensor> mine = layers->parameters(), theirs = gpt.parameters();
+  REQUIRE(mine.size() == theirs.size());
+  for (size_t i = 0; i < mine.size(); ++i) CHECK(mine[i].data_ptr() == theirs[i].data_ptr());  // shared
+  Tensor idx = randint(0, 11, {2, 8});
+  CHECK((*layers)(idx).to_vector<float>() == gpt(idx).to_vector<float>());
+  layers->eval();
+  CHECK(!gpt.drop.is_training());
+}

@@ -1,0 +1,634 @@
+// bench_parallelism: one model, one global batch, one optimizer, every strategy multigrad has.
+//
+//   mpirun -np N build/benchmarks/bench_parallelism [--layers 4] [--embd 128] [--heads 4]
+//          [--seq 64] [--global-batch 16] [--micro-batches 4] [--steps 10] [--json FILE]
+//
+//   single     one device, the whole batch (rank 0 alone: the baseline of every ratio)
+//   dp         DataParallel over N logical devices in rank 0's process
+//   ddp        DistributedDataParallel over the N ranks
+//   ddp+zero1  the same, AdamW's state sharded (ZeroRedundancyOptimizer, flat partition)
+//   tp         TensorParallelGPT: every block's heads and MLP features split over the N ranks
+//   pp-gpipe   the GPT cut into N pipeline stages, m micro-batches, GPipe
+//   pp-1f1b    the same, one-forward-one-backward
+//   dp2xtp2..  DDP over N/2 data groups x tensor parallelism over pairs (N >= 4, even)
+//
+// Per strategy: samples/s and its ratio to single, each rank's memory (parameters, gradients,
+// optimizer state, and the rest of the step's peak: activations and temporaries), the bytes each
+// rank sends per step counted by ProcessGroup::traffic() next to the formula's prediction, the
+// pipeline bubble, and the largest difference of the loss curve from single's (every strategy
+// computes the same mathematics, so the curves must agree to rounding). Dropout is 0 (its masks
+// would differ between strategies). On a machine without GPUs every rank is one CPU core: the
+// binary re-executes itself once with one BLAS/OpenMP thread; the ranks that wait while rank 0
+// runs single and dp wait in a sleeping receive, so DataParallel has the cores to itself.
+#if defined(MG_HAS_CLI11) && defined(MG_HAS_NLOHMANN_JSON)
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#endif
+
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bench_common.h"
+#include "core/allocator.h"
+#include "multigrad.h"
+
+#ifdef MG_HAS_MPI
+#include <mpi.h>
+#endif
+
+#if !defined(MG_HAS_CLI11) || !defined(MG_HAS_NLOHMANN_JSON)
+int main() {
+  std::printf(
+      "bench_parallelism needs CLI11 and nlohmann-json (apt-get install libcli11-dev nlohmann-json3-dev)\n");
+  return 77;
+}
+#else
+
+using namespace mg;
+using namespace mg::parallel;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Config {
+  int64_t layers = 4, embd = 128, heads = 4, seq = 64, vocab = 65;
+  int64_t global_batch = 16;
+  int micro_batches = 4;
+  int dp_devices = 0;  // 0: N
+  int steps = 10, warmup = 2;
+  std::string json;
+};
+
+nn::GPTConfig gpt_config(const Config& c) {
+  nn::GPTConfig g;
+  g.vocab_size = c.vocab;
+  g.block_size = c.seq;
+  g.n_layer = c.layers;
+  g.n_head = c.heads;
+  g.n_embd = c.embd;
+  g.dropout = 0.0;
+  return g;
+}
+
+// Every strategy starts from the same weights: the TinyGPT drawn after manual_seed(1).
+std::unique_ptr<nn::TinyGPT> fresh_gpt(const Config& c) {
+  manual_seed(1);
+  return std::make_unique<nn::TinyGPT>(gpt_config(c));
+}
+
+// Step s's batch, the same on every rank: inputs [B, T] and next-token targets [B, T].
+std::pair<Tensor, Tensor> batch(const Config& c, int step) {
+  manual_seed(1000 + static_cast<uint64_t>(step));
+  Tensor tokens = randint(0, c.vocab, {c.global_batch, c.seq + 1});
+  return {tokens.narrow(1, 0, c.seq).contiguous(), tokens.narrow(1, 1, c.seq).contiguous()};
+}
+
+Tensor lm_loss(const Tensor& logits, const Tensor& targets) {
+  return nn::cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));
+}
+
+std::unique_ptr<optim::Optimizer> adamw(std::vector<Tensor> params) {
+  optim::AdamWOptions o;
+  o.lr = 1e-3;
+  return std::make_unique<optim::AdamW>(std::move(params), o);
+}
+
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+int64_t tensor_bytes(const std::vector<Tensor>& ts, bool grads) {
+  int64_t bytes = 0;
+  for (const Tensor& t : ts) {
+    const Tensor& x = grads ? t.grad() : t;
+    if (x.defined()) bytes += static_cast<int64_t>(x.nbytes());
+  }
+  return bytes;
+}
+
+int64_t optimizer_state_bytes(const optim::Optimizer& opt) {
+  int64_t bytes = 0;
+  for (int64_t i = 0; i < opt.num_params(); ++i)
+    for (const auto& [name, t] : opt.state(i)) bytes += static_cast<int64_t>(t.nbytes());
+  return bytes;
+}
+
+// One rank's (or one logical device's) memory at the end of the run, bytes.
+// `rest`: the most a step of this strategy raised the device's memory above where it started
+// (activations, temporaries, communication buffers, the gradients being rebuilt).
+struct Memory {
+  int device = 0;
+  int64_t params = 0, grads = 0, optimizer = 0, rest = 0;
+  int64_t peak() const { return params + grads + optimizer + rest; }
+};
+
+// What one strategy does on this rank: a training step (returning this rank's share of the
+// global loss: the shares sum to it over the ranks; and the step's bubble, pipelines only), the
+// groups whose traffic it uses, and its memory afterwards.
+struct Strategy {
+  std::string name, note;
+  bool on_rank0_only = false;  // single and dp: the other ranks wait
+  std::function<std::pair<double, double>(int step)> step;
+  std::vector<ProcessGroup> groups;
+  std::function<std::vector<Memory>()> memory;     // one entry per device this rank drives
+  double predicted_bytes = 0;                      // per rank per step (mean over ranks)
+  std::vector<std::shared_ptr<void> > keep_alive;  // what the modules refer to
+};
+
+struct Row {
+  std::string name, note;
+  double step_ms = 0, samples_per_s = 0, bubble = 0, counted_bytes = 0, predicted_bytes = 0;
+  std::vector<Memory> memory;  // every device of every rank, rank order
+  std::vector<double> losses;
+  double loss_diff = 0;  // largest |loss - single's loss| / single's loss over the steps
+};
+
+double allreduce_value(ProcessGroup& pg, double v, ReduceOp op = ReduceOp::Sum) {
+  Tensor t = full({1}, v, TensorOptions{DType::f64});
+  pg.allreduce(t, op)->wait();
+  return t.item<double>();
+}
+
+// Rank 0 tells the waiting ranks it is done. They wait polling MPI every millisecond, directly:
+// a ProcessGroup receive polls every 20 us (its latency matters) and a spinning MPI barrier
+// would take a core, either of them stolen from DataParallel's threads in rank 0.
+void release_waiting_ranks(ProcessGroup& pg) {
+#ifdef MG_HAS_MPI
+  int mpi_up = 0;
+  MPI_Initialized(&mpi_up);
+  if (mpi_up && pg.size() > 1) {
+    int token = 0;
+    if (pg.rank() == 0) {
+      for (int r = 1; r < pg.size(); ++r) MPI_Send(&token, 1, MPI_INT, r, 7707, MPI_COMM_WORLD);
+    } else {
+      MPI_Request request;
+      MPI_Irecv(&token, 1, MPI_INT, 0, 7707, MPI_COMM_WORLD, &request);
+      for (int done = 0; !done;) {
+        MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+        if (!done) usleep(1000);
+      }
+    }
+    return;
+  }
+#endif
+  pg.barrier()->wait();
+}
+
+// What one rank measured of one strategy.
+struct Measured {
+  std::vector<double> step_ms, losses;
+  double bytes = 0, bubble = 0;
+  int64_t rise[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // per logical device: the largest step's rise
+};
+
+// One step of `s` on this rank (or, for a rank-0 strategy on another rank, the wait for it).
+void measure_step(ProcessGroup& world, const Config& c, Strategy& s, int step, Measured& m) {
+  const bool active = !s.on_rank0_only || world.rank() == 0;
+  if (active) {
+    if (!s.on_rank0_only) world.barrier()->wait();  // steps start together
+    int64_t start[8];
+    for (int d = 0; d < 8; ++d) {
+      reset_cpu_device_peak(d);
+      start[d] = cpu_device_memory(d).live_bytes;
+    }
+    int64_t sent_before = 0;
+    for (ProcessGroup& g : s.groups) sent_before += g.traffic().bytes_sent;
+    const auto t0 = Clock::now();
+    auto [loss_share, step_bubble] = s.step(step);
+    const double ms = ms_since(t0);
+    if (step >= c.warmup) {
+      m.step_ms.push_back(ms);
+      m.losses.push_back(loss_share);
+      m.bubble += step_bubble / c.steps;
+      for (ProcessGroup& g : s.groups) m.bytes += static_cast<double>(g.traffic().bytes_sent) / c.steps;
+      m.bytes -= static_cast<double>(sent_before) / c.steps;
+      for (int d = 0; d < 8; ++d) m.rise[d] = std::max(m.rise[d], cpu_device_memory(d).peak_bytes - start[d]);
+    }
+  }
+  if (s.on_rank0_only) release_waiting_ranks(world);
+}
+
+// Rank 0's row for `s` from every rank's measurements (a collective).
+Row summarise(ProcessGroup& world, const Config& c, Strategy& s, Measured& m) {
+  Row row;
+  row.name = s.name;
+  row.note = s.note;
+  const bool active = !s.on_rank0_only || world.rank() == 0;
+  // The slowest rank's time is the step's; losses summed over the ranks' shares.
+  m.losses.resize(static_cast<size_t>(c.steps), 0.0);
+  m.step_ms.resize(static_cast<size_t>(c.steps), 0.0);
+  std::vector<double> step_ms(m.step_ms.size());
+  for (size_t i = 0; i < step_ms.size(); ++i) {
+    step_ms[i] = allreduce_value(world, m.step_ms[i], ReduceOp::Max);
+    row.losses.push_back(allreduce_value(world, m.losses[i]));
+  }
+  row.step_ms = bench::median(step_ms);
+  row.samples_per_s = static_cast<double>(c.global_batch) / (row.step_ms / 1000.0);
+  const double ranks = s.on_rank0_only ? 1.0 : world.size();
+  row.counted_bytes = allreduce_value(world, m.bytes) / ranks;
+  row.bubble = allreduce_value(world, m.bubble) / ranks;
+  row.predicted_bytes = s.predicted_bytes;
+  // Every rank's memory entries, gathered in rank order: 8 slots of (used, params, grads,
+  // optimizer, rest) per rank.
+  std::vector<Memory> mine = active ? s.memory() : std::vector<Memory>{};
+  std::vector<double> slots(40, 0.0);
+  for (size_t k = 0; k < mine.size() && k < 8; ++k) {
+    const Memory& e = mine[k];
+    const double v[5] = {1.0, static_cast<double>(e.params), static_cast<double>(e.grads),
+                         static_cast<double>(e.optimizer), static_cast<double>(m.rise[e.device & 7])};
+    std::copy(v, v + 5, slots.begin() + static_cast<std::ptrdiff_t>(5 * k));
+  }
+  Tensor all = zeros({world.size() * 40}, TensorOptions{DType::f64});
+  world.allgather(all, tensor<double>(slots, Shape{40}, TensorOptions{DType::f64}))->wait();
+  const std::vector<double> v = all.to_vector<double>();
+  for (size_t e = 0; e < v.size(); e += 5) {
+    if (v[e] == 0.0) continue;  // an unused slot
+    Memory mem;
+    mem.params = static_cast<int64_t>(v[e + 1]);
+    mem.grads = static_cast<int64_t>(v[e + 2]);
+    mem.optimizer = static_cast<int64_t>(v[e + 3]);
+    mem.rest = static_cast<int64_t>(v[e + 4]);
+    row.memory.push_back(mem);
+  }
+  return row;
+}
+
+// Every strategy's steps interleaved -- step i of each, in an order reversed every other step --
+// so the machine's drift and noise fall on all of them alike.
+std::vector<Row> measure(ProcessGroup& world, const Config& c, std::vector<Strategy>& strategies) {
+  std::vector<Measured> measured(strategies.size());
+  for (int step = 0; step < c.warmup + c.steps; ++step) {
+    for (size_t k = 0; k < strategies.size(); ++k) {
+      const size_t j = step % 2 == 0 ? k : strategies.size() - 1 - k;
+      measure_step(world, c, strategies[j], step, measured[j]);
+    }
+  }
+  std::vector<Row> rows;
+  for (size_t j = 0; j < strategies.size(); ++j)
+    rows.push_back(summarise(world, c, strategies[j], measured[j]));
+  return rows;
+}
+
+Memory memory_of(const std::vector<Tensor>& params, int64_t optimizer_bytes, int device_index) {
+  Memory m;
+  m.device = device_index;
+  m.params = tensor_bytes(params, false);
+  m.grads = tensor_bytes(params, true);
+  m.optimizer = optimizer_bytes;
+  return m;
+}
+
+// ---- the strategies ----------------------------------------------------------------------------
+// Each keeps its model and optimizer alive in the closures (shared_ptr), for the memory report.
+
+Strategy single_device(const Config& c) {
+  auto gpt = std::shared_ptr<nn::TinyGPT>(fresh_gpt(c));
+  std::shared_ptr<optim::Optimizer> opt = adamw(gpt->parameters());
+  Strategy s;
+  s.name = "single";
+  s.note = "1 device, the whole batch";
+  s.on_rank0_only = true;
+  s.step = [=, &c](int i) {
+    auto [x, y] = batch(c, i);
+    opt->zero_grad();
+    Tensor loss = lm_loss((*gpt)(x), y);
+    loss.backward();
+    opt->step();
+    return std::make_pair(loss.item<double>(), 0.0);
+  };
+  s.memory = [=] {
+    return std::vector<Memory>{memory_of(gpt->parameters(), optimizer_state_bytes(*opt), 0)};
+  };
+  return s;
+}
+
+Strategy data_parallel(const Config& c, int n, double param_bytes) {
+  auto gpt = std::shared_ptr<nn::TinyGPT>(fresh_gpt(c));
+  std::vector<Device> devices;
+  for (int d = 0; d < n; ++d) devices.push_back(Device::cpu(d));
+  auto dp = std::make_shared<DataParallel>(*gpt, devices);
+  std::shared_ptr<optim::Optimizer> opt = adamw(gpt->parameters());
+  Strategy s;
+  s.name = "dp";
+  s.note = str_cat(n, " devices, 1 process");
+  s.on_rank0_only = true;
+  s.step = [=, &c](int i) {
+    auto [x, y] = batch(c, i);
+    opt->zero_grad();
+    Tensor loss = lm_loss((*dp)(x), y);
+    loss.backward();
+    opt->step();
+    return std::make_pair(loss.item<double>(), 0.0);
+  };
+  s.memory = [=] {
+    std::vector<Memory> m{memory_of(gpt->parameters(), optimizer_state_bytes(*opt), 0)};
+    for (int d = 1; d < n; ++d) m.push_back(memory_of({}, 0, d));  // replicas live only during the step
+    return m;
+  };
+  // Device copies, not a ProcessGroup: replicate (N-1) P from device 0, the gradients' reduce
+  // (N-1) P back, the inputs scattered and the logits gathered; the mean over the N devices.
+  const double io = static_cast<double>(c.global_batch * c.seq) * (8.0 + 4.0 * static_cast<double>(c.vocab));
+  s.predicted_bytes = (2.0 * (n - 1) * param_bytes + (n - 1.0) / n * io) / n;
+  return s;
+}
+
+Strategy ddp(const Config& c, ProcessGroup& pg, double param_bytes, bool zero) {
+  auto gpt = std::shared_ptr<nn::TinyGPT>(fresh_gpt(c));
+  auto model = std::make_shared<DistributedDataParallel>(*gpt, pg);
+  const int n = pg.size(), r = pg.rank();
+  const int64_t per_rank = c.global_batch / n;
+  Strategy s;
+  s.name = zero ? "ddp+zero1" : "ddp";
+  s.note = zero ? "AdamW state sharded (flat)" : "bucketed all-reduce";
+  s.groups = {pg};
+  const double share = (n - 1.0) / n;
+  s.predicted_bytes = 2 * share * param_bytes + (zero ? share * param_bytes : 0.0);
+  std::shared_ptr<optim::Optimizer> opt;
+  std::shared_ptr<optim::ZeroRedundancyOptimizer> zero_opt;
+  if (zero) {
+    optim::ZeroOptions options;
+    options.partition = optim::ZeroPartition::Flat;
+    zero_opt = std::make_shared<optim::ZeroRedundancyOptimizer>(
+        model->parameters(), pg, [](std::vector<Tensor> shard) { return adamw(std::move(shard)); }, options);
+  } else {
+    opt = adamw(model->parameters());
+  }
+  s.step = [=, &c](int i) {
+    auto [x, y] = batch(c, i);
+    if (zero_opt)
+      zero_opt->zero_grad();
+    else
+      opt->zero_grad();
+    Tensor loss = lm_loss((*model)(x.narrow(0, r * per_rank, per_rank)), y.narrow(0, r * per_rank, per_rank));
+    loss.backward();
+    if (zero_opt)
+      zero_opt->step();
+    else
+      opt->step();
+    return std::make_pair(loss.item<double>() / n, 0.0);
+  };
+  s.memory = [=] {
+    const int64_t state = zero_opt ? zero_opt->state_bytes() : optimizer_state_bytes(*opt);
+    return std::vector<Memory>{memory_of(gpt->parameters(), state, 0)};
+  };
+  return s;
+}
+
+// Tensor parallelism over `tensor` (and, for the hybrid, DDP over `data`).
+Strategy tensor_parallel(const Config& c, ProcessGroup tensor, ProcessGroup data, const std::string& name) {
+  auto full = fresh_gpt(c);
+  auto tp = std::make_shared<TensorParallelGPT>(*full, tensor);
+  const int t = tensor.size(), d = data.defined() ? data.size() : 1, dr = data.defined() ? data.rank() : 0;
+  const int64_t per_replica = c.global_batch / d;
+  std::shared_ptr<DistributedDataParallel> replica;
+  if (data.defined()) replica = std::make_shared<DistributedDataParallel>(*tp, data);
+  std::shared_ptr<optim::Optimizer> opt = adamw(replica ? replica->parameters() : tp->parameters());
+  Strategy s;
+  s.name = name;
+  s.note = data.defined() ? str_cat("DDP over ", d, " x TP over ", t)
+                          : str_cat(c.heads / t, c.heads / t == 1 ? " head" : " heads", " per rank");
+  s.groups = {tensor};
+  if (data.defined()) s.groups.push_back(data);
+  // Per block: two all-reduces of [b, T, C] forward (after attention and MLP), two backward.
+  const double act = static_cast<double>(per_replica * c.seq * c.embd) * 4.0;
+  s.predicted_bytes = static_cast<double>(c.layers) * 4.0 * 2.0 * (t - 1.0) / t * act;
+  if (data.defined())
+    s.predicted_bytes += 2.0 * (d - 1.0) / d * static_cast<double>(tensor_bytes(tp->parameters(), false));
+  const int world = t * d;
+  s.step = [=, &c](int i) {
+    auto [x, y] = batch(c, i);
+    opt->zero_grad();
+    Tensor xs = x.narrow(0, dr * per_replica, per_replica), ys = y.narrow(0, dr * per_replica, per_replica);
+    Tensor loss = lm_loss(replica ? (*replica)(xs) : (*tp)(xs), ys);
+    loss.backward();
+    opt->step();
+    return std::make_pair(loss.item<double>() / world, 0.0);  // the replicas' mean, over all ranks
+  };
+  s.memory = [=] { return std::vector<Memory>{memory_of(tp->parameters(), optimizer_state_bytes(*opt), 0)}; };
+  return s;
+}
+
+Strategy pipeline(const Config& c, ProcessGroup& pg, PipelineSchedule schedule) {
+  auto gpt = std::shared_ptr<nn::TinyGPT>(fresh_gpt(c));
+  std::shared_ptr<nn::Sequential> layers = gpt->as_sequential();
+  std::shared_ptr<nn::Sequential> stage = pipeline_stage(*layers, pg.rank(), pg.size());
+  auto pipe = std::make_shared<Pipeline>(stage, pg, lm_loss, schedule);
+  std::shared_ptr<optim::Optimizer> opt = adamw(stage->parameters());
+  const int p = pg.size();
+  Strategy s;
+  const bool gpipe = schedule == PipelineSchedule::GPipe;
+  s.name = gpipe ? "pp-gpipe" : "pp-1f1b";
+  s.note = str_cat(p, " stages, m = ", c.micro_batches);
+  s.groups = {pg};
+  // p - 1 boundaries, each the whole batch's [B, T, C] forward and its gradient backward.
+  const double act = static_cast<double>(c.global_batch * c.seq * c.embd) * 4.0;
+  s.predicted_bytes = 2.0 * (p - 1.0) / p * act;
+  const int m = c.micro_batches;
+  s.step = [=, &c](int i) {
+    auto [x, y] = batch(c, i);
+    opt->zero_grad();
+    PipelineStepResult r =
+        pipe->train_step(pipe->is_first() ? x : Tensor(), pipe->is_last() ? y : Tensor(), m);
+    opt->step();
+    return std::make_pair(r.loss, r.bubble());
+  };
+  s.memory = [=] {
+    return std::vector<Memory>{memory_of(stage->parameters(), optimizer_state_bytes(*opt), 0)};
+  };
+  s.keep_alive = {gpt, layers};  // the stage's first and last layers are views of gpt
+  return s;
+}
+
+// ---- output ------------------------------------------------------------------------------------
+
+double mb(double bytes) { return bytes / (1024.0 * 1024.0); }
+
+void print_table(const Config& c, int world, const std::vector<Row>& rows, double param_bytes) {
+  std::printf(
+      "\nbench_parallelism: TinyGPT (%lld layers, %lld heads, n_embd %lld, T %lld, vocab %lld: %.2f MB of "
+      "parameters), global batch %lld, AdamW, %d timed steps, N = %d ranks\n",
+      static_cast<long long>(c.layers), static_cast<long long>(c.heads), static_cast<long long>(c.embd),
+      static_cast<long long>(c.seq), static_cast<long long>(c.vocab), mb(param_bytes),
+      static_cast<long long>(c.global_batch), c.steps, world);
+  std::printf("%s, load %.2f, %s\n\n", bench::cpu_model().c_str(), bench::load_average(),
+              bench::utc_now().c_str());
+  std::printf("%-10s %9s %8s %7s | %7s %7s %7s %7s %7s | %9s %9s %6s | %7s | %9s  %s\n", "strategy",
+              "samples/s", "vs single", "step ms", "params", "grads", "optim", "rest", "peak", "sent MB",
+              "model MB", "ratio", "bubble", "loss diff", "setup");
+  const double base = rows.empty() ? 1.0 : rows[0].samples_per_s;
+  for (const Row& r : rows) {
+    Memory top;  // the fullest device: the one that limits the model size
+    for (const Memory& m : r.memory)
+      if (m.peak() > top.peak()) top = m;
+    const std::string ratio =
+        r.predicted_bytes > 0 ? str_cat(std::lround(100.0 * r.counted_bytes / r.predicted_bytes), "%") : "-";
+    char counted[32];
+    std::snprintf(counted, sizeof counted, "%.2f", mb(r.counted_bytes));
+    std::printf(
+        "%-10s %9.1f %8.2fx %7.1f | %7.2f %7.2f %7.2f %7.2f %7.2f | %9s %9.2f %6s | %7.3f | %9.1e  %s\n",
+        r.name.c_str(), r.samples_per_s, r.samples_per_s / base, r.step_ms, mb(top.params), mb(top.grads),
+        mb(top.optimizer), mb(top.rest), mb(top.peak()), r.name == "dp" ? "-" : counted,
+        mb(r.predicted_bytes), r.name == "dp" ? "-" : ratio.c_str(), r.bubble, r.loss_diff, r.note.c_str());
+  }
+  std::printf(
+      "\nmemory: MB on the fullest device: params, grads, optimizer state, and rest = the most one step "
+      "raised\n"
+      "the device's memory (activations, temporaries, communication buffers). The strategies' steps "
+      "interleave.\n"
+      "sent MB: per rank per step, counted by ProcessGroup::traffic() as ring algorithms send it; model MB: "
+      "the\n"
+      "formula of docs/model-parallel.md (dp moves device copies, not messages: formula only). loss diff: "
+      "the\n"
+      "largest relative difference from single's loss over the timed steps.\n");
+}
+
+nlohmann::json to_json(const Config& c, int world, const std::vector<Row>& rows, double param_bytes) {
+  nlohmann::json j;
+  j["benchmark"] = "bench_parallelism";
+  j["config"] = {{"layers", c.layers},
+                 {"embd", c.embd},
+                 {"heads", c.heads},
+                 {"seq", c.seq},
+                 {"vocab", c.vocab},
+                 {"global_batch", c.global_batch},
+                 {"micro_batches", c.micro_batches},
+                 {"steps", c.steps},
+                 {"world", world},
+                 {"param_bytes", param_bytes}};
+  j["machine"] = {{"cpu", bench::cpu_model()}, {"load", bench::load_average()}, {"utc", bench::utc_now()}};
+  for (const Row& r : rows) {
+    nlohmann::json memory = nlohmann::json::array();
+    for (const Memory& m : r.memory)
+      memory.push_back({{"params", m.params},
+                        {"grads", m.grads},
+                        {"optimizer", m.optimizer},
+                        {"rest", m.rest},
+                        {"peak", m.peak()}});
+    j["rows"].push_back(
+        {{"strategy", r.name},
+         {"note", r.note},
+         {"step_ms", r.step_ms},
+         {"samples_per_s", r.samples_per_s},
+         {"memory", memory},
+         {"sent_bytes", r.name == "dp" ? nlohmann::json(nullptr) : nlohmann::json(r.counted_bytes)},
+         {"model_bytes", r.predicted_bytes},
+         {"bubble", r.bubble},
+         {"losses", r.losses},
+         {"loss_diff", r.loss_diff}});
+  }
+  return j;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Config c;
+  CLI::App app{"Every parallelism strategy on one TinyGPT and one global batch"};
+  app.add_option("--layers", c.layers, "transformer blocks");
+  app.add_option("--embd", c.embd, "n_embd");
+  app.add_option("--heads", c.heads, "attention heads (must divide by N for tp)");
+  app.add_option("--seq", c.seq, "tokens per sequence");
+  app.add_option("--global-batch", c.global_batch, "sequences per step over all ranks (divisible by N)");
+  app.add_option("--micro-batches", c.micro_batches, "pipeline micro-batches");
+  app.add_option("--dp-devices", c.dp_devices, "devices of the dp run (default: N)");
+  app.add_option("--steps", c.steps, "timed steps");
+  app.add_option("--warmup", c.warmup, "untimed steps first");
+  app.add_option("--json", c.json, "write the results here");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    // One core per rank (see the top of the file); must be set before the libraries start.
+    if (std::getenv("MG_BENCH_PINNED") == nullptr) {
+      setenv("MG_BENCH_PINNED", "1", 1);
+      setenv("OMP_NUM_THREADS", "1", 1);
+      setenv("OPENBLAS_NUM_THREADS", "1", 1);
+      execv("/proc/self/exe", argv);
+      throw Error("bench_parallelism: could not re-execute itself with one thread per rank");
+    }
+    // DataParallel runs N threads in rank 0's process, and mpirun binds each rank to one core
+    // when N <= 2 (OpenMPI's default): all of them would share that core. Undo the binding
+    // (mpirun --bind-to none) before MPI starts its threads; the OS spreads the ranks itself.
+    cpu_set_t every_cpu;
+    CPU_ZERO(&every_cpu);
+    for (long cpu = 0; cpu < sysconf(_SC_NPROCESSORS_ONLN) && cpu < CPU_SETSIZE; ++cpu)
+      CPU_SET(cpu, &every_cpu);
+    sched_setaffinity(0, sizeof every_cpu, &every_cpu);
+    InitOptions init;
+    init.device = Device::cpu(0);
+    ProcessGroup world = init_process_group(init);
+    const int n = world.size();
+    check(c.global_batch % n == 0, "--global-batch ", c.global_batch, " must divide by the ", n, " ranks");
+    check(c.steps >= 1 && c.warmup >= 0 && c.micro_batches >= 1,
+          "--steps >= 1, --warmup >= 0, --micro-batches >= 1");
+    const double param_bytes = static_cast<double>(fresh_gpt(c)->num_parameters()) * 4.0;
+
+    std::vector<Strategy> strategies;
+    auto add = [&](Strategy s) { strategies.push_back(std::move(s)); };
+    add(single_device(c));
+    const int dp_devices = c.dp_devices > 0 ? c.dp_devices : n;
+    if (dp_devices > 1) add(data_parallel(c, dp_devices, param_bytes));
+    add(ddp(c, world, param_bytes, false));
+    add(ddp(c, world, param_bytes, true));
+    if (c.heads % n == 0) add(tensor_parallel(c, world, ProcessGroup(), "tp"));
+    if (n <= c.layers + 2 && (c.global_batch % c.micro_batches) == 0) {
+      add(pipeline(c, world, PipelineSchedule::GPipe));
+      add(pipeline(c, world, PipelineSchedule::OneForwardOneBackward));
+    }
+    if (n >= 4 && n % 2 == 0 && c.heads % 2 == 0 && c.global_batch % (n / 2) == 0) {
+      ProcessGroup tensor, data;  // rank = data_rank * 2 + tensor_rank
+      for (int d = 0; d < n / 2; ++d) {
+        ProcessGroup g = world.new_group({2 * d, 2 * d + 1});
+        if (g.defined()) tensor = g;
+      }
+      for (int t = 0; t < 2; ++t) {
+        std::vector<int> members;
+        for (int d = 0; d < n / 2; ++d) members.push_back(2 * d + t);
+        ProcessGroup g = world.new_group(members);
+        if (g.defined()) data = g;
+      }
+      add(tensor_parallel(c, tensor, data, str_cat("dp", n / 2, "xtp2")));
+    }
+    std::vector<Row> rows = measure(world, c, strategies);
+    // Every strategy computes the same mathematics: a loss curve off single's by more than
+    // rounding is a bug (exit 3, as bench_dp_vs_ddp does).
+    const double tolerance = 1e-4;
+    std::string differ;
+    for (Row& r : rows) {
+      for (size_t i = 0; i < r.losses.size(); ++i)
+        r.loss_diff =
+            std::max(r.loss_diff, std::fabs(r.losses[i] - rows[0].losses[i]) / std::fabs(rows[0].losses[i]));
+      if (!(r.loss_diff <= tolerance))
+        differ += str_cat(differ.empty() ? "" : ", ", r.name, " by ", r.loss_diff);
+    }
+    if (world.is_main()) {
+      print_table(c, n, rows, param_bytes);
+      if (!c.json.empty()) {
+        std::ofstream out(c.json);
+        out << to_json(c, n, rows, param_bytes).dump(2) << "\n";
+        std::printf("wrote %s\n", c.json.c_str());
+      }
+    }
+    world.barrier()->wait();
+    if (!differ.empty()) {
+      if (world.is_main())
+        std::fprintf(stderr, "bench_parallelism: loss curves DIFFER from single's (> %.0e): %s\n", tolerance,
+                     differ.c_str());
+      return 3;
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_parallelism: %s\n", e.what());
+    return 1;
+  }
+}
+#endif
