@@ -2,11 +2,16 @@
 // signatures and C linkage of the real nccl.h. Emulated device memory is host memory: MPI carries it.
 //
 // Communicators. One rank needs no MPI. More need MPI initialised by the program with
-// MPI_THREAD_MULTIPLE, and nranks == the MPI world size: ncclCommInitRank splits MPI_COMM_WORLD
-// (key = nccl rank), allgathers every rank's unique id, rank, host and emulated device
-// (mg_emu::current_device()) and checks them as NCCL does: one id for all (ncclInvalidArgument),
-// each rank once, no two ranks on one (host, device) ("Duplicate GPU detected", ncclInvalidUsage).
-// Every rank sees the same table, so every rank reaches the same verdict.
+// MPI_THREAD_MULTIPLE. A communicator of the whole MPI world splits MPI_COMM_WORLD (key = nccl
+// rank). A smaller one (a subgroup's) meets at the process that made its unique id, whose world
+// rank the id carries and which must be its rank 0: each member sends it (id, nccl rank, world
+// rank), it answers with the members' world ranks in nccl-rank order, and the members make their
+// MPI communicator with MPI_Comm_create_group (collective over the members only, as
+// ncclCommInitRank is). Then every rank's unique id, rank, host and emulated device
+// (mg_emu::current_device()) are allgathered and checked as NCCL does: one id for all
+// (ncclInvalidArgument), each rank once, no two ranks on one (host, device) ("Duplicate GPU
+// detected", ncclInvalidUsage). Every rank sees the same table, so every rank reaches the same
+// verdict.
 //
 // Calls are checked on the caller's thread in NCCL's order and words (comm, root or peer, type, op,
 // pointers: device memory of the comm's device over the extent touched; then the stream), and a
@@ -41,15 +46,15 @@
 //   MPI may still write there. Handles are never freed (a few hundred bytes each), so a call on a
 //   destroyed one fails cleanly.
 //
-// Unlike real NCCL: nranks > 1 needs MPI and communicators spanning MPI_COMM_WORLD, and
-// ncclCommInitRank is an MPI collective (called in the same order on every rank; it runs at once
-// even inside a group). Data moves through host memory, reductions move n times the data, and sums
-// in rank order may differ from NCCL's rings and trees in the last bits. "Duplicate GPU" names the
-// emulated device ordinal, not a bus id. fp8 moves but does not reduce; no user-defined ops. A null
-// stream is the calling thread's current device's, which must be the communicator's (NCCL switches
-// device first). Collectives of several communicators in one group run one after another.
-// ncclGetLastError(comm) tells that communicator's last error when it has one (NCCL ignores comm).
-// NCCL_DEBUG=WARN (or INFO, TRACE) prints every error to stderr.
+// Unlike real NCCL: nranks > 1 needs MPI; a communicator smaller than MPI_COMM_WORLD needs its
+// unique id made by its rank 0's process; ncclCommInitRank is an MPI collective over the members
+// (called in the same order on every member; it runs at once even inside a group). Data moves through host
+// memory, reductions move n times the data, and sums in rank order may differ from NCCL's rings and trees in
+// the last bits. "Duplicate GPU" names the emulated device ordinal, not a bus id. fp8 moves but does not
+// reduce; no user-defined ops. A null stream is the calling thread's current device's, which must be the
+// communicator's (NCCL switches device first). Collectives of several communicators in one group run one
+// after another. ncclGetLastError(comm) tells that communicator's last error when it has one (NCCL ignores
+// comm). NCCL_DEBUG=WARN (or INFO, TRACE) prints every error to stderr.
 #define OMPI_SKIP_MPICXX 1  // the C API only (the C++ bindings' header warns under -Wextra)
 #define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
@@ -772,6 +777,84 @@ struct PeerInfo {  // what ncclCommInitRank allgathers
   char host[256];
 };
 
+// A communicator smaller than the MPI world: its members meet at the id's creator (its rank 0),
+// which tells each of them every member's world rank; then MPI_Comm_create_group, over the
+// members only. Blocking, like ncclCommInitRank.
+constexpr size_t kIdCreatorOffset = 16;  // after the (pid, counter) stamp
+constexpr int kMeetTag = 0x4e43;         // "NC", on MPI_COMM_WORLD
+
+struct Registration {  // a member to the creator
+  char id[NCCL_UNIQUE_ID_BYTES];
+  int32_t rank;
+  int32_t world_rank;
+};
+
+ncclResult_t meet_members(const ncclUniqueId& id, int nranks, int rank, MPI_Comm* out) {
+  int32_t creator = -1, me = 0;
+  std::memcpy(&creator, id.internal + kIdCreatorOffset, sizeof(creator));
+  MPI_Comm_rank(MPI_COMM_WORLD, &me);
+  int world = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  if (creator < 0 || creator >= world)
+    return fail(nullptr, ncclInvalidArgument,
+                "ncclCommInitRank: this unique id names no MPI process (made before MPI started?); a "
+                "communicator of %d of the %d MPI ranks meets at the process that made its id",
+                nranks, world);
+  if ((rank == 0) != (creator == me))
+    return fail(
+        nullptr, ncclInvalidUsage,
+        "ncclCommInitRank: the emulated NCCL needs the unique id of a communicator smaller than the MPI "
+        "world (%d of %d ranks) made by its rank 0's process (world rank %d made it; this is world rank "
+        "%d, nccl rank %d)",
+        nranks, world, creator, me, rank);
+  std::vector<int32_t> members(static_cast<size_t>(nranks), -1);
+  if (rank == 0) {
+    // Every registration is answered, even after a bad one: the table, or -1s (the member fails).
+    members[0] = me;
+    std::vector<int32_t> registrants;
+    char problem[256] = "";
+    for (int k = 1; k < nranks; ++k) {
+      Registration r{};
+      MPI_Recv(&r, int(sizeof r), MPI_BYTE, MPI_ANY_SOURCE, kMeetTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+      registrants.push_back(r.world_rank);
+      if (std::memcmp(r.id, id.internal, sizeof(r.id)) != 0)
+        std::snprintf(problem, sizeof problem, "world rank %d joined with another unique id", r.world_rank);
+      else if (r.rank <= 0 || r.rank >= nranks || members[static_cast<size_t>(r.rank)] >= 0)
+        std::snprintf(problem, sizeof problem,
+                      "world rank %d joined as nccl rank %d of %d, which is out of range or taken",
+                      r.world_rank, r.rank, nranks);
+      else
+        members[static_cast<size_t>(r.rank)] = r.world_rank;
+    }
+    if (problem[0] != '\0') std::fill(members.begin(), members.end(), -1);
+    for (int32_t registrant : registrants)
+      MPI_Send(members.data(), nranks, MPI_INT32_T, registrant, kMeetTag, MPI_COMM_WORLD);
+    if (problem[0] != '\0') return fail(nullptr, ncclInvalidUsage, "ncclCommInitRank: %s", problem);
+  } else {
+    Registration r{};
+    std::memcpy(r.id, id.internal, sizeof(r.id));
+    r.rank = rank;
+    r.world_rank = me;
+    MPI_Send(&r, int(sizeof r), MPI_BYTE, creator, kMeetTag, MPI_COMM_WORLD);
+    MPI_Recv(members.data(), nranks, MPI_INT32_T, creator, kMeetTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    if (members[0] < 0)
+      return fail(
+          nullptr, ncclInvalidUsage,
+          "ncclCommInitRank: rank 0 (world rank %d) refused the members' registrations (see its error)",
+          creator);
+  }
+  MPI_Group world_group = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
+  MPI_Comm_group(MPI_COMM_WORLD, &world_group);
+  MPI_Group_incl(world_group, nranks, members.data(), &group);
+  const int rc = MPI_Comm_create_group(MPI_COMM_WORLD, group, kMeetTag, out);
+  MPI_Group_free(&group);
+  MPI_Group_free(&world_group);
+  if (rc != MPI_SUCCESS)
+    return fail(nullptr, ncclSystemError, "ncclCommInitRank: MPI_Comm_create_group failed: %s",
+                mpi_text(rc).c_str());
+  return ncclSuccess;
+}
+
 // Every rank has the same table, so every rank reaches the same verdict.
 ncclResult_t check_peers(const std::vector<PeerInfo>& peers, int rank) {
   const int n = int(peers.size());
@@ -854,6 +937,10 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
   }
   const uint64_t stamp[2] = {uint64_t(getpid()), counter.fetch_add(1)};  // ids differ within a process
   std::memcpy(id->internal, stamp, sizeof(stamp));
+  // Where a communicator smaller than the world meets: this process's MPI world rank (-1 without MPI).
+  int32_t world_rank = -1;
+  if (mpi_usable()) MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  std::memcpy(id->internal + kIdCreatorOffset, &world_rank, sizeof(world_rank));
   return ncclSuccess;
 }
 
@@ -880,12 +967,10 @@ ncclResult_t ncclCommInitRank(ncclComm_t* out, int nranks, ncclUniqueId id, int 
           "threads call MPI), not thread level %d",
           level);
     MPI_Comm_size(MPI_COMM_WORLD, &world);
-    if (world != nranks)
-      return fail(
-          nullptr, ncclInvalidUsage,
-          "ncclCommInitRank: the emulated NCCL needs communicators spanning MPI_COMM_WORLD (nranks %d, "
-          "MPI world size %d)",
-          nranks, world);
+    if (nranks > world)
+      return fail(nullptr, ncclInvalidUsage,
+                  "ncclCommInitRank: %d ranks, but the MPI world (the emulated NCCL's transport) has %d",
+                  nranks, world);
     PeerInfo mine{};
     std::memcpy(mine.id, id.internal, sizeof(mine.id));
     mine.rank = rank;
@@ -893,10 +978,16 @@ ncclResult_t ncclCommInitRank(ncclComm_t* out, int nranks, ncclUniqueId id, int 
     gethostname(mine.host, sizeof(mine.host) - 1);
     std::vector<PeerInfo> peers(static_cast<size_t>(nranks));
     std::unique_lock<std::mutex> lock(g_init_mutex);
-    int rc = MPI_Comm_split(MPI_COMM_WORLD, 0, rank, &mpi);  // blocks until every rank is here
-    if (rc != MPI_SUCCESS)
-      return fail(nullptr, ncclSystemError, "ncclCommInitRank: MPI_Comm_split failed: %s",
-                  mpi_text(rc).c_str());
+    if (nranks == world) {
+      const int rc = MPI_Comm_split(MPI_COMM_WORLD, 0, rank, &mpi);  // blocks until every rank is here
+      if (rc != MPI_SUCCESS)
+        return fail(nullptr, ncclSystemError, "ncclCommInitRank: MPI_Comm_split failed: %s",
+                    mpi_text(rc).c_str());
+    } else {
+      const ncclResult_t met = meet_members(id, nranks, rank, &mpi);
+      if (met != ncclSuccess) return met;
+    }
+    int rc = MPI_SUCCESS;
     MPI_Comm_set_errhandler(mpi, MPI_ERRORS_RETURN);
     rc = MPI_Allgather(&mine, int(sizeof(PeerInfo)), MPI_BYTE, peers.data(), int(sizeof(PeerInfo)), MPI_BYTE,
                        mpi);

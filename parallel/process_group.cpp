@@ -180,7 +180,6 @@ std::string ProcessGroup::backend_name(DeviceType type) const {
   if (type != DeviceType::CUDA) return cpu.name();
   if (cuda_ != nullptr) return cuda_->name();
   if (!device_.is_cuda()) return str_cat("none (this rank computes on ", device_, ")");
-  if (subgroup_) return "none (a subgroup from new_group has no NCCL communicator yet: CPU tensors only)";
   return "none (this build has no NCCL backend)";
 }
 
@@ -379,10 +378,16 @@ ProcessGroup ProcessGroup::new_group(std::vector<int> ranks) const {
     check(i == 0 || ranks[i] != ranks[i - 1], "ProcessGroup::new_group: rank ", ranks[i], " is named twice");
   }
   std::shared_ptr<Backend> sub = backend.new_group(ranks);
+  // CUDA tensors: the single-process backend serves both; NCCL makes communicators of its own
+  // for the members (a collective of the parent's NCCL backend, right after the CPU one: every
+  // rank takes part, members or not).
+  std::shared_ptr<Backend> cuda_sub;
+  if (cuda_ == cpu_)
+    cuda_sub = sub;
+  else if (cuda_ != nullptr)
+    cuda_sub = cuda_->new_group(ranks);
   if (sub == nullptr) return ProcessGroup();  // not a member
-  ProcessGroup group(sub, device_, launch_, cuda_ == cpu_ ? sub : nullptr);
-  group.subgroup_ = true;
-  return group;
+  return ProcessGroup(sub, device_, launch_, cuda_sub);
 }
 
 WorkPtr ProcessGroup::send(const Tensor& tensor, int dst, int tag) {

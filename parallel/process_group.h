@@ -154,7 +154,9 @@ class ProcessGroup {
   // same `ranks` (ranks of this group, any order, no repeats), in the same order as any other
   // collective. Members get the new group (its rank i is the i-th smallest of `ranks`); the other
   // ranks get an undefined group (defined() is false). Collectives of different groups may run at
-  // the same time. CPU tensors only for now: a subgroup has no NCCL communicator yet.
+  // the same time. CPU tensors go over MPI as in the parent; where the parent has an NCCL backend,
+  // the subgroup gets NCCL communicators of its own (made from a unique id its rank 0 sends over
+  // the CPU subgroup), so CUDA tensors work in subgroups too.
   ProcessGroup new_group(std::vector<int> ranks) const;
 
   // Since the group was made or reset_traffic() (see TrafficStats).
@@ -168,7 +170,6 @@ class ProcessGroup {
 
   std::shared_ptr<Backend> cpu_;
   std::shared_ptr<Backend> cuda_;  // nullptr when CUDA tensors have no backend
-  bool subgroup_ = false;          // made by new_group (no NCCL communicator)
   std::shared_ptr<TrafficCounter> traffic_;
   Device device_;
   LaunchInfo launch_;

@@ -360,9 +360,12 @@ class NcclBackend : public Backend {
         });
   }
 
-  // ProcessGroup::new_group builds subgroups on the CPU backend only (no NCCL communicator yet).
-  std::shared_ptr<Backend> new_group(const std::vector<int>&) override {
-    throw Error("new_group: NCCL communicators for subgroups are not built yet");
+  // The members' own NCCL backend: a CPU subgroup of ours carries its unique ids (every rank
+  // of this backend calls this, as ProcessGroup::new_group does; the others get nullptr).
+  std::shared_ptr<Backend> new_group(const std::vector<int>& ranks) override {
+    std::shared_ptr<Backend> cpu_members = cpu_->new_group(ranks);
+    if (cpu_members == nullptr) return nullptr;
+    return std::make_shared<NcclBackend>(std::move(cpu_members), device_, timeout_.load(), verify_);
   }
 
   // NCCL matches sends and receives between two ranks by order, not by tag: the tag is only

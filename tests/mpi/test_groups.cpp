@@ -75,14 +75,15 @@ TEST_CASE("new_group: members get a group of their own, the others an undefined 
   CHECK_FALSE(other.defined());
   const std::vector<int>& members = me % 2 == 0 ? evens : odds;
   CHECK(mine.size() == static_cast<int>(members.size()));
-  CHECK(mine.rank() == me / 2);  // rank i of the group is its i-th smallest member
-  Tensor t = full({4}, static_cast<double>(me + 1), TensorOptions{DType::f32});
+  CHECK(mine.rank() == me / 2);       // rank i of the group is its i-th smallest member
+  const Device device = pg.device();  // CUDA under MG_TEST_DEVICE=cuda: the subgroup's NCCL communicators
+  Tensor t = full({4}, static_cast<double>(me + 1), TensorOptions{DType::f32, device});
   mine.allreduce(t)->wait();
   double expected = 0;
   for (int r : members) expected += r + 1;
   CHECK(values(t)[0] == expected);
   // The parent group still works, and its collectives are independent of the subgroups'.
-  Tensor all = ones({2});
+  Tensor all = ones({2}, TensorOptions{DType::f32, device});
   pg.allreduce(all)->wait();
   CHECK(values(all)[1] == world);
   // A subgroup given in any order; a rank named twice or outside the group is refused.
@@ -90,7 +91,7 @@ TEST_CASE("new_group: members get a group of their own, the others an undefined 
   if (me == 0 || me == world - 1) {
     REQUIRE(reversed.defined());
     CHECK(reversed.rank() == (me == 0 ? 0 : 1));
-    Tensor x = full({1}, static_cast<double>(me), TensorOptions{DType::f32});
+    Tensor x = full({1}, static_cast<double>(me), TensorOptions{DType::f32, device});
     reversed.broadcast(x, 1)->wait();
     CHECK(values(x)[0] == world - 1);
   } else {
@@ -99,10 +100,10 @@ TEST_CASE("new_group: members get a group of their own, the others an undefined 
   }
   CHECK_THROWS_WITH(pg.new_group({0, 0}), Catch::Contains("rank 0 is named twice"));
   CHECK_THROWS_WITH(pg.new_group({world}), Catch::Contains("is not a rank of this group"));
-  if (testing::mpi_test_device().is_cuda()) {
-    Tensor on_gpu = zeros({1}, TensorOptions{DType::f32, pg.device()});
-    CHECK_THROWS_WITH(mine.allreduce(on_gpu), Catch::Contains("no NCCL communicator yet"));
-  }
+  // Both tensor kinds in one subgroup: CPU tensors over MPI beside the device's.
+  Tensor host = full({1}, 1.0, TensorOptions{DType::f32});
+  mine.allreduce(host)->wait();
+  CHECK(values(host)[0] == static_cast<float>(members.size()));
 }
 
 TEST_CASE("a data x tensor grid of groups", "[mpi][groups]") {
@@ -127,10 +128,10 @@ TEST_CASE("a data x tensor grid of groups", "[mpi][groups]") {
   CHECK(tensor_group.rank() == me % tensor_size);
   CHECK(data_group.rank() == me / tensor_size);
   // A sum over the tensor group, then over the data group, is the sum over everyone.
-  Tensor t = full({1}, static_cast<double>(me), TensorOptions{DType::f64});
+  Tensor t = full({1}, static_cast<double>(me), TensorOptions{DType::f64, pg.device()});
   tensor_group.allreduce(t)->wait();
   data_group.allreduce(t)->wait();
-  CHECK(t.item<double>() == world * (world - 1) / 2.0);
+  CHECK(t.to(Device::cpu()).item<double>() == world * (world - 1) / 2.0);
 }
 
 TEST_CASE("monitored_barrier passes when everyone comes and names who did not", "[mpi][groups]") {

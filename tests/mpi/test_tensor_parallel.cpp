@@ -135,14 +135,17 @@ TEST_CASE("hybrid: DDP over data groups x tensor parallelism over tensor groups 
   nn::MLP single(kFeatures, {kHidden}, kFeatures);
   manual_seed(42);
   TensorParallelMLP tp(kFeatures, kHidden, tensor_group);
+  const Device device = pg.device();  // CUDA under MG_TEST_DEVICE=cuda: both subgroups over NCCL
+  single.to(device);
+  tp.to(device);
   DistributedDataParallel ddp(tp, data_group);  // each replica: both tensor ranks of one data rank
   auto opt_single = adamw(single.parameters());
   auto opt = adamw(ddp.parameters());
   for (int s = 0; s < 5; ++s) {
     // The global batch is 2 x kBatch rows; data rank d trains on rows [d * kBatch, (d + 1) * kBatch).
     manual_seed(900 + static_cast<uint64_t>(s));
-    Tensor x = randn({2 * kBatch, kFeatures});
-    Tensor y = randint(0, kFeatures, {2 * kBatch});
+    Tensor x = randn({2 * kBatch, kFeatures}).to(device);
+    Tensor y = randint(0, kFeatures, {2 * kBatch}).to(device);
     opt_single->zero_grad();
     nn::cross_entropy(single(x), y).backward();
     opt_single->step();
@@ -171,9 +174,10 @@ nn::GPTConfig tiny_gpt_config() {
   return c;
 }
 
-std::pair<Tensor, Tensor> token_batch(int step, const nn::GPTConfig& c) {
+std::pair<Tensor, Tensor> token_batch(int step, const nn::GPTConfig& c, Device device) {
   manual_seed(700 + static_cast<uint64_t>(step));
-  return {randint(0, c.vocab_size, {3, c.block_size}), randint(0, c.vocab_size, {3, c.block_size})};
+  Tensor x = randint(0, c.vocab_size, {3, c.block_size}), y = randint(0, c.vocab_size, {3, c.block_size});
+  return {x.to(device), y.to(device)};
 }
 
 Tensor lm_loss(const Tensor& logits, const Tensor& targets) {
@@ -223,6 +227,7 @@ TEST_CASE("TensorParallelGPT equals TinyGPT: logits, gradients, 10 AdamW steps",
   ProcessGroup pg = testing::mpi_test_group();
   const int64_t r = pg.rank(), n = pg.size();
   const nn::GPTConfig config = tiny_gpt_config();
+  const Device device = pg.device();  // CUDA under MG_TEST_DEVICE=cuda: NCCL carries f and g
   manual_seed(42);
   nn::TinyGPT single(config);
   const GeneratorState after_single = generator_state();
@@ -230,10 +235,12 @@ TEST_CASE("TensorParallelGPT equals TinyGPT: logits, gradients, 10 AdamW steps",
   TensorParallelGPT tp(config, pg);
   // Building it drew exactly what TinyGPT draws: later random numbers are the same too.
   REQUIRE(generator_state().offset == after_single.offset);
+  single.to(device);
+  tp.to(device);
   REQUIRE(tp.h.size() == 2);
   REQUIRE((tp.num_parameters() < single.num_parameters() || n == 1));
 
-  auto [x, y] = token_batch(0, config);
+  auto [x, y] = token_batch(0, config, device);
   Tensor logits_single = single(x), logits_tp = tp(x);
   testing::require_close(logits_tp, logits_single, 1e-5);
   lm_loss(logits_single, y).backward();
@@ -249,7 +256,7 @@ TEST_CASE("TensorParallelGPT equals TinyGPT: logits, gradients, 10 AdamW steps",
   auto opt_single = adamw(single.parameters());
   auto opt_tp = adamw(tp.parameters());
   for (int s = 1; s <= 10; ++s) {
-    auto [xs, ys] = token_batch(s, config);
+    auto [xs, ys] = token_batch(s, config, device);
     opt_single->zero_grad();
     opt_tp->zero_grad();
     lm_loss(single(xs), ys).backward();
@@ -261,7 +268,7 @@ TEST_CASE("TensorParallelGPT equals TinyGPT: logits, gradients, 10 AdamW steps",
     require_block_matches(dynamic_cast<TensorParallelBlock&>(tp.h[b]),
                           dynamic_cast<nn::TransformerBlock&>(single.h[b]), r, n, /*gradients=*/false, 1e-5);
   testing::require_close(tp.wte.weight, single.wte.weight, 1e-5);
-  auto [held_out, unused] = token_batch(99, config);
+  auto [held_out, unused] = token_batch(99, config, device);
   (void)unused;
   NoGradGuard no_grad;
   testing::require_close(tp(held_out), single(held_out), 1e-4);
