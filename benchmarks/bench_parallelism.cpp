@@ -506,7 +506,10 @@ nlohmann::json to_json(const Config& c, int world, const std::vector<Row>& rows,
                  {"steps", c.steps},
                  {"world", world},
                  {"param_bytes", param_bytes}};
-  j["machine"] = {{"cpu", bench::cpu_model()}, {"load", bench::load_average()}, {"utc", bench::utc_now()}};
+  j["machine"] = {{"cpu", bench::cpu_model()},
+                  {"cores", sysconf(_SC_NPROCESSORS_ONLN)},
+                  {"load", bench::load_average()},
+                  {"utc", bench::utc_now()}};
   for (const Row& r : rows) {
     nlohmann::json memory = nlohmann::json::array();
     for (const Memory& m : r.memory)

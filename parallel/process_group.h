@@ -170,9 +170,9 @@ class ProcessGroup {
 
   std::shared_ptr<Backend> cpu_;
   std::shared_ptr<Backend> cuda_;  // nullptr when CUDA tensors have no backend
-  std::shared_ptr<TrafficCounter> traffic_;
   Device device_;
   LaunchInfo launch_;
+  std::shared_ptr<TrafficCounter> traffic_;  // shared by copies; a subgroup has its own
 };
 
 // Builds the group from the launcher's environment (a world of one without a launcher).

@@ -1,0 +1,175 @@
+// train_gpt_parallel: a byte-level TinyGPT trained on a text file, split across the ranks the way
+// --strategy says. Every strategy computes the same steps, so rank 0 prints the same losses
+// (to rounding) whichever you pick: try them side by side.
+//
+//   mpirun -np 2 build/examples/train_gpt_parallel --strategy ddp     data parallel
+//   mpirun -np 2 build/examples/train_gpt_parallel --strategy zero    + AdamW state sharded (ZeRO-1)
+//   mpirun -np 2 build/examples/train_gpt_parallel --strategy tp      heads and MLP split (Megatron)
+//   mpirun -np 2 build/examples/train_gpt_parallel --strategy pp      4 micro-batches through 2 stages (1F1B)
+//   mpirun -np 4 build/examples/train_gpt_parallel --strategy hybrid  DDP over 2 replicas x TP over 2
+//
+// (as root: mpirun --allow-run-as-root --oversubscribe ...). Without mpirun it runs on one rank.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "multigrad.h"
+
+using namespace mg;
+using namespace mg::parallel;
+
+namespace {
+
+struct Flags {
+  std::string strategy = "ddp", text = "README.md";
+  int steps = 30;
+  int64_t batch = 8, seq = 64;
+};
+
+// `rows` random windows of the text, the same on every rank: inputs [rows, seq] and the next
+// bytes as targets.
+std::pair<Tensor, Tensor> windows(const std::vector<int64_t>& bytes, int64_t rows, int64_t seq, int step) {
+  manual_seed(10'000 + static_cast<uint64_t>(step));
+  const std::vector<int64_t> starts =
+      randint(0, static_cast<int64_t>(bytes.size()) - seq - 1, {rows}).to_vector<int64_t>();
+  std::vector<int64_t> x, y;
+  for (int64_t s : starts) {
+    x.insert(x.end(), bytes.begin() + s, bytes.begin() + s + seq);
+    y.insert(y.end(), bytes.begin() + s + 1, bytes.begin() + s + seq + 1);
+  }
+  return {tensor<int64_t>(x, {rows, seq}, {DType::i64}), tensor<int64_t>(y, {rows, seq}, {DType::i64})};
+}
+
+Tensor next_byte_loss(const Tensor& logits, const Tensor& targets) {
+  return nn::cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags f;
+  CLI::App app{"TinyGPT trained data-, tensor-, pipeline-parallel or hybrid"};
+  app.add_option("--strategy", f.strategy, "ddp, zero, tp, pp or hybrid");
+  app.add_option("--text", f.text, "the text to learn (bytes)");
+  app.add_option("--steps", f.steps, "training steps");
+  app.add_option("--batch", f.batch, "sequences per step, over all ranks");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    InitOptions init;
+    init.device = Device::cpu();
+    ProcessGroup world = init_process_group(init);
+    const int n = world.size(), rank = world.rank();
+    std::ifstream in(f.text, std::ios::binary);
+    check(in.good(), "train_gpt_parallel: cannot read --text ", f.text);
+    std::vector<int64_t> bytes;
+    for (auto it = std::istreambuf_iterator<char>(in); it != std::istreambuf_iterator<char>(); ++it)
+      bytes.push_back(static_cast<unsigned char>(*it));
+    check(static_cast<int64_t>(bytes.size()) > f.seq + 1, "train_gpt_parallel: ", f.text, " is too short");
+
+    nn::GPTConfig config;
+    config.vocab_size = 256;  // bytes: no tokenizer needed
+    config.block_size = f.seq;
+    config.n_layer = 2;
+    config.n_head = 4;
+    config.n_embd = 64;
+    manual_seed(1);  // the same initial weights on every rank, whatever the strategy
+    nn::TinyGPT gpt(config);
+
+    // What this rank trains, on which rows of each global batch, and with which optimizer.
+    std::shared_ptr<nn::Module> model;                   // called on this rank's rows (dp, zero, tp, hybrid)
+    std::shared_ptr<Pipeline> pipeline;                  // pp
+    std::vector<Tensor> params;                          // what this rank's optimizer updates
+    int64_t rows = f.batch, first_row = 0;               // this rank's rows of the global batch
+    double loss_weight = 1.0 / n;                        // the ranks' weighted losses sum to the global loss
+    std::shared_ptr<nn::Sequential> layers;              // pp: the GPT as a Sequential (views of gpt)
+    std::shared_ptr<TensorParallelGPT> tensor_parallel;  // hybrid: what DDP wraps
+    check(f.batch % n == 0, "--batch ", f.batch, " must divide by the ", n, " ranks");
+    if (f.strategy == "ddp" || f.strategy == "zero") {
+      auto ddp = std::make_shared<DistributedDataParallel>(gpt, world);
+      model = ddp;
+      params = ddp->parameters();
+      rows = f.batch / n;
+      first_row = rank * rows;
+    } else if (f.strategy == "tp") {
+      model = std::make_shared<TensorParallelGPT>(gpt, world);
+      params = model->parameters();
+    } else if (f.strategy == "hybrid") {
+      check(n % 2 == 0, "--strategy hybrid needs an even number of ranks (pairs of tensor ranks)");
+      ProcessGroup tensor_group, data_group;  // rank = data_rank * 2 + tensor_rank
+      for (int d = 0; d < n / 2; ++d) {
+        ProcessGroup g = world.new_group({2 * d, 2 * d + 1});
+        if (g.defined()) tensor_group = g;
+      }
+      for (int t = 0; t < 2; ++t) {
+        std::vector<int> replicas;
+        for (int d = 0; d < n / 2; ++d) replicas.push_back(2 * d + t);
+        ProcessGroup g = world.new_group(replicas);
+        if (g.defined()) data_group = g;
+      }
+      tensor_parallel = std::make_shared<TensorParallelGPT>(gpt, tensor_group);
+      model = std::make_shared<DistributedDataParallel>(*tensor_parallel, data_group);
+      params = model->parameters();
+      rows = f.batch / (n / 2);  // each replica (pair of tensor ranks) trains on its rows
+      first_row = data_group.rank() * rows;
+    } else if (f.strategy == "pp") {
+      layers = gpt.as_sequential();
+      auto stage = pipeline_stage(*layers, rank, n);
+      pipeline = std::make_shared<Pipeline>(stage, world, next_byte_loss);
+      params = stage->parameters();
+      loss_weight = 1.0;  // only the last stage has the loss
+    } else {
+      throw Error("--strategy must be ddp, zero, tp, pp or hybrid, got '" + f.strategy + "'");
+    }
+
+    optim::AdamWOptions adamw;
+    adamw.lr = 3e-3;
+    std::unique_ptr<optim::Optimizer> opt;
+    std::unique_ptr<optim::ZeroRedundancyOptimizer> zero;
+    if (f.strategy == "zero")
+      zero = std::make_unique<optim::ZeroRedundancyOptimizer>(params, world, [&](std::vector<Tensor> shard) {
+        return std::make_unique<optim::AdamW>(shard, adamw);
+      });
+    else
+      opt = std::make_unique<optim::AdamW>(params, adamw);
+
+    int64_t mine = 0;
+    for (const Tensor& p : params) mine += p.numel();
+    if (rank == 0)
+      std::printf("train_gpt_parallel: --strategy %s on %d ranks, %lld of the %lld parameters on rank 0\n",
+                  f.strategy.c_str(), n, static_cast<long long>(mine),
+                  static_cast<long long>(gpt.num_parameters()));
+    for (int step = 0; step < f.steps; ++step) {
+      auto [x, y] = windows(bytes, f.batch, f.seq, step);
+      double loss = 0;
+      if (zero)
+        zero->zero_grad();
+      else
+        opt->zero_grad();
+      if (pipeline) {
+        loss =
+            pipeline->train_step(pipeline->is_first() ? x : Tensor(), pipeline->is_last() ? y : Tensor(), 4)
+                .loss;
+      } else {
+        Tensor l = next_byte_loss((*model)(x.narrow(0, first_row, rows)), y.narrow(0, first_row, rows));
+        l.backward();
+        loss = l.item<double>();
+      }
+      if (zero)
+        zero->step();
+      else
+        opt->step();
+      Tensor global = full({1}, loss * loss_weight, TensorOptions{DType::f64});
+      world.allreduce(global)->wait();
+      if (rank == 0 && (step % 5 == 0 || step == f.steps - 1))
+        std::printf("step %3d  loss %.6f\n", step, global.item<double>());
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "train_gpt_parallel: %s\n", e.what());
+    return 1;
+  }
+}
