@@ -77,7 +77,8 @@ int main(int argc, char** argv) {
   app.add_flag("--resume", resume, "continue from --checkpoint-dir if it holds a checkpoint");
   app.add_option("--bucket-cap-mb", bucket_cap_mb, "DDP gradient bucket size");
   app.add_flag("--zero", zero_shard,
-               "ZeRO-1: shard AdamW's state over the ranks (optim::ZeroRedundancyOptimizer); no checkpoints");
+               "ZeRO-1: shard AdamW's state over the ranks (optim::ZeroRedundancyOptimizer); checkpoints "
+               "hold the consolidated state");
   app.add_option("--zero-partition", zero_partition,
                  "with --zero: parameters (whole ones, PyTorch's) or flat (equal ranges, DeepSpeed's)");
   app.add_option("--algo", algo, "all-reduce: native (MPI/NCCL) or ring (multigrad's own)");
@@ -130,8 +131,6 @@ int main(int argc, char** argv) {
     std::unique_ptr<optim::AdamW> replicated;
     std::unique_ptr<optim::ZeroRedundancyOptimizer> zero;
     if (zero_shard) {
-      if (!checkpoint_dir.empty())
-        throw Error("--zero with --checkpoint-dir: this example does not checkpoint a sharded optimizer yet");
       if (zero_partition != "parameters" && zero_partition != "flat")
         throw Error("--zero-partition must be parameters or flat, got '" + zero_partition + "'");
       optim::ZeroOptions zero_options;
@@ -154,7 +153,10 @@ int main(int argc, char** argv) {
     int start_epoch = 0;
     int64_t step = 0;
     if (resume && !checkpoint_dir.empty() && optim::checkpoint_exists(checkpoint_dir)) {
-      optim::CheckpointInfo info = parallel::load_checkpoint(pg, checkpoint_dir, *model, opt);
+      // With --zero every rank reads the whole optimizer state and keeps its shard's part: the
+      // files are the same as without --zero, so a run may switch between the two, or change N.
+      optim::CheckpointInfo info = zero ? parallel::load_checkpoint(pg, checkpoint_dir, *model, *zero)
+                                        : parallel::load_checkpoint(pg, checkpoint_dir, *model, opt);
       start_epoch = static_cast<int>(info.epoch);
       step = info.step;
       for (int64_t i = 0; i < step; ++i) schedule.step();
@@ -214,7 +216,10 @@ int main(int argc, char** argv) {
         optim::CheckpointInfo info;
         info.step = step;
         info.epoch = epoch + 1;
-        parallel::save_checkpoint(pg, checkpoint_dir, *model, opt, info);
+        if (zero)
+          parallel::save_checkpoint(pg, checkpoint_dir, *model, *zero, info);  // consolidated on rank 0
+        else
+          parallel::save_checkpoint(pg, checkpoint_dir, *model, opt, info);
       }
     }
     // The optimizer state each rank holds: all of AdamW's moments, or (--zero) its shard's.

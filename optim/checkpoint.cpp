@@ -53,10 +53,15 @@ bool checkpoint_exists(const std::string& dir) {
 
 void save_checkpoint(const std::string& dir, const nn::Module& module, const Optimizer& optimizer,
                      CheckpointInfo info, const GradScaler* scaler) {
+  save_checkpoint(dir, module, optimizer.state_dict(), std::move(info), scaler);
+}
+
+void save_checkpoint(const std::string& dir, const nn::Module& module, const StateDict& optimizer_dict,
+                     CheckpointInfo info, const GradScaler* scaler) {
   make_directory(dir);
   if (info.rng.seed == 0 && info.rng.offset == 0) info.rng = generator_state();
   const SafetensorsMetadata meta = to_metadata(info);
-  StateDict optimizer_state = optimizer.state_dict();
+  StateDict optimizer_state = optimizer_dict;
   if (scaler)
     for (const auto& [key, value] : scaler->state_dict()) optimizer_state[kScalerPrefix + key] = value;
   save_safetensors(dir + kModelFile, module.state_dict(), meta);
@@ -64,6 +69,13 @@ void save_checkpoint(const std::string& dir, const nn::Module& module, const Opt
 }
 
 CheckpointInfo load_checkpoint(const std::string& dir, nn::Module& module, Optimizer& optimizer,
+                               GradScaler* scaler) {
+  return load_checkpoint(
+      dir, module, [&optimizer](const StateDict& state) { optimizer.load_state_dict(state); }, scaler);
+}
+
+CheckpointInfo load_checkpoint(const std::string& dir, nn::Module& module,
+                               const std::function<void(const StateDict&)>& load_optimizer,
                                GradScaler* scaler) {
   const std::string model_path = dir + kModelFile, optimizer_path = dir + kOptimizerFile;
   // Read and validate both files before changing anything.
@@ -104,7 +116,7 @@ CheckpointInfo load_checkpoint(const std::string& dir, nn::Module& module, Optim
   for (const auto& [key, value] : module.state_dict()) module_backup[key] = value.clone();
   module.load_state_dict(model_file.tensors);
   try {
-    optimizer.load_state_dict(optimizer_state);
+    load_optimizer(optimizer_state);
   } catch (...) {
     module.load_state_dict(module_backup);
     throw;

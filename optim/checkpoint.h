@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 
@@ -47,6 +48,15 @@ void save_checkpoint(const std::string& dir, const nn::Module& module, const Opt
 // returns the saved info. Throws mg::Error naming the file and reason on a missing,
 // truncated or tampered checkpoint, leaving module, optimizer and scaler untouched.
 CheckpointInfo load_checkpoint(const std::string& dir, nn::Module& module, Optimizer& optimizer,
+                               GradScaler* scaler = nullptr);
+
+// The same with the optimizer's state as a StateDict in the plain optimizer's layout (what
+// ZeroRedundancyOptimizer::consolidated_state_dict returns), and on load handed to
+// `load_optimizer` (which throws to refuse it: the module then gets its previous values back).
+void save_checkpoint(const std::string& dir, const nn::Module& module, const StateDict& optimizer_state,
+                     CheckpointInfo info, const GradScaler* scaler = nullptr);
+CheckpointInfo load_checkpoint(const std::string& dir, nn::Module& module,
+                               const std::function<void(const StateDict&)>& load_optimizer,
                                GradScaler* scaler = nullptr);
 
 // True when `dir` holds a checkpoint (both files exist).

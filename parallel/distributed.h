@@ -21,6 +21,7 @@
 #include "optim/grad_scaler.h"
 #include "optim/optimizer.h"
 #include "parallel/process_group.h"
+#include "parallel/zero_redundancy_optimizer.h"
 
 namespace mg::parallel {
 
@@ -40,5 +41,16 @@ void save_checkpoint(const ProcessGroup& group, const std::string& dir, const nn
 // Every rank loads the same checkpoint (after a barrier, so a save just before is complete).
 optim::CheckpointInfo load_checkpoint(const ProcessGroup& group, const std::string& dir, nn::Module& module,
                                       optim::Optimizer& optimizer, optim::GradScaler* scaler = nullptr);
+
+// With a sharded optimizer (ZeRO-1): a collective. Every rank's shard of the state goes to rank 0
+// (consolidated_state_dict), which writes it in the plain optimizer's layout, so the files are
+// the ones DDP + the plain optimizer would write: they load into either, at any world size. On
+// load every rank reads the whole state and keeps its shard's part.
+void save_checkpoint(const ProcessGroup& group, const std::string& dir, const nn::Module& module,
+                     optim::ZeroRedundancyOptimizer& optimizer, optim::CheckpointInfo info,
+                     const optim::GradScaler* scaler = nullptr);
+optim::CheckpointInfo load_checkpoint(const ProcessGroup& group, const std::string& dir, nn::Module& module,
+                                      optim::ZeroRedundancyOptimizer& optimizer,
+                                      optim::GradScaler* scaler = nullptr);
 
 }  // namespace mg::parallel
