@@ -57,6 +57,7 @@
 #include "core/allocator.h"
 #include "core/cuda_allocator.h"
 #include "core/cuda_check.cuh"
+#include "core/cuda_device_checks.h"
 #include "core/cuda_runtime.h"
 #include "core/cuda_stream.h"
 #include "core/error.h"
@@ -480,6 +481,7 @@ void copy(void* dst, Device dst_device, const void* src, Device src_device, size
     MG_CUDA_CHECK(
         cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(s.handle)));
     MG_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(s.handle)));
+    raise_device_check_errors();  // the host waited anyway: the kernels' deferred checks have landed
     return;
   }
   const Stream src_stream = current_stream(src_device.index);

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "core/cuda_check.cuh"
+#include "core/cuda_device_checks.h"
 #include "core/cuda_runtime.h"
 #include "core/cuda_stream.h"
 #include "core/error.h"
@@ -123,11 +124,13 @@ void set_current_stream(Stream stream) {
 void synchronize(Stream stream) {
   DeviceGuard guard(stream.device);
   MG_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream.handle)));
+  raise_device_check_errors();
 }
 
 void synchronize_device(int device) {
   DeviceGuard guard(device);
   MG_CUDA_CHECK(cudaDeviceSynchronize());
+  raise_device_check_errors();
 }
 
 int current_device() { return t_current_device; }

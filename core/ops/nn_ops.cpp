@@ -53,16 +53,23 @@ Tensor cross_entropy_2d(const Tensor& logits_in, const Tensor& targets_in,
   Tensor targets = targets_in.detach().to(DType::i64).contiguous();
   const int64_t rows = logits.size(0), classes = logits.size(1);
   Tensor losses = new_output({rows}, logits.dtype(), logits);
-  const int64_t counted = MG_KERNEL(logits.device(), cross_entropy_forward, logits.dtype(), logits.data_ptr(),
-                                    targets.data<int64_t>(), rows, classes, options.ignore_index,
-                                    options.label_smoothing, losses.data_ptr());
+  // The number of rows not ignored, the mean's divisor, stays on the logits' device (f32, exact to
+  // 2^24 rows): on a GPU the step never waits for it.
+  Tensor counted = new_output({}, DType::f32, logits);
+  MG_KERNEL(logits.device(), cross_entropy_forward_counted, logits.dtype(), logits.data_ptr(),
+            targets.data<int64_t>(), rows, classes, options.ignore_index, options.label_smoothing,
+            losses.data_ptr(), counted.data<float>());
+  auto divided = [counted](const Tensor& t) {  // t / counted, in f32 (f64 for f64), back in t's dtype
+    const DType wide = t.dtype() == DType::f64 ? DType::f64 : DType::f32;
+    return div(t.to(wide), counted.to(wide)).to(t.dtype());
+  };
   Tensor out;
   {
     NoGradGuard no_grad;
     switch (options.reduction) {
       case Reduction::None: out = losses; break;
       case Reduction::Sum: out = sum(losses); break;
-      case Reduction::Mean: out = div(sum(losses), static_cast<double>(counted)); break;
+      case Reduction::Mean: out = divided(sum(losses)); break;
     }
   }
   if (autograd::any_requires_grad({logits_in})) {
@@ -75,7 +82,7 @@ Tensor cross_entropy_2d(const Tensor& logits_in, const Tensor& targets_in,
       if (opts.reduction == Reduction::None) {
         grad_losses = g[0].contiguous();
       } else {
-        Tensor scale = opts.reduction == Reduction::Mean ? div(g[0], static_cast<double>(counted)) : g[0];
+        Tensor scale = opts.reduction == Reduction::Mean ? divided(g[0]) : g[0];
         grad_losses = scale.reshape({1}).expand({rows}).contiguous();
       }
       Tensor gx = new_output(x.shape(), x.dtype(), x);

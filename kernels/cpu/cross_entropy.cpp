@@ -131,6 +131,13 @@ int64_t cross_entropy_forward(DType dtype, const void* logits, const int64_t* ta
   return counted;
 }
 
+void cross_entropy_forward_counted(DType dtype, const void* logits, const int64_t* targets, int64_t rows,
+                                   int64_t classes, int64_t ignore_index, double label_smoothing,
+                                   void* losses, float* counted) {
+  *counted = static_cast<float>(
+      cross_entropy_forward(dtype, logits, targets, rows, classes, ignore_index, label_smoothing, losses));
+}
+
 void cross_entropy_backward(DType dtype, const void* logits, const int64_t* targets, int64_t rows,
                             int64_t classes, int64_t ignore_index, double label_smoothing,
                             const void* grad_losses, void* grad_logits) {

@@ -20,6 +20,12 @@ namespace mg::kernels::cpu {
 int64_t cross_entropy_forward(DType dtype, const void* logits, const int64_t* targets, int64_t rows,
                               int64_t classes, int64_t ignore_index, double label_smoothing, void* losses);
 
+// The same, with the count written to `counted` (one f32): the twin of the CUDA kernel that
+// leaves the count on the device, so that a training step need not wait for it.
+void cross_entropy_forward_counted(DType dtype, const void* logits, const int64_t* targets, int64_t rows,
+                                   int64_t classes, int64_t ignore_index, double label_smoothing,
+                                   void* losses, float* counted);
+
 // grad_logits[i, c] = grad_losses[i] * (softmax(x_i)[c] - (1 - eps) * [c == t_i] - eps / classes),
 // and an all-zero row where t_i == ignore_index. Same target checks as the forward.
 void cross_entropy_backward(DType dtype, const void* logits, const int64_t* targets, int64_t rows,

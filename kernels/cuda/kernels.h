@@ -8,7 +8,8 @@
 //     CALLER made current with mg::cuda::DeviceGuard (core/ops do that);
 //   - work is queued on that device's current stream (core/cuda_stream.h) and
 //     the functions return without waiting, except where a result must reach
-//     the host (cross_entropy_forward returns a count: it waits for it);
+//     the host (cross_entropy_forward returns a count: it waits for it; the ops
+//     use cross_entropy_forward_counted, which does not);
 //   - errors in arguments throw mg::Error before anything is launched; a failed
 //     launch throws mg::Error with file:line and CUDA's message.
 // Each family lives in its own kernels/cuda/<family>.cu, whose opening comment
@@ -75,6 +76,12 @@ void softmax_backward(DType dtype, const SoftmaxShape& s, const void* grad_outpu
 // target, as the CPU kernel does.
 int64_t cross_entropy_forward(DType dtype, const void* logits, const int64_t* targets, int64_t rows,
                               int64_t classes, int64_t ignore_index, double label_smoothing, void* losses);
+// The same without waiting: the count of rows not ignored goes to `counted` (one f32 on the
+// device), and an out-of-range target is an error at the next host synchronisation
+// (core/cuda_device_checks.h), naming the row and the value.
+void cross_entropy_forward_counted(DType dtype, const void* logits, const int64_t* targets, int64_t rows,
+                                   int64_t classes, int64_t ignore_index, double label_smoothing,
+                                   void* losses, float* counted);
 void cross_entropy_backward(DType dtype, const void* logits, const int64_t* targets, int64_t rows,
                             int64_t classes, int64_t ignore_index, double label_smoothing,
                             const void* grad_losses, void* grad_logits);

@@ -24,6 +24,8 @@
 // Arithmetic in float for f32/f16/bf16 and double for f64, like the CPU.
 #include <cmath>
 
+#include "core/cuda_device_checks.h"
+#include "core/cuda_stream.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/workspace.h"
@@ -136,7 +138,7 @@ __global__ void softmax_backward_columns_kernel(int64_t outer, int64_t dim, int6
 
 // ---- cross-entropy ---------------------------------------------------------------------------
 // status[0]: rows counted (not ignored); status[1]: the first row with a bad
-// target (rows when none).
+// target (rows when none); status[2]: that row's target (cross_entropy_finish_kernel).
 template <class T>
 __global__ void cross_entropy_forward_kernel(int64_t rows, int64_t classes, const T* logits,
                                              const int64_t* targets, int64_t ignore_index, double smoothing,
@@ -181,6 +183,22 @@ __global__ void cross_entropy_forward_kernel(int64_t rows, int64_t classes, cons
       atomicAdd(status, 1ull);
     }
   }
+}
+
+// status = {0 rows counted, no bad row yet (rows), no value}.
+__global__ void cross_entropy_status_init_kernel(unsigned long long* status, int64_t rows) {
+  status[0] = 0;
+  status[1] = static_cast<unsigned long long>(rows);
+  status[2] = 0;
+}
+
+// After the forward: the count as a float for the mean's divisor (exact up to 2^24 rows), and the
+// bad row's target value for the deferred error message (the targets may be gone by then).
+__global__ void cross_entropy_finish_kernel(unsigned long long* status, const int64_t* targets, int64_t rows,
+                                            float* counted) {
+  counted[0] = static_cast<float>(status[0]);
+  if (status[1] < static_cast<unsigned long long>(rows))
+    status[2] = static_cast<unsigned long long>(targets[status[1]]);
 }
 
 template <class T>
@@ -264,35 +282,52 @@ void softmax_backward(DType dtype, const SoftmaxShape& s, const void* grad_outpu
   });
 }
 
-int64_t cross_entropy_forward(DType dtype, const void* logits, const int64_t* targets, int64_t rows,
-                              int64_t classes, int64_t ignore_index, double label_smoothing, void* losses) {
+void cross_entropy_forward_counted(DType dtype, const void* logits, const int64_t* targets, int64_t rows,
+                                   int64_t classes, int64_t ignore_index, double label_smoothing,
+                                   void* losses, float* counted) {
   check(label_smoothing >= 0.0 && label_smoothing < 1.0,
         "cross_entropy (CUDA): label_smoothing must be in [0, 1), got ", label_smoothing);
-  if (rows == 0) return 0;
-  check(classes > 0, "cross_entropy (CUDA): no classes");
+  check(classes > 0 || rows == 0, "cross_entropy (CUDA): no classes");
   cudaStream_t stream = mg::cuda::current_cuda_stream();
-  // Two counters on the device (from the caching allocator, on this stream), read back below.
-  Workspace counters(2 * sizeof(unsigned long long));
-  unsigned long long* status = static_cast<unsigned long long*>(counters.get());
-  const unsigned long long init[2] = {0ull, static_cast<unsigned long long>(rows)};
-  MG_CUDA_CHECK(cudaMemcpyAsync(status, init, sizeof(init), cudaMemcpyHostToDevice, stream));
-  visit_float(dtype, "cross_entropy", [&](auto t) {
-    using T = typename decltype(t)::type;
-    launch_kernel<cross_entropy_forward_kernel<T>>(
-        row_grid(rows), row_block(classes), 0, stream, rows, classes, static_cast<const T*>(logits), targets,
-        ignore_index, label_smoothing, static_cast<T*>(losses), status);
-  });
-  unsigned long long result[2] = {0, 0};
-  MG_CUDA_CHECK(cudaMemcpyAsync(result, status, sizeof(result), cudaMemcpyDeviceToHost, stream));
-  MG_CUDA_CHECK(cudaStreamSynchronize(stream));
-  if (result[1] < static_cast<unsigned long long>(rows)) {
-    int64_t bad = 0;
-    MG_CUDA_CHECK(cudaMemcpyAsync(&bad, targets + result[1], sizeof(bad), cudaMemcpyDeviceToHost, stream));
-    MG_CUDA_CHECK(cudaStreamSynchronize(stream));
-    throw Error(str_cat("cross_entropy: target ", bad, " of row ", result[1], " is out of range [0, ",
-                        classes, ") (and is not ignore_index ", ignore_index, ")"));
+  // Three words on the device (from the caching allocator, on this stream, so reused only after
+  // the copy below): rows counted, the first row with a bad target, and its value.
+  Workspace words(3 * sizeof(unsigned long long));
+  unsigned long long* status = static_cast<unsigned long long*>(words.get());
+  launch_kernel<cross_entropy_status_init_kernel>(1, 1, 0, stream, status, rows);
+  if (rows > 0) {
+    visit_float(dtype, "cross_entropy", [&](auto t) {
+      using T = typename decltype(t)::type;
+      launch_kernel<cross_entropy_forward_kernel<T>>(
+          row_grid(rows), row_block(classes), 0, stream, rows, classes, static_cast<const T*>(logits),
+          targets, ignore_index, label_smoothing, static_cast<T*>(losses), status);
+    });
   }
-  return static_cast<int64_t>(result[0]);
+  launch_kernel<cross_entropy_finish_kernel>(1, 1, 0, stream, status, targets, rows, counted);
+  // The target check's verdict reaches the host at its next synchronisation (the loss read).
+  mg::cuda::defer_device_check(
+      mg::cuda::current_device(), status, 3 * sizeof(unsigned long long),
+      [rows, classes, ignore_index](const void* host_words) -> std::string {
+        const auto* w = static_cast<const unsigned long long*>(host_words);
+        if (w[1] >= static_cast<unsigned long long>(rows)) return "";
+        return str_cat("cross_entropy: target ", static_cast<int64_t>(w[2]), " of row ", w[1],
+                       " is out of range [0, ", classes, ") (and is not ignore_index ", ignore_index,
+                       "); found by the CUDA kernel, reported at the next synchronisation (as PyTorch's "
+                       "device-side asserts are)");
+      });
+}
+
+int64_t cross_entropy_forward(DType dtype, const void* logits, const int64_t* targets, int64_t rows,
+                              int64_t classes, int64_t ignore_index, double label_smoothing, void* losses) {
+  if (rows == 0) return 0;
+  Workspace count(sizeof(float));
+  cross_entropy_forward_counted(dtype, logits, targets, rows, classes, ignore_index, label_smoothing, losses,
+                                static_cast<float*>(count.get()));
+  cudaStream_t stream = mg::cuda::current_cuda_stream();
+  float counted = 0;
+  MG_CUDA_CHECK(cudaMemcpyAsync(&counted, count.get(), sizeof(float), cudaMemcpyDeviceToHost, stream));
+  MG_CUDA_CHECK(cudaStreamSynchronize(stream));
+  mg::cuda::raise_device_check_errors();  // a bad target throws here, at the call
+  return static_cast<int64_t>(counted);
 }
 
 void cross_entropy_backward(DType dtype, const void* logits, const int64_t* targets, int64_t rows,

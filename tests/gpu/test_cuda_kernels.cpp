@@ -9,6 +9,7 @@
 
 #include <vector>
 
+#include "core/cuda_device_checks.h"
 #include "core/cuda_stream.h"
 #include "kernels/cuda/kernels.h"
 #include "tests/gpu/gpu_compare.h"
@@ -319,15 +320,28 @@ TEST_CASE("cuda fused cross-entropy matches the CPU, and refuses bad targets", "
   // A target outside [0, classes): an error naming the row and the value.
   const Tensor x = random_cpu({4, 5}).to(gpu());
   const Tensor bad = tensor<int64_t>({0, 1, 9, 2}).to(gpu());
+  // The op does not wait for the kernel's check: the error comes at the next host
+  // synchronisation, here the loss read (as PyTorch's device-side asserts do), once.
+  Tensor loss = cross_entropy(x, bad);
   try {
-    cross_entropy(x, bad);
+    loss.item<float>();
     FAIL("no error for target 9 with 5 classes");
   } catch (const Error& e) {
     const std::string msg = e.what();
     INFO(msg);
     CHECK(msg.find("target 9") != std::string::npos);
     CHECK(msg.find("row 2") != std::string::npos);
+    CHECK(msg.find("next synchronisation") != std::string::npos);
   }
+  CHECK(cuda::pending_device_checks() == 0);
+  CHECK_NOTHROW(cross_entropy(x, tensor<int64_t>({0, 1, 4, 2}).to(gpu())).item<float>());  // reported once
+  // The kernel entry point that returns the count waits, so it throws at the call.
+  Tensor out = empty({4}, TensorOptions{DType::f32, gpu()});
+  on_gpu([&] {
+    CHECK_THROWS_WITH(kernels::cuda::cross_entropy_forward(DType::f32, x.data_ptr(), bad.data<int64_t>(), 4,
+                                                           5, -100, 0.0, out.data_ptr()),
+                      Catch::Contains("target 9 of row 2"));
+  });
 }
 
 TEST_CASE("cuda optimizer steps match the CPU over several steps", "[gpu][optim]") {
