@@ -160,12 +160,15 @@ void Reducer::launch_ready_buckets() {
       NoGradGuard no_grad;
       bucket.flat.mul_(1.0 / group_.size());
     }
-    bucket.launched = Clock::now();
+    bucket.timing = std::make_shared<BucketTiming>();
+    bucket.timing->launched = Clock::now();
     bucket.work = options_.algo == AllreduceAlgo::Ring
                       ? ring_allreduce_async(group_, bucket.flat, ReduceOp::Sum)
                       : group_.allreduce(bucket.flat, ReduceOp::Sum);
-    Bucket* raw = &bucket;
-    bucket.work->then([raw] { raw->finished = Clock::now(); });
+    bucket.work->then([timing = bucket.timing] {
+      timing->finished_ns =
+          std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+    });
     ++next_to_launch_;
   }
 }
@@ -193,16 +196,17 @@ void Reducer::finalize() {
     for (size_t index : missing) mark_ready(index, Tensor());
   }
 
-  // Wait for every bucket, in order, then write the averaged gradients back.
+  // Wait for every bucket, in order, then write the averaged gradients back. On a GPU (NCCL) the
+  // wait is the stream's, not the host's: the copies below and the optimizer's kernels queue
+  // behind the all-reduces, and the host runs on to the next step.
   std::string error;
   for (Bucket& bucket : buckets_) {
     try {
-      bucket.work->wait();
+      bucket.work->wait_on_device();
     } catch (const std::exception& e) {
       if (error.empty()) error = e.what();
     }
   }
-  auto reduced = Clock::now();
   if (!error.empty()) {
     reset_pass();
     throw Error(str_cat("DistributedDataParallel: gradient all-reduce failed: ", error));
@@ -227,23 +231,18 @@ void Reducer::finalize() {
   }
   copy_ms_this_pass_ += ms_between(copy_start, Clock::now());
 
-  // Statistics: the link is busy with bucket k from max(its launch, bucket k-1 done) to its end.
-  double comm = 0;
-  Clock::time_point link_free = buckets_.front().launched;
-  int64_t bytes = 0;
+  // Statistics, once this pass's all-reduces have finished (at once on the CPU).
+  PassRecord record;
+  record.backward_end = backward_end;
+  record.copy_ms = copy_ms_this_pass_;
   for (Bucket& bucket : buckets_) {
-    Clock::time_point begin = std::max(bucket.launched, link_free);
-    if (bucket.finished > begin) comm += ms_between(begin, bucket.finished);
-    link_free = std::max(link_free, bucket.finished);
-    bytes += static_cast<int64_t>(bucket.flat.nbytes());
+    record.buckets.emplace_back(bucket.work, bucket.timing);
+    record.bytes += static_cast<int64_t>(bucket.flat.nbytes());
   }
-  stats_.backward_passes += 1;
-  stats_.comm_ms += comm;
-  stats_.exposed_ms += ms_between(backward_end, reduced);
-  stats_.copy_ms += copy_ms_this_pass_;
-  stats_.bytes += bytes;
+  uncounted_.push_back(std::move(record));
+  const bool first_pass = ++synchronised_passes_ == 1;
+  count_finished_passes(/*wait=*/false);
 
-  bool first_pass = stats_.backward_passes == 1;
   std::vector<size_t> order = arrival_order_;
   reset_pass();
   if (first_pass && options_.rebuild_buckets && !options_.gradient_as_bucket_view) {
@@ -267,6 +266,51 @@ void Reducer::rebuild_from_arrival_order() {
     current.insert(current.end(), bucket.members.begin(), bucket.members.end());
   if (new_order != current) build_buckets(new_order);
   rebuilt_ = true;
+}
+
+// The link is busy with bucket k from max(its launch, bucket k-1 done) to its end; the exposed
+// time runs from the end of backward to the last bucket's end.
+void Reducer::count_finished_passes(bool wait) const {
+  while (!uncounted_.empty()) {
+    PassRecord& pass = uncounted_.front();
+    for (auto& [work, timing] : pass.buckets) {
+      if (wait) {
+        try {
+          work->wait();
+        } catch (const std::exception&) {  // finalize() or the group reports failures
+        }
+      }
+      if (!work->is_completed()) return;
+    }
+    auto finished = [](const BucketTiming& t) {
+      return Clock::time_point(
+          std::chrono::duration_cast<Clock::duration>(std::chrono::nanoseconds(t.finished_ns.load())));
+    };
+    double comm = 0;
+    Clock::time_point link_free = pass.buckets.front().second->launched, last = link_free;
+    for (auto& [work, timing] : pass.buckets) {
+      const Clock::time_point begin = std::max(timing->launched, link_free), end = finished(*timing);
+      if (end > begin) comm += ms_between(begin, end);
+      link_free = std::max(link_free, end);
+      last = std::max(last, end);
+    }
+    stats_.backward_passes += 1;
+    stats_.comm_ms += comm;
+    stats_.exposed_ms += std::max(0.0, ms_between(pass.backward_end, last));
+    stats_.copy_ms += pass.copy_ms;
+    stats_.bytes += pass.bytes;
+    uncounted_.pop_front();
+  }
+}
+
+const ReducerStats& Reducer::stats() const {
+  count_finished_passes(/*wait=*/true);
+  return stats_;
+}
+
+void Reducer::reset_stats() {
+  count_finished_passes(/*wait=*/true);
+  stats_ = ReducerStats{};
 }
 
 void Reducer::reset_pass() {

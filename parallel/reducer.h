@@ -36,8 +36,10 @@
 //   contributes zeros for them.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -87,21 +89,38 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void set_sync(bool sync) { sync_ = sync; }
   bool sync() const { return sync_; }
 
-  const ReducerStats& stats() const { return stats_; }
-  void reset_stats() { stats_ = ReducerStats{}; }
+  // Waits (on the host) for the all-reduces of passes not yet counted: on a GPU finalize() only
+  // orders the stream after them, so their times are known later.
+  const ReducerStats& stats() const;
+  void reset_stats();
   // Each bucket's parameter names, in bucket order (for tests, benchmarks and printing).
   std::vector<std::vector<std::string>> bucket_layout() const;
   bool buckets_rebuilt() const { return rebuilt_; }
 
  private:
+  // When one bucket's all-reduce was launched and when it finished (set by the backend's
+  // progress thread; shared, so it outlives a bucket rebuild).
+  struct BucketTiming {
+    std::chrono::steady_clock::time_point launched;
+    std::atomic<int64_t> finished_ns{0};  // steady_clock, 0 until finished
+  };
   struct Bucket {
     std::vector<size_t> members;   // parameter indices
     std::vector<int64_t> offsets;  // element offset of each member in `flat`
     Tensor flat;                   // contiguous, one dtype
     size_t pending = 0;            // members whose gradient has not arrived this pass
     WorkPtr work;
-    std::chrono::steady_clock::time_point launched, finished;
+    std::shared_ptr<BucketTiming> timing;
   };
+  // A synchronised pass whose statistics wait for its all-reduces to finish.
+  struct PassRecord {
+    std::vector<std::pair<WorkPtr, std::shared_ptr<BucketTiming>>> buckets;
+    std::chrono::steady_clock::time_point backward_end;
+    double copy_ms = 0;
+    int64_t bytes = 0;
+  };
+  // Adds the recorded passes whose all-reduces have finished (all of them, waiting, if `wait`).
+  void count_finished_passes(bool wait) const;
 
   Reducer(std::vector<std::pair<std::string, Tensor>> named_parameters, ProcessGroup group,
           ReducerOptions options);
@@ -129,7 +148,9 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   bool rebuilt_ = false;
   std::chrono::steady_clock::time_point pass_start_;
   double copy_ms_this_pass_ = 0;
-  ReducerStats stats_;
+  int64_t synchronised_passes_ = 0;  // ever (stats can be reset)
+  mutable std::deque<PassRecord> uncounted_;
+  mutable ReducerStats stats_;
 };
 
 }  // namespace mg::parallel

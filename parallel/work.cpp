@@ -1,17 +1,35 @@
 // Work: completion, errors and callbacks of one asynchronous communication op (see work.h).
 #include "parallel/work.h"
 
+#include <atomic>
+
 #include "core/error.h"
 
 namespace mg::parallel {
 
+namespace {
+std::atomic<int64_t> g_host_waits_for_device_ops{0};
+}  // namespace
+
+int64_t Work::host_waits_for_device_ops() { return g_host_waits_for_device_ops.load(); }
+
 void Work::wait() {
+  if (wait_hook_) g_host_waits_for_device_ops.fetch_add(1, std::memory_order_relaxed);
   {
     std::unique_lock<std::mutex> lock(mutex_);
     done_cv_.wait(lock, [this] { return done_; });
     if (!error_.empty()) throw Error(error_);
   }
   if (wait_hook_) wait_hook_();
+}
+
+void Work::wait_on_device() {
+  if (!wait_hook_) return wait();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (done_ && !error_.empty()) throw Error(error_);
+  }
+  wait_hook_();
 }
 
 bool Work::is_completed() const {

@@ -16,6 +16,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -30,6 +31,15 @@ class Work {
 
   // Blocks until the op has completed; throws mg::Error with the op's failure.
   void wait();
+  // For ops that finish on a GPU (the NCCL backend): orders the calling thread's current CUDA
+  // stream after the op and returns without blocking the host -- what PyTorch's Work.wait() does
+  // for NCCL. A failure already known is thrown; a later one (a timeout) reaches the backend's
+  // watchdog, which fails the group's next calls. Ops that finish on the host: wait().
+  void wait_on_device();
+  bool completes_on_device() const { return static_cast<bool>(wait_hook_); }
+  // How many times, in this process, a host thread blocked in wait() for an op that finishes on
+  // a GPU (tests check that a DDP step makes none).
+  static int64_t host_waits_for_device_ops();
   // Non-blocking: true once the op has finished (successfully or not).
   bool is_completed() const;
   // True when the op finished with an error (only meaningful once completed).
