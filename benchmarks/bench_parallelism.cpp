@@ -588,18 +588,8 @@ int main(int argc, char** argv) {
       add(pipeline(c, world, PipelineSchedule::OneForwardOneBackward));
     }
     if (n >= 4 && n % 2 == 0 && c.heads % 2 == 0 && c.global_batch % (n / 2) == 0) {
-      ProcessGroup tensor, data;  // rank = data_rank * 2 + tensor_rank
-      for (int d = 0; d < n / 2; ++d) {
-        ProcessGroup g = world.new_group({2 * d, 2 * d + 1});
-        if (g.defined()) tensor = g;
-      }
-      for (int t = 0; t < 2; ++t) {
-        std::vector<int> members;
-        for (int d = 0; d < n / 2; ++d) members.push_back(2 * d + t);
-        ProcessGroup g = world.new_group(members);
-        if (g.defined()) data = g;
-      }
-      add(tensor_parallel(c, tensor, data, str_cat("dp", n / 2, "xtp2")));
+      GroupGrid grid = new_group_grid(world, 2);  // rank = data_rank * 2 + tensor_rank
+      add(tensor_parallel(c, grid.tensor, grid.data, str_cat("dp", n / 2, "xtp2")));
     }
     std::vector<Row> rows = measure(world, c, strategies);
     // Every strategy computes the same mathematics: a loss curve off single's by more than

@@ -99,22 +99,12 @@ int main(int argc, char** argv) {
       params = model->parameters();
     } else if (f.strategy == "hybrid") {
       check(n % 2 == 0, "--strategy hybrid needs an even number of ranks (pairs of tensor ranks)");
-      ProcessGroup tensor_group, data_group;  // rank = data_rank * 2 + tensor_rank
-      for (int d = 0; d < n / 2; ++d) {
-        ProcessGroup g = world.new_group({2 * d, 2 * d + 1});
-        if (g.defined()) tensor_group = g;
-      }
-      for (int t = 0; t < 2; ++t) {
-        std::vector<int> replicas;
-        for (int d = 0; d < n / 2; ++d) replicas.push_back(2 * d + t);
-        ProcessGroup g = world.new_group(replicas);
-        if (g.defined()) data_group = g;
-      }
-      tensor_parallel = std::make_shared<TensorParallelGPT>(gpt, tensor_group);
-      model = std::make_shared<DistributedDataParallel>(*tensor_parallel, data_group);
+      GroupGrid grid = new_group_grid(world, 2);  // tensor pairs {0,1} {2,3}..., data groups across them
+      tensor_parallel = std::make_shared<TensorParallelGPT>(gpt, grid.tensor);
+      model = std::make_shared<DistributedDataParallel>(*tensor_parallel, grid.data);
       params = model->parameters();
       rows = f.batch / (n / 2);  // each replica (pair of tensor ranks) trains on its rows
-      first_row = data_group.rank() * rows;
+      first_row = grid.data_rank * rows;
     } else if (f.strategy == "pp") {
       layers = gpt.as_sequential();
       auto stage = pipeline_stage(*layers, rank, n);

@@ -13,6 +13,7 @@
 #include "parallel/data_parallel.h"
 #include "parallel/distributed.h"
 #include "parallel/distributed_data_parallel.h"
+#include "parallel/group_grid.h"
 #include "parallel/object_collectives.h"
 #include "parallel/parallel_apply.h"
 #include "parallel/pipeline.h"

@@ -111,22 +111,22 @@ TEST_CASE("a data x tensor grid of groups", "[mpi][groups]") {
   const int world = pg.size(), me = pg.rank();
   if (world % 2 != 0) return;  // the 2 x (N/2) grid needs an even world
   const int tensor_size = 2, data_size = world / tensor_size;
-  // rank = d * tensor_size + t. Every rank creates every group, in the same order.
-  ProcessGroup tensor_group, data_group;
-  for (int d = 0; d < data_size; ++d) {
-    ProcessGroup g = pg.new_group({d * tensor_size, d * tensor_size + 1});
-    if (g.defined()) tensor_group = g;
-  }
-  for (int t = 0; t < tensor_size; ++t) {
-    std::vector<int> ranks;
-    for (int d = 0; d < data_size; ++d) ranks.push_back(d * tensor_size + t);
-    ProcessGroup g = pg.new_group(ranks);
-    if (g.defined()) data_group = g;
-  }
+  // rank = d * tensor_size + t: tensor groups of consecutive ranks, data groups across them.
+  GroupGrid grid = new_group_grid(pg, tensor_size);
+  ProcessGroup tensor_group = grid.tensor, data_group = grid.data;
   REQUIRE(tensor_group.defined());
   REQUIRE(data_group.defined());
+  CHECK(tensor_group.size() == tensor_size);
+  CHECK(data_group.size() == data_size);
   CHECK(tensor_group.rank() == me % tensor_size);
+  CHECK(grid.tensor_rank == me % tensor_size);
   CHECK(data_group.rank() == me / tensor_size);
+  CHECK(grid.data_rank == me / tensor_size);
+  // Rank 0 of each tensor group broadcasts its world rank: every member learns d * tensor_size.
+  Tensor first = full({1}, static_cast<double>(me), TensorOptions{DType::f64});
+  tensor_group.broadcast(first, 0)->wait();
+  CHECK(first.item<double>() == (me / tensor_size) * tensor_size);
+  CHECK_THROWS_WITH(new_group_grid(pg, world + 1), Catch::Contains("does not divide the group's"));
   // A sum over the tensor group, then over the data group, is the sum over everyone.
   Tensor t = full({1}, static_cast<double>(me), TensorOptions{DType::f64, pg.device()});
   tensor_group.allreduce(t)->wait();

@@ -116,17 +116,10 @@ TEST_CASE("tensor-parallel layers refuse sizes that do not divide", "[mpi][tenso
 TEST_CASE("hybrid: DDP over data groups x tensor parallelism over tensor groups equals one device",
           "[mpi][tensor-parallel][hybrid]") {
   ProcessGroup pg = testing::mpi_test_group();
-  if (pg.size() != 4) return;  // a 2 x 2 grid: rank = data_rank * 2 + tensor_rank
-  const int me = pg.rank(), tensor_rank = me % 2, data_rank = me / 2;
-  ProcessGroup tensor_group, data_group;
-  for (int d = 0; d < 2; ++d) {
-    ProcessGroup g = pg.new_group({2 * d, 2 * d + 1});
-    if (g.defined()) tensor_group = g;
-  }
-  for (int t = 0; t < 2; ++t) {
-    ProcessGroup g = pg.new_group({t, t + 2});
-    if (g.defined()) data_group = g;
-  }
+  if (pg.size() != 4) return;              // a 2 x 2 grid: rank = data_rank * 2 + tensor_rank
+  GroupGrid grid = new_group_grid(pg, 2);  // a 2 x 2 grid: rank = data_rank * 2 + tensor_rank
+  ProcessGroup tensor_group = grid.tensor, data_group = grid.data;
+  const int tensor_rank = grid.tensor_rank, data_rank = grid.data_rank;
   REQUIRE(tensor_group.rank() == tensor_rank);
   REQUIRE(data_group.rank() == data_rank);
   const int64_t h = kHidden / 2;
