@@ -3,9 +3,13 @@
 // load it was measured under means little).
 #pragma once
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdlib>
 #include <ctime>
 #include <fstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -48,6 +52,18 @@ inline std::string utc_now() {
   char buf[32];
   std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
   return buf;
+}
+
+// One core per logical device or rank: BLAS and OpenMP read their thread counts when they start,
+// so the benchmark re-executes itself once with OMP_NUM_THREADS = OPENBLAS_NUM_THREADS = 1 (the
+// environment variable MG_BENCH_PINNED marks the second run, where this returns at once).
+inline void reexec_with_one_thread(char** argv, const std::string& who) {
+  if (std::getenv("MG_BENCH_PINNED") != nullptr) return;
+  setenv("MG_BENCH_PINNED", "1", 1);
+  setenv("OMP_NUM_THREADS", "1", 1);
+  setenv("OPENBLAS_NUM_THREADS", "1", 1);
+  execv("/proc/self/exe", argv);
+  throw std::runtime_error(who + ": could not re-execute itself with one BLAS/OpenMP thread");
 }
 
 }  // namespace mg::bench

@@ -38,6 +38,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_common.h"
 #include "core/allocator.h"
 #include "core/autocast.h"
 #include "core/cuda_runtime.h"
@@ -807,13 +808,7 @@ int main(int argc, char** argv) {
     // One core per device: a logical CPU device is one thread of BLAS/OpenMP, or "N devices"
     // would just be N threads fighting over the same cores. The variables must be set before
     // the libraries start, so the benchmark re-executes itself once with them.
-    if (c.device_type == "cpu" && std::getenv("MG_BENCH_PINNED") == nullptr) {
-      setenv("MG_BENCH_PINNED", "1", 1);
-      setenv("OMP_NUM_THREADS", "1", 1);
-      setenv("OPENBLAS_NUM_THREADS", "1", 1);
-      execv("/proc/self/exe", argv);
-      throw Error("bench_dp_vs_ddp: could not re-execute itself with one thread per device");
-    }
+    if (c.device_type == "cpu") bench::reexec_with_one_thread(argv, "bench_dp_vs_ddp");
     if (c.work_dir.empty()) {
       c.work_dir =
           (std::filesystem::temp_directory_path() / ("mg_bench_dp_vs_ddp_" + std::to_string(getpid())))

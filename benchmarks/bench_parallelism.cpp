@@ -550,14 +550,7 @@ int main(int argc, char** argv) {
   app.add_option("--json", c.json, "write the results here");
   CLI11_PARSE(app, argc, argv);
   try {
-    // One core per rank (see the top of the file); must be set before the libraries start.
-    if (std::getenv("MG_BENCH_PINNED") == nullptr) {
-      setenv("MG_BENCH_PINNED", "1", 1);
-      setenv("OMP_NUM_THREADS", "1", 1);
-      setenv("OPENBLAS_NUM_THREADS", "1", 1);
-      execv("/proc/self/exe", argv);
-      throw Error("bench_parallelism: could not re-execute itself with one thread per rank");
-    }
+    bench::reexec_with_one_thread(argv, "bench_parallelism");  // one core per rank (see the top)
     // DataParallel runs N threads in rank 0's process, and mpirun binds each rank to one core
     // when N <= 2 (OpenMPI's default): all of them would share that core. Undo the binding
     // (mpirun --bind-to none) before MPI starts its threads; the OS spreads the ranks itself.
