@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <boost/context/fiber.hpp>
 #include <cstdio>
 #include <cstdlib>
@@ -139,7 +140,11 @@ struct Block {
   EmuThread* current = nullptr;
   ctx::fiber scheduler;  // held by the running fiber: the way back
   std::string fault;
+  uint64_t serial = 0;             // unique per block run: shared_array() poisons once per block
+  size_t static_shared_bytes = 0;  // claimed through shared_array() so far
 };
+
+std::atomic<uint64_t> g_block_serial{0};
 
 thread_local Block* t_block = nullptr;
 thread_local std::vector<unsigned char> t_dynamic_shared;
@@ -279,6 +284,7 @@ std::string run_block(const Launch& launch, uint3 block_index, ThreadOrder order
   b.warps.resize(static_cast<size_t>((b.size + 31) / 32));
   b.live = b.size;
   t_dynamic_shared.assign(launch.dynamic_shared_bytes, 0xff);  // a NaN in every float format
+  b.serial = ++g_block_serial;
 
   Block* outer = t_block;
   t_block = &b;
@@ -460,6 +466,33 @@ uint32_t vote_ballot(uint32_t mask, int predicate, const char* name, const char*
 }
 
 // ---- shared memory and cp.async ------------------------------------------------------------------
+void claim_static_shared(uint64_t* claimed_by, void* storage, size_t bytes, const char* file, int line) {
+  Block& b = block();
+  if (*claimed_by == b.serial) return;  // another thread of this block got there first
+  *claimed_by = b.serial;
+  std::memset(storage, 0xff, bytes);  // a NaN in every float format, as dynamic shared memory
+  b.static_shared_bytes += bytes;
+  // A GPU refuses the launch ("too many resources requested"): static arrays may have 48 KiB, and
+  // static + dynamic 48 KiB unless the kernel opted in (cudaFuncSetAttribute), then 227 KiB. The
+  // emulator sees the static arrays only as they are first used, so it stops the grid here.
+  const size_t dynamic = b.launch->dynamic_shared_bytes, total = b.static_shared_bytes + dynamic;
+  const bool opted_in = b.launch->shared_opt_in;
+  std::string what;
+  if (b.static_shared_bytes > 48 * 1024) {
+    what = std::to_string(b.static_shared_bytes) +
+           " bytes of static shared memory per block, over 48 KiB (more must be dynamic shared memory, with "
+           "cudaFuncSetAttribute): the launch fails on a GPU";
+  } else if (total > (opted_in ? 227 : 48) * 1024) {
+    what = std::to_string(b.static_shared_bytes) + " bytes of static shared memory + " +
+           std::to_string(dynamic) + " dynamic = " + std::to_string(total) + " per block, over " +
+           (opted_in
+                ? "the 227 KiB a block can have"
+                : "48 KiB (cudaFuncSetAttribute(cudaFuncAttributeMaxDynamicSharedMemorySize) opts in to 227 "
+                  "KiB): the launch fails on a GPU");
+  }
+  if (!what.empty()) device_fault(what.c_str(), file, line);
+}
+
 unsigned char* dynamic_shared_base() {
   block();
   return t_dynamic_shared.data();

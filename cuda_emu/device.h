@@ -12,7 +12,9 @@
 //
 // __shared__ arrays declared inside a kernel are `thread_local`: one copy per OS thread, and an
 // OS thread runs one block at a time, so the fibers of a block share it exactly as the threads
-// of a block share shared memory. Dynamic shared memory (the launch's third argument) is a per-
+// of a block share shared memory. Arrays declared through shared_array() (kernels/cuda/common.cuh,
+// static_shared_array below) are also poisoned at each block's first use and counted against the
+// block's shared-memory limit. Dynamic shared memory (the launch's third argument) is a per-
 // block arena filled with 0xff bytes (a NaN in every float format) at block start.
 #pragma once
 
@@ -68,6 +70,17 @@ struct WarpLane {
 using WarpCompletion = void (*)(WarpLane (&lanes)[32], uint32_t mask, int arg);
 void warp_collective(const char* op, uint32_t mask, int arg, const uint32_t* in, int in_words, uint32_t* out,
                      int out_words, WarpCompletion complete, const char* file, int line);
+
+// Static shared memory through shared_array() (kernels/cuda/common.cuh): the first thread of a
+// block to use an array poisons it and counts its bytes against the block's limit.
+void claim_static_shared(uint64_t* claimed_by, void* storage, size_t bytes, const char* file, int line);
+template <class A, int Id>
+A& static_shared_array(const char* file, int line) {
+  alignas(16) static thread_local A storage MG_EMU_TLS;
+  static thread_local uint64_t claimed_by MG_EMU_TLS = 0;
+  claim_static_shared(&claimed_by, &storage, sizeof(A), file, line);
+  return storage;
+}
 
 // Shared memory: the 32-bit address space of the current block's dynamic shared memory.
 unsigned char* dynamic_shared_base();

@@ -20,6 +20,8 @@ struct Launch {
   const void* kernel = nullptr;  // the __global__ function's address (cudaFuncSetAttribute's key)
   dim3 grid, block;
   size_t dynamic_shared_bytes = 0;
+  bool shared_opt_in =
+      false;  // cudaFuncSetAttribute(MaxDynamicSharedMemorySize) was called (set by launch())
   cudaStream_t stream = nullptr;
   std::function<void()> body;
 };
@@ -30,8 +32,9 @@ struct Launch {
 // <<<>>> launch does) and prints why, naming the kernel.
 cudaError_t launch(Launch launch);
 
-// Static __shared__ bytes a kernel declares are not visible to the emulator (they live in
-// thread-local storage), so the 48 KiB check counts dynamic shared memory only.
+// Static shared memory declared through shared_array() (kernels/cuda/common.cuh) is poisoned at
+// each block's first use and counted with the dynamic bytes against the per-block limit; a plain
+// __shared__ variable is thread-local storage here, which a launch cannot see.
 struct Counters {
   uint64_t kernel_launches = 0;  // grids enqueued
   uint64_t host_syncs = 0;       // the host waited for the device: stream/event/device synchronise,

@@ -340,6 +340,7 @@ cudaError_t launch(Launch l) {
     std::lock_guard<std::mutex> lock(g_attr_mutex);
     auto it = g_max_dynamic_shared.find(l.kernel);
     if (it != g_max_dynamic_shared.end()) max_dynamic = it->second;
+    l.shared_opt_in = it != g_max_dynamic_shared.end();  // the static arrays are checked in the block
   }
   if (b.x == 0 || b.y == 0 || b.z == 0 || g.x == 0 || g.y == 0 || g.z == 0) {
     err = cudaErrorInvalidConfiguration;

@@ -220,11 +220,30 @@ __device__ __forceinline__ V warp_max(V v) {
   }
   return v;
 }
+// ---- statically sized shared memory ------------------------------------------------------------
+// A __shared__ array of type A (e.g. float[32][33]), declared through a function so that the CUDA
+// emulation can see it: there a plain __shared__ variable is thread-local storage, which no
+// launch knows the size of. shared_array poisons it at each block's first use (NaN bytes, as the
+// dynamic shared memory) and counts it, with the dynamic bytes, against the 48 KiB a block may
+// have without cudaFuncSetAttribute. On a GPU it is exactly `__shared__ A storage`. `Id` tells
+// apart two arrays of one type in one kernel:
+//   auto& a_tile = shared_array<float[32][33], 0>();
+//   auto& b_tile = shared_array<float[32][33], 1>();
+template <class A, int Id>
+__device__ __forceinline__ A& shared_array() {
+#if defined(MG_CUDA_EMULATE)
+  return mg_emu::static_shared_array<A, Id>(__FILE__, __LINE__);
+#else
+  __shared__ __align__(16) A storage;
+  return storage;
+#endif
+}
+
 // Sum / max over the whole block (blockDim.x a multiple of 32, <= 1024); every
-// thread gets the result. Uses 32 V of shared memory; callable repeatedly.
+// thread gets the result. Uses 32 V of shared memory each; callable repeatedly.
 template <class V>
 __device__ V block_sum(V v) {
-  __shared__ V partial[32];
+  V(&partial)[32] = shared_array<V[32], 1000>();
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   v = warp_sum(v);
   __syncthreads();  // a previous call may still be reading `partial`
@@ -235,7 +254,7 @@ __device__ V block_sum(V v) {
 }
 template <class V>
 __device__ V block_max(V v) {
-  __shared__ V partial[32];
+  V(&partial)[32] = shared_array<V[32], 1001>();
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   v = warp_max(v);
   __syncthreads();

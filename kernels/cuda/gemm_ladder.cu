@@ -216,8 +216,8 @@ __device__ __forceinline__ void load_smem_tile_element(const Operand& op, const 
 }
 
 __global__ void __launch_bounds__(kSmemTile* kSmemTile) gemm_smem_tiled(const Problem p) {
-  __shared__ float a_tile[kSmemTile][kSmemTile + 1];  // [k][m]
-  __shared__ float b_tile[kSmemTile][kSmemTile + 1];  // [k][n]
+  float(&a_tile)[kSmemTile][kSmemTile + 1] = shared_array<float[kSmemTile][kSmemTile + 1], 0>();  // [k][m]
+  float(&b_tile)[kSmemTile][kSmemTile + 1] = shared_array<float[kSmemTile][kSmemTile + 1], 1>();  // [k][n]
   const int tiles_n = ceil_div(p.n, kSmemTile);
   const int m0 = (blockIdx.x / tiles_n) * kSmemTile, n0 = (blockIdx.x % tiles_n) * kSmemTile;
   const float* a = batch_entry<float>(p.a);
@@ -326,8 +326,8 @@ __host__ __device__ __forceinline__ void rt_store(const RtTileLoader& l, const f
 }
 
 __global__ void __launch_bounds__(kRtThreads, 2) gemm_register_tiled(const Problem p) {
-  __shared__ __align__(16) float a_tile[2][kRtDepth][kRtRow];  // [buffer][k][m]
-  __shared__ __align__(16) float b_tile[2][kRtDepth][kRtRow];  // [buffer][k][n]
+  float(&a_tile)[2][kRtDepth][kRtRow] = shared_array<float[2][kRtDepth][kRtRow], 0>();  // [buffer][k][m]
+  float(&b_tile)[2][kRtDepth][kRtRow] = shared_array<float[2][kRtDepth][kRtRow], 1>();  // [buffer][k][n]
   const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
   const TileCorner t0 =
       grouped_tile(blockIdx.x, ceil_div(p.m, kRtTile), ceil_div(p.n, kRtTile), kRtTile, kRtTile);

@@ -109,7 +109,8 @@ template <class T>
 __global__ void params_kernel(const T* gy, const T* x, const stat_t<T>* mean, const stat_t<T>* rstd,
                               int64_t rows, int64_t cols, T* grad_weight, T* grad_bias) {
   using S = stat_t<T>;
-  __shared__ S partial_w[kRowThreads][kColumnsPerBlock], partial_b[kRowThreads][kColumnsPerBlock];
+  S(&partial_w)[kRowThreads][kColumnsPerBlock] = shared_array<S[kRowThreads][kColumnsPerBlock], 0>();
+  S(&partial_b)[kRowThreads][kColumnsPerBlock] = shared_array<S[kRowThreads][kColumnsPerBlock], 1>();
   const int64_t c = int64_t(blockIdx.x) * kColumnsPerBlock + threadIdx.x;
   S sum_w = 0, sum_b = 0;
   if (c < cols) {

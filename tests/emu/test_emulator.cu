@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "cuda_emu/emulator.h"
+#include "kernels/cuda/common.cuh"
 #include "kernels/cuda/launch.cuh"
 
 using mg::kernels::cuda::dynamic_shared_memory;
@@ -127,6 +128,18 @@ __global__ void uses_dynamic_shared(float* out) {
   s[threadIdx.x] = 2.f;
   __syncthreads();
   out[threadIdx.x] = s[threadIdx.x];
+}
+
+// 40 KiB of static shared memory through shared_array (common.cuh); with `dynamic` bytes of
+// dynamic shared memory on top. Each thread reads its slot before anyone wrote it (the bug the
+// poison shows), then writes and reads back after a barrier.
+__global__ void uses_static_shared(float* out) {
+  auto& s = mg::kernels::cuda::shared_array<float[10 * 1024], 0>();
+  out[threadIdx.x] = s[threadIdx.x];  // never written: NaN
+  __syncthreads();
+  s[threadIdx.x] = 3.f;
+  __syncthreads();
+  out[32 + threadIdx.x] = s[threadIdx.x];
 }
 
 __global__ void divergent_barrier(float* out) {
@@ -406,6 +419,24 @@ TEST_CASE("emulator: launch configurations an H200 rejects are rejected", "[emu]
                                cudaFuncAttributeMaxDynamicSharedMemorySize,
                                228 * 1024) == cudaErrorInvalidValue);
     cudaGetLastError();
+  }
+  SECTION("40 KiB of static shared memory + 16 KiB dynamic without cudaFuncSetAttribute") {
+    // A GPU refuses this launch; the emulator sees static arrays at their first use and faults there.
+    launch_kernel<uses_static_shared>(2, 32, 0, nullptr, d);  // 40 KiB alone: within 48 KiB
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    const std::vector<float> h = to_host(d, 64);
+    CHECK(std::isnan(h[0]));  // poisoned at block start: an unwritten static shared read is NaN
+    CHECK(h[32] == 3.f);
+    const std::string fault =
+        expect_fault([&] { launch_kernel<uses_static_shared>(1, 32, 16 * 1024, nullptr, d); });
+    CHECK_THAT(fault,
+               Catch::Contains(
+                   "40960 bytes of static shared memory + 16384 dynamic = 57344 per block, over 48 KiB"));
+    CHECK_THAT(fault, Catch::Contains("uses_static_shared"));
+    REQUIRE(cudaFuncSetAttribute(reinterpret_cast<const void*>(uses_static_shared),
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, 16 * 1024) == cudaSuccess);
+    launch_kernel<uses_static_shared>(1, 32, 16 * 1024, nullptr, d);
+    CHECK(cudaDeviceSynchronize() == cudaSuccess);
   }
   cudaFree(d);
 }
