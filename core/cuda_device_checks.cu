@@ -20,12 +20,27 @@ namespace {
 struct PendingCheck {
   void* host_words = nullptr;  // pinned: the device can write it while the host runs on
   size_t nbytes = 0;
+  int device = 0;
   std::unique_ptr<Event> copied;
   DeviceCheckVerdict verdict;
 };
 
 std::mutex g_mutex;
 std::vector<PendingCheck> g_pending;
+// Events of finished checks, by device, for the next ones: a check per training step must not
+// create and destroy a CUDA event every time (the pinned words come from the pinned pool).
+std::vector<std::pair<int, std::unique_ptr<Event>>> g_spare_events;
+
+std::unique_ptr<Event> spare_event(int device) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  for (auto it = g_spare_events.begin(); it != g_spare_events.end(); ++it) {
+    if (it->first != device) continue;
+    std::unique_ptr<Event> event = std::move(it->second);
+    g_spare_events.erase(it);
+    return event;
+  }
+  return std::make_unique<Event>();
+}
 
 }  // namespace
 
@@ -34,7 +49,8 @@ void defer_device_check(int device, const void* device_words, size_t nbytes, Dev
   check.host_words = pinned_allocate(nbytes);
   check.nbytes = nbytes;
   check.verdict = std::move(verdict);
-  check.copied = std::make_unique<Event>();
+  check.device = device;
+  check.copied = spare_event(device);
   DeviceGuard guard(device);
   const Stream stream = current_stream(device);
   MG_CUDA_CHECK(cudaMemcpyAsync(check.host_words, device_words, nbytes, cudaMemcpyDeviceToHost,
@@ -59,6 +75,10 @@ void raise_device_check_errors() {
     std::string error = check.verdict(check.host_words);
     pinned_free(check.host_words, check.nbytes);
     if (first_error.empty()) first_error = std::move(error);
+  }
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    for (PendingCheck& check : landed) g_spare_events.emplace_back(check.device, std::move(check.copied));
   }
   if (!first_error.empty()) throw Error(first_error);
 }
