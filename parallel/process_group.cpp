@@ -15,6 +15,7 @@
 #include "core/cuda_runtime.h"
 #include "core/error.h"
 #include "core/grad_mode.h"
+#include "parallel/heartbeat.h"
 
 namespace mg::parallel {
 
@@ -127,6 +128,15 @@ ProcessGroup init_process_group(const InitOptions& options) {
     check(backend != nullptr, "init_process_group: launched as rank ", launch.rank, " of ", launch.world_size,
           " by ", launch.launcher,
           ", but multigrad was built without MPI (install libopenmpi-dev and rebuild)");
+    std::chrono::milliseconds failure_detection = options.failure_detection;
+    if (const char* text = std::getenv("MG_FAILURE_DETECTION_S"); text != nullptr && *text != '\0') {
+      char* end = nullptr;
+      const double seconds = std::strtod(text, &end);
+      check(end != text && *end == '\0' && seconds >= 0, "init_process_group: MG_FAILURE_DETECTION_S must be ",
+            "a number of seconds (0 = off), got '", text, "'");
+      failure_detection = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+    }
+    detail::start_heartbeat(failure_detection);
   }
   backend->set_timeout(timeout);
 

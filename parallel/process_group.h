@@ -47,6 +47,10 @@ struct InitOptions {
   std::chrono::milliseconds timeout = std::chrono::minutes(10);
   // Exchange a signature before each collective to catch mismatched calls (see above).
   bool verify_collectives = true;
+  // A peer silent this long (dead, hung, or its link cut) is lost: every op of every group fails
+  // with a message naming it, on every survivor (parallel/heartbeat.h). 0 turns the heartbeat
+  // off. MG_FAILURE_DETECTION_S (seconds, decimals allowed) overrides.
+  std::chrono::milliseconds failure_detection = std::chrono::seconds(10);
 };
 
 // Where this process sits in the job, as the launcher describes it.

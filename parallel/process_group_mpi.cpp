@@ -47,6 +47,7 @@
 #include "core/error.h"
 #include "core/grad_mode.h"
 #include "core/half.h"
+#include "parallel/heartbeat.h"
 #include "parallel/process_group.h"
 #include "parallel/process_group_signature.h"
 
@@ -121,6 +122,7 @@ class MpiRuntime {
       std::this_thread::sleep_for(kAbortGrace);
       MPI_Abort(MPI_COMM_WORLD, 1);
     }
+    detail::stop_heartbeat();  // its "leaving" beat, before MPI is gone
     for (MPI_Op& op : half_ops_) MPI_Op_free(&op);
     if (owns_mpi_) {
       int finalized = 0;
@@ -212,9 +214,13 @@ class MpiBackend : public Backend {
     MPI_Comm_size(data_comm_, &size_);
     collective_thread_ = std::thread([this] { collective_loop(); });
     progress_thread_ = std::thread([this] { progress_loop(); });
+    // A peer the heartbeat (heartbeat.h) finds lost fails this group's ops at once.
+    peer_lost_id_ =
+        detail::on_peer_lost([this](const std::string& message) { poison(message, /*report=*/false); });
   }
 
   ~MpiBackend() override {
+    detail::forget_peer_lost(peer_lost_id_);
     {
       std::lock_guard<std::mutex> lock(mutex_);
       stopping_ = true;
@@ -520,6 +526,7 @@ class MpiBackend : public Backend {
   }
 
   void run_collective(Op& op) {
+    detail::note_operation(op.work->description());
     if (verify_ && size_ > 1) {
       std::vector<Signature> all(static_cast<size_t>(size_));
       int code = MPI_Allgather(&op.signature, 4, MPI_INT64_T, all.data(), 4, MPI_INT64_T, check_comm_);
@@ -626,8 +633,9 @@ class MpiBackend : public Backend {
   }
 
   // Fails the running collective and everything queued with `message`; later calls fail at once.
-  // (The progress thread fails its own active p2p ops when it sees the flag.)
-  void poison(const std::string& message) {
+  // (The progress thread fails its own active p2p ops when it sees the flag.) `report`: print
+  // the message (the heartbeat prints its own once, not once per group).
+  void poison(const std::string& message, bool report = true) {
     std::deque<std::unique_ptr<Op> > queued;
     WorkPtr running;
     {
@@ -640,8 +648,10 @@ class MpiBackend : public Backend {
       p2p_queue_.clear();
       running = running_collective_;
     }
-    std::fprintf(stderr, "[multigrad rank %d] %s\n", rank_, message.c_str());
-    std::fflush(stderr);
+    if (report) {
+      std::fprintf(stderr, "[multigrad rank %d] %s\n", rank_, message.c_str());
+      std::fflush(stderr);
+    }
     runtime_->poison();
     if (running) {
       const std::string& what = running->description();
@@ -662,6 +672,7 @@ class MpiBackend : public Backend {
   std::atomic<std::chrono::milliseconds> timeout_;
   bool verify_;
   std::atomic<int64_t> collective_count_{0};
+  int peer_lost_id_ = 0;
 
   std::mutex mutex_;  // guards everything below
   std::condition_variable collective_cv_, p2p_cv_;

@@ -8,6 +8,10 @@
 # the allreduce and the timeout, with S within the configured timeout (+ slack for scheduling on a
 # loaded machine; for a stuck rank also not before it: nothing may be declared lost early), and
 # the whole job must end soon after (the poisoned group aborts it: no hang).
+#
+# MG_EXPECT=heartbeat: the failure must be found by the heartbeat instead (parallel/heartbeat.h;
+# the third argument is then its bound, MG_FAILURE_DETECTION_S): every survivor's error names
+# "rank 1 (node <host>, pid <pid>) is lost", within the bound (+ slack) and not before it.
 set -uo pipefail
 
 mode=${1:?mode}; world=${2:?world size}; timeout_s=${3:?timeout}; shift 3
@@ -39,11 +43,17 @@ for ((rank = 0; rank < world; ++rank)); do
   seconds=$(sed -E 's/^rank [0-9]+ caught after ([0-9.]+) s: .*/\1/' <<<"$line")
   message=${line#*s: }
   [[ "$message" == *allreduce* ]] || fail "rank $rank's error does not name the allreduce: $message"
-  [[ "$message" == *"within $timeout_s s"* ]] || fail "rank $rank's error does not name the ${timeout_s} s timeout: $message"
+  if [[ "${MG_EXPECT:-timeout}" == heartbeat ]]; then
+    [[ "$message" =~ "rank 1 (node "[^,]+", pid "[0-9]+") is lost" ]] ||
+      fail "rank $rank's error does not name rank 1, its node and pid as lost: $message"
+    [[ "$message" == *"bound $timeout_s s"* ]] || fail "rank $rank's error does not name the ${timeout_s} s bound: $message"
+  else
+    [[ "$message" == *"within $timeout_s s"* ]] || fail "rank $rank's error does not name the ${timeout_s} s timeout: $message"
+  fi
   if is_true "$seconds > $timeout_s + $slack_s"; then
     fail "rank $rank caught the error after $seconds s, later than the ${timeout_s} s timeout + ${slack_s} s"
   fi
-  if [[ "$mode" == stuck ]] && is_true "$seconds < $timeout_s * 0.95"; then
+  if [[ "$mode" != dead ]] && is_true "$seconds < $timeout_s * 0.95"; then
     fail "rank $rank gave up on a stuck peer after $seconds s, before the ${timeout_s} s timeout"
   fi
   echo "ok: rank $rank caught the error after $seconds s (timeout ${timeout_s} s)"

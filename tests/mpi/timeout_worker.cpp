@@ -2,7 +2,10 @@
 //
 //   mpiexec -n 3 timeout_worker stuck [timeout s]   rank 1 never joins the second allreduce (it sleeps)
 //   mpiexec -n 3 timeout_worker dead  [timeout s]   rank 1 is killed (SIGKILL) before it
+//   mpiexec -n 3 timeout_worker stop  [timeout s]   rank 1 is stopped (SIGSTOP) before it: hung
 //
+// stuck is found by the collective timeout (the rank is alive, it just never calls); dead and
+// stop by the heartbeat when it is shorter (MG_FAILURE_DETECTION_S), else by the timeout.
 // Every surviving rank prints "rank R caught after S s: <the error>"; check_timeout_survivors.sh
 // checks that every survivor did, and S against the group's timeout (default 2 s).
 #include <chrono>
@@ -32,6 +35,7 @@ int main(int argc, char** argv) {
   pg.allreduce(t)->wait();  // everyone is alive here
   if (pg.rank() == 1) {
     if (std::strcmp(mode, "dead") == 0) std::raise(SIGKILL);
+    if (std::strcmp(mode, "stop") == 0) std::raise(SIGSTOP);
     std::this_thread::sleep_for(std::chrono::seconds(30));  // stuck: never reaches the collective
     return 0;
   }
