@@ -5,18 +5,56 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
+#include <map>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <vector>
 
+#include "core/crc32c.h"
 #include "core/grad_mode.h"
 
 namespace mg {
 namespace {
 
 using json = nlohmann::json;
+
+// Each tensor's CRC32C goes in __metadata__ as "crc32c:<tensor name>": "<8 hex digits>" (strings,
+// as the format requires, so PyTorch's safetensors loads the file and ignores them). Loading
+// verifies them and leaves them out of SafetensorsFile::metadata.
+const std::string kChecksumPrefix = "crc32c:";
+
+std::string checksum_text(uint32_t crc) {
+  char text[9];
+  std::snprintf(text, sizeof(text), "%08x", crc);
+  return text;
+}
+
+void verify_checksums(SafetensorsFile& file, const std::map<std::string, std::pair<uint64_t, uint64_t>>& tensor_bytes,
+                      const char* buffer, const std::string& path) {
+  size_t verified = 0;
+  for (auto it = file.metadata.begin(); it != file.metadata.end();) {
+    if (it->first.compare(0, kChecksumPrefix.size(), kChecksumPrefix) != 0) {
+      ++it;
+      continue;
+    }
+    const std::string name = it->first.substr(kChecksumPrefix.size());
+    auto bytes = tensor_bytes.find(name);
+    check(bytes != tensor_bytes.end(), path, ": __metadata__ has a checksum for tensor '", name,
+          "', which the file does not hold");
+    const auto [begin, end] = bytes->second;
+    const std::string actual = checksum_text(crc32c(buffer + begin, end - begin));
+    check(actual == it->second, path, ": tensor '", name, "' is corrupt: its ", end - begin,
+          " bytes have CRC32C ", actual, " but the file recorded ", it->second);
+    ++verified;
+    it = file.metadata.erase(it);
+  }
+  // A file with checksums must have one for every tensor (else a tensor could be swapped in).
+  check(verified == 0 || verified == tensor_bytes.size(), path, ": ", tensor_bytes.size() - verified, " of ",
+        tensor_bytes.size(), " tensors have no checksum in __metadata__");
+}
 
 const char* safetensors_dtype(DType t) {
   switch (t) {
@@ -90,7 +128,10 @@ void save_safetensors(const std::string& path, const StateDict& tensors,
 
 std::string encode_safetensors(const StateDict& tensors, const SafetensorsMetadata& metadata) {
   json header = json::object();
-  if (!metadata.empty()) header["__metadata__"] = metadata;
+  SafetensorsMetadata meta = metadata;
+  for (const auto& [key, value] : metadata)
+    check(key.compare(0, kChecksumPrefix.size(), kChecksumPrefix) != 0, "save_safetensors: metadata key '", key,
+          "' uses the prefix '", kChecksumPrefix, "' reserved for the per-tensor checksums");
   std::vector<Tensor> host;
   size_t offset = 0;
   for (const auto& [name, tensor] : tensors) {
@@ -105,8 +146,10 @@ std::string encode_safetensors(const StateDict& tensors, const SafetensorsMetada
                     {"shape", h.shape()},
                     {"data_offsets", {offset, offset + h.nbytes()}}};
     offset += h.nbytes();
+    meta[kChecksumPrefix + name] = checksum_text(crc32c(h.data_ptr(), h.nbytes()));
     host.push_back(h);
   }
+  if (!meta.empty()) header["__metadata__"] = meta;
   std::string header_text = header.dump();
   while ((8 + header_text.size()) % 8 != 0) header_text.push_back(' ');  // align the buffer to 8 bytes
   std::string bytes;
@@ -147,6 +190,7 @@ SafetensorsFile decode_safetensors(const std::string& bytes, const std::string& 
 
   SafetensorsFile file;
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  std::map<std::string, std::pair<uint64_t, uint64_t>> tensor_bytes;
   for (auto it = header.begin(); it != header.end(); ++it) {
     const std::string& name = it.key();
     const json& entry = it.value();
@@ -182,10 +226,12 @@ SafetensorsFile decode_safetensors(const std::string& bytes, const std::string& 
     check(end - begin == expected, path, ": entry '", name, "' of shape ", shape_str(shape), " ", dtype,
           " needs ", expected, " bytes but data_offsets span ", end - begin);
     ranges.emplace_back(begin, end);
+    tensor_bytes[name] = {begin, end};
     Tensor t = empty(shape, TensorOptions{dtype});
     if (expected > 0) std::memcpy(t.data_ptr(), buffer + begin, expected);
     file.tensors[name] = t;
   }
+  verify_checksums(file, tensor_bytes, buffer, path);
   // Tensors must tile the buffer without overlaps or holes (the format's rule).
   std::sort(ranges.begin(), ranges.end());
   uint64_t cursor = 0;

@@ -7,6 +7,12 @@
 //                     "__metadata__": {"<key>": "<string value>", ...}}
 //   [rest]     the tensors' bytes, little-endian, row-major, at [begin, end) of this buffer
 //
+// Every tensor's bytes are checksummed: __metadata__ gets "crc32c:<name>": "<8 hex digits>" per
+// tensor (core/crc32c.h) -- plain string metadata, so PyTorch still loads the file. Reading
+// verifies each one and fails naming the tensor and the file on a mismatch; a file without
+// checksums (written by PyTorch) loads unverified. The checksum keys are not in
+// SafetensorsFile::metadata, and "crc32c:" is reserved in the metadata a caller passes.
+//
 // Writes are atomic: the file is written under a temporary name, fsync'ed, then
 // renamed over the destination, so a crash leaves either the old file or the new
 // one, never half of one. Reads validate everything (sizes, offsets, dtypes,

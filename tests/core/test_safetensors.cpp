@@ -6,6 +6,7 @@
 #include <fstream>
 #include <string>
 
+#include "core/crc32c.h"
 #include "core/safetensors.h"
 #include "multigrad.h"
 
@@ -133,5 +134,49 @@ TEST_CASE("an atomic write that fails leaves the previous file intact", "[safete
   // A destination in a missing directory fails to create the temp file.
   REQUIRE_THROWS_WITH(save_safetensors("/nonexistent_dir_mg/x.safetensors", {{"w", ones({2})}}),
                       Catch::Contains("cannot create"));
+  std::remove(path.c_str());
+}
+
+TEST_CASE("crc32c is the standard CRC-32C, hardware and table paths alike", "[safetensors]") {
+  const std::string check_string = "123456789";
+  REQUIRE(crc32c(check_string.data(), check_string.size()) == 0xE3069283u);
+  REQUIRE(crc32c(nullptr, 0) == 0u);
+  // Any split continues the same checksum (the 8-byte and 1-byte steps agree).
+  std::string long_text;
+  for (int i = 0; i < 1000; ++i) long_text.push_back(static_cast<char>(i * 37 + 11));
+  const uint32_t whole = crc32c(long_text.data(), long_text.size());
+  for (size_t cut : {size_t(1), size_t(7), size_t(8), size_t(501), size_t(999)})
+    REQUIRE(crc32c(long_text.data() + cut, long_text.size() - cut, crc32c(long_text.data(), cut)) == whole);
+}
+
+TEST_CASE("every tensor's bytes are checksummed: a 64-byte overwrite is an error naming the tensor",
+          "[safetensors]") {
+  const std::string path = temp_path("checksummed.safetensors");
+  StateDict dict;
+  dict["weight"] = arange(0, 256).reshape({16, 16});
+  dict["bias"] = ones({16});
+  save_safetensors(path, dict, {{"step", "7"}});
+  const std::string good = read_bytes(path);
+  // The checksums are ordinary string metadata (PyTorch loads the file), hidden from the reader.
+  REQUIRE(good.find("\"crc32c:weight\"") != std::string::npos);
+  SafetensorsFile loaded = load_safetensors(path);
+  REQUIRE(loaded.metadata == SafetensorsMetadata{{"step", "7"}});
+
+  // Overwrite 64 bytes inside "weight" (after "bias": tensors are laid out in name order).
+  std::string bad = good;
+  const size_t data_start = bad.size() - 256 * 4;
+  for (size_t i = 0; i < 64; ++i) bad[data_start + 100 + i] = static_cast<char>(0x7f);
+  write_bytes(path, bad);
+  try {
+    load_safetensors(path);
+    FAIL("a corrupt tensor loaded");
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    REQUIRE(message.find(path) != std::string::npos);
+    REQUIRE(message.find("tensor 'weight' is corrupt") != std::string::npos);
+  }
+  // A checksum key for a tensor that is not there, and a reserved key from the caller.
+  REQUIRE_THROWS_WITH(save_safetensors(path, dict, {{"crc32c:weight", "0"}}),
+                      Catch::Contains("reserved for the per-tensor checksums"));
   std::remove(path.c_str());
 }
