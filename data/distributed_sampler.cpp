@@ -14,7 +14,18 @@ DistributedSampler::DistributedSampler(int64_t dataset_size, int64_t rank, int64
   check(world_size >= 1, "DistributedSampler: world_size must be >= 1, got ", world_size);
   check(rank >= 0 && rank < world_size, "DistributedSampler: rank ", rank, " is outside [0, ", world_size,
         ")");
-  num_samples_ = options.drop_last ? n_ / world_ : (n_ + world_ - 1) / world_;
+}
+
+void DistributedSampler::set_start_sample(int64_t epoch, int64_t samples) {
+  check(samples >= 0 && samples <= n_, "DistributedSampler::set_start_sample: ", samples,
+        " samples consumed is outside [0, ", n_, "] (the dataset size)");
+  start_epoch_ = epoch;
+  start_sample_ = samples;
+}
+
+int64_t DistributedSampler::samples_per_rank(int64_t epoch) const {
+  const int64_t remaining = n_ - skipped(epoch);
+  return options_.drop_last ? remaining / world_ : (remaining + world_ - 1) / world_;
 }
 
 std::vector<int64_t> DistributedSampler::indices(int64_t epoch) const {
@@ -25,16 +36,12 @@ std::vector<int64_t> DistributedSampler::indices(int64_t epoch) const {
     all.resize(static_cast<size_t>(n_));
     std::iota(all.begin(), all.end(), int64_t(0));
   }
-  const int64_t total = total_size();
-  if (total > n_) {
-    // Pad by wrapping around (repeatedly, when world > n): position p takes all[p mod n].
-    for (int64_t p = n_; p < total; ++p) all.push_back(all[static_cast<size_t>(p % n_)]);
-  } else {
-    all.resize(static_cast<size_t>(total));
-  }
+  // Positions [skip, skip + total) of the list; past its end, padding wraps around to its start
+  // (repeatedly, when world > n): position p takes all[p mod n].
+  const int64_t skip = skipped(epoch), per_rank = samples_per_rank(epoch), total = per_rank * world_;
   std::vector<int64_t> shard;
-  shard.reserve(static_cast<size_t>(num_samples_));
-  for (int64_t p = rank_; p < total; p += world_) shard.push_back(all[static_cast<size_t>(p)]);
+  shard.reserve(static_cast<size_t>(per_rank));
+  for (int64_t q = rank_; q < total; q += world_) shard.push_back(all[static_cast<size_t>((skip + q) % n_)]);
   return shard;
 }
 

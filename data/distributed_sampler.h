@@ -12,6 +12,13 @@
 //
 // Call set_epoch(epoch) at the start of each epoch; without it every epoch repeats the order of
 // epoch 0 (the DataLoader never changes a user sampler's epoch).
+//
+// Elastic resume (set_start_sample): a job checkpointed after the ranks had consumed S samples
+// of epoch e's list (S = steps x global batch, at whatever world size) resumes, at any world
+// size, on positions S, S+1, ... of the same list: the remainder is padded or cut as in step 2
+// and strided by rank as in step 3, so no sample of the epoch is skipped or seen twice. At the
+// world size of the checkpoint this is exactly the shard the uninterrupted run would have read
+// (S is a multiple of the world size; padding still wraps to the list's start).
 #pragma once
 
 #include "data/sampler.h"
@@ -29,17 +36,24 @@ class DistributedSampler : public Sampler {
   DistributedSampler(int64_t dataset_size, int64_t rank, int64_t world_size,
                      const DistributedSamplerOptions& options = {});
 
-  std::vector<int64_t> indices(int64_t epoch) const override;   // this rank's shard
-  int64_t size() const override { return num_samples_; }        // per rank
-  int64_t total_size() const { return num_samples_ * world_; }  // all ranks, after padding/cutting
+  std::vector<int64_t> indices(int64_t epoch) const override;  // this rank's shard
+  // Per rank and for all ranks (after padding/cutting), for the current epoch(): smaller in the
+  // epoch set_start_sample names.
+  int64_t size() const override { return samples_per_rank(epoch()); }
+  int64_t total_size() const { return samples_per_rank(epoch()) * world_; }
+  // Epoch `epoch` starts at position `samples` of its global list (the other epochs are whole).
+  void set_start_sample(int64_t epoch, int64_t samples);
   int64_t rank() const { return rank_; }
   int64_t world_size() const { return world_; }
   const DistributedSamplerOptions& options() const { return options_; }
 
  private:
+  int64_t skipped(int64_t epoch) const { return epoch == start_epoch_ ? start_sample_ : 0; }
+  int64_t samples_per_rank(int64_t epoch) const;
+
   int64_t n_, rank_, world_;
   DistributedSamplerOptions options_;
-  int64_t num_samples_;
+  int64_t start_epoch_ = -1, start_sample_ = 0;
 };
 
 }  // namespace mg::data

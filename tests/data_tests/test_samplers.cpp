@@ -178,3 +178,50 @@ TEST_CASE("DistributedSampler: argument errors", "[data][sampler][distributed]")
   CHECK_THROWS_WITH(DistributedSampler(10, 0, 0), Contains("world_size must be >= 1"));
   CHECK_THROWS_WITH(DistributedSampler(-3, 0, 1), Contains("dataset_size must be >= 0"));
 }
+
+TEST_CASE("DistributedSampler resumes an epoch at any world size from the global position",
+          "[data][sampler][elastic]") {
+  const int64_t n = 103;
+  DistributedSamplerOptions options;
+  options.seed = 9;
+  // World 2 consumed 3 steps of 8 samples per rank: 48 samples of epoch 5's list.
+  const int64_t consumed = 3 * 8 * 2;
+  std::vector<int64_t> seen;
+  for (int64_t r = 0; r < 2; ++r) {
+    DistributedSampler before(n, r, 2, options);
+    auto shard = before.indices(5);
+    seen.insert(seen.end(), shard.begin(), shard.begin() + 24);
+  }
+  SECTION("at the same world size it is exactly the rest of the uninterrupted shard") {
+    for (int64_t r = 0; r < 2; ++r) {
+      DistributedSampler whole(n, r, 2, options), resumed(n, r, 2, options);
+      resumed.set_start_sample(5, consumed);
+      resumed.set_epoch(5);
+      auto full = whole.indices(5);
+      REQUIRE(resumed.indices(5) == std::vector<int64_t>(full.begin() + 24, full.end()));
+      REQUIRE(resumed.size() == static_cast<int64_t>(full.size()) - 24);
+      REQUIRE(resumed.indices(6) == whole.indices(6));  // the next epoch is whole again
+    }
+  }
+  SECTION("at world 3 and 1 no sample of the epoch is skipped or seen twice") {
+    for (int64_t world : {1, 3}) {
+      std::vector<int64_t> all = seen;
+      int64_t padded = 0;
+      for (int64_t r = 0; r < world; ++r) {
+        DistributedSampler resumed(n, r, world, options);
+        resumed.set_start_sample(5, consumed);
+        resumed.set_epoch(5);
+        auto shard = resumed.indices(5);
+        REQUIRE(static_cast<int64_t>(shard.size()) == resumed.size());
+        all.insert(all.end(), shard.begin(), shard.end());
+      }
+      padded = static_cast<int64_t>(all.size()) - n;
+      REQUIRE(padded == (world == 3 ? (3 - (n - consumed) % 3) % 3 : 0));
+      std::sort(all.begin(), all.end());
+      all.erase(std::unique(all.begin(), all.end()), all.end());
+      REQUIRE(static_cast<int64_t>(all.size()) == n);  // every sample, and the padding only repeats
+    }
+  }
+  REQUIRE_THROWS_WITH(DistributedSampler(n, 0, 2, options).set_start_sample(5, n + 1),
+                      Catch::Contains("outside [0, 103]"));
+}
