@@ -1,6 +1,7 @@
 // DistributedSampler: the same epoch list on every rank, padded or cut, then strided by rank.
 #include "data/distributed_sampler.h"
 
+#include <algorithm>
 #include <numeric>
 
 #include "core/error.h"
@@ -26,6 +27,14 @@ void DistributedSampler::set_start_sample(int64_t epoch, int64_t samples) {
 int64_t DistributedSampler::samples_per_rank(int64_t epoch) const {
   const int64_t remaining = n_ - skipped(epoch);
   return options_.drop_last ? remaining / world_ : (remaining + world_ - 1) / world_;
+}
+
+int64_t DistributedSampler::real_size() const {
+  // Rank r holds positions r, r + world, ...; those at or past the epoch's remaining length are
+  // padding (wrapped around to the start of the list).
+  const int64_t remaining = n_ - skipped(epoch());
+  const int64_t real = remaining > rank_ ? (remaining - rank_ + world_ - 1) / world_ : 0;
+  return std::min(real, samples_per_rank(epoch()));
 }
 
 std::vector<int64_t> DistributedSampler::indices(int64_t epoch) const {

@@ -41,6 +41,10 @@ class DistributedSampler : public Sampler {
   // epoch set_start_sample names.
   int64_t size() const override { return samples_per_rank(epoch()); }
   int64_t total_size() const { return samples_per_rank(epoch()) * world_; }
+  // This rank's samples in the current epoch that are not padding: its first real_size() indices
+  // (padding comes last). Evaluation counts only these, so each sample is counted once
+  // (parallel/sharded_metric.h); with drop_last every sample is real.
+  int64_t real_size() const;
   // Epoch `epoch` starts at position `samples` of its global list (the other epochs are whole).
   void set_start_sample(int64_t epoch, int64_t samples);
   int64_t rank() const { return rank_; }

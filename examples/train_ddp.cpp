@@ -11,10 +11,21 @@
 // step: the global batch is batch-size × world size, so the learning rate that suits a
 // single-process run at that global batch suits this one. Gradients are averaged across ranks
 // by bucketed all-reduces overlapped with backward. Dropout uses seed + rank (different masks
-// per rank), rank 0 prints and checkpoints while the others wait, and every rank resumes.
+// per rank), rank 0 prints. Test accuracy counts each test image once (parallel::ShardedMetric
+// drops the sampler's padding).
+//
+// Fault tolerance (docs/fault-tolerance.md): --checkpoint-dir D --checkpoint-every K saves a step
+// checkpoint every K steps, at each epoch's end and on SIGTERM (parallel::CheckpointManager:
+// every rank's RNG, the sampler's global position, rank 0 writing in the background); --resume
+// continues from the newest valid one at the exact step, at any world size. mg-launch restarts
+// the job after a failure:
+//   scripts/mg-launch --max-restarts 3 -- mpirun -np 2 train_ddp --checkpoint-dir D --checkpoint-every 50 --resume
 // Same flags and output as train_fashion_mnist, plus the DDP knobs.
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <chrono>
+#include <climits>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -28,8 +39,10 @@
 #include "nn/zoo.h"
 #include "optim/adam.h"
 #include "optim/lr_scheduler.h"
+#include "parallel/checkpoint_manager.h"
 #include "parallel/distributed.h"
 #include "parallel/distributed_data_parallel.h"
+#include "parallel/sharded_metric.h"
 #include "parallel/zero_redundancy_optimizer.h"
 
 #include "fashion_mnist_common.h"
@@ -40,14 +53,21 @@ using examples::seconds_since;
 
 namespace {
 
-// Test accuracy over the whole test set: each rank scores its shard, the counts are summed.
-double evaluate(nn::Module& model, parallel::ProcessGroup& pg, data::DataLoader& loader, Device device,
-                bool bf16) {
-  auto [correct, seen] = examples::count_correct(model, loader, device, bf16);
-  Tensor counts = tensor<int64_t>({correct, seen});
-  pg.allreduce(counts)->wait();
-  auto total = counts.to_vector<int64_t>();
-  return static_cast<double>(total[0]) / static_cast<double>(total[1]);
+// Test accuracy over the whole test set: each rank scores its shard; every image counts once.
+double evaluate(nn::Module& model, parallel::ProcessGroup& pg, data::DataLoader& loader,
+                const data::DistributedSampler& sampler, Device device, bool bf16) {
+  NoGradGuard no_grad;
+  model.eval();
+  parallel::ShardedMetric correct(sampler);
+  for (auto& [x, y] : loader) {
+    AutocastGuard autocast(DType::bf16, bf16);
+    correct.add(eq(argmax(model.forward(x.to(device)), 1), y.to(device)));
+  }
+  model.train();
+  const auto total = correct.all_reduce(pg);
+  check(total.count == loader.dataset().size(),
+        "evaluate: counted ", total.count, " test samples, the test set has ", loader.dataset().size());
+  return total.mean();
 }
 
 }  // namespace
@@ -56,7 +76,9 @@ int main(int argc, char** argv) {
   CLI::App app{"Train on Fashion-MNIST with DistributedDataParallel (launch with mpirun -np N)"};
   std::string model_name = "cnn", device_name = "auto", precision = "f32", checkpoint_dir, algo = "native";
   int epochs = 3, workers = 1;
-  int64_t batch_size = 64, limit_train = 0, check_replicas_every = 0;
+  int64_t batch_size = 64, limit_train = 0, check_replicas_every = 0, checkpoint_every = 0, train_subset = 0;
+  int keep_checkpoints = 3;
+  bool log_steps = false;
   double lr = 2e-3, weight_decay = 1e-4, bucket_cap_mb = 25.0;
   bool zero_shard = false;
   std::string zero_partition = "parameters";
@@ -72,9 +94,15 @@ int main(int argc, char** argv) {
   app.add_option("--workers", workers, "DataLoader background threads per rank");
   app.add_option("--seed", seed, "initialisation and shuffling seed (the same on every rank)");
   app.add_option("--limit-train", limit_train, "use only the first N batches of each epoch (0 = all)");
+  app.add_option("--train-subset", train_subset, "train on the first N training images only (0 = all 60000)");
   app.add_option("--checkpoint-dir", checkpoint_dir,
-                 "rank 0 saves model + optimizer + position here each epoch");
-  app.add_flag("--resume", resume, "continue from --checkpoint-dir if it holds a checkpoint");
+                 "step checkpoints go here (at each epoch's end, every --checkpoint-every steps, on SIGTERM)");
+  app.add_option("--checkpoint-every", checkpoint_every, "also checkpoint every K steps (0 = epoch ends only)");
+  app.add_option("--keep-checkpoints", keep_checkpoints, "keep the newest M checkpoints");
+  app.add_flag("--resume", resume,
+               "continue from the newest valid checkpoint in --checkpoint-dir, if any (at the exact step, any "
+               "world size)");
+  app.add_flag("--log-steps", log_steps, "rank 0 prints 'step N loss L' after every step");
   app.add_option("--bucket-cap-mb", bucket_cap_mb, "DDP gradient bucket size");
   app.add_flag("--zero", zero_shard,
                "ZeRO-1: shard AdamW's state over the ranks (optim::ZeroRedundancyOptimizer); checkpoints "
@@ -96,13 +124,17 @@ int main(int argc, char** argv) {
     parallel::ProcessGroup pg = parallel::init_process_group(init);
     const Device device = pg.device();
     const bool main_rank = pg.is_main();
+    char host[64] = {};
+    gethostname(host, sizeof(host) - 1);
+    std::fprintf(stderr, "rank %d pid %d on node %s\n", pg.rank(), static_cast<int>(getpid()), host);
 
     data::FashionMNIST train_set(data::Split::Train), test_set(data::Split::Test);
     auto normalize = examples::normalize_transform();
     data::DistributedSamplerOptions train_shard;
     train_shard.shuffle = true;
     train_shard.seed = seed;
-    data::DistributedSampler train_sampler(train_set.size(), pg.rank(), pg.size(), train_shard);
+    const int64_t train_size = train_subset > 0 ? std::min(train_subset, train_set.size()) : train_set.size();
+    data::DistributedSampler train_sampler(train_size, pg.rank(), pg.size(), train_shard);
     data::DistributedSamplerOptions test_shard;
     test_shard.shuffle = false;
     data::DistributedSampler test_sampler(test_set.size(), pg.rank(), pg.size(), test_shard);
@@ -150,21 +182,36 @@ int main(int argc, char** argv) {
     cosine.t_max = epochs * steps_per_epoch;
     optim::CosineAnnealingLR schedule(opt, cosine);
 
-    int start_epoch = 0;
-    int64_t step = 0;
-    if (resume && !checkpoint_dir.empty() && optim::checkpoint_exists(checkpoint_dir)) {
-      // With --zero every rank reads the whole optimizer state and keeps its shard's part: the
-      // files are the same as without --zero, so a run may switch between the two, or change N.
-      optim::CheckpointInfo info = zero ? parallel::load_checkpoint(pg, checkpoint_dir, *model, *zero)
-                                        : parallel::load_checkpoint(pg, checkpoint_dir, *model, opt);
-      start_epoch = static_cast<int>(info.epoch);
-      step = info.step;
-      for (int64_t i = 0; i < step; ++i) schedule.step();
-      manual_seed(parallel::seed_for_rank(seed + static_cast<uint64_t>(start_epoch) * 1000003u, pg.rank()));
-      if (main_rank)
-        std::printf("resumed from %s at epoch %d, step %lld\n", checkpoint_dir.c_str(), start_epoch,
-                    static_cast<long long>(step));
+    // Step checkpoints: model, optimizer (consolidated with --zero), schedule, every rank's RNG
+    // and the sampler's global position. The files are the same with and without --zero, so a
+    // run may switch between the two, or change its world size.
+    std::unique_ptr<parallel::CheckpointManager> checkpoints;
+    parallel::TrainingState state;
+    state.module = model.get();
+    state.optimizer = zero ? nullptr : &opt;
+    state.zero = zero.get();
+    state.scheduler = &schedule;
+    parallel::TrainingPosition position;
+    if (!checkpoint_dir.empty()) {
+      parallel::CheckpointManagerOptions checkpoint_options;
+      checkpoint_options.every_steps = checkpoint_every;
+      checkpoint_options.keep_last = keep_checkpoints;
+      checkpoints = std::make_unique<parallel::CheckpointManager>(pg, checkpoint_dir, checkpoint_options);
+      if (resume) {
+        if (auto resumed = checkpoints->load_latest(state)) {
+          position = resumed->position;
+          train_sampler.set_start_sample(position.epoch, position.samples_into_epoch);
+          if (main_rank)
+            std::printf("resumed from %s: step %lld, epoch %lld after %lld samples, saved by %d rank(s), now %d\n",
+                        resumed->dir.c_str(), static_cast<long long>(position.step),
+                        static_cast<long long>(position.epoch) + 1,
+                        static_cast<long long>(position.samples_into_epoch), resumed->world_size, pg.size());
+        }
+      }
     }
+    const int64_t global_batch = batch_size * pg.size();
+    // --limit-train caps each epoch in samples (batches of this run's global batch).
+    const int64_t samples_cap = limit_train > 0 ? limit_train * global_batch : INT64_MAX;
 
     if (main_rank)
       std::printf(
@@ -177,14 +224,14 @@ int main(int argc, char** argv) {
           algo.c_str(), bucket_cap_mb);
     const auto run_start = Clock::now();
     double accuracy = 0;
-    for (int epoch = start_epoch; epoch < epochs; ++epoch) {
+    for (int epoch = static_cast<int>(position.epoch); epoch < epochs; ++epoch) {
       train_sampler.set_epoch(epoch);  // a new shuffle each epoch, the same on every rank
       ddp.reset_stats();
       const auto epoch_start = Clock::now();
       double loss_sum = 0;
       int64_t batches = 0;
       for (auto& [x, y] : train_loader) {
-        if (batches == steps_per_epoch) break;
+        if (position.samples_into_epoch + global_batch > samples_cap) break;
         Tensor loss;
         {
           AutocastGuard autocast(DType::bf16, bf16);
@@ -194,16 +241,31 @@ int main(int argc, char** argv) {
         loss.backward();
         zero ? zero->step() : opt.step();
         schedule.step();
-        ++step;
+        ++position.step;
+        position.samples_into_epoch += global_batch;
         ++batches;
-        loss_sum += loss.item<double>();
+        const double loss_value = loss.item<double>();
+        loss_sum += loss_value;
+        if (log_steps && main_rank) std::printf("step %lld loss %.6f\n", static_cast<long long>(position.step), loss_value);
         if (main_rank)
-          examples::print_progress(
+          if (!log_steps) examples::print_progress(
               epoch + 1, batches, steps_per_epoch, loss_sum,
               static_cast<double>(batches * batch_size * pg.size()) / seconds_since(epoch_start),
               " (rank 0; samples/s of all ranks)");
+        // preempted() is a collective: every rank asks after every step, and all agree.
+        const bool stop = checkpoints && checkpoints->preempted();
+        if (checkpoints && (stop || checkpoints->due(position.step))) {
+          checkpoints->save(state, position);
+          if (stop) {
+            checkpoints->wait();
+            if (main_rank)
+              std::printf("\nSIGTERM: saved step %lld to %s and stopped\n", static_cast<long long>(position.step),
+                          checkpoint_dir.c_str());
+            return 0;
+          }
+        }
       }
-      accuracy = evaluate(*model, pg, test_loader, device, bf16);
+      accuracy = evaluate(*model, pg, test_loader, test_sampler, device, bf16);
       const auto& stats = ddp.stats();
       if (main_rank)
         std::printf(
@@ -212,16 +274,11 @@ int main(int argc, char** argv) {
             "exposed\n",
             epoch + 1, loss_sum / static_cast<double>(std::max<int64_t>(batches, 1)), accuracy,
             seconds_since(epoch_start), stats.comm_ms, stats.exposed_ms);
-      if (!checkpoint_dir.empty()) {
-        optim::CheckpointInfo info;
-        info.step = step;
-        info.epoch = epoch + 1;
-        if (zero)
-          parallel::save_checkpoint(pg, checkpoint_dir, *model, *zero, info);  // consolidated on rank 0
-        else
-          parallel::save_checkpoint(pg, checkpoint_dir, *model, opt, info);
-      }
+      position.epoch = epoch + 1;
+      position.samples_into_epoch = 0;
+      if (checkpoints) checkpoints->save(state, position);
     }
+    if (checkpoints) checkpoints->wait();
     // The optimizer state each rank holds: all of AdamW's moments, or (--zero) its shard's.
     int64_t mine = 0;
     if (zero) {

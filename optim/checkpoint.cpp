@@ -58,13 +58,19 @@ void save_checkpoint(const std::string& dir, const nn::Module& module, const Opt
 
 void save_checkpoint(const std::string& dir, const nn::Module& module, const StateDict& optimizer_dict,
                      CheckpointInfo info, const GradScaler* scaler) {
+  const StateDict scaler_state = scaler ? scaler->state_dict() : StateDict();
+  save_checkpoint(dir, module.state_dict(), optimizer_dict, std::move(info), scaler ? &scaler_state : nullptr);
+}
+
+void save_checkpoint(const std::string& dir, const StateDict& module_state, const StateDict& optimizer_dict,
+                     CheckpointInfo info, const StateDict* scaler_state) {
   make_directory(dir);
   if (info.rng.seed == 0 && info.rng.offset == 0) info.rng = generator_state();
   const SafetensorsMetadata meta = to_metadata(info);
   StateDict optimizer_state = optimizer_dict;
-  if (scaler)
-    for (const auto& [key, value] : scaler->state_dict()) optimizer_state[kScalerPrefix + key] = value;
-  save_safetensors(dir + kModelFile, module.state_dict(), meta);
+  if (scaler_state)
+    for (const auto& [key, value] : *scaler_state) optimizer_state[kScalerPrefix + key] = value;
+  save_safetensors(dir + kModelFile, module_state, meta);
   save_safetensors(dir + kOptimizerFile, optimizer_state, meta);
 }
 

@@ -59,6 +59,11 @@ CheckpointInfo load_checkpoint(const std::string& dir, nn::Module& module,
                                const std::function<void(const StateDict&)>& load_optimizer,
                                GradScaler* scaler = nullptr);
 
+// The same from StateDicts already copied to the host (what a background writer holds: the
+// training thread goes on changing the live tensors). `scaler_state` may be null.
+void save_checkpoint(const std::string& dir, const StateDict& module_state, const StateDict& optimizer_state,
+                     CheckpointInfo info, const StateDict* scaler_state);
+
 // True when `dir` holds a checkpoint (both files exist).
 bool checkpoint_exists(const std::string& dir);
 
