@@ -44,7 +44,7 @@ echo "uninterrupted 2-rank run: $(seconds_between "$t0" "$(now)") s"
 final=$(basename "$(find "$work/reference" -maxdepth 1 -name 'step-*' | sort | tail -n 1)")
 
 # ---- the run that fails -----------------------------------------------------------------------
-launch=("$root/scripts/mg-launch" --max-restarts 2 --checkpoint-dir "$work/run")
+launch=("$root/scripts/mg-launch" --max-restarts 2 --kill-after 5 --checkpoint-dir "$work/run")
 if [[ "$mode" == cut ]]; then
   launch+=(--hosts node0:1,node1:1 --min-hosts 1 --rsh "$root/scripts/cluster-rsh")
   hosts="{hosts}"; np="{np}"
