@@ -111,6 +111,14 @@ class Heartbeat {
     gethostname(host, sizeof(host) - 1);
     hostname_ = host;
     peers_.resize(static_cast<size_t>(size_));
+    // Who is who, once (a collective): a peer lost before its first beat arrived is still named.
+    Beat me = make_beat();
+    std::vector<Beat> everyone(static_cast<size_t>(size_));
+    MPI_Allgather(&me, sizeof(Beat), MPI_BYTE, everyone.data(), sizeof(Beat), MPI_BYTE, comm_);
+    for (int r = 0; r < size_; ++r) {
+      peers_[static_cast<size_t>(r)].host = everyone[static_cast<size_t>(r)].host;
+      peers_[static_cast<size_t>(r)].pid = everyone[static_cast<size_t>(r)].pid;
+    }
     const auto now = Clock::now();
     for (int r = 0; r < size_; ++r) {
       Peer& peer = peers_[static_cast<size_t>(r)];
@@ -158,6 +166,8 @@ class Heartbeat {
     MPI_Request receive = MPI_REQUEST_NULL, send = MPI_REQUEST_NULL;
     Beat incoming{}, outgoing{};
     Beat last{};  // the last beat received
+    std::string host;  // from the start-up exchange
+    int pid = 0;
     Clock::time_point last_heard;
     bool retired = false;  // itself, or left normally
     bool lost = false;
@@ -245,8 +255,7 @@ class Heartbeat {
       if (!peer.lost || peer.reported) continue;
       peer.reported = true;
       const bool ever_heard = peer.last.sequence > 0;
-      lost += str_cat(lost.empty() ? "" : "; ", "rank ", r, " (node ", ever_heard ? peer.last.host : "?",
-                      ", pid ", ever_heard ? std::to_string(peer.last.pid) : std::string("?"), ") is lost: ",
+      lost += str_cat(lost.empty() ? "" : "; ", "rank ", r, " (node ", peer.host, ", pid ", peer.pid, ") is lost: ",
                       peer.failure, ", last operation: ", ever_heard ? peer.last.operation : "none heard of");
     }
     if (lost.empty()) return;
