@@ -6,9 +6,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
-#include <map>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <vector>
@@ -32,7 +32,8 @@ std::string checksum_text(uint32_t crc) {
   return text;
 }
 
-void verify_checksums(SafetensorsFile& file, const std::map<std::string, std::pair<uint64_t, uint64_t>>& tensor_bytes,
+void verify_checksums(SafetensorsFile& file,
+                      const std::map<std::string, std::pair<uint64_t, uint64_t>>& tensor_bytes,
                       const char* buffer, const std::string& path) {
   size_t verified = 0;
   for (auto it = file.metadata.begin(); it != file.metadata.end();) {
@@ -130,8 +131,8 @@ std::string encode_safetensors(const StateDict& tensors, const SafetensorsMetada
   json header = json::object();
   SafetensorsMetadata meta = metadata;
   for (const auto& [key, value] : metadata)
-    check(key.compare(0, kChecksumPrefix.size(), kChecksumPrefix) != 0, "save_safetensors: metadata key '", key,
-          "' uses the prefix '", kChecksumPrefix, "' reserved for the per-tensor checksums");
+    check(key.compare(0, kChecksumPrefix.size(), kChecksumPrefix) != 0, "save_safetensors: metadata key '",
+          key, "' uses the prefix '", kChecksumPrefix, "' reserved for the per-tensor checksums");
   std::vector<Tensor> host;
   size_t offset = 0;
   for (const auto& [name, tensor] : tensors) {

@@ -19,7 +19,8 @@
 // every rank's RNG, the sampler's global position, rank 0 writing in the background); --resume
 // continues from the newest valid one at the exact step, at any world size. mg-launch restarts
 // the job after a failure:
-//   scripts/mg-launch --max-restarts 3 -- mpirun -np 2 train_ddp --checkpoint-dir D --checkpoint-every 50 --resume
+//   scripts/mg-launch --max-restarts 3 -- mpirun -np 2 train_ddp --checkpoint-dir D --checkpoint-every 50
+//   --resume
 // Same flags and output as train_fashion_mnist, plus the DDP knobs.
 #include <unistd.h>
 
@@ -65,8 +66,8 @@ double evaluate(nn::Module& model, parallel::ProcessGroup& pg, data::DataLoader&
   }
   model.train();
   const auto total = correct.all_reduce(pg);
-  check(total.count == loader.dataset().size(),
-        "evaluate: counted ", total.count, " test samples, the test set has ", loader.dataset().size());
+  check(total.count == loader.dataset().size(), "evaluate: counted ", total.count,
+        " test samples, the test set has ", loader.dataset().size());
   return total.mean();
 }
 
@@ -95,13 +96,16 @@ int main(int argc, char** argv) {
   app.add_option("--seed", seed, "initialisation and shuffling seed (the same on every rank)");
   app.add_option("--limit-train", limit_train, "use only the first N batches of each epoch (0 = all)");
   app.add_option("--train-subset", train_subset, "train on the first N training images only (0 = all 60000)");
-  app.add_option("--checkpoint-dir", checkpoint_dir,
-                 "step checkpoints go here (at each epoch's end, every --checkpoint-every steps, on SIGTERM)");
-  app.add_option("--checkpoint-every", checkpoint_every, "also checkpoint every K steps (0 = epoch ends only)");
+  app.add_option(
+      "--checkpoint-dir", checkpoint_dir,
+      "step checkpoints go here (at each epoch's end, every --checkpoint-every steps, on SIGTERM)");
+  app.add_option("--checkpoint-every", checkpoint_every,
+                 "also checkpoint every K steps (0 = epoch ends only)");
   app.add_option("--keep-checkpoints", keep_checkpoints, "keep the newest M checkpoints");
-  app.add_flag("--resume", resume,
-               "continue from the newest valid checkpoint in --checkpoint-dir, if any (at the exact step, any "
-               "world size)");
+  app.add_flag(
+      "--resume", resume,
+      "continue from the newest valid checkpoint in --checkpoint-dir, if any (at the exact step, any "
+      "world size)");
   app.add_flag("--log-steps", log_steps, "rank 0 prints 'step N loss L' after every step");
   app.add_option("--bucket-cap-mb", bucket_cap_mb, "DDP gradient bucket size");
   app.add_flag("--zero", zero_shard,
@@ -202,10 +206,11 @@ int main(int argc, char** argv) {
           position = resumed->position;
           train_sampler.set_start_sample(position.epoch, position.samples_into_epoch);
           if (main_rank)
-            std::printf("resumed from %s: step %lld, epoch %lld after %lld samples, saved by %d rank(s), now %d\n",
-                        resumed->dir.c_str(), static_cast<long long>(position.step),
-                        static_cast<long long>(position.epoch) + 1,
-                        static_cast<long long>(position.samples_into_epoch), resumed->world_size, pg.size());
+            std::printf(
+                "resumed from %s: step %lld, epoch %lld after %lld samples, saved by %d rank(s), now %d\n",
+                resumed->dir.c_str(), static_cast<long long>(position.step),
+                static_cast<long long>(position.epoch) + 1,
+                static_cast<long long>(position.samples_into_epoch), resumed->world_size, pg.size());
         }
       }
     }
@@ -246,12 +251,14 @@ int main(int argc, char** argv) {
         ++batches;
         const double loss_value = loss.item<double>();
         loss_sum += loss_value;
-        if (log_steps && main_rank) std::printf("step %lld loss %.6f\n", static_cast<long long>(position.step), loss_value);
+        if (log_steps && main_rank)
+          std::printf("step %lld loss %.6f\n", static_cast<long long>(position.step), loss_value);
         if (main_rank)
-          if (!log_steps) examples::print_progress(
-              epoch + 1, batches, steps_per_epoch, loss_sum,
-              static_cast<double>(batches * batch_size * pg.size()) / seconds_since(epoch_start),
-              " (rank 0; samples/s of all ranks)");
+          if (!log_steps)
+            examples::print_progress(
+                epoch + 1, batches, steps_per_epoch, loss_sum,
+                static_cast<double>(batches * batch_size * pg.size()) / seconds_since(epoch_start),
+                " (rank 0; samples/s of all ranks)");
         // preempted() is a collective: every rank asks after every step, and all agree.
         const bool stop = checkpoints && checkpoints->preempted();
         if (checkpoints && (stop || checkpoints->due(position.step))) {
@@ -259,8 +266,8 @@ int main(int argc, char** argv) {
           if (stop) {
             checkpoints->wait();
             if (main_rank)
-              std::printf("\nSIGTERM: saved step %lld to %s and stopped\n", static_cast<long long>(position.step),
-                          checkpoint_dir.c_str());
+              std::printf("\nSIGTERM: saved step %lld to %s and stopped\n",
+                          static_cast<long long>(position.step), checkpoint_dir.c_str());
             return 0;
           }
         }

@@ -59,7 +59,8 @@ void save_checkpoint(const std::string& dir, const nn::Module& module, const Opt
 void save_checkpoint(const std::string& dir, const nn::Module& module, const StateDict& optimizer_dict,
                      CheckpointInfo info, const GradScaler* scaler) {
   const StateDict scaler_state = scaler ? scaler->state_dict() : StateDict();
-  save_checkpoint(dir, module.state_dict(), optimizer_dict, std::move(info), scaler ? &scaler_state : nullptr);
+  save_checkpoint(dir, module.state_dict(), optimizer_dict, std::move(info),
+                  scaler ? &scaler_state : nullptr);
 }
 
 void save_checkpoint(const std::string& dir, const StateDict& module_state, const StateDict& optimizer_dict,

@@ -102,7 +102,8 @@ std::vector<GeneratorState> decode_generators(const std::string& text, const std
 
 int64_t metadata_number(const optim::CheckpointInfo& info, const std::string& key, const std::string& where) {
   auto it = info.extra.find(key);
-  check(it != info.extra.end(), where, ": the checkpoint has no '", key, "' (not written by CheckpointManager?)");
+  check(it != info.extra.end(), where, ": the checkpoint has no '", key,
+        "' (not written by CheckpointManager?)");
   try {
     return std::stoll(it->second);
   } catch (const std::exception&) {
@@ -130,7 +131,8 @@ std::string CheckpointManager::step_dir_name(int64_t step) {
   return name;
 }
 
-CheckpointManager::CheckpointManager(const ProcessGroup& group, std::string dir, CheckpointManagerOptions options)
+CheckpointManager::CheckpointManager(const ProcessGroup& group, std::string dir,
+                                     CheckpointManagerOptions options)
     : group_(group), dir_(std::move(dir)), options_(options), writer_(std::make_unique<Writer>()) {
   check(!dir_.empty(), "CheckpointManager: the directory is empty");
   check(options_.keep_last >= 1, "CheckpointManager: keep_last must be >= 1, got ", options_.keep_last);
@@ -213,7 +215,8 @@ void CheckpointManager::save(const TrainingState& state, const TrainingPosition&
   info.extra["world_size"] = std::to_string(group_.size());
   info.extra["rank_rng"] = encode_generators(generators);
   auto model = std::make_shared<StateDict>(host_copy(state.module->state_dict()));
-  auto optimizer = std::make_shared<StateDict>(host_copy(state.zero ? optimizer_state : state.optimizer->state_dict()));
+  auto optimizer =
+      std::make_shared<StateDict>(host_copy(state.zero ? optimizer_state : state.optimizer->state_dict()));
   std::shared_ptr<StateDict> scaler, scheduler;
   if (state.scaler) scaler = std::make_shared<StateDict>(host_copy(state.scaler->state_dict()));
   if (state.scheduler) scheduler = std::make_shared<StateDict>(host_copy(state.scheduler->state_dict()));
@@ -226,7 +229,8 @@ void CheckpointManager::save(const TrainingState& state, const TrainingPosition&
     try {
       remove_tree(partial_dir);
       make_directory(partial_dir);
-      if (scheduler) save_safetensors(partial_dir + kSchedulerFile, *scheduler, {{"step", std::to_string(info.step)}});
+      if (scheduler)
+        save_safetensors(partial_dir + kSchedulerFile, *scheduler, {{"step", std::to_string(info.step)}});
       optim::save_checkpoint(partial_dir, *model, *optimizer, info, scaler.get());
       remove_tree(final_dir);  // a checkpoint of the same step from an earlier attempt
       check(::rename(partial_dir.c_str(), final_dir.c_str()) == 0, "cannot rename ", partial_dir, " to ",
@@ -259,8 +263,8 @@ std::optional<ResumePoint> CheckpointManager::load_latest(const TrainingState& s
       if (state.scheduler) scheduler = load_safetensors(dir + kSchedulerFile);
       optim::CheckpointInfo info =
           state.zero ? optim::load_checkpoint(
-                           dir, *state.module, [&](const StateDict& whole) { state.zero->load_state_dict(whole); },
-                           state.scaler)
+                           dir, *state.module,
+                           [&](const StateDict& whole) { state.zero->load_state_dict(whole); }, state.scaler)
                      : optim::load_checkpoint(dir, *state.module, *state.optimizer, state.scaler);
       if (state.scheduler) state.scheduler->load_state_dict(scheduler.tensors);
       ResumePoint point;
@@ -270,11 +274,12 @@ std::optional<ResumePoint> CheckpointManager::load_latest(const TrainingState& s
       point.position.samples_into_epoch = metadata_number(info, "samples_into_epoch", dir);
       point.world_size = static_cast<int>(metadata_number(info, "world_size", dir));
       const auto generators = decode_generators(info.extra.at("rank_rng"), dir);
-      check(static_cast<int>(generators.size()) == point.world_size, dir, ": rank_rng has ", generators.size(),
-            " entries for a world of ", point.world_size);
+      check(static_cast<int>(generators.size()) == point.world_size, dir, ": rank_rng has ",
+            generators.size(), " entries for a world of ", point.world_size);
       const int r = group_.rank();
-      set_generator_state(r < point.world_size ? generators[static_cast<size_t>(r)]
-                                               : GeneratorState{generators[0].seed + static_cast<uint64_t>(r), 0});
+      set_generator_state(r < point.world_size
+                              ? generators[static_cast<size_t>(r)]
+                              : GeneratorState{generators[0].seed + static_cast<uint64_t>(r), 0});
       for (const char* key : {"samples_into_epoch", "world_size", "rank_rng"}) info.extra.erase(key);
       point.info = info;
       found = point;

@@ -69,10 +69,10 @@ struct CheckpointManagerOptions {
 // What a checkpoint holds: the module and one optimizer (plain or ZeRO) are required.
 struct TrainingState {
   nn::Module* module = nullptr;
-  optim::Optimizer* optimizer = nullptr;            // or
-  optim::ZeroRedundancyOptimizer* zero = nullptr;   // (exactly one of the two)
-  optim::LRScheduler* scheduler = nullptr;          // optional
-  optim::GradScaler* scaler = nullptr;              // optional
+  optim::Optimizer* optimizer = nullptr;           // or
+  optim::ZeroRedundancyOptimizer* zero = nullptr;  // (exactly one of the two)
+  optim::LRScheduler* scheduler = nullptr;         // optional
+  optim::GradScaler* scaler = nullptr;             // optional
 };
 
 // Where the data stream stood.
@@ -83,10 +83,10 @@ struct TrainingPosition {
 };
 
 struct ResumePoint {
-  std::string dir;                  // the checkpoint directory loaded
+  std::string dir;  // the checkpoint directory loaded
   TrainingPosition position;
-  int world_size = 1;               // the world size it was saved at
-  optim::CheckpointInfo info;       // everything else (user metadata in info.extra)
+  int world_size = 1;          // the world size it was saved at
+  optim::CheckpointInfo info;  // everything else (user metadata in info.extra)
 };
 
 class CheckpointManager {
@@ -96,7 +96,9 @@ class CheckpointManager {
   CheckpointManager(const CheckpointManager&) = delete;
   CheckpointManager& operator=(const CheckpointManager&) = delete;
 
-  bool due(int64_t step) const { return options_.every_steps > 0 && step > 0 && step % options_.every_steps == 0; }
+  bool due(int64_t step) const {
+    return options_.every_steps > 0 && step > 0 && step % options_.every_steps == 0;
+  }
   bool preempted();  // a collective (see above)
 
   // A collective. `extra` goes into the metadata (info.extra on load).

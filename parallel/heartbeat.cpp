@@ -102,7 +102,8 @@ void copy_text(char* out, size_t capacity, const std::string& text) {
 class Heartbeat {
  public:
   explicit Heartbeat(std::chrono::milliseconds bound)
-      : bound_(bound), interval_(std::max<std::chrono::milliseconds>(bound / 10, std::chrono::milliseconds(20))) {
+      : bound_(bound),
+        interval_(std::max<std::chrono::milliseconds>(bound / 10, std::chrono::milliseconds(20))) {
     MPI_Comm_dup(MPI_COMM_WORLD, &comm_);
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     MPI_Comm_rank(comm_, &rank_);
@@ -165,7 +166,7 @@ class Heartbeat {
   struct Peer {
     MPI_Request receive = MPI_REQUEST_NULL, send = MPI_REQUEST_NULL;
     Beat incoming{}, outgoing{};
-    Beat last{};  // the last beat received
+    Beat last{};       // the last beat received
     std::string host;  // from the start-up exchange
     int pid = 0;
     Clock::time_point last_heard;
@@ -228,7 +229,8 @@ class Heartbeat {
           Peer& peer = peers_[static_cast<size_t>(r)];
           if (peer.retired || peer.lost) continue;
           int done = 1;
-          if (peer.send != MPI_REQUEST_NULL && MPI_Test(&peer.send, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+          if (peer.send != MPI_REQUEST_NULL &&
+              MPI_Test(&peer.send, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
             declare_lost(r, "its connection failed (MPI error on a beat send)");
             continue;
           }
@@ -255,8 +257,9 @@ class Heartbeat {
       if (!peer.lost || peer.reported) continue;
       peer.reported = true;
       const bool ever_heard = peer.last.sequence > 0;
-      lost += str_cat(lost.empty() ? "" : "; ", "rank ", r, " (node ", peer.host, ", pid ", peer.pid, ") is lost: ",
-                      peer.failure, ", last operation: ", ever_heard ? peer.last.operation : "none heard of");
+      lost += str_cat(lost.empty() ? "" : "; ", "rank ", r, " (node ", peer.host, ", pid ", peer.pid,
+                      ") is lost: ", peer.failure,
+                      ", last operation: ", ever_heard ? peer.last.operation : "none heard of");
     }
     if (lost.empty()) return;
     any_lost_ = true;
@@ -281,7 +284,7 @@ class Heartbeat {
   std::thread thread_;
 };
 
-std::mutex heartbeat_mutex;    // a plain global: its destructor does nothing on Linux
+std::mutex heartbeat_mutex;      // a plain global: its destructor does nothing on Linux
 Heartbeat* heartbeat = nullptr;  // destroyed by stop_heartbeat only, before MPI_Finalize
 
 }  // namespace

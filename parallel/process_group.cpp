@@ -132,8 +132,9 @@ ProcessGroup init_process_group(const InitOptions& options) {
     if (const char* text = std::getenv("MG_FAILURE_DETECTION_S"); text != nullptr && *text != '\0') {
       char* end = nullptr;
       const double seconds = std::strtod(text, &end);
-      check(end != text && *end == '\0' && seconds >= 0, "init_process_group: MG_FAILURE_DETECTION_S must be ",
-            "a number of seconds (0 = off), got '", text, "'");
+      check(end != text && *end == '\0' && seconds >= 0,
+            "init_process_group: MG_FAILURE_DETECTION_S must be ", "a number of seconds (0 = off), got '",
+            text, "'");
       failure_detection = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
     }
     detail::start_heartbeat(failure_detection);

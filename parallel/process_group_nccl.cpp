@@ -57,6 +57,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "parallel/heartbeat.h"
 #include "parallel/process_group.h"
 
 #if defined(MG_HAS_NCCL) && defined(MG_HAS_CUDA)
@@ -183,9 +184,19 @@ class NcclBackend : public Backend {
       lanes_[lane].stream = cuda::create_stream(device_.index);
     }
     watchdog_ = std::thread([this] { watchdog_loop(); });
+    // A peer the heartbeat finds lost poisons this group too -- on the watchdog's thread, since
+    // the abort may wait for an NCCL call to return and the heartbeat must keep beating.
+    peer_lost_id_ = detail::on_peer_lost([this](const std::string& message) {
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        peer_lost_message_ = message;
+      }
+      wake_.notify_all();
+    });
   }
 
   ~NcclBackend() override {
+    detail::forget_peer_lost(peer_lost_id_);
     {
       std::lock_guard<std::mutex> lock(mutex_);
       stopping_ = true;
@@ -544,10 +555,16 @@ class NcclBackend : public Backend {
           if (stopping_) return;
           // Nothing to poll: wake for new ops, or every 100 ms to look at the async errors.
           wake_.wait_for(lock, std::chrono::milliseconds(100),
-                         [this] { return stopping_ || !in_flight_.empty(); });
+                         [this] { return stopping_ || !in_flight_.empty() || !peer_lost_message_.empty(); });
           if (stopping_ && in_flight_.empty()) return;
         }
       }
+      std::string lost;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        lost.swap(peer_lost_message_);
+      }
+      if (!lost.empty()) poison(lost, nullptr);
       if (!poisoned_) check_async_errors();
 
       // Which ops have finished, and is the oldest unfinished one late?
@@ -701,6 +718,8 @@ class NcclBackend : public Backend {
   bool stopping_ = false;
   std::atomic<bool> poisoned_{false};
   std::string poison_message_;
+  std::string peer_lost_message_;  // from the heartbeat, for the watchdog to act on
+  int peer_lost_id_ = 0;
   std::vector<Tensor> abandoned_;
 
   std::thread watchdog_;  // last: starts after the members it uses exist

@@ -33,7 +33,7 @@ class ShardedMetric {
     int64_t count = 0;
     double mean() const { return count > 0 ? sum / static_cast<double>(count) : 0.0; }
   };
-  Total local() const { return {sum_, counted_}; }  // this rank's real samples so far
+  Total local() const { return {sum_, counted_}; }    // this rank's real samples so far
   Total all_reduce(const ProcessGroup& group) const;  // a collective: every rank's, summed
 
  private:

@@ -31,6 +31,7 @@ failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 is_true() { awk "BEGIN { exit !($1) }"; }  # a comparison of decimals (no bc on a minimal Debian)
 
+if [[ $job_status -eq 77 ]]; then echo "SKIP: the job skipped itself (exit 77)"; exit 77; fi
 [[ $job_status -eq 124 ]] && fail "the job did not end within ${job_limit_s} s (a hang)"
 for ((rank = 0; rank < world; ++rank)); do
   [[ $rank -eq 1 ]] && continue  # the stuck or dead one

@@ -3,6 +3,7 @@
 //   mpiexec -n 3 timeout_worker stuck [timeout s]   rank 1 never joins the second allreduce (it sleeps)
 //   mpiexec -n 3 timeout_worker dead  [timeout s]   rank 1 is killed (SIGKILL) before it
 //   mpiexec -n 3 timeout_worker stop  [timeout s]   rank 1 is stopped (SIGSTOP) before it: hung
+//   ... <mode> <timeout s> cuda                       the same with CUDA tensors (the NCCL backend)
 //
 // stuck is found by the collective timeout (the rank is alive, it just never calls); dead and
 // stop by the heartbeat when it is shorter (MG_FAILURE_DETECTION_S), else by the timeout.
@@ -24,6 +25,7 @@ using namespace mg::parallel;
 int main(int argc, char** argv) {
   const char* mode = argc > 1 ? argv[1] : "stuck";
   const int timeout_s = argc > 2 ? std::atoi(argv[2]) : 2;
+  const bool on_cuda = argc > 3 && std::strcmp(argv[3], "cuda") == 0;  // the NCCL backend's ops
   InitOptions options;
   options.timeout = std::chrono::seconds(timeout_s);
   ProcessGroup pg = init_process_group(options);
@@ -31,7 +33,11 @@ int main(int argc, char** argv) {
     std::printf("timeout_worker needs at least 2 ranks\n");
     return 1;
   }
-  Tensor t = ones({1024});
+  if (on_cuda && !pg.device().is_cuda()) {
+    std::printf("timeout_worker: no CUDA device on rank %d: skipped\n", pg.rank());
+    return 77;
+  }
+  Tensor t = ones({1024}, TensorOptions{DType::f32, on_cuda ? pg.device() : Device::cpu()});
   pg.allreduce(t)->wait();  // everyone is alive here
   if (pg.rank() == 1) {
     if (std::strcmp(mode, "dead") == 0) std::raise(SIGKILL);

@@ -11,13 +11,13 @@
 #       the uninterrupted 2-rank run's checkpoint of that step, resumed at world size 1.
 #
 # Also asserted: the survivor's message names the lost rank, and the failure was detected within
-# the bound (MG_FAILURE_DETECTION_S = 3 s here) plus slack. Times are printed for the docs.
+# the bound (MG_FAILURE_DETECTION_S = 2 s here) plus slack. Times are printed for the docs.
 set -uo pipefail
 mode=${1:?kill or cut}; train_ddp=${2:?train_ddp}; shift 2
 mpirun=("$@")
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cluster="$root/scripts/cluster"
-bound_s=3
+bound_s=2
 slack_s=${MG_DETECTION_SLACK_S:-4}
 work=$(mktemp -d "${TMPDIR:-/tmp}/mg-recovery.XXXXXX")
 trap 'rm -rf "$work"' EXIT
@@ -26,8 +26,8 @@ export MG_FAILURE_DETECTION_S=$bound_s
 mapfile -t cluster_flags < <("$cluster" mpirun-args)
 flags=("${cluster_flags[@]}" --enable-recovery -x MG_FAILURE_DETECTION_S -x MG_LAUNCH_ATTEMPT -x OMP_NUM_THREADS)
 export OMP_NUM_THREADS=1
-# 96 steps of 2 x 32 samples (one epoch of the first 6144 images), a checkpoint every 5.
-train=(--model mlp --epochs 1 --train-subset 6144 --batch-size 32 --checkpoint-every 5 --log-steps --resume)
+# 48 steps of 2 x 32 samples (one epoch of the first 3072 images), a checkpoint every 5.
+train=(--model mlp --epochs 1 --train-subset 3072 --batch-size 32 --checkpoint-every 5 --log-steps --resume)
 
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
@@ -44,7 +44,7 @@ echo "uninterrupted 2-rank run: $(seconds_between "$t0" "$(now)") s"
 final=$(basename "$(find "$work/reference" -maxdepth 1 -name 'step-*' | sort | tail -n 1)")
 
 # ---- the run that fails -----------------------------------------------------------------------
-launch=("$root/scripts/mg-launch" --max-restarts 2 --kill-after 5 --checkpoint-dir "$work/run")
+launch=("$root/scripts/mg-launch" --max-restarts 2 --kill-after 2 --checkpoint-dir "$work/run")
 if [[ "$mode" == cut ]]; then
   launch+=(--hosts node0:1,node1:1 --min-hosts 1 --rsh "$root/scripts/cluster-rsh")
   hosts="{hosts}"; np="{np}"
