@@ -11,7 +11,9 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/mg-sigterm.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 export OMP_NUM_THREADS=1
 read -ra extra <<<"${MG_TRAIN_FLAGS:-}"
-train=(--model mlp --epochs 1 --train-subset 3072 --batch-size 32 --log-steps --resume "${extra[@]}")
+# 3 epochs of 48 steps: the signal, sent once step 12 is logged, must arrive while training runs
+# (one epoch takes 0.3 s here, less than the log polling and the signal delivery can be trusted with).
+train=(--model mlp --epochs 3 --train-subset 3072 --batch-size 32 --log-steps --resume "${extra[@]}")
 fail() { echo "FAIL: $*"; exit 1; }
 
 "${mpirun[@]}" -np 2 "$train_ddp" "${train[@]}" --checkpoint-dir "$work/reference" >"$work/reference.log" 2>&1 ||
