@@ -18,7 +18,7 @@
 //           own blocking collective with no framework in between; the ceiling (f32/f64 only:
 //           MPI has no bf16/f16 datatype).
 // Columns, per algorithm (as nccl-tests): time(us), algbw = bytes / time, busbw = algbw *
-// 2(N-1)/N (the bytes each rank's link carried per second; see parallel/ring_allreduce.h), and
+// 2(N-1)/N (the bytes each rank's link carried per second; see parallel/comm/ring_allreduce.h), and
 // #wrong, then the ratios of the ring's busbw to the native and the mpi busbw.
 //
 // Method. The machine may be shared and noisy, so each timed iteration is measured on its own:
@@ -47,10 +47,10 @@
 #include <vector>
 
 #include "bench_common.h"
-#include "core/error.h"
+#include "core/base/error.h"
 #include "core/tensor.h"
-#include "parallel/process_group.h"
-#include "parallel/ring_allreduce.h"
+#include "parallel/comm/process_group.h"
+#include "parallel/comm/ring_allreduce.h"
 
 #ifdef MG_HAS_MPI
 #include <mpi.h>

@@ -34,7 +34,7 @@
 #include "multigrad.h"
 #include "nn/zoo.h"
 #include "optim/adam.h"
-#include "parallel/data_parallel.h"
+#include "parallel/data_parallel/data_parallel.h"
 
 using namespace mg;
 using Clock = std::chrono::steady_clock;

@@ -47,9 +47,9 @@
 #include "multigrad.h"
 #include "nn/zoo.h"
 #include "optim/sgd.h"
-#include "parallel/data_parallel.h"
-#include "parallel/distributed_data_parallel.h"
-#include "parallel/process_group.h"
+#include "parallel/comm/process_group.h"
+#include "parallel/data_parallel/data_parallel.h"
+#include "parallel/data_parallel/distributed_data_parallel.h"
 #include "scaling_model.h"
 
 #if !defined(MG_HAS_CLI11) || !defined(MG_HAS_NLOHMANN_JSON)

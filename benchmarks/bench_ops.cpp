@@ -397,10 +397,10 @@ int run(const Flags& flags) {
   float* mdst = memcpy_dst.data<float>();
   const float* pa = ga.data<float>();
   const float* pb = gb.data<float>();
-  const kcpu::GemmArgs args_blas = kcpu::gemm_args(mg::DType::f32, false, false, gn, gn, gn, pa, gn, pb, gn,
-                                                   c_blas.data<float>(), gn, 0.0);
-  const kcpu::GemmArgs args_blocked = kcpu::gemm_args(mg::DType::f32, false, false, gn, gn, gn, pa, gn, pb,
-                                                      gn, c_blocked.data<float>(), gn, 0.0);
+  const mg::kernels::GemmArgs args_blas = mg::kernels::gemm_args(mg::DType::f32, false, false, gn, gn, gn, pa,
+                                                                 gn, pb, gn, c_blas.data<float>(), gn, 0.0);
+  const mg::kernels::GemmArgs args_blocked = mg::kernels::gemm_args(
+      mg::DType::f32, false, false, gn, gn, gn, pa, gn, pb, gn, c_blocked.data<float>(), gn, 0.0);
 
   // Each public-op case returns a fresh tensor; reading one element keeps the call from being
   // optimised away, and the tensor is dropped inside the timed region (its block goes back to

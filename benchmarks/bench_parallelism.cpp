@@ -355,11 +355,11 @@ Strategy ddp(const Config& c, ProcessGroup& pg, double param_bytes, bool zero) {
   const double share = (n - 1.0) / n;
   s.predicted_bytes = 2 * share * param_bytes + (zero ? share * param_bytes : 0.0);
   std::shared_ptr<optim::Optimizer> opt;
-  std::shared_ptr<optim::ZeroRedundancyOptimizer> zero_opt;
+  std::shared_ptr<parallel::ZeroRedundancyOptimizer> zero_opt;
   if (zero) {
-    optim::ZeroOptions options;
-    options.partition = optim::ZeroPartition::Flat;
-    zero_opt = std::make_shared<optim::ZeroRedundancyOptimizer>(
+    parallel::ZeroOptions options;
+    options.partition = parallel::ZeroPartition::Flat;
+    zero_opt = std::make_shared<parallel::ZeroRedundancyOptimizer>(
         model->parameters(), pg, [](std::vector<Tensor> shard) { return adamw(std::move(shard)); }, options);
   } else {
     opt = adamw(model->parameters());

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "multigrad.h"
-#include "parallel/pipeline.h"
+#include "parallel/pipeline/pipeline.h"
 
 using namespace mg;
 using namespace mg::parallel;

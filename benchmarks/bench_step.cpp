@@ -66,6 +66,7 @@
 #include "core/cuda_allocator.h"
 #include "core/cuda_runtime.h"
 #include "core/cuda_stream.h"
+#include "core/files.h"
 #include "multigrad.h"
 #include "nn/zoo.h"
 #include "optim/sgd.h"

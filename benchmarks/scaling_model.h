@@ -37,7 +37,7 @@
 #include <string>
 #include <vector>
 
-#include "parallel/reducer.h"
+#include "parallel/data_parallel/reducer.h"
 
 namespace mg::bench {
 

@@ -8,7 +8,7 @@
 #include <memory>
 #include <mutex>
 
-#include "core/error.h"
+#include "core/base/error.h"
 
 namespace mg {
 namespace {

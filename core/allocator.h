@@ -3,8 +3,8 @@
 // CPU: 64-byte aligned blocks (one cache line, one AVX-512 vector) handed out by
 // a caching allocator. On our machines the first touch of a fresh 4 KiB page
 // costs ~11 us, so giving large buffers back to the OS after every op and
-// faulting them in again the next step is ruinous (DESIGN.md measured libtorch
-// at 3.7x slower that way). Freed blocks go to a size-keyed free list instead and
+// faulting them in again the next step is ruinous (docs/architecture.md: libtorch
+// measured 3.7x slower that way). Freed blocks go to a size-keyed free list instead and
 // are reused by the next request of a similar size.
 //
 // CUDA: the CUDA backend registers its own allocator and copy routine through
@@ -15,7 +15,7 @@
 #include <cstdint>
 #include <functional>
 
-#include "core/device.h"
+#include "core/base/device.h"
 
 namespace mg {
 

@@ -38,6 +38,7 @@
 // still be read by the GPU after its tensor is gone: each such copy records
 // an event on its stream, and a freed block is handed out again only when all
 // of its events have completed (what PyTorch's CachingHostAllocator does).
+// Also runs on the CPU under the emulator (MG_CUDA=EMULATE): see docs/cuda-emulation.md.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -55,12 +56,12 @@
 #include <vector>
 
 #include "core/allocator.h"
+#include "core/base/cuda_check.cuh"
+#include "core/base/error.h"
 #include "core/cuda_allocator.h"
-#include "core/cuda_check.cuh"
 #include "core/cuda_device_checks.h"
 #include "core/cuda_runtime.h"
 #include "core/cuda_stream.h"
-#include "core/error.h"
 #include "core/tensor.h"
 
 namespace mg::cuda {

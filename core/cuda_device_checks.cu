@@ -1,5 +1,6 @@
 // The deferred device checks of core/cuda_device_checks.h: a list of (pinned copy, event,
 // verdict), drained at host synchronisation points.
+// Also runs on the CPU under the emulator (MG_CUDA=EMULATE): see docs/cuda-emulation.md.
 #include "core/cuda_device_checks.h"
 
 #include <memory>
@@ -9,10 +10,10 @@
 #include <cuda_runtime.h>
 
 #include "core/allocator.h"
-#include "core/cuda_check.cuh"
+#include "core/base/cuda_check.cuh"
+#include "core/base/error.h"
 #include "core/cuda_runtime.h"
 #include "core/cuda_stream.h"
-#include "core/error.h"
 
 namespace mg::cuda {
 namespace {

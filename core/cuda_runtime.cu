@@ -5,6 +5,7 @@
 // the count starts at 0. We only use the runtime API: libcuda is loaded by
 // libcudart at run time, never linked, so this file's binary still starts on a
 // machine without the driver.
+// Also runs on the CPU under the emulator (MG_CUDA=EMULATE): see docs/cuda-emulation.md.
 #include "core/cuda_runtime.h"
 #include "core/cuda_stream.h"
 

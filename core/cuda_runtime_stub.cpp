@@ -3,10 +3,10 @@
 // build compiles it anyway.
 #ifndef MG_HAS_CUDA
 
+#include "core/base/error.h"
 #include "core/cuda_allocator.h"
 #include "core/cuda_runtime.h"
 #include "core/cuda_stream.h"
-#include "core/error.h"
 
 namespace mg::cuda {
 

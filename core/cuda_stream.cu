@@ -1,24 +1,22 @@
 // Streams, events, the current device and the error helpers (see core/cuda_stream.h
-// and core/cuda_check.cuh).
+// and core/base/cuda_check.cuh).
 //
 // State: which logical device this thread works on (thread-local, set by
 // DeviceGuard) and, per thread and logical device, its current stream. The
 // default streams of virtual devices are created once per process.
+// Also runs on the CPU under the emulator (MG_CUDA=EMULATE): see docs/cuda-emulation.md.
 #include <cuda_runtime.h>
-#if defined(MG_CUDA_EMULATE)
-#include "cuda_emu/emulator.h"
-#endif
 
 #include <array>
 #include <cstdlib>
 #include <mutex>
 #include <string>
 
-#include "core/cuda_check.cuh"
+#include "core/base/cuda_check.cuh"
+#include "core/base/error.h"
 #include "core/cuda_device_checks.h"
 #include "core/cuda_runtime.h"
 #include "core/cuda_stream.h"
-#include "core/error.h"
 
 namespace mg::cuda {
 
@@ -38,13 +36,10 @@ const char* short_file(const char* file) {
 
 void throw_cuda_error(cudaError_t err, const char* expr, const char* file, int line) {
   cudaGetLastError();  // clear the sticky error so the next call starts clean
-  std::string detail;
-#if defined(MG_CUDA_EMULATE)
-  // The emulator knows what a GPU would only code: which kernel, block and thread faulted, and why.
-  if (err == cudaErrorLaunchFailure) detail = "; cuda_emu: " + mg_emu::last_fault();
-#endif
+  // (Under emulation the runtime's message of a kernel fault also names the kernel, block and
+  // thread that faulted, and why: cuda_emu/runtime_device.cpp.)
   throw Error(str_cat(short_file(file), ":", line, ": ", expr, " failed: ", cudaGetErrorName(err), " (",
-                      cudaGetErrorString(err), ")", detail));
+                      cudaGetErrorString(err), ")"));
 }
 
 void throw_cublas_error(cublasStatus_t status, const char* expr, const char* file, int line) {
@@ -134,10 +129,6 @@ void synchronize_device(int device) {
 }
 
 int current_device() { return t_current_device; }
-
-cudaStream_t current_cuda_stream() {
-  return static_cast<cudaStream_t>(current_stream(t_current_device).handle);
-}
 
 DeviceGuard::DeviceGuard(int device) {
   const int physical = physical_device(device);

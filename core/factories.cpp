@@ -2,9 +2,9 @@
 // and tensors built from host values.
 #include <cmath>
 
+#include "core/base/philox.h"
 #include "core/ops.h"
 #include "core/ops/op_common.h"
-#include "core/philox.h"
 #include "core/random.h"
 #include "core/tensor.h"
 #include "kernels/cpu/elementwise.h"

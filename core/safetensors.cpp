@@ -1,8 +1,5 @@
 #include "core/safetensors.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -14,6 +11,7 @@
 #include <vector>
 
 #include "core/crc32c.h"
+#include "core/files.h"
 #include "core/grad_mode.h"
 
 namespace mg {
@@ -82,45 +80,7 @@ bool parse_safetensors_dtype(const std::string& name, DType& out) {
 
 std::string errno_text() { return std::strerror(errno); }
 
-void write_all(int fd, const char* data, size_t size, const std::string& path) {
-  while (size > 0) {
-    const ssize_t written = ::write(fd, data, size);
-    if (written < 0 && errno == EINTR) continue;
-    check(written > 0, "writing ", path, " failed: ", errno_text());
-    data += written;
-    size -= static_cast<size_t>(written);
-  }
-}
-
 }  // namespace
-
-void write_file_atomically(const std::string& path, const std::string& bytes) {
-  const std::string temp = path + ".tmp." + std::to_string(::getpid());
-  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  check(fd >= 0, "cannot create ", temp, ": ", errno_text());
-  try {
-    write_all(fd, bytes.data(), bytes.size(), temp);
-    check(::fsync(fd) == 0, "fsync of ", temp, " failed: ", errno_text());
-  } catch (...) {
-    ::close(fd);
-    ::unlink(temp.c_str());
-    throw;
-  }
-  check(::close(fd) == 0, "closing ", temp, " failed: ", errno_text());
-  if (::rename(temp.c_str(), path.c_str()) != 0) {
-    const std::string reason = errno_text();
-    ::unlink(temp.c_str());
-    throw Error(str_cat("cannot rename ", temp, " to ", path, ": ", reason));
-  }
-  // Make the rename itself durable: fsync the directory entry.
-  const size_t slash = path.find_last_of('/');
-  const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
-  const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (dir_fd >= 0) {
-    ::fsync(dir_fd);
-    ::close(dir_fd);
-  }
-}
 
 void save_safetensors(const std::string& path, const StateDict& tensors,
                       const SafetensorsMetadata& metadata) {

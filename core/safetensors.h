@@ -39,12 +39,9 @@ struct SafetensorsFile {
 // Reads and validates `path`; throws mg::Error naming the file and the reason on any problem.
 SafetensorsFile load_safetensors(const std::string& path);
 
-// The same format in memory (for sending a StateDict between ranks, parallel/object_collectives.h).
+// The same format in memory (for sending a StateDict between ranks, parallel/comm/object_collectives.h).
 // `what` names the bytes in errors, as the path does for a file.
 std::string encode_safetensors(const StateDict& tensors, const SafetensorsMetadata& metadata = {});
 SafetensorsFile decode_safetensors(const std::string& bytes, const std::string& what = "safetensors bytes");
-
-// Writes `bytes` to `path` atomically (temp file in the same directory, fsync, rename, fsync dir).
-void write_file_atomically(const std::string& path, const std::string& bytes);
 
 }  // namespace mg

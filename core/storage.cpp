@@ -1,7 +1,7 @@
 #include "core/storage.h"
 
 #include "core/allocator.h"
-#include "core/error.h"
+#include "core/base/error.h"
 
 namespace mg {
 

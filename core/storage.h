@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "core/device.h"
+#include "core/base/device.h"
 
 namespace mg {
 

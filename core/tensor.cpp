@@ -157,9 +157,9 @@ std::vector<T> Tensor::to_vector() const {
     const S* src = static_cast<const S*>(host.data_ptr());
     for (size_t i = 0; i < out.size(); ++i) {
       if constexpr (std::is_same_v<T, bool>) {
-        out[i] = static_cast<double>(compute_t<S>(src[i])) != 0.0;
+        out[i] = static_cast<double>(acc_t<S>(src[i])) != 0.0;
       } else {
-        out[i] = static_cast<T>(static_cast<compute_t<S>>(src[i]));
+        out[i] = static_cast<T>(static_cast<acc_t<S>>(src[i]));
       }
     }
   });

@@ -19,10 +19,10 @@
 #include <string>
 #include <vector>
 
-#include "core/device.h"
-#include "core/dtype.h"
+#include "core/base/device.h"
+#include "core/base/dtype.h"
+#include "core/base/strided_view.h"
 #include "core/storage.h"
-#include "core/strided_view.h"
 
 namespace mg {
 

@@ -3,15 +3,22 @@
 // A CUDA block is a set of threads that share shared memory and meet at __syncthreads(); a warp
 // is 32 of them that exchange registers in collectives (__shfl_*_sync, __ballot_sync, ldmatrix,
 // mma). Between those meeting points the threads are independent, so the emulator runs them one
-// after another, each on a fiber (Boost.Context: a context switch is a few register moves, no
-// system call), and switches only where a thread must wait for others:
+// after another on one OS thread and switches only where a thread must wait for others.
+//
+// The model: one fiber per CUDA thread (Boost.Context: a context switch is a few register moves,
+// no system call). __syncthreads() and the warp collectives (cuda_emulated.h) are ordinary
+// functions that record where the thread waits and switch back to the block's scheduler, which
+// resumes the next ready thread; when every live thread waits at the barrier, it opens:
 //
 //   scheduler ──resume──▶ thread 0 … runs to __syncthreads ──yield──▶ scheduler
 //             ──resume──▶ thread 1 … runs to __syncthreads ──yield──▶ scheduler   (order varies)
 //             …  every live thread waits: the barrier opens, all become ready  …
 //
-// A thread that never waits finishes on the fiber that started it, and the same fiber goes on
-// with the next thread: a kernel without barriers costs one fiber per block, not per thread.
+// The optimisation: fibers are made only for threads that wait. A *runner* fiber starts unstarted
+// threads one after another; a thread that never waits finishes on it, and the runner goes on
+// with the next thread, so a kernel without barriers costs one fiber per block, not per thread. A
+// thread that waits keeps the runner as its own fiber, and the scheduler starts a new runner for
+// the next unstarted thread.
 //
 // Strictness (what a GPU leaves undefined becomes an error naming kernel, block and thread):
 // every thread of a block must pass the same __syncthreads() calls (one that exits early while
@@ -35,7 +42,7 @@
 #include <stdexcept>
 #include <vector>
 
-#include "cuda_emu/device.h"
+#include "cuda_emu/cuda_emulated.h"
 
 thread_local uint3 threadIdx MG_EMU_TLS;
 thread_local uint3 blockIdx MG_EMU_TLS;
@@ -114,7 +121,7 @@ struct EmuThread {
 struct WarpOp {  // a collective some lanes of a warp have arrived at
   const char* name;
   uint32_t mask, arrived;
-  int arg;
+  WarpOpArgs args;
   const char* file;
   int line;
 };
@@ -338,8 +345,8 @@ void sync_block(const char* file, int line) {
   wait_here();
 }
 
-void warp_collective(const char* op, uint32_t mask, int arg, const uint32_t* in, int in_words, uint32_t* out,
-                     int out_words, WarpCompletion complete, const char* file, int line) {
+void warp_collective(const char* op, uint32_t mask, WarpOpArgs args, const uint32_t* in, int in_words,
+                     uint32_t* out, int out_words, WarpCompletion complete, const char* file, int line) {
   Block& b = block();
   EmuThread& t = *b.current;
   const int linear = linear_of(t), lane = linear % 32, warp_index = linear / 32;
@@ -361,13 +368,15 @@ void warp_collective(const char* op, uint32_t mask, int arg, const uint32_t* in,
   Warp& w = b.warps[static_cast<size_t>(warp_index)];
   WarpOp* group = nullptr;
   for (WarpOp& g : w.pending) {
-    if (g.mask == mask && g.name == op && g.arg == arg) {
+    if (g.mask == mask && g.name == op && g.args == args) {
       group = &g;
     } else if (g.mask & mask) {
       std::snprintf(
           text, sizeof text,
-          "lanes of warp %d disagree: %s with mask 0x%08x here, %s with mask 0x%08x (arg %d vs %d) at %s",
-          warp_index, op, mask, g.name, g.mask, arg, g.arg, where(g.file, g.line).c_str());
+          "lanes of warp %d disagree: %s with mask 0x%08x (variant %d, width %d) here, %s with mask "
+          "0x%08x (variant %d, width %d) at %s",
+          warp_index, op, mask, args.variant, args.width, g.name, g.mask, g.args.variant, g.args.width,
+          where(g.file, g.line).c_str());
       device_fault(text, file, line);
     }
   }
@@ -378,13 +387,16 @@ void warp_collective(const char* op, uint32_t mask, int arg, const uint32_t* in,
         device_fault(text, file, line);
       }
     }
-    w.pending.push_back(WarpOp{op, mask, 0, arg, file, line});
+    w.pending.push_back(WarpOp{op, mask, 0, args, file, line});
     group = &w.pending.back();
   }
+  if (in_words > kWarpLaneInWords || out_words > kWarpLaneOutWords)
+    throw std::logic_error("cuda_emu: a warp collective moves more words than WarpLane holds");
   std::memcpy(w.lanes[lane].in, in, sizeof(uint32_t) * static_cast<size_t>(in_words));
   group->arrived |= 1u << lane;
   if (group->arrived == mask) {
-    complete(w.lanes, mask, arg);
+    for (int l = 0; l < 32; ++l) w.lanes[l].read_outside_mask = -1;
+    complete(w.lanes, mask, args);
     for (int l = 0; l < 32; ++l)  // the mask names existing lanes only (checked above)
       if ((mask >> l & 1u) && l != lane)
         b.threads[static_cast<size_t>(warp_index * 32 + l)].state = State::ready;
@@ -397,13 +409,18 @@ void warp_collective(const char* op, uint32_t mask, int arg, const uint32_t* in,
     wait_here();
   }
   std::memcpy(out, w.lanes[lane].out, sizeof(uint32_t) * static_cast<size_t>(out_words));
+  if (w.lanes[lane].read_outside_mask >= 0) {
+    std::snprintf(text, sizeof text, "%s with mask 0x%08x reads lane %d, which the mask does not name", op,
+                  mask, w.lanes[lane].read_outside_mask);
+    device_fault(text, file, line);
+  }
 }
 
 namespace {
 
-void complete_shuffle(WarpLane (&lanes)[32], uint32_t mask, int arg) {
-  const ShuffleKind kind = static_cast<ShuffleKind>(arg / 64);
-  const int width = arg % 64;
+void complete_shuffle(WarpLane (&lanes)[32], uint32_t mask, WarpOpArgs args) {
+  const ShuffleKind kind = static_cast<ShuffleKind>(args.variant);
+  const int width = args.width;
   for (int l = 0; l < 32; ++l) {
     if (!(mask >> l & 1u)) continue;
     const int a = static_cast<int>(lanes[l].in[2]);
@@ -416,19 +433,18 @@ void complete_shuffle(WarpLane (&lanes)[32], uint32_t mask, int arg) {
       case ShuffleKind::bfly: src = (l ^ a) < segment + width ? (l ^ a) : l; break;
     }
     if (!(mask >> src & 1u)) {
-      // Reading a lane that does not take part is undefined on the GPU.
+      // Reading a lane that does not take part is undefined on the GPU: a fault of the reading lane.
       lanes[l].out[0] = 0x7fffffffu;
       lanes[l].out[1] = 0x7fffffffu;
-      lanes[l].out[2] = 1u + static_cast<uint32_t>(src);  // flags the error for the lane itself
+      lanes[l].read_outside_mask = src;
       continue;
     }
     lanes[l].out[0] = lanes[src].in[0];
     lanes[l].out[1] = lanes[src].in[1];
-    lanes[l].out[2] = 0;
   }
 }
 
-void complete_ballot(WarpLane (&lanes)[32], uint32_t mask, int) {
+void complete_ballot(WarpLane (&lanes)[32], uint32_t mask, WarpOpArgs) {
   uint32_t bits = 0;
   for (int l = 0; l < 32; ++l)
     if ((mask >> l & 1u) && lanes[l].in[0] != 0) bits |= 1u << l;
@@ -446,22 +462,16 @@ uint64_t shuffle(ShuffleKind kind, uint32_t mask, uint64_t value, int lane_arg, 
   }
   const uint32_t in[3] = {static_cast<uint32_t>(value), static_cast<uint32_t>(value >> 32),
                           static_cast<uint32_t>(lane_arg)};
-  uint32_t out[3];
-  warp_collective(name, mask, static_cast<int>(kind) * 64 + width, in, 3, out, 3, complete_shuffle, file,
-                  line);
-  if (out[2] != 0) {
-    char text[200];
-    std::snprintf(text, sizeof text, "%s with mask 0x%08x reads lane %u, which the mask does not name", name,
-                  mask, out[2] - 1);
-    device_fault(text, file, line);
-  }
+  uint32_t out[2];
+  warp_collective(name, mask, WarpOpArgs{static_cast<int>(kind), width}, in, 3, out, 2, complete_shuffle,
+                  file, line);
   return uint64_t(out[0]) | (uint64_t(out[1]) << 32);
 }
 
 uint32_t vote_ballot(uint32_t mask, int predicate, const char* name, const char* file, int line) {
   const uint32_t in[1] = {predicate != 0 ? 1u : 0u};
   uint32_t out[1];
-  warp_collective(name, mask, 0, in, 1, out, 1, complete_ballot, file, line);
+  warp_collective(name, mask, WarpOpArgs{}, in, 1, out, 1, complete_ballot, file, line);
   return out[0] & mask;
 }
 

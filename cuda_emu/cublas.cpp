@@ -57,6 +57,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "cuda_emu/axpy.h"
 #include "cuda_emu/elements.h"
 #include "cuda_emu/runtime_internal.h"
 
@@ -69,6 +70,8 @@ struct cublasContext {
   cublasMath_t math = CUBLAS_DEFAULT_MATH;
 };
 
+using mg_emu::axpy1;
+using mg_emu::axpy4;
 using mg_emu::bf16_to_float;
 using mg_emu::Elem;
 using mg_emu::elem_bytes;
@@ -180,24 +183,6 @@ void pack_b(const Gemm& g, long long e, int j0, int cols, Acc* out) {
       out[p + static_cast<size_t>(jj) * g.k] = v;
     }
   }
-}
-
-// c0..c3 += b0..b3 * a over m rows: one read of `a` feeds four accumulator columns.
-template <class Acc>
-void axpy4(int m, const Acc* __restrict a, Acc b0, Acc b1, Acc b2, Acc b3, Acc* __restrict c0,
-           Acc* __restrict c1, Acc* __restrict c2, Acc* __restrict c3) {
-  for (int i = 0; i < m; ++i) {
-    const Acc v = a[i];
-    c0[i] += b0 * v;
-    c1[i] += b1 * v;
-    c2[i] += b2 * v;
-    c3[i] += b3 * v;
-  }
-}
-
-template <class Acc>
-void axpy1(int m, const Acc* __restrict a, Acc b, Acc* __restrict c) {
-  for (int i = 0; i < m; ++i) c[i] += b * a[i];
 }
 
 // C[:, j0 .. j0+cols) of batch entry e = alpha acc + beta C (C unread when beta == 0).

@@ -12,9 +12,9 @@
 
 namespace mg_emu {
 
-// One launch as the launch helper describes it. `body` runs one CUDA thread: it calls the kernel
-// with the launch's (already converted, by-value) arguments; it is called once per thread, from
-// fibers, so it must not modify what it captured.
+// One launch as the launch helper (launch_grid, cuda_emu/native_twins.h) describes it. `body` runs one CUDA
+// thread: it calls the kernel with the launch's (already converted, by-value) arguments; it is called once
+// per thread, from fibers, so it must not modify what it captured.
 struct Launch {
   const char* kernel_name = "";  // "mg::kernels::cuda::{anonymous}::softmax_rows_kernel<float>"
   const void* kernel = nullptr;  // the __global__ function's address (cudaFuncSetAttribute's key)
@@ -30,11 +30,13 @@ struct Launch {
 // the kernel's cudaFuncAttributeMaxDynamicSharedMemorySize) and, if it is valid, enqueues the
 // grid on the stream. A rejected launch returns its error, leaves it for cudaGetLastError (as a
 // <<<>>> launch does) and prints why, naming the kernel.
+//
+// Static shared memory is not part of a Launch: an array declared through shared_array()
+// (kernels/cuda/native.cuh) is poisoned at each block's first use and counted then, with the
+// dynamic bytes, against the per-block limit (a fault of the grid if over); a plain __shared__
+// variable is thread-local storage here, which the emulator cannot see.
 cudaError_t launch(Launch launch);
 
-// Static shared memory declared through shared_array() (kernels/cuda/common.cuh) is poisoned at
-// each block's first use and counted with the dynamic bytes against the per-block limit; a plain
-// __shared__ variable is thread-local storage here, which a launch cannot see.
 struct Counters {
   uint64_t kernel_launches = 0;  // grids enqueued
   uint64_t host_syncs = 0;       // the host waited for the device: stream/event/device synchronise,

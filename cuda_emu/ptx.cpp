@@ -23,7 +23,7 @@
 
 #include <cstring>
 
-#include "cuda_emu/device.h"
+#include "cuda_emu/cuda_emulated.h"
 
 namespace mg_emu {
 namespace {
@@ -38,7 +38,8 @@ float to_float(uint16_t bits, bool bf16) {
 
 // Lane deposits: in[0] = the shared address of its row, in[1] = the shared memory's size check
 // was done by the lane itself, so completion only reads rows.
-void complete_ldmatrix(WarpLane (&lanes)[32], uint32_t, int trans) {
+void complete_ldmatrix(WarpLane (&lanes)[32], uint32_t, WarpOpArgs args) {
+  const bool trans = args.variant != 0;
   uint16_t m[4][8][8];  // [matrix][row][column]
   for (int j = 0; j < 4; ++j)
     for (int r = 0; r < 8; ++r) {
@@ -55,7 +56,8 @@ void complete_ldmatrix(WarpLane (&lanes)[32], uint32_t, int trans) {
 }
 
 // Lane deposits: in[0..3] = a, in[4..5] = b0 b1, in[6..9] = the accumulators' bits.
-void complete_mma(WarpLane (&lanes)[32], uint32_t, int bf16) {
+void complete_mma(WarpLane (&lanes)[32], uint32_t, WarpOpArgs args) {
+  const bool bf16 = args.variant != 0;
   float a[16][16], b[16][8], c[16][8];
   for (int l = 0; l < 32; ++l) {
     const int g = l / 4, t = l % 4;
@@ -88,8 +90,8 @@ void ldmatrix_x4(uint32_t (&r)[4], uint32_t shared_address, bool trans, const ch
   if (shared_address % 16 != 0) device_fault("ldmatrix: a row address must be 16-byte aligned", file, line);
   shared_pointer_of(shared_address, 16, file, line);  // in bounds, or a fault naming this lane
   const uint32_t in[1] = {shared_address};
-  warp_collective(trans ? "ldmatrix.x4.trans" : "ldmatrix.x4", 0xffffffffu, trans ? 1 : 0, in, 1, r, 4,
-                  complete_ldmatrix, file, line);
+  warp_collective(trans ? "ldmatrix.x4.trans" : "ldmatrix.x4", 0xffffffffu, WarpOpArgs{trans ? 1 : 0}, in, 1,
+                  r, 4, complete_ldmatrix, file, line);
 }
 
 void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, bool bf16,
@@ -97,8 +99,8 @@ void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b
   uint32_t in[10] = {a[0], a[1], a[2], a[3], b0, b1};
   for (int e = 0; e < 4; ++e) in[6 + e] = static_cast<uint32_t>(to_bits(d[e]));
   uint32_t out[4];
-  warp_collective(bf16 ? "mma.m16n8k16.bf16" : "mma.m16n8k16.f16", 0xffffffffu, bf16 ? 1 : 0, in, 10, out, 4,
-                  complete_mma, file, line);
+  warp_collective(bf16 ? "mma.m16n8k16.bf16" : "mma.m16n8k16.f16", 0xffffffffu, WarpOpArgs{bf16 ? 1 : 0}, in,
+                  10, out, 4, complete_mma, file, line);
   for (int e = 0; e < 4; ++e) d[e] = from_bits<float>(out[e]);
 }
 

@@ -4,12 +4,15 @@
 // opt-in shared memory per block, ~141 GB of memory, compute capability 9.0), so code that sizes
 // grids or checks limits from the properties takes the same decisions as on the real card.
 // Errors are the real runtime's codes with its names and strings; the last error is per thread.
+// One string says more than the real one: after a kernel fault, cudaErrorLaunchFailure's names the
+// kernel, block and thread that faulted, and why (what mg::Error then reports).
 #include <cuda_runtime_api.h>
 
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <mutex>
 #include <string>
 
@@ -25,6 +28,9 @@ thread_local int t_current_device = 0;
 std::atomic<uint64_t> g_launches{0}, g_syncs{0}, g_mallocs{0}, g_h2d{0}, g_d2h{0};
 std::mutex g_fault_mutex;
 std::string g_last_fault;
+// cudaGetErrorString(cudaErrorLaunchFailure) after a fault: "unspecified launch failure; cuda_emu:
+// <the fault>". Every such text is kept (faults are few), so a pointer handed out stays valid.
+std::deque<std::string> g_fault_texts;
 
 constexpr size_t kTotalMemory = 150754820096ull;  // what an H200 reports (140.4 GiB)
 
@@ -57,6 +63,7 @@ void count_copy(cudaMemcpyKind direction, size_t bytes) {
 void record_fault(const std::string& message) {
   std::lock_guard<std::mutex> lock(g_fault_mutex);
   g_last_fault = message;
+  g_fault_texts.push_back("unspecified launch failure; cuda_emu: " + message);
   std::fprintf(stderr, "cuda_emu: kernel fault: %s\n", message.c_str());
 }
 
@@ -68,6 +75,11 @@ Counters counters() {
   c.bytes_host_to_device = g_h2d.load();
   c.bytes_device_to_host = g_d2h.load();
   return c;
+}
+
+const char* launch_failure_text() {
+  std::lock_guard<std::mutex> lock(g_fault_mutex);
+  return g_fault_texts.empty() ? "unspecified launch failure" : g_fault_texts.back().c_str();
 }
 
 std::string last_fault() {
@@ -210,7 +222,7 @@ const char* cudaGetErrorString(cudaError_t error) {
     case cudaErrorInvalidResourceHandle: return "invalid resource handle";
     case cudaErrorNotReady: return "device not ready";
     case cudaErrorNoDevice: return "no CUDA-capable device is detected";
-    case cudaErrorLaunchFailure: return "unspecified launch failure";
+    case cudaErrorLaunchFailure: return mg_emu::launch_failure_text();
     case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
     case cudaErrorLaunchOutOfResources: return "too many resources requested for launch";
     case cudaErrorNotSupported: return "operation not supported";

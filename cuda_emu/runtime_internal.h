@@ -61,6 +61,9 @@ void count_host_sync();
 void count_malloc();
 void count_copy(cudaMemcpyKind direction, size_t bytes);
 void record_fault(const std::string& message);
+// cudaGetErrorString(cudaErrorLaunchFailure): the real runtime's text, followed after a fault by
+// "; cuda_emu: <the most recent fault>" (a pointer that stays valid).
+const char* launch_failure_text();
 
 // Checks the guard bytes behind every device allocation of `device`; returns "" or what changed.
 std::string check_guards(int device);

@@ -28,9 +28,9 @@
 #include <vector>
 
 #include "core/allocator.h"
+#include "core/base/error.h"
 #include "core/cuda_runtime.h"
 #include "core/cuda_stream.h"
-#include "core/error.h"
 #include "core/grad_mode.h"
 
 namespace mg::data {

@@ -35,7 +35,7 @@
 #include <memory>
 #include <optional>
 
-#include "core/device.h"
+#include "core/base/device.h"
 #include "data/dataset.h"
 #include "data/sampler.h"
 #include "data/transforms.h"

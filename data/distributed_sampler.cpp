@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <numeric>
 
-#include "core/error.h"
+#include "core/base/error.h"
 
 namespace mg::data {
 

@@ -43,7 +43,7 @@ class DistributedSampler : public Sampler {
   int64_t total_size() const { return samples_per_rank(epoch()) * world_; }
   // This rank's samples in the current epoch that are not padding: its first real_size() indices
   // (padding comes last). Evaluation counts only these, so each sample is counted once
-  // (parallel/sharded_metric.h); with drop_last every sample is real.
+  // (parallel/resilience/sharded_metric.h); with drop_last every sample is real.
   int64_t real_size() const;
   // Epoch `epoch` starts at position `samples` of its global list (the other epochs are whole).
   void set_start_sample(int64_t epoch, int64_t samples);

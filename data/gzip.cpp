@@ -6,7 +6,7 @@
 #include <cstring>
 #include <fstream>
 
-#include "core/error.h"
+#include "core/base/error.h"
 
 #if defined(MG_HAS_ZLIB)
 #include <zlib.h>

@@ -4,7 +4,7 @@
 #include <iomanip>
 #include <sstream>
 
-#include "core/error.h"
+#include "core/base/error.h"
 #include "data/gzip.h"
 
 namespace mg::data {

@@ -3,7 +3,7 @@
 
 #include <numeric>
 
-#include "core/error.h"
+#include "core/base/error.h"
 #include "data/seeding.h"
 
 namespace mg::data {

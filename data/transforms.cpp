@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "core/error.h"
+#include "core/base/error.h"
 #include "core/grad_mode.h"
 #include "data/seeding.h"
 

@@ -22,6 +22,11 @@
 //   scripts/mg-launch --max-restarts 3 -- mpirun -np 2 train_ddp --checkpoint-dir D --checkpoint-every 50
 //   --resume
 // Same flags and output as train_fashion_mnist, plus the DDP knobs.
+//
+// Reading order, one concept per section: Flags (the command line), setup (process group, data
+// shards, the DDP model, AdamW or ZeRO-1), train_step (one optimizer step), evaluate
+// (ShardedMetric), Checkpoints (--resume, periodic saves, SIGTERM), then the loop that ties them
+// together (train_epoch, train) and run(), which builds everything in order.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -40,11 +45,11 @@
 #include "nn/zoo.h"
 #include "optim/adam.h"
 #include "optim/lr_scheduler.h"
-#include "parallel/checkpoint_manager.h"
-#include "parallel/distributed.h"
-#include "parallel/distributed_data_parallel.h"
-#include "parallel/sharded_metric.h"
-#include "parallel/zero_redundancy_optimizer.h"
+#include "parallel/data_parallel/distributed.h"
+#include "parallel/data_parallel/distributed_data_parallel.h"
+#include "parallel/resilience/checkpoint_manager.h"
+#include "parallel/resilience/sharded_metric.h"
+#include "parallel/zero/zero_redundancy_optimizer.h"
 
 #include "fashion_mnist_common.h"
 
@@ -53,6 +58,187 @@ using examples::Clock;
 using examples::seconds_since;
 
 namespace {
+
+// ---- The command line ------------------------------------------------------------------------
+
+// Every flag, with its default; the tests and scripts depend on these names and their order in --help.
+struct Flags {
+  std::string model_name = "cnn", device_name = "auto", precision = "f32", checkpoint_dir, algo = "native";
+  int epochs = 3, workers = 1;
+  int64_t batch_size = 64, limit_train = 0, check_replicas_every = 0, checkpoint_every = 0, train_subset = 0;
+  int keep_checkpoints = 3;
+  bool log_steps = false;
+  double lr = 2e-3, weight_decay = 1e-4, bucket_cap_mb = 25.0;
+  bool zero_shard = false;
+  std::string zero_partition = "parameters";
+  bool resume = false;
+  uint64_t seed = 42;
+};
+
+void add_flags(CLI::App& app, Flags& f) {
+  app.add_option("--model", f.model_name, "mlp (784-256-128-10) or cnn (2 conv + BN + pooling)");
+  app.add_option("--epochs", f.epochs, "passes over the training set");
+  app.add_option("--batch-size", f.batch_size,
+                 "samples per step PER RANK (global batch = this x world size)");
+  app.add_option("--lr", f.lr, "AdamW learning rate (cosine-annealed to 0 over the run)");
+  app.add_option("--weight-decay", f.weight_decay, "AdamW decoupled weight decay");
+  app.add_option("--device", f.device_name, "auto (cuda:<local rank> if GPUs, else cpu:0), cpu, ...");
+  app.add_option("--precision", f.precision, "f32 or bf16 (autocast for matmul/conv)");
+  app.add_option("--workers", f.workers, "DataLoader background threads per rank");
+  app.add_option("--seed", f.seed, "initialisation and shuffling seed (the same on every rank)");
+  app.add_option("--limit-train", f.limit_train, "use only the first N batches of each epoch (0 = all)");
+  app.add_option("--train-subset", f.train_subset,
+                 "train on the first N training images only (0 = all 60000)");
+  app.add_option(
+      "--checkpoint-dir", f.checkpoint_dir,
+      "step checkpoints go here (at each epoch's end, every --checkpoint-every steps, on SIGTERM)");
+  app.add_option("--checkpoint-every", f.checkpoint_every,
+                 "also checkpoint every K steps (0 = epoch ends only)");
+  app.add_option("--keep-checkpoints", f.keep_checkpoints, "keep the newest M checkpoints");
+  app.add_flag(
+      "--resume", f.resume,
+      "continue from the newest valid checkpoint in --checkpoint-dir, if any (at the exact step, any "
+      "world size)");
+  app.add_flag("--log-steps", f.log_steps, "rank 0 prints 'step N loss L' after every step");
+  app.add_option("--bucket-cap-mb", f.bucket_cap_mb, "DDP gradient bucket size");
+  app.add_flag("--zero", f.zero_shard,
+               "ZeRO-1: shard AdamW's state over the ranks (parallel::ZeroRedundancyOptimizer); checkpoints "
+               "hold the consolidated state");
+  app.add_option("--zero-partition", f.zero_partition,
+                 "with --zero: parameters (whole ones, PyTorch's) or flat (equal ranges, DeepSpeed's)");
+  app.add_option("--algo", f.algo, "all-reduce: native (MPI/NCCL) or ring (multigrad's own)");
+  app.add_option("--check-replicas-every", f.check_replicas_every,
+                 "compare parameter checksums across ranks every K steps (0 = never)");
+}
+
+// ---- Setup -----------------------------------------------------------------------------------
+
+// One process per device: the launcher (mpirun, srun) says which rank this is. Each rank
+// announces its pid, so a script can send it SIGTERM (check_sigterm_resume.sh does).
+parallel::ProcessGroup init_process_group(const Flags& f) {
+  parallel::InitOptions init;
+  if (f.device_name != "auto") init.device = Device::parse(f.device_name);
+  parallel::ProcessGroup pg = parallel::init_process_group(init);
+  char host[64] = {};
+  gethostname(host, sizeof(host) - 1);
+  std::fprintf(stderr, "rank %d pid %d on node %s\n", pg.rank(), static_cast<int>(getpid()), host);
+  return pg;
+}
+
+// Each rank reads its own 1/N of the data. Training shards are shuffled with the same seed on
+// every rank (so they stay disjoint), and train() calls set_epoch so each epoch reshuffles; test
+// shards are not shuffled, and ShardedMetric drops the padding that evens them out.
+struct ShardedData {
+  ShardedData(const Flags& f, const parallel::ProcessGroup& pg)
+      : train_set(data::Split::Train),
+        test_set(data::Split::Test),
+        normalize(examples::normalize_transform()),
+        train_sampler(f.train_subset > 0 ? std::min(f.train_subset, train_set.size()) : train_set.size(),
+                      pg.rank(), pg.size(), shard_options(/*shuffle=*/true, f.seed)),
+        test_sampler(test_set.size(), pg.rank(), pg.size(), shard_options(/*shuffle=*/false, 0)),
+        train_loader(train_set, train_options(f)),
+        test_loader(test_set, test_options(f)) {}
+
+  static data::DistributedSamplerOptions shard_options(bool shuffle, uint64_t seed) {
+    data::DistributedSamplerOptions options;
+    options.shuffle = shuffle;
+    if (shuffle) options.seed = seed;
+    return options;
+  }
+  data::DataLoaderOptions train_options(const Flags& f) {
+    data::DataLoaderOptions options = examples::loader_options(f.batch_size, f.workers, normalize);
+    options.drop_last = true;  // every step has a full batch on every rank
+    options.seed = f.seed;
+    options.sampler = &train_sampler;
+    return options;
+  }
+  data::DataLoaderOptions test_options(const Flags& f) {
+    data::DataLoaderOptions options = examples::loader_options(1000, f.workers, normalize);
+    options.sampler = &test_sampler;
+    return options;
+  }
+
+  data::FashionMNIST train_set, test_set;
+  std::shared_ptr<data::Normalize> normalize;
+  data::DistributedSampler train_sampler, test_sampler;
+  data::DataLoader train_loader, test_loader;
+};
+
+// How DDP averages gradients: buckets of --bucket-cap-mb, all-reduced as backward fills them.
+parallel::DDPOptions ddp_options(const Flags& f) {
+  parallel::DDPOptions options;
+  options.bucket_cap_mb = f.bucket_cap_mb;
+  options.algo = f.algo == "ring" ? parallel::AllreduceAlgo::Ring : parallel::AllreduceAlgo::Native;
+  options.check_replicas_every = f.check_replicas_every;
+  return options;
+}
+
+// AdamW, either replicated (every rank holds all of its state) or, with --zero, ZeRO-1: each
+// rank keeps the AdamW state of its shard of the parameters only, and the step all-gathers.
+class AdamWOrZero {
+ public:
+  AdamWOrZero(const Flags& f, parallel::DistributedDataParallel& ddp, const parallel::ProcessGroup& pg) {
+    optim::AdamWOptions adamw;
+    adamw.lr = f.lr;
+    adamw.weight_decay = f.weight_decay;
+    if (!f.zero_shard) {
+      replicated_ = std::make_unique<optim::AdamW>(ddp.parameters(), adamw);
+      return;
+    }
+    if (f.zero_partition != "parameters" && f.zero_partition != "flat")
+      throw Error("--zero-partition must be parameters or flat, got '" + f.zero_partition + "'");
+    parallel::ZeroOptions zero_options;
+    zero_options.partition =
+        f.zero_partition == "flat" ? parallel::ZeroPartition::Flat : parallel::ZeroPartition::Parameters;
+    zero_ = std::make_unique<parallel::ZeroRedundancyOptimizer>(
+        ddp.parameters(), pg,
+        [adamw](std::vector<Tensor> shard) { return std::make_unique<optim::AdamW>(shard, adamw); },
+        zero_options);
+  }
+
+  // ZeRO's zero_grad clears every parameter's gradient, not only its shard's.
+  void zero_grad() { zero_ ? zero_->zero_grad() : replicated_->zero_grad(); }
+  void step() { zero_ ? zero_->step() : replicated_->step(); }
+  // The optimizer that holds the hyperparameters (what the LR schedule drives).
+  optim::Optimizer& local() { return zero_ ? zero_->local_optimizer() : *replicated_; }
+  // What a checkpoint saves: the plain optimizer, or ZeRO's state consolidated on rank 0.
+  void add_to(parallel::TrainingState& state) {
+    state.optimizer = zero_ ? nullptr : &local();
+    state.zero = zero_.get();
+  }
+  bool sharded() const { return zero_ != nullptr; }
+  // Bytes of optimizer state this rank holds: all of AdamW's moments, or (--zero) its shard's.
+  int64_t state_bytes() const {
+    if (zero_) return zero_->state_bytes();
+    int64_t bytes = 0;
+    for (int64_t i = 0; i < replicated_->num_params(); ++i)
+      for (const auto& [name, t] : replicated_->state(i)) bytes += static_cast<int64_t>(t.nbytes());
+    return bytes;
+  }
+
+ private:
+  std::unique_ptr<optim::AdamW> replicated_;
+  std::unique_ptr<parallel::ZeroRedundancyOptimizer> zero_;
+};
+
+// ---- One step, and evaluation ----------------------------------------------------------------
+
+// Forward (bf16 autocast if asked), loss, backward -- during which DDP all-reduces each gradient
+// bucket as soon as it is full, overlapping communication with the rest of backward -- then the
+// optimizer and LR schedule step. Returns the loss (this rank's batch).
+double train_step(parallel::DistributedDataParallel& ddp, AdamWOrZero& opt, optim::LRScheduler& schedule,
+                  const Tensor& x, const Tensor& y, Device device, bool bf16) {
+  Tensor loss;
+  {
+    AutocastGuard autocast(DType::bf16, bf16);
+    loss = cross_entropy(ddp(x.to(device)), y.to(device));
+  }
+  opt.zero_grad();
+  loss.backward();
+  opt.step();
+  schedule.step();
+  return loss.item<double>();
+}
 
 // Test accuracy over the whole test set: each rank scores its shard; every image counts once.
 double evaluate(nn::Module& model, parallel::ProcessGroup& pg, data::DataLoader& loader,
@@ -71,240 +257,212 @@ double evaluate(nn::Module& model, parallel::ProcessGroup& pg, data::DataLoader&
   return total.mean();
 }
 
+// ---- Fault tolerance -------------------------------------------------------------------------
+
+// Step checkpoints in --checkpoint-dir: model, optimizer (consolidated with --zero), schedule,
+// every rank's RNG and the sampler's global position. The files are the same with and without
+// --zero, so a run may switch between the two, or change its world size. Without
+// --checkpoint-dir every call does nothing.
+class Checkpoints {
+ public:
+  Checkpoints(const Flags& f, const parallel::ProcessGroup& pg, const parallel::TrainingState& state)
+      : flags_(f), pg_(pg), state_(state) {
+    if (f.checkpoint_dir.empty()) return;
+    parallel::CheckpointManagerOptions options;
+    options.every_steps = f.checkpoint_every;
+    options.keep_last = f.keep_checkpoints;
+    manager_ = std::make_unique<parallel::CheckpointManager>(pg, f.checkpoint_dir, options);
+  }
+
+  // --resume: loads the newest valid checkpoint and moves the sampler to its exact sample (at
+  // this run's world size); the start when there is none.
+  parallel::TrainingPosition resume(data::DistributedSampler& sampler) {
+    if (!manager_ || !flags_.resume) return {};
+    auto resumed = manager_->load_latest(state_);
+    if (!resumed) return {};
+    const parallel::TrainingPosition& position = resumed->position;
+    sampler.set_start_sample(position.epoch, position.samples_into_epoch);
+    if (pg_.is_main())
+      std::printf("resumed from %s: step %lld, epoch %lld after %lld samples, saved by %d rank(s), now %d\n",
+                  resumed->dir.c_str(), static_cast<long long>(position.step),
+                  static_cast<long long>(position.epoch) + 1,
+                  static_cast<long long>(position.samples_into_epoch), resumed->world_size, pg_.size());
+    return position;
+  }
+
+  // After every step, on every rank: saves when due or once SIGTERM reached any rank
+  // (preempted() is a collective, so all ranks agree). True: saved, stop now.
+  bool after_step(const parallel::TrainingPosition& position) {
+    const bool stop = manager_ && manager_->preempted();
+    if (!manager_ || !(stop || manager_->due(position.step))) return false;
+    manager_->save(state_, position);
+    if (!stop) return false;
+    manager_->wait();
+    if (pg_.is_main())
+      std::printf("\nSIGTERM: saved step %lld to %s and stopped\n", static_cast<long long>(position.step),
+                  flags_.checkpoint_dir.c_str());
+    return true;
+  }
+
+  void at_epoch_end(const parallel::TrainingPosition& position) {
+    if (manager_) manager_->save(state_, position);
+  }
+  // Rank 0's background write has finished (a failed write throws on every rank).
+  void wait() {
+    if (manager_) manager_->wait();
+  }
+
+ private:
+  const Flags& flags_;
+  const parallel::ProcessGroup& pg_;
+  parallel::TrainingState state_;
+  std::unique_ptr<parallel::CheckpointManager> manager_;
+};
+
+// ---- The training loop -----------------------------------------------------------------------
+
+// What the loop works on; run() owns all of it.
+struct Job {
+  const Flags& flags;
+  parallel::ProcessGroup& pg;
+  ShardedData& data;
+  nn::Module& model;
+  parallel::DistributedDataParallel& ddp;
+  AdamWOrZero& opt;
+  optim::LRScheduler& schedule;
+  Checkpoints& checkpoints;
+  int64_t steps_per_epoch;
+  bool bf16;
+};
+
+struct EpochLoss {
+  double sum = 0;
+  int64_t batches = 0;
+};
+
+// The rest of one epoch from `position` (mid-epoch after --resume). --limit-train caps each
+// epoch in samples (batches of this run's global batch), so a resume at another world size
+// stops at the same place. False: SIGTERM stopped the run (the step is saved).
+bool train_epoch(Job& job, int epoch, Clock::time_point epoch_start, parallel::TrainingPosition& position,
+                 EpochLoss& loss) {
+  const Flags& f = job.flags;
+  const bool main_rank = job.pg.is_main();
+  const int64_t global_batch = f.batch_size * job.pg.size();
+  const int64_t samples_cap = f.limit_train > 0 ? f.limit_train * global_batch : INT64_MAX;
+  for (auto& [x, y] : job.data.train_loader) {
+    if (position.samples_into_epoch + global_batch > samples_cap) break;
+    const double loss_value = train_step(job.ddp, job.opt, job.schedule, x, y, job.pg.device(), job.bf16);
+    ++position.step;
+    position.samples_into_epoch += global_batch;
+    ++loss.batches;
+    loss.sum += loss_value;
+    if (f.log_steps && main_rank)
+      std::printf("step %lld loss %.6f\n", static_cast<long long>(position.step), loss_value);
+    if (main_rank && !f.log_steps)
+      examples::print_progress(
+          epoch + 1, loss.batches, job.steps_per_epoch, loss.sum,
+          static_cast<double>(loss.batches * f.batch_size * job.pg.size()) / seconds_since(epoch_start),
+          " (rank 0; samples/s of all ranks)");
+    if (job.checkpoints.after_step(position)) return false;
+  }
+  return true;
+}
+
+// The optimizer state each rank holds (gathered, printed by rank 0): ZeRO-1 shows 1/N per rank.
+void print_optimizer_state(parallel::ProcessGroup& pg, const AdamWOrZero& opt) {
+  Tensor state_bytes = zeros({pg.size()}, TensorOptions{DType::f64});
+  pg.allgather(state_bytes, full({1}, static_cast<double>(opt.state_bytes()), TensorOptions{DType::f64}))
+      ->wait();
+  std::string per_rank;
+  for (double b : state_bytes.to_vector<double>())
+    per_rank += str_cat(per_rank.empty() ? "" : " / ", b / 1e6);
+  if (pg.is_main())
+    std::printf("optimizer state per rank (MB): %s%s\n", per_rank.c_str(),
+                opt.sharded() ? " (ZeRO-1: sharded)" : " (replicated)");
+}
+
+// Epochs from `position` on: train, evaluate on all ranks, checkpoint at the epoch's end.
+// Each epoch reshuffles (set_epoch: the same new order on every rank).
+void train(Job& job, parallel::TrainingPosition position) {
+  const Flags& f = job.flags;
+  const bool main_rank = job.pg.is_main();
+  const auto run_start = Clock::now();
+  double accuracy = 0;
+  for (int epoch = static_cast<int>(position.epoch); epoch < f.epochs; ++epoch) {
+    job.data.train_sampler.set_epoch(epoch);
+    job.ddp.reset_stats();
+    const auto epoch_start = Clock::now();
+    EpochLoss loss;
+    if (!train_epoch(job, epoch, epoch_start, position, loss)) return;  // SIGTERM: saved, exit 0
+    accuracy =
+        evaluate(job.model, job.pg, job.data.test_loader, job.data.test_sampler, job.pg.device(), job.bf16);
+    const auto& stats = job.ddp.stats();
+    if (main_rank)
+      std::printf(
+          "\nepoch %d: train loss %.4f (rank 0), test accuracy %.4f, %.1f s; all-reduce %.0f ms busy, %.0f "
+          "ms exposed\n",
+          epoch + 1, loss.sum / static_cast<double>(std::max<int64_t>(loss.batches, 1)), accuracy,
+          seconds_since(epoch_start), stats.comm_ms, stats.exposed_ms);
+    position.epoch = epoch + 1;
+    position.samples_into_epoch = 0;
+    job.checkpoints.at_epoch_end(position);
+  }
+  job.checkpoints.wait();
+  print_optimizer_state(job.pg, job.opt);
+  if (main_rank)
+    std::printf("final: model %s, %d ranks, test accuracy %.4f, wall time %.1f s\n", f.model_name.c_str(),
+                job.pg.size(), accuracy, seconds_since(run_start));
+}
+
+// Builds everything in the order the random draws depend on, then trains.
+void run(const Flags& f) {
+  check(f.precision == "f32" || f.precision == "bf16", "--precision must be f32 or bf16, got '", f.precision,
+        "'");
+  check(f.algo == "native" || f.algo == "ring", "--algo must be native or ring, got '", f.algo, "'");
+  parallel::ProcessGroup pg = init_process_group(f);
+  ShardedData data(f, pg);
+
+  manual_seed(f.seed);  // identical initialisation on every rank...
+  std::shared_ptr<nn::Module> model = examples::make_model(f.model_name);
+  model->to(pg.device());
+  parallel::DistributedDataParallel ddp(*model, pg, ddp_options(f));  // ...verified and broadcast
+  manual_seed(parallel::seed_for_rank(f.seed, pg.rank()));            // ...while dropout differs per rank
+  AdamWOrZero opt(f, ddp, pg);
+  const int64_t steps_per_epoch =
+      f.limit_train > 0 ? std::min(f.limit_train, data.train_loader.size()) : data.train_loader.size();
+  optim::CosineAnnealingLROptions cosine;
+  cosine.t_max = f.epochs * steps_per_epoch;
+  optim::CosineAnnealingLR schedule(opt.local(), cosine);
+
+  parallel::TrainingState state;
+  state.module = model.get();
+  opt.add_to(state);
+  state.scheduler = &schedule;
+  Checkpoints checkpoints(f, pg, state);
+  const parallel::TrainingPosition position = checkpoints.resume(data.train_sampler);
+
+  if (pg.is_main())
+    std::printf(
+        "multigrad DDP Fashion-MNIST: model %s (%lld parameters), %d ranks (%s launcher), device %s per "
+        "rank, "
+        "%s, batch %lld per rank = %lld global, %d epochs, AdamW lr %g, all-reduce %s, buckets %g MB\n",
+        f.model_name.c_str(), static_cast<long long>(model->num_parameters()), pg.size(),
+        pg.launch().launcher.c_str(), pg.device().str().c_str(), f.precision.c_str(),
+        static_cast<long long>(f.batch_size), static_cast<long long>(f.batch_size * pg.size()), f.epochs,
+        f.lr, f.algo.c_str(), f.bucket_cap_mb);
+  Job job{f, pg, data, *model, ddp, opt, schedule, checkpoints, steps_per_epoch, f.precision == "bf16"};
+  train(job, position);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"Train on Fashion-MNIST with DistributedDataParallel (launch with mpirun -np N)"};
-  std::string model_name = "cnn", device_name = "auto", precision = "f32", checkpoint_dir, algo = "native";
-  int epochs = 3, workers = 1;
-  int64_t batch_size = 64, limit_train = 0, check_replicas_every = 0, checkpoint_every = 0, train_subset = 0;
-  int keep_checkpoints = 3;
-  bool log_steps = false;
-  double lr = 2e-3, weight_decay = 1e-4, bucket_cap_mb = 25.0;
-  bool zero_shard = false;
-  std::string zero_partition = "parameters";
-  bool resume = false;
-  uint64_t seed = 42;
-  app.add_option("--model", model_name, "mlp (784-256-128-10) or cnn (2 conv + BN + pooling)");
-  app.add_option("--epochs", epochs, "passes over the training set");
-  app.add_option("--batch-size", batch_size, "samples per step PER RANK (global batch = this x world size)");
-  app.add_option("--lr", lr, "AdamW learning rate (cosine-annealed to 0 over the run)");
-  app.add_option("--weight-decay", weight_decay, "AdamW decoupled weight decay");
-  app.add_option("--device", device_name, "auto (cuda:<local rank> if GPUs, else cpu:0), cpu, ...");
-  app.add_option("--precision", precision, "f32 or bf16 (autocast for matmul/conv)");
-  app.add_option("--workers", workers, "DataLoader background threads per rank");
-  app.add_option("--seed", seed, "initialisation and shuffling seed (the same on every rank)");
-  app.add_option("--limit-train", limit_train, "use only the first N batches of each epoch (0 = all)");
-  app.add_option("--train-subset", train_subset, "train on the first N training images only (0 = all 60000)");
-  app.add_option(
-      "--checkpoint-dir", checkpoint_dir,
-      "step checkpoints go here (at each epoch's end, every --checkpoint-every steps, on SIGTERM)");
-  app.add_option("--checkpoint-every", checkpoint_every,
-                 "also checkpoint every K steps (0 = epoch ends only)");
-  app.add_option("--keep-checkpoints", keep_checkpoints, "keep the newest M checkpoints");
-  app.add_flag(
-      "--resume", resume,
-      "continue from the newest valid checkpoint in --checkpoint-dir, if any (at the exact step, any "
-      "world size)");
-  app.add_flag("--log-steps", log_steps, "rank 0 prints 'step N loss L' after every step");
-  app.add_option("--bucket-cap-mb", bucket_cap_mb, "DDP gradient bucket size");
-  app.add_flag("--zero", zero_shard,
-               "ZeRO-1: shard AdamW's state over the ranks (optim::ZeroRedundancyOptimizer); checkpoints "
-               "hold the consolidated state");
-  app.add_option("--zero-partition", zero_partition,
-                 "with --zero: parameters (whole ones, PyTorch's) or flat (equal ranges, DeepSpeed's)");
-  app.add_option("--algo", algo, "all-reduce: native (MPI/NCCL) or ring (multigrad's own)");
-  app.add_option("--check-replicas-every", check_replicas_every,
-                 "compare parameter checksums across ranks every K steps (0 = never)");
+  Flags flags;
+  add_flags(app, flags);
   CLI11_PARSE(app, argc, argv);
-
   try {
-    check(precision == "f32" || precision == "bf16", "--precision must be f32 or bf16, got '", precision,
-          "'");
-    check(algo == "native" || algo == "ring", "--algo must be native or ring, got '", algo, "'");
-    const bool bf16 = precision == "bf16";
-    parallel::InitOptions init;
-    if (device_name != "auto") init.device = Device::parse(device_name);
-    parallel::ProcessGroup pg = parallel::init_process_group(init);
-    const Device device = pg.device();
-    const bool main_rank = pg.is_main();
-    char host[64] = {};
-    gethostname(host, sizeof(host) - 1);
-    std::fprintf(stderr, "rank %d pid %d on node %s\n", pg.rank(), static_cast<int>(getpid()), host);
-
-    data::FashionMNIST train_set(data::Split::Train), test_set(data::Split::Test);
-    auto normalize = examples::normalize_transform();
-    data::DistributedSamplerOptions train_shard;
-    train_shard.shuffle = true;
-    train_shard.seed = seed;
-    const int64_t train_size = train_subset > 0 ? std::min(train_subset, train_set.size()) : train_set.size();
-    data::DistributedSampler train_sampler(train_size, pg.rank(), pg.size(), train_shard);
-    data::DistributedSamplerOptions test_shard;
-    test_shard.shuffle = false;
-    data::DistributedSampler test_sampler(test_set.size(), pg.rank(), pg.size(), test_shard);
-    data::DataLoaderOptions train_options = examples::loader_options(batch_size, workers, normalize);
-    train_options.drop_last = true;
-    train_options.seed = seed;
-    train_options.sampler = &train_sampler;
-    data::DataLoader train_loader(train_set, train_options);
-    data::DataLoaderOptions test_options = examples::loader_options(1000, workers, normalize);
-    test_options.sampler = &test_sampler;
-    data::DataLoader test_loader(test_set, test_options);
-
-    manual_seed(seed);  // identical initialisation on every rank...
-    std::shared_ptr<nn::Module> model = examples::make_model(model_name);
-    model->to(device);
-    parallel::DDPOptions ddp_options;
-    ddp_options.bucket_cap_mb = bucket_cap_mb;
-    ddp_options.algo = algo == "ring" ? parallel::AllreduceAlgo::Ring : parallel::AllreduceAlgo::Native;
-    ddp_options.check_replicas_every = check_replicas_every;
-    parallel::DistributedDataParallel ddp(*model, pg, ddp_options);  // ...verified and broadcast
-    manual_seed(parallel::seed_for_rank(seed, pg.rank()));           // ...while dropout differs per rank
-    optim::AdamWOptions adamw;
-    adamw.lr = lr;
-    adamw.weight_decay = weight_decay;
-    // --zero: each rank keeps the AdamW state of its shard of the parameters only (ZeRO-1).
-    std::unique_ptr<optim::AdamW> replicated;
-    std::unique_ptr<optim::ZeroRedundancyOptimizer> zero;
-    if (zero_shard) {
-      if (zero_partition != "parameters" && zero_partition != "flat")
-        throw Error("--zero-partition must be parameters or flat, got '" + zero_partition + "'");
-      optim::ZeroOptions zero_options;
-      zero_options.partition =
-          zero_partition == "flat" ? optim::ZeroPartition::Flat : optim::ZeroPartition::Parameters;
-      zero = std::make_unique<optim::ZeroRedundancyOptimizer>(
-          ddp.parameters(), pg,
-          [&](std::vector<Tensor> shard) { return std::make_unique<optim::AdamW>(shard, adamw); },
-          zero_options);
-    } else {
-      replicated = std::make_unique<optim::AdamW>(ddp.parameters(), adamw);
-    }
-    optim::Optimizer& opt = zero ? zero->local_optimizer() : *replicated;  // hyperparameters and schedule
-    const int64_t steps_per_epoch =
-        limit_train > 0 ? std::min(limit_train, train_loader.size()) : train_loader.size();
-    optim::CosineAnnealingLROptions cosine;
-    cosine.t_max = epochs * steps_per_epoch;
-    optim::CosineAnnealingLR schedule(opt, cosine);
-
-    // Step checkpoints: model, optimizer (consolidated with --zero), schedule, every rank's RNG
-    // and the sampler's global position. The files are the same with and without --zero, so a
-    // run may switch between the two, or change its world size.
-    std::unique_ptr<parallel::CheckpointManager> checkpoints;
-    parallel::TrainingState state;
-    state.module = model.get();
-    state.optimizer = zero ? nullptr : &opt;
-    state.zero = zero.get();
-    state.scheduler = &schedule;
-    parallel::TrainingPosition position;
-    if (!checkpoint_dir.empty()) {
-      parallel::CheckpointManagerOptions checkpoint_options;
-      checkpoint_options.every_steps = checkpoint_every;
-      checkpoint_options.keep_last = keep_checkpoints;
-      checkpoints = std::make_unique<parallel::CheckpointManager>(pg, checkpoint_dir, checkpoint_options);
-      if (resume) {
-        if (auto resumed = checkpoints->load_latest(state)) {
-          position = resumed->position;
-          train_sampler.set_start_sample(position.epoch, position.samples_into_epoch);
-          if (main_rank)
-            std::printf(
-                "resumed from %s: step %lld, epoch %lld after %lld samples, saved by %d rank(s), now %d\n",
-                resumed->dir.c_str(), static_cast<long long>(position.step),
-                static_cast<long long>(position.epoch) + 1,
-                static_cast<long long>(position.samples_into_epoch), resumed->world_size, pg.size());
-        }
-      }
-    }
-    const int64_t global_batch = batch_size * pg.size();
-    // --limit-train caps each epoch in samples (batches of this run's global batch).
-    const int64_t samples_cap = limit_train > 0 ? limit_train * global_batch : INT64_MAX;
-
-    if (main_rank)
-      std::printf(
-          "multigrad DDP Fashion-MNIST: model %s (%lld parameters), %d ranks (%s launcher), device %s per "
-          "rank, "
-          "%s, batch %lld per rank = %lld global, %d epochs, AdamW lr %g, all-reduce %s, buckets %g MB\n",
-          model_name.c_str(), static_cast<long long>(model->num_parameters()), pg.size(),
-          pg.launch().launcher.c_str(), device.str().c_str(), precision.c_str(),
-          static_cast<long long>(batch_size), static_cast<long long>(batch_size * pg.size()), epochs, lr,
-          algo.c_str(), bucket_cap_mb);
-    const auto run_start = Clock::now();
-    double accuracy = 0;
-    for (int epoch = static_cast<int>(position.epoch); epoch < epochs; ++epoch) {
-      train_sampler.set_epoch(epoch);  // a new shuffle each epoch, the same on every rank
-      ddp.reset_stats();
-      const auto epoch_start = Clock::now();
-      double loss_sum = 0;
-      int64_t batches = 0;
-      for (auto& [x, y] : train_loader) {
-        if (position.samples_into_epoch + global_batch > samples_cap) break;
-        Tensor loss;
-        {
-          AutocastGuard autocast(DType::bf16, bf16);
-          loss = cross_entropy(ddp(x.to(device)), y.to(device));
-        }
-        zero ? zero->zero_grad() : opt.zero_grad();
-        loss.backward();
-        zero ? zero->step() : opt.step();
-        schedule.step();
-        ++position.step;
-        position.samples_into_epoch += global_batch;
-        ++batches;
-        const double loss_value = loss.item<double>();
-        loss_sum += loss_value;
-        if (log_steps && main_rank)
-          std::printf("step %lld loss %.6f\n", static_cast<long long>(position.step), loss_value);
-        if (main_rank)
-          if (!log_steps)
-            examples::print_progress(
-                epoch + 1, batches, steps_per_epoch, loss_sum,
-                static_cast<double>(batches * batch_size * pg.size()) / seconds_since(epoch_start),
-                " (rank 0; samples/s of all ranks)");
-        // preempted() is a collective: every rank asks after every step, and all agree.
-        const bool stop = checkpoints && checkpoints->preempted();
-        if (checkpoints && (stop || checkpoints->due(position.step))) {
-          checkpoints->save(state, position);
-          if (stop) {
-            checkpoints->wait();
-            if (main_rank)
-              std::printf("\nSIGTERM: saved step %lld to %s and stopped\n",
-                          static_cast<long long>(position.step), checkpoint_dir.c_str());
-            return 0;
-          }
-        }
-      }
-      accuracy = evaluate(*model, pg, test_loader, test_sampler, device, bf16);
-      const auto& stats = ddp.stats();
-      if (main_rank)
-        std::printf(
-            "\nepoch %d: train loss %.4f (rank 0), test accuracy %.4f, %.1f s; all-reduce %.0f ms busy, %.0f "
-            "ms "
-            "exposed\n",
-            epoch + 1, loss_sum / static_cast<double>(std::max<int64_t>(batches, 1)), accuracy,
-            seconds_since(epoch_start), stats.comm_ms, stats.exposed_ms);
-      position.epoch = epoch + 1;
-      position.samples_into_epoch = 0;
-      if (checkpoints) checkpoints->save(state, position);
-    }
-    if (checkpoints) checkpoints->wait();
-    // The optimizer state each rank holds: all of AdamW's moments, or (--zero) its shard's.
-    int64_t mine = 0;
-    if (zero) {
-      mine = zero->state_bytes();
-    } else {
-      for (int64_t i = 0; i < opt.num_params(); ++i)
-        for (const auto& [name, t] : opt.state(i)) mine += static_cast<int64_t>(t.nbytes());
-    }
-    Tensor state_bytes = zeros({pg.size()}, TensorOptions{DType::f64});
-    pg.allgather(state_bytes, full({1}, static_cast<double>(mine), TensorOptions{DType::f64}))->wait();
-    std::string per_rank;
-    for (double b : state_bytes.to_vector<double>())
-      per_rank += str_cat(per_rank.empty() ? "" : " / ", b / 1e6);
-    if (main_rank) {
-      std::printf("optimizer state per rank (MB): %s%s\n", per_rank.c_str(),
-                  zero ? " (ZeRO-1: sharded)" : " (replicated)");
-      std::printf("final: model %s, %d ranks, test accuracy %.4f, wall time %.1f s\n", model_name.c_str(),
-                  pg.size(), accuracy, seconds_since(run_start));
-    }
+    run(flags);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train_ddp: %s\n", e.what());

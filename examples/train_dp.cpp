@@ -26,7 +26,7 @@
 #include "optim/adam.h"
 #include "optim/checkpoint.h"
 #include "optim/lr_scheduler.h"
-#include "parallel/data_parallel.h"
+#include "parallel/data_parallel/data_parallel.h"
 
 #include "fashion_mnist_common.h"
 

@@ -118,11 +118,11 @@ int main(int argc, char** argv) {
     optim::AdamWOptions adamw;
     adamw.lr = 3e-3;
     std::unique_ptr<optim::Optimizer> opt;
-    std::unique_ptr<optim::ZeroRedundancyOptimizer> zero;
+    std::unique_ptr<parallel::ZeroRedundancyOptimizer> zero;
     if (f.strategy == "zero")
-      zero = std::make_unique<optim::ZeroRedundancyOptimizer>(params, world, [&](std::vector<Tensor> shard) {
-        return std::make_unique<optim::AdamW>(shard, adamw);
-      });
+      zero = std::make_unique<parallel::ZeroRedundancyOptimizer>(
+          params, world,
+          [&](std::vector<Tensor> shard) { return std::make_unique<optim::AdamW>(shard, adamw); });
     else
       opt = std::make_unique<optim::AdamW>(params, adamw);
 

@@ -21,7 +21,7 @@ namespace mg::nn {
 
 // The middle of attention, for q, k, v [B, H, T, D] -> [B, H, T, D]: softmax(q k^T / sqrt(D))
 // masked causally, dropout, times v. Shared by CausalSelfAttention and the tensor-parallel
-// attention (parallel/tensor_parallel_gpt.h), which runs it on its own heads only.
+// attention (parallel/tensor_parallel/tensor_parallel_gpt.h), which runs it on its own heads only.
 Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, Dropout& attn_dropout);
 
 class CausalSelfAttention : public Module {

@@ -2,7 +2,7 @@
 // into the fused multi-tensor kernel (kernels/cpu/optim.cpp).
 #include "optim/adam.h"
 
-#include "core/error.h"
+#include "core/base/error.h"
 #include "core/ops/op_common.h"  // MG_KERNEL
 #include "kernels/cpu/optim.h"
 
@@ -64,7 +64,7 @@ std::vector<Optimizer::StateSpec> Adam::state_spec(const Options& o) const {
 }
 
 void Adam::update(const ParamGroup& group, const std::vector<ParamUpdate>& batch) {
-  kernels::cpu::AdamHyper h;
+  kernels::AdamHyper h;
   h.lr = group.get("lr");
   h.beta1 = group.get("beta1");
   h.beta2 = group.get("beta2");
@@ -74,7 +74,7 @@ void Adam::update(const ParamGroup& group, const std::vector<ParamUpdate>& batch
   require_cpu_kernel_support(batch);
   // One multi-tensor call per (device, dtype): one kernel launch per group on CUDA.
   for (const std::vector<const ParamUpdate*>& same : split_by_device_and_dtype(batch)) {
-    std::vector<kernels::cpu::AdamTensor> tensors;
+    std::vector<kernels::AdamTensor> tensors;
     for (const ParamUpdate* u : same) {
       ParamState& s = *u->state;
       // Lazy state: zeros on the first update (max_exp_avg_sq also if amsgrad is
@@ -82,7 +82,7 @@ void Adam::update(const ParamGroup& group, const std::vector<ParamUpdate>& batch
       if (!s["step"].defined()) s["step"] = scalar_tensor(0.0, TensorOptions{DType::f64});
       for (const char* key : {"exp_avg", "exp_avg_sq"})
         if (!s[key].defined()) s[key] = zeros_like(u->param);
-      kernels::cpu::AdamTensor t;
+      kernels::AdamTensor t;
       if (h.amsgrad) {
         Tensor& m = s["max_exp_avg_sq"];
         if (!m.defined()) m = zeros_like(u->param);
@@ -100,9 +100,9 @@ void Adam::update(const ParamGroup& group, const std::vector<ParamUpdate>& batch
     }
     const Tensor& first = same.front()->param;
     if (decoupled_) {
-      MG_KERNEL(first.device(), adamw_step_multi, first.dtype(), tensors, h);
+      MG_KERNEL_SCRATCH(first.device(), adamw_step_multi, first.dtype(), tensors, h);
     } else {
-      MG_KERNEL(first.device(), adam_step_multi, first.dtype(), tensors, h);
+      MG_KERNEL_SCRATCH(first.device(), adam_step_multi, first.dtype(), tensors, h);
     }
   }
 }

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "core/files.h"
 #include "core/safetensors.h"
 
 namespace mg::optim {
@@ -14,11 +15,6 @@ namespace {
 const char* kModelFile = "/model.safetensors";
 const char* kOptimizerFile = "/optimizer.safetensors";
 const std::string kScalerPrefix = "scaler.";
-
-void make_directory(const std::string& dir) {
-  if (::mkdir(dir.c_str(), 0755) == 0 || errno == EEXIST) return;
-  throw Error(str_cat("save_checkpoint: cannot create directory ", dir, ": ", std::strerror(errno)));
-}
 
 SafetensorsMetadata to_metadata(const CheckpointInfo& info) {
   SafetensorsMetadata meta = info.extra;
@@ -65,7 +61,7 @@ void save_checkpoint(const std::string& dir, const nn::Module& module, const Sta
 
 void save_checkpoint(const std::string& dir, const StateDict& module_state, const StateDict& optimizer_dict,
                      CheckpointInfo info, const StateDict* scaler_state) {
-  make_directory(dir);
+  make_directory(dir, "save_checkpoint");
   if (info.rng.seed == 0 && info.rng.offset == 0) info.rng = generator_state();
   const SafetensorsMetadata meta = to_metadata(info);
   StateDict optimizer_state = optimizer_dict;

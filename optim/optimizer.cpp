@@ -11,7 +11,7 @@
 #include <set>
 #include <sstream>
 
-#include "core/error.h"
+#include "core/base/error.h"
 #include "core/grad_mode.h"
 
 namespace mg::optim {

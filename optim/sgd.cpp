@@ -2,7 +2,7 @@
 // multi-tensor kernel (kernels/cpu/optim.cpp does the arithmetic).
 #include "optim/sgd.h"
 
-#include "core/error.h"
+#include "core/base/error.h"
 #include "core/ops/op_common.h"  // MG_KERNEL
 #include "kernels/cpu/optim.h"
 
@@ -41,7 +41,7 @@ std::vector<Optimizer::StateSpec> SGD::state_spec(const Options& o) const {
 }
 
 void SGD::update(const ParamGroup& group, const std::vector<ParamUpdate>& batch) {
-  kernels::cpu::SgdHyper h;
+  kernels::SgdHyper h;
   h.lr = group.get("lr");
   h.momentum = group.get("momentum");
   h.dampening = group.get("dampening");
@@ -50,9 +50,9 @@ void SGD::update(const ParamGroup& group, const std::vector<ParamUpdate>& batch)
   require_cpu_kernel_support(batch);
   // One multi-tensor call per (device, dtype): one kernel launch per group on CUDA.
   for (const std::vector<const ParamUpdate*>& same : split_by_device_and_dtype(batch)) {
-    std::vector<kernels::cpu::SgdTensor> tensors;
+    std::vector<kernels::SgdTensor> tensors;
     for (const ParamUpdate* u : same) {
-      kernels::cpu::SgdTensor t;
+      kernels::SgdTensor t;
       t.param = u->param.data_ptr();
       t.grad = u->grad.data_ptr();
       t.n = u->param.numel();
@@ -65,7 +65,7 @@ void SGD::update(const ParamGroup& group, const std::vector<ParamUpdate>& batch)
       tensors.push_back(t);
     }
     const Tensor& first = same.front()->param;
-    MG_KERNEL(first.device(), sgd_step_multi, first.dtype(), tensors, h);
+    MG_KERNEL_SCRATCH(first.device(), sgd_step_multi, first.dtype(), tensors, h);
   }
 }
 

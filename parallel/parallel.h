@@ -1,28 +1,35 @@
-// The parallel module's public headers in one include.
+// The parallel module's public headers in one include, by folder (one folder per strategy):
 //
-//   DataParallel (one process, several devices): replicate → scatter → parallel_apply → gather
-//   ProcessGroup (one process per device): the collectives DistributedDataParallel is built on
-//   DistributedDataParallel: bucketed gradient all-reduce overlapped with backward (Reducer)
-//   ring_allreduce: multigrad's own all-reduce over the group's send/recv
-//   distributed.h: seed_for_rank, synchronize_grad_scaler, rank-0 checkpoints
-//   beyond data parallelism: ZeroRedundancyOptimizer (ZeRO-1), tensor_parallel.h (column / row
-//   parallel layers), tensor_parallel_gpt.h (TensorParallelGPT), pipeline.h (GPipe, 1F1B)
+//   comm/           ProcessGroup over MPI (CPU) and NCCL (GPU), Work, the object collectives
+//                   (broadcast_object, any_rank), new_group_grid, and ring_allreduce: multigrad's
+//                   own all-reduce over the group's send/recv
+//   data_parallel/  DataParallel (one process, several devices: replicate -> scatter ->
+//                   parallel_apply -> gather) and DistributedDataParallel (one process per
+//                   device: the Reducer's bucketed all-reduce overlapped with backward);
+//                   seed_for_rank, synchronize_grad_scaler
+//   zero/           ZeroRedundancyOptimizer (ZeRO-1: optimizer state sharded over the ranks)
+//   tensor_parallel/ Megatron-style column / row parallel layers and TensorParallelGPT
+//   pipeline/       pipeline stages with the GPipe and 1F1B schedules
+//   resilience/     CheckpointManager (step checkpoints, exact resume), ShardedMetric, and the
+//                   heartbeat that turns a dead or hung rank into an error on every survivor
 #pragma once
 
-#include "parallel/broadcast.h"
-#include "parallel/data_parallel.h"
-#include "parallel/distributed.h"
-#include "parallel/distributed_data_parallel.h"
-#include "parallel/group_grid.h"
-#include "parallel/object_collectives.h"
-#include "parallel/parallel_apply.h"
-#include "parallel/pipeline.h"
-#include "parallel/process_group.h"
-#include "parallel/reducer.h"
-#include "parallel/replicate.h"
-#include "parallel/ring_allreduce.h"
-#include "parallel/scatter_gather.h"
-#include "parallel/tensor_parallel.h"
-#include "parallel/tensor_parallel_gpt.h"
-#include "parallel/work.h"
-#include "parallel/zero_redundancy_optimizer.h"
+#include "parallel/comm/group_grid.h"
+#include "parallel/comm/object_collectives.h"
+#include "parallel/comm/process_group.h"
+#include "parallel/comm/ring_allreduce.h"
+#include "parallel/comm/work.h"
+#include "parallel/data_parallel/broadcast.h"
+#include "parallel/data_parallel/data_parallel.h"
+#include "parallel/data_parallel/distributed.h"
+#include "parallel/data_parallel/distributed_data_parallel.h"
+#include "parallel/data_parallel/parallel_apply.h"
+#include "parallel/data_parallel/reducer.h"
+#include "parallel/data_parallel/replicate.h"
+#include "parallel/data_parallel/scatter_gather.h"
+#include "parallel/pipeline/pipeline.h"
+#include "parallel/resilience/checkpoint_manager.h"
+#include "parallel/resilience/sharded_metric.h"
+#include "parallel/tensor_parallel/tensor_parallel.h"
+#include "parallel/tensor_parallel/tensor_parallel_gpt.h"
+#include "parallel/zero/zero_redundancy_optimizer.h"

@@ -12,7 +12,7 @@ MG_JOBS="${MG_JOBS:-$(nproc 2>/dev/null || echo 2)}"
 # Everything a build + full test run on Debian 12 needs (CUDA is optional and never installed).
 # libopenblas0-openmp: the OpenMP-threaded OpenBLAS, which cooperates with multigrad's OpenMP
 # kernels (cmake/MultigradDeps.cmake says why); the system default stays the pthread build.
-MG_APT_PACKAGES=(cmake g++ ninja-build catch2 libopenblas-dev libopenblas0-openmp libopenmpi-dev openmpi-bin
+MG_APT_PACKAGES=(cmake g++ ninja-build ccache catch2 libopenblas-dev libopenblas0-openmp libopenmpi-dev openmpi-bin
                  zlib1g-dev nlohmann-json3-dev libcli11-dev dataset-fashion-mnist libboost-context-dev)
 
 # Debian's OpenBLAS 0.3.21 identifies some virtualised Xeons as "Prescott" and runs its
@@ -25,6 +25,21 @@ if [[ -z "${OPENBLAS_CORETYPE:-}" && -r /proc/cpuinfo ]]; then
     export OPENBLAS_CORETYPE=Haswell
   fi
 fi
+
+# ccache in front of the compilers. The builds share most objects: build-emu/'s CPU-side library,
+# tests and examples preprocess to the same text as build/'s (only -D flags they never test
+# differ), and ccache's preprocessor mode hashes that text, not the -D flags, so the second build
+# takes them from the cache instead of compiling them again. The cache lives in the checkout
+# (.ccache/, ignored by git), so a fresh clone starts with an empty one, as CI does.
+# MG_NO_CCACHE=1 turns it off. (Asked at configure time: mg_ensure_packages may install it first.)
+export CCACHE_DIR="${CCACHE_DIR:-$MG_ROOT/.ccache}"
+mg_launcher_args() {
+  if [[ "${MG_NO_CCACHE:-0}" != 1 ]] && command -v ccache >/dev/null 2>&1; then
+    printf '%s\n' -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache
+  else
+    printf '%s\n' -UCMAKE_CXX_COMPILER_LAUNCHER -UCMAKE_CUDA_COMPILER_LAUNCHER
+  fi
+}
 
 mg_log() { printf '\n==> %s\n' "$*" >&2; }
 mg_die() { printf 'error: %s\n' "$*" >&2; exit 1; }
@@ -74,9 +89,11 @@ mg_configure_build() {
     mg_log "$dir was configured with another generator: starting it afresh"
     rm -rf "$dir/CMakeCache.txt" "$dir/CMakeFiles"
   fi
-  local t0; t0=$(mg_now)
-  mg_log "configure $dir: ${cfg[*]}"
-  cmake -S "$MG_ROOT" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE="${MG_BUILD_TYPE:-Release}" "${cfg[@]}"
+  local t0 launcher; t0=$(mg_now)
+  mapfile -t launcher < <(mg_launcher_args)
+  mg_log "configure $dir: ${cfg[*]} ${launcher[*]}"
+  cmake -S "$MG_ROOT" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE="${MG_BUILD_TYPE:-Release}" \
+    "${launcher[@]}" "${cfg[@]}"
   mg_log "configured $dir in $(mg_elapsed "$t0"); building with -j$MG_JOBS ${bld[*]}"
   t0=$(mg_now)
   cmake --build "$dir" -j"$MG_JOBS" "${bld[@]}"

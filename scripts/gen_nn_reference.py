@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Writes tests/data/nn_reference.json: PyTorch reference values for multigrad's nn layers.
+"""Writes tests/fixtures/nn_reference.json: PyTorch reference values for multigrad's nn layers.
 
 Run ONCE (and again only when cases change) with Debian's python3-torch:
 

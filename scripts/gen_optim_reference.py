@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Writes tests/data/optim_reference.json: PyTorch reference values for multigrad's optim/.
+"""Writes tests/fixtures/optim_reference.json: PyTorch reference values for multigrad's optim/.
 
 Run ONCE (and again only when cases change) with Debian's python3-torch:
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes tests/data/fixture.safetensors the way PyTorch users produce such files,
+"""Writes tests/fixtures/fixture.safetensors the way PyTorch users produce such files,
 so the C++ reader is tested against bytes it did not write itself.
 
 The layout is built by hand from the published format (8-byte little-endian header

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Writes tests/data/torch_reference.json: PyTorch reference values for multigrad's ops.
+"""Writes tests/fixtures/torch_reference.json: PyTorch reference values for multigrad's ops.
 
 Run ONCE (and again only when cases change) with Debian's python3-torch:
 

@@ -14,9 +14,9 @@
 #include <cstring>
 #include <string>
 
+#include "core/base/error.h"
 #include "core/cuda_allocator.h"
 #include "core/cuda_runtime.h"
-#include "core/error.h"
 
 int main(int argc, char** argv) {
   const std::string devices = mg::cuda::describe_devices();

@@ -5,8 +5,8 @@
 #include <cstdlib>
 #include <string>
 
+#include "core/base/device.h"
 #include "core/cuda_allocator.h"
-#include "core/device.h"
 
 namespace mg::testing {
 

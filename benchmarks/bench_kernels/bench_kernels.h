@@ -19,7 +19,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/error.h"
+#include "core/base/error.h"
 
 namespace mg::bench {
 

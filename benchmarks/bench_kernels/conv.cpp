@@ -22,6 +22,7 @@
 #include "bench_kernels.h"
 #include "core/autograd/node.h"
 #include "core/cuda_allocator.h"
+#include "core/cuda_scratch.h"
 #include "core/cuda_stream.h"
 #include "core/grad_mode.h"
 #include "core/ops.h"
@@ -126,7 +127,7 @@ std::vector<KernelResult> bench_conv(const BenchOptions& o, const Ceilings&) {
     Conv2dOptions conv;
     conv.stride_h = conv.stride_w = s.stride;
     conv.pad_h = conv.pad_w = s.pad;
-    kernels::cpu::Conv2dGeometry g;
+    kernels::Conv2dGeometry g;
     g.channels = s.c, g.height = s.h, g.width = s.w, g.kernel_h = g.kernel_w = s.kernel;
     g.stride_h = g.stride_w = s.stride, g.pad_h = g.pad_w = s.pad;
     const int64_t oh = g.out_h(), ow = g.out_w();

@@ -26,9 +26,10 @@
 #include <vector>
 
 #include "bench_kernels.h"
+#include "core/base/error.h"
+#include "core/base/half.h"
+#include "core/cuda_scratch.h"
 #include "core/cuda_stream.h"
-#include "core/error.h"
-#include "core/half.h"
 #include "kernels/cuda/gemm_ladder.h"
 
 namespace mg::bench {
@@ -149,7 +150,7 @@ std::vector<KernelResult> bench_gemm_ladder(const BenchOptions& o, const Ceiling
             r.note =
                 "gemm: ladder steps vs cuBLAS on row-major C = A B (tight, aligned); max_rel_error = "
                 "max|ladder - cuBLAS| / max|cuBLAS|";
-          kc::GemmArgs g;
+          mg::kernels::GemmArgs g;
           g.dtype = bf16_values ? DType::bf16 : DType::f32;
           g.m = m, g.n = n, g.k = k;
           g.a = a.ptr, g.lda = k;
@@ -160,7 +161,11 @@ std::vector<KernelResult> bench_gemm_ladder(const BenchOptions& o, const Ceiling
             BenchOptions step_options = o;
             // The naive step at 4096^3 takes tens of milliseconds a call: a few calls give its median.
             if (step == kc::GemmKernel::naive && size >= 2048) step_options.repeats = std::min(o.repeats, 5);
-            const double s = median_seconds([&] { kc::gemm_ladder(step, g); }, step_options, stream);
+            const double s = median_seconds(
+                [&] {
+                  kc::gemm_ladder(mg::cuda::current_kernel_stream(), mg::cuda::current_scratch(), step, g);
+                },
+                step_options, stream);
             r.seconds = s;
             r.achieved = flops / s * 1e-12;
             r.ratio = r.achieved / r.ceiling;

@@ -65,10 +65,10 @@
 #include <vector>
 
 #include "bench_kernels.h"
+#include "core/base/error.h"
 #include "core/cuda_allocator.h"
 #include "core/cuda_runtime.h"
 #include "core/cuda_stream.h"
-#include "core/error.h"
 
 #ifdef MG_HAS_NLOHMANN_JSON
 #include <nlohmann/json.hpp>

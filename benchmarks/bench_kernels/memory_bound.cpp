@@ -27,7 +27,7 @@
 // three times, hoping for L2) gets no credit for them, so rereads from DRAM show up as a lower
 // ratio. achieved = bytes / median time; ratio = achieved / the copy ceiling (main.cpp).
 //
-// Floors (issue 3, for an H200): elementwise ops, fill and the casts >= 0.80 of the copy
+// Floors (docs/kernels.md, for an H200): elementwise ops, fill and the casts >= 0.80 of the copy
 // bandwidth; softmax, layer_norm and cross-entropy >= 0.70. Rows without a floor (transpose,
 // reductions) are measured and reported for what they are: reduce-to-a-scalar still runs on one
 // block, and the transpose reads with a stride of a whole row.
@@ -56,8 +56,14 @@
 #include <vector>
 
 #include "bench_kernels.h"
+#include "core/base/half.h"
+#include "core/cuda_scratch.h"
 #include "core/cuda_stream.h"
-#include "core/half.h"
+#include "kernels/cpu/cross_entropy.h"
+#include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/layer_norm.h"
+#include "kernels/cpu/reduce.h"
+#include "kernels/cpu/softmax.h"
 #include "kernels/cuda/kernels.h"
 
 namespace {
@@ -288,17 +294,20 @@ void unary_rows(int64_t n, const Env& env, std::vector<bench::KernelResult>& row
   const DeviceBuffer xd = upload(x);
   DeviceBuffer yd(x.size());
   struct Op {
-    kcpu::UnaryOp op;
+    mg::kernels::UnaryOp op;
     const char* name;
     double tolerance;
   };
-  for (const Op& op :
-       {Op{kcpu::UnaryOp::Relu, "unary relu", 0.0}, Op{kcpu::UnaryOp::Exp, "unary exp", kUlps}}) {
+  for (const Op& op : {Op{mg::kernels::UnaryOp::Relu, "unary relu", 0.0},
+                       Op{mg::kernels::UnaryOp::Exp, "unary exp", kUlps}}) {
     HostArray ref(DType::f32, n);
     kcpu::unary(op.op, view(x.data(), DType::f32, {n}), view(ref.data(), DType::f32, {n}));
     rows.push_back(measure(
         {op.name, "f32", count_text(n), 8.0 * n, kElementwiseFloor, op.tolerance},
-        [&] { kcuda::unary(op.op, view(xd.ptr, DType::f32, {n}), view(yd.ptr, DType::f32, {n})); },
+        [&] {
+          kcuda::unary(mg::cuda::current_kernel_stream(), op.op, view(xd.ptr, DType::f32, {n}),
+                       view(yd.ptr, DType::f32, {n}));
+        },
         {{&yd, &ref}}, env));
   }
 }
@@ -309,14 +318,14 @@ void binary_rows(int64_t n, const Env& env, std::vector<bench::KernelResult>& ro
     const DeviceBuffer ad = upload(a), bd = upload(b);
     DeviceBuffer od(a.size());
     HostArray ref(dt, n);
-    kcpu::binary(kcpu::BinaryOp::Add, view(a.data(), dt, {n}), view(b.data(), dt, {n}),
+    kcpu::binary(mg::kernels::BinaryOp::Add, view(a.data(), dt, {n}), view(b.data(), dt, {n}),
                  view(ref.data(), dt, {n}));
     const double s = static_cast<double>(mg::dtype_size(dt));
     rows.push_back(measure(
         {"binary add", mg::dtype_name(dt), count_text(n), 3.0 * s * n, kElementwiseFloor, 0.0},
         [&] {
-          kcuda::binary(kcpu::BinaryOp::Add, view(ad.ptr, dt, {n}), view(bd.ptr, dt, {n}),
-                        view(od.ptr, dt, {n}));
+          kcuda::binary(mg::cuda::current_kernel_stream(), mg::kernels::BinaryOp::Add, view(ad.ptr, dt, {n}),
+                        view(bd.ptr, dt, {n}), view(od.ptr, dt, {n}));
         },
         {{&od, &ref}}, env));
   }
@@ -332,13 +341,14 @@ void binary_rows(int64_t n, const Env& env, std::vector<bench::KernelResult>& ro
     return v;
   };
   HostArray ref(DType::f32, nrows * cols);
-  kcpu::binary(kcpu::BinaryOp::Add, view(a.data(), DType::f32, {nrows, cols}), row_view(b.data()),
+  kcpu::binary(mg::kernels::BinaryOp::Add, view(a.data(), DType::f32, {nrows, cols}), row_view(b.data()),
                view(ref.data(), DType::f32, {nrows, cols}));
   rows.push_back(measure(
       {"binary add, row broadcast", "f32", dims_text({nrows, cols}) + "+" + std::to_string(cols),
        8.0 * nrows * cols + 4.0 * cols, kElementwiseFloor, 0.0},
       [&] {
-        kcuda::binary(kcpu::BinaryOp::Add, view(ad.ptr, DType::f32, {nrows, cols}), row_view(bd.ptr),
+        kcuda::binary(mg::cuda::current_kernel_stream(), mg::kernels::BinaryOp::Add,
+                      view(ad.ptr, DType::f32, {nrows, cols}), row_view(bd.ptr),
                       view(od.ptr, DType::f32, {nrows, cols}));
       },
       {{&od, &ref}}, env));
@@ -355,8 +365,8 @@ void axpby_row(int64_t n, const Env& env, std::vector<bench::KernelResult>& rows
   rows.push_back(measure(
       {"axpby a + alpha b", "f32", count_text(n), 12.0 * n, kElementwiseFloor, kUlps},
       [&] {
-        kcuda::axpby(view(ad.ptr, DType::f32, {n}), alpha, view(bd.ptr, DType::f32, {n}),
-                     view(od.ptr, DType::f32, {n}));
+        kcuda::axpby(mg::cuda::current_kernel_stream(), view(ad.ptr, DType::f32, {n}), alpha,
+                     view(bd.ptr, DType::f32, {n}), view(od.ptr, DType::f32, {n}));
       },
       {{&od, &ref}}, env));
 }
@@ -376,7 +386,10 @@ void cast_rows(int64_t n, const Env& env, std::vector<bench::KernelResult>& rows
         {std::string("cast ") + mg::dtype_name(from) + "->" + mg::dtype_name(to),
          std::string(mg::dtype_name(from)) + ">" + mg::dtype_name(to), count_text(n), bytes,
          kElementwiseFloor, 0.0},
-        [&] { kcuda::copy(view(xd.ptr, from, {n}), view(yd.ptr, to, {n})); }, {{&yd, &ref}}, env));
+        [&] {
+          kcuda::copy(mg::cuda::current_kernel_stream(), view(xd.ptr, from, {n}), view(yd.ptr, to, {n}));
+        },
+        {{&yd, &ref}}, env));
   }
 }
 
@@ -387,7 +400,8 @@ void fill_and_copy_rows(int64_t n, const Env& env, std::vector<bench::KernelResu
     DeviceBuffer od(ref.size());
     rows.push_back(measure(
         {"fill", "f32", count_text(n), 4.0 * n, kElementwiseFloor, 0.0},
-        [&] { kcuda::fill(view(od.ptr, DType::f32, {n}), 0.625); }, {{&od, &ref}}, env));
+        [&] { kcuda::fill(mg::cuda::current_kernel_stream(), view(od.ptr, DType::f32, {n}), 0.625); },
+        {{&od, &ref}}, env));
   }
   // out[c, r] = in[r, c]: the input read through a transposed view (a strided copy).
   const int64_t r = 4096, c = n / 4096;
@@ -405,7 +419,7 @@ void fill_and_copy_rows(int64_t n, const Env& env, std::vector<bench::KernelResu
   rows.push_back(measure(
       {"transpose (strided copy)", "f32", dims_text({r, c}) + "^T", 8.0 * r * c, 0.0, 0.0},
       [&] {
-        kcuda::copy(transposed(xd.ptr), view(od.ptr, DType::f32, {c, r}));
+        kcuda::copy(mg::cuda::current_kernel_stream(), transposed(xd.ptr), view(od.ptr, DType::f32, {c, r}));
       },
       {{&od, &ref}}, env));
 }
@@ -414,7 +428,7 @@ void reduce_rows(int64_t n, const Env& env, std::vector<bench::KernelResult>& ro
   const HostArray x = random_host(DType::f32, n, 10, 0.0, 1.0);  // one sign: a well-conditioned sum
   const DeviceBuffer xd = upload(x);
   struct Case {
-    kcpu::ReduceShape shape;
+    mg::kernels::ReduceShape shape;
     std::string name, text;
     double tolerance;  // a sum of 16M floats in another order differs by ~1e-6; 1024 by far less
   };
@@ -426,11 +440,14 @@ void reduce_rows(int64_t n, const Env& env, std::vector<bench::KernelResult>& ro
                              1e-5}}) {
     const int64_t outs = c.shape.outer * c.shape.inner;
     HostArray ref(DType::f32, outs);
-    kcpu::reduce(kcpu::ReduceOp::Sum, c.shape, x.data(), DType::f32, ref.data(), DType::f32);
+    kcpu::reduce(mg::kernels::ReduceOp::Sum, c.shape, x.data(), DType::f32, ref.data(), DType::f32);
     DeviceBuffer od(ref.size());
     rows.push_back(measure(
         {c.name, "f32", c.text, 4.0 * n + 4.0 * outs, 0.0, c.tolerance},
-        [&] { kcuda::reduce(kcpu::ReduceOp::Sum, c.shape, xd.ptr, DType::f32, od.ptr, DType::f32); },
+        [&] {
+          kcuda::reduce(mg::cuda::current_kernel_stream(), mg::cuda::current_scratch(),
+                        mg::kernels::ReduceOp::Sum, c.shape, xd.ptr, DType::f32, od.ptr, DType::f32);
+        },
         {{&od, &ref}}, env));
   }
 }
@@ -440,14 +457,17 @@ void softmax_rows(int64_t n, const Env& env, std::vector<bench::KernelResult>& r
     const int64_t outer = n / dim;
     const HostArray x = random_host(DType::f32, outer * dim, 11, -4.0, 4.0);
     const DeviceBuffer xd = upload(x);
-    const kcpu::SoftmaxShape s{outer, dim, 1};
+    const mg::kernels::SoftmaxShape s{outer, dim, 1};
     HostArray ref(DType::f32, outer * dim);
     kcpu::softmax_forward(DType::f32, s, x.data(), ref.data(), false);
     DeviceBuffer yd(ref.size());
     rows.push_back(measure(
         {"softmax, rows of " + std::to_string(dim), "f32", dims_text({outer, dim}), 8.0 * outer * dim,
          kRowwiseFloor, 1e-5},
-        [&] { kcuda::softmax_forward(DType::f32, s, xd.ptr, yd.ptr, false); }, {{&yd, &ref}}, env));
+        [&] {
+          kcuda::softmax_forward(mg::cuda::current_kernel_stream(), DType::f32, s, xd.ptr, yd.ptr, false);
+        },
+        {{&yd, &ref}}, env));
   }
 }
 
@@ -466,8 +486,8 @@ void layer_norm_rows(int64_t n, const Env& env, std::vector<bench::KernelResult>
         {"layer_norm fwd, rows of " + std::to_string(cols), "f32", dims_text({nrows, cols}),
          8.0 * nrows * cols + 8.0 * nrows + 8.0 * cols, kRowwiseFloor, 1e-5},
         [&] {
-          kcuda::layer_norm_forward(DType::f32, xd.ptr, wd.ptr, bd.ptr, nrows, cols, 1e-5, yd.ptr, md.ptr,
-                                    rd.ptr);
+          kcuda::layer_norm_forward(mg::cuda::current_kernel_stream(), DType::f32, xd.ptr, wd.ptr, bd.ptr,
+                                    nrows, cols, 1e-5, yd.ptr, md.ptr, rd.ptr);
         },
         {{&yd, &y}, {&md, &mean}, {&rd, &rstd}}, env));
   }
@@ -494,7 +514,10 @@ void cross_entropy_rows(int64_t n, const Env& env, std::vector<bench::KernelResu
   rows.push_back(measure(
       {"cross_entropy fwd", "f32", shape, 4.0 * nrows * classes + 12.0 * nrows, kRowwiseFloor, 1e-5,
        "the time includes the stream synchronisation the API does to return its count"},
-      [&] { kcuda::cross_entropy_forward(DType::f32, ld.ptr, t_dev, nrows, classes, -100, 0.0, lossd.ptr); },
+      [&] {
+        kcuda::cross_entropy_forward(mg::cuda::current_kernel_stream(), mg::cuda::current_scratch(),
+                                     DType::f32, ld.ptr, t_dev, nrows, classes, -100, 0.0, lossd.ptr);
+      },
       {{&lossd, &losses}}, env));
 
   HostArray grad(DType::f32, nrows * classes);
@@ -504,8 +527,8 @@ void cross_entropy_rows(int64_t n, const Env& env, std::vector<bench::KernelResu
   rows.push_back(measure(
       {"cross_entropy bwd", "f32", shape, 8.0 * nrows * classes + 12.0 * nrows, kRowwiseFloor, 1e-5},
       [&] {
-        kcuda::cross_entropy_backward(DType::f32, ld.ptr, t_dev, nrows, classes, -100, 0.0, gd.ptr,
-                                      gradd.ptr);
+        kcuda::cross_entropy_backward(mg::cuda::current_kernel_stream(), DType::f32, ld.ptr, t_dev, nrows,
+                                      classes, -100, 0.0, gd.ptr, gradd.ptr);
       },
       {{&gradd, &grad}}, env));
 }

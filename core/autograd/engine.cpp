@@ -130,6 +130,23 @@ std::vector<Tensor> run_node(Node& node, std::vector<Tensor> grads_in, bool reta
   return grads_out;
 }
 
+// Hands `node`'s output gradients to the nodes its edges lead to (summing into their input
+// buffers), and calls `ready(next)` for each node whose last awaited gradient this was.
+template <class OnReady>
+void pass_gradients_on(const Node& node, const std::vector<Tensor>& grads_out, GraphTask& task,
+                       std::unordered_map<Node*, bool>& queued, OnReady&& ready) {
+  for (size_t i = 0; i < node.next_edges.size(); ++i) {
+    const Edge& edge = node.next_edges[i];
+    if (!edge.is_valid()) continue;
+    if (i < grads_out.size() && grads_out[i].defined())
+      accumulate_into(task.input_buffers[edge.node.get()], edge.input_nr, grads_out[i]);
+    if (--task.dependencies[edge.node.get()] == 0 && !queued[edge.node.get()]) {
+      queued[edge.node.get()] = true;
+      ready(edge.node);
+    }
+  }
+}
+
 using ReadyQueue = std::priority_queue<std::shared_ptr<Node>, std::vector<std::shared_ptr<Node>>, LaterFirst>;
 
 // Whether the graph under `roots` has nodes on more than one device.
@@ -198,17 +215,10 @@ void run_on_device_threads(const std::vector<std::shared_ptr<Node>>& initial, Gr
       try {
         std::vector<Tensor> grads_out = run_node(*node, std::move(grads_in), retain_graph);
         std::lock_guard<std::mutex> lock(mutex);
-        for (size_t i = 0; i < node->next_edges.size(); ++i) {
-          const Edge& edge = node->next_edges[i];
-          if (!edge.is_valid()) continue;
-          if (i < grads_out.size() && grads_out[i].defined())
-            accumulate_into(task.input_buffers[edge.node.get()], edge.input_nr, grads_out[i]);
-          if (--task.dependencies[edge.node.get()] == 0 && !queued[edge.node.get()]) {
-            queued[edge.node.get()] = true;
-            queues[key_of(node_device(*edge.node))].push(edge.node);
-            ++outstanding;
-          }
-        }
+        pass_gradients_on(*node, grads_out, task, queued, [&](const std::shared_ptr<Node>& next) {
+          queues[key_of(node_device(*next))].push(next);
+          ++outstanding;
+        });
         --outstanding;
       } catch (...) {
         std::lock_guard<std::mutex> lock(mutex);
@@ -289,16 +299,8 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
       std::vector<Tensor> grads_in = std::move(task.input_buffers[node.get()]);
       task.input_buffers.erase(node.get());
       std::vector<Tensor> grads_out = run_node(*node, std::move(grads_in), retain_graph);
-      for (size_t i = 0; i < node->next_edges.size(); ++i) {
-        const Edge& edge = node->next_edges[i];
-        if (!edge.is_valid()) continue;
-        if (i < grads_out.size() && grads_out[i].defined())
-          accumulate_into(task.input_buffers[edge.node.get()], edge.input_nr, grads_out[i]);
-        if (--task.dependencies[edge.node.get()] == 0 && !queued[edge.node.get()]) {
-          queued[edge.node.get()] = true;
-          ready.push(edge.node);
-        }
-      }
+      pass_gradients_on(*node, grads_out, task, queued,
+                        [&](const std::shared_ptr<Node>& next) { ready.push(next); });
     }
   }
 

@@ -49,8 +49,8 @@ char* element_ptr(const Tensor& t, int64_t element) {
   return static_cast<char*>(t.data_ptr()) + element * static_cast<int64_t>(t.itemsize());
 }
 
-kernels::cpu::Conv2dGeometry conv_geometry(const Tensor& x, const Tensor& w, const Conv2dOptions& o) {
-  kernels::cpu::Conv2dGeometry g;
+kernels::Conv2dGeometry conv_geometry(const Tensor& x, const Tensor& w, const Conv2dOptions& o) {
+  kernels::Conv2dGeometry g;
   g.channels = x.size(1);
   g.height = x.size(2);
   g.width = x.size(3);
@@ -79,7 +79,7 @@ bool per_image_cpu(const Tensor& x) {
 // (f32/f16/bf16, sizes within 32 bits); otherwise, and always on the CPU, as im2col + GEMM.
 // cuDNN computes the whole batch in one call (no chunks, no column buffer) and writes every
 // output element, so its gradients need no zero fill.
-bool use_cudnn(const Tensor& x, const kernels::cpu::Conv2dGeometry& g, int64_t out_channels) {
+bool use_cudnn(const Tensor& x, const kernels::Conv2dGeometry& g, int64_t out_channels) {
 #if defined(MG_HAS_CUDA)
   using namespace kernels::cuda;
   return x.device().is_cuda() && conv_backend() == ConvBackend::cudnn &&
@@ -97,29 +97,33 @@ Tensor aligned_for_cudnn(const Tensor& t) {
 }
 
 #if defined(MG_HAS_CUDA)
-void cudnn_forward(const kernels::cpu::Conv2dGeometry& g, const Tensor& x, const Tensor& w, Tensor& y) {
+void cudnn_forward(const kernels::Conv2dGeometry& g, const Tensor& x, const Tensor& w, Tensor& y) {
   cuda::DeviceGuard guard(x.device().index);
-  kernels::cuda::cudnn_conv2d_forward(g, x.dtype(), x.size(0), w.size(0), x.data_ptr(), w.data_ptr(), nullptr,
-                                      y.data_ptr());
+  cuda::DeviceScratch scratch(x.device().index);
+  kernels::cuda::cudnn_conv2d_forward(cuda::kernel_stream(x.device().index), scratch, g, x.dtype(), x.size(0),
+                                      w.size(0), x.data_ptr(), w.data_ptr(), nullptr, y.data_ptr());
 }
 // gx / gw: outputs to fill, or undefined when not needed.
-void cudnn_backward(const kernels::cpu::Conv2dGeometry& g, const Tensor& x, const Tensor& w, const Tensor& gy,
+void cudnn_backward(const kernels::Conv2dGeometry& g, const Tensor& x, const Tensor& w, const Tensor& gy,
                     Tensor& gx, Tensor& gw) {
   cuda::DeviceGuard guard(x.device().index);
+  cuda::DeviceScratch scratch(x.device().index);
+  const cudaStream_t stream = cuda::kernel_stream(x.device().index);
   const Tensor dy = aligned_for_cudnn(gy);
   if (gx.defined())
-    kernels::cuda::cudnn_conv2d_backward_data(g, x.dtype(), x.size(0), w.size(0), dy.data_ptr(), w.data_ptr(),
-                                              gx.data_ptr());
+    kernels::cuda::cudnn_conv2d_backward_data(stream, scratch, g, x.dtype(), x.size(0), w.size(0),
+                                              dy.data_ptr(), w.data_ptr(), gx.data_ptr());
   if (gw.defined())
-    kernels::cuda::cudnn_conv2d_backward_filter(g, x.dtype(), x.size(0), w.size(0), x.data_ptr(),
-                                                dy.data_ptr(), gw.data_ptr(), /*accumulate=*/false);
+    kernels::cuda::cudnn_conv2d_backward_filter(stream, scratch, g, x.dtype(), x.size(0), w.size(0),
+                                                x.data_ptr(), dy.data_ptr(), gw.data_ptr(),
+                                                /*accumulate=*/false);
 }
 #else
 // Never called: use_cudnn() is false in a build without CUDA.
-void cudnn_forward(const kernels::cpu::Conv2dGeometry&, const Tensor&, const Tensor&, Tensor&) {
+void cudnn_forward(const kernels::Conv2dGeometry&, const Tensor&, const Tensor&, Tensor&) {
   throw Error("conv2d: the cuDNN path needs a CUDA build");
 }
-void cudnn_backward(const kernels::cpu::Conv2dGeometry&, const Tensor&, const Tensor&, const Tensor&, Tensor&,
+void cudnn_backward(const kernels::Conv2dGeometry&, const Tensor&, const Tensor&, const Tensor&, Tensor&,
                     Tensor&) {
   throw Error("conv2d: the cuDNN path needs a CUDA build");
 }
@@ -148,7 +152,7 @@ Tensor conv2d(const Tensor& x_arg, const Tensor& w_arg, const Tensor& bias_arg,
     check(bias.dim() == 1 && bias.size(0) == w_in.size(0), "conv2d: bias of shape ", shape_str(bias.shape()),
           " does not match ", w_in.size(0), " output channels");
   Tensor x = x_in.detach().contiguous(), w = w_in.detach().contiguous();
-  const kernels::cpu::Conv2dGeometry geo = conv_geometry(x, w, options);
+  const kernels::Conv2dGeometry geo = conv_geometry(x, w, options);
   const int64_t batch = x.size(0), out_channels = w.size(0);
   const int64_t ck = geo.column_rows(), spatial = geo.column_cols();
   const int64_t image_elems = geo.channels * geo.height * geo.width;
@@ -172,10 +176,10 @@ Tensor conv2d(const Tensor& x_arg, const Tensor& w_arg, const Tensor& bias_arg,
       Tensor columns = new_output({ck, b * spatial}, x.dtype(), x);
       Tensor out = new_output({out_channels, b, spatial}, x.dtype(), x);
       MG_KERNEL(x.device(), im2col, geo, x.dtype(), element_ptr(x, n0 * image_elems), columns.data_ptr(), b);
-      MG_KERNEL(
+      MG_KERNEL_SCRATCH(
           x.device(), gemm,
-          kernels::cpu::gemm_args(x.dtype(), false, false, out_channels, b * spatial, ck, w.data_ptr(), ck,
-                                  columns.data_ptr(), b * spatial, out.data_ptr(), b * spatial, 0.0));
+          kernels::gemm_args(x.dtype(), false, false, out_channels, b * spatial, ck, w.data_ptr(), ck,
+                             columns.data_ptr(), b * spatial, out.data_ptr(), b * spatial, 0.0));
       y.narrow(0, n0, b).view({b, out_channels, spatial}).copy_(out.permute({1, 0, 2}));
     }
   }
@@ -213,15 +217,16 @@ Tensor conv2d(const Tensor& x_arg, const Tensor& w_arg, const Tensor& bias_arg,
         Tensor cols = new_output({ck, b * spatial}, dt, xs);
         if (need_w) {
           MG_KERNEL(xs.device(), im2col, geo, dt, element_ptr(xs, n0 * image_elems), cols.data_ptr(), b);
-          MG_KERNEL(
+          MG_KERNEL_SCRATCH(
               xs.device(), gemm,
-              kernels::cpu::gemm_args(dt, false, true, out_channels, ck, b * spatial, gyp.data_ptr(),
-                                      b * spatial, cols.data_ptr(), b * spatial, gw.data_ptr(), ck, 1.0));
+              kernels::gemm_args(dt, false, true, out_channels, ck, b * spatial, gyp.data_ptr(), b * spatial,
+                                 cols.data_ptr(), b * spatial, gw.data_ptr(), ck, 1.0));
         }
         if (need_x) {
-          MG_KERNEL(xs.device(), gemm,
-                    kernels::cpu::gemm_args(dt, true, false, ck, b * spatial, out_channels, ws.data_ptr(), ck,
-                                            gyp.data_ptr(), b * spatial, cols.data_ptr(), b * spatial, 0.0));
+          MG_KERNEL_SCRATCH(
+              xs.device(), gemm,
+              kernels::gemm_args(dt, true, false, ck, b * spatial, out_channels, ws.data_ptr(), ck,
+                                 gyp.data_ptr(), b * spatial, cols.data_ptr(), b * spatial, 0.0));
           MG_KERNEL(xs.device(), col2im, geo, dt, cols.data_ptr(), element_ptr(gx, n0 * image_elems), b);
         }
       }
@@ -234,10 +239,10 @@ Tensor conv2d(const Tensor& x_arg, const Tensor& w_arg, const Tensor& bias_arg,
 
 namespace {
 
-kernels::cpu::Pool2dGeometry pool_geometry(const char* name, const Tensor& x, const Pool2dOptions& o) {
+kernels::Pool2dGeometry pool_geometry(const char* name, const Tensor& x, const Pool2dOptions& o) {
   check(x.dim() == 3 || x.dim() == 4, name, ": input must be [N, C, H, W] or [C, H, W], got ",
         shape_str(x.shape()));
-  kernels::cpu::Pool2dGeometry g;
+  kernels::Pool2dGeometry g;
   g.height = x.size(-2);
   g.width = x.size(-1);
   g.planes = x.numel() / std::max<int64_t>(g.height * g.width, 1);
@@ -253,7 +258,7 @@ kernels::cpu::Pool2dGeometry pool_geometry(const char* name, const Tensor& x, co
   return g;
 }
 
-Shape pooled_shape(const Tensor& x, const kernels::cpu::Pool2dGeometry& g) {
+Shape pooled_shape(const Tensor& x, const kernels::Pool2dGeometry& g) {
   Shape s = x.shape();
   s[s.size() - 2] = g.out_h();
   s[s.size() - 1] = g.out_w();
@@ -266,7 +271,7 @@ Tensor max_pool2d(const Tensor& x_in, const Pool2dOptions& options) {
   check_defined("max_pool2d", {x_in});
   check_floating("max_pool2d", x_in);
   Tensor x = x_in.detach().contiguous();
-  const kernels::cpu::Pool2dGeometry geo = pool_geometry("max_pool2d", x, options);
+  const kernels::Pool2dGeometry geo = pool_geometry("max_pool2d", x, options);
   Tensor y = new_output(pooled_shape(x, geo), x.dtype(), x);
   Tensor argmax = new_output(y.shape(), DType::i64, x);
   MG_KERNEL(x.device(), max_pool2d_forward, geo, x.dtype(), x.data_ptr(), y.data_ptr(),
@@ -290,7 +295,7 @@ Tensor avg_pool2d(const Tensor& x_in, const Pool2dOptions& options) {
   check_defined("avg_pool2d", {x_in});
   check_floating("avg_pool2d", x_in);
   Tensor x = x_in.detach().contiguous();
-  const kernels::cpu::Pool2dGeometry geo = pool_geometry("avg_pool2d", x, options);
+  const kernels::Pool2dGeometry geo = pool_geometry("avg_pool2d", x, options);
   Tensor y = new_output(pooled_shape(x, geo), x.dtype(), x);
   const bool include_pad = options.count_include_pad;
   MG_KERNEL(x.device(), avg_pool2d_forward, geo, x.dtype(), x.data_ptr(), y.data_ptr(), include_pad);

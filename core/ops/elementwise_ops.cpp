@@ -8,8 +8,8 @@
 
 namespace mg {
 using namespace ops_detail;
-using kernels::cpu::BinaryOp;
-using kernels::cpu::UnaryOp;
+using kernels::BinaryOp;
+using kernels::UnaryOp;
 
 // ---- shared checks -----------------------------------------------------------
 void check_same_device(const char* op, const std::vector<Tensor>& tensors) {
@@ -250,23 +250,27 @@ Tensor div(const Tensor& a, double b) {
 }
 Tensor rsub(const Tensor& a, double b) { return add(neg(a), b); }
 Tensor rdiv(const Tensor& a, double b) { return mul(reciprocal(a), b); }
-Tensor maximum(const Tensor& a, double b) {
+namespace {
+// max(a, b) / min(a, b) against a scalar: the gradient flows to `a` where it won, half of it
+// where it tied.
+Tensor scalar_extremum(const char* name, BinaryOp op, const Tensor& a, double b) {
+  const bool is_max = op == BinaryOp::Maximum;
   return scalar_op(
-      "MaximumScalar", BinaryOp::Maximum, a, b,
-      [b](const Tensor& g, const Tensor& a) {
-        Tensor share = add(gt(a, b).to(g.dtype()), mul(eq(a, b).to(g.dtype()), 0.5));
+      name, op, a, b,
+      [b, is_max](const Tensor& g, const Tensor& a) {
+        Tensor won = is_max ? gt(a, b) : lt(a, b);
+        Tensor share = add(won.to(g.dtype()), mul(eq(a, b).to(g.dtype()), 0.5));
         return mul(g, share);
       },
       true);
 }
+}  // namespace
+
+Tensor maximum(const Tensor& a, double b) {
+  return scalar_extremum("MaximumScalar", BinaryOp::Maximum, a, b);
+}
 Tensor minimum(const Tensor& a, double b) {
-  return scalar_op(
-      "MinimumScalar", BinaryOp::Minimum, a, b,
-      [b](const Tensor& g, const Tensor& a) {
-        Tensor share = add(lt(a, b).to(g.dtype()), mul(eq(a, b).to(g.dtype()), 0.5));
-        return mul(g, share);
-      },
-      true);
+  return scalar_extremum("MinimumScalar", BinaryOp::Minimum, a, b);
 }
 
 // ---- comparisons -----------------------------------------------------------------

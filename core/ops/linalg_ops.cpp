@@ -101,7 +101,7 @@ Tensor batched_matmul_forward(const Tensor& a_in, const Tensor& b_in, bool refer
   out_shape.insert(out_shape.end(), {m, n});
   GemmOperand oa = describe_operand(a.expand(shape_a)), ob = describe_operand(b.expand(shape_b));
   Tensor out = new_output(out_shape, a.dtype(), a);
-  kernels::cpu::GemmArgs args;
+  kernels::GemmArgs args;
   args.dtype = a.dtype();
   args.trans_a = oa.transposed;
   args.trans_b = ob.transposed;
@@ -122,7 +122,7 @@ Tensor batched_matmul_forward(const Tensor& a_in, const Tensor& b_in, bool refer
   if (reference) {
     kernels::cpu::gemm_reference(args);
   } else {
-    MG_KERNEL(out.device(), gemm, args);
+    MG_KERNEL_SCRATCH(out.device(), gemm, args);
   }
   return out;
 }

@@ -4,6 +4,9 @@
 #include "core/autocast.h"
 #include "core/ops/op_common.h"
 #include "core/random.h"
+#if defined(MG_HAS_CUDA)
+#include "core/cuda_device_checks.h"
+#endif
 #include "kernels/cpu/batch_norm.h"
 #include "kernels/cpu/cross_entropy.h"
 #include "kernels/cpu/dropout.h"
@@ -16,8 +19,8 @@ using namespace ops_detail;
 
 namespace {
 
-kernels::cpu::SoftmaxShape softmax_shape(const Tensor& x, int64_t dim) {
-  kernels::cpu::SoftmaxShape s{1, x.dim() == 0 ? 1 : x.size(dim), 1};
+kernels::SoftmaxShape softmax_shape(const Tensor& x, int64_t dim) {
+  kernels::SoftmaxShape s{1, x.dim() == 0 ? 1 : x.size(dim), 1};
   for (int64_t d = 0; d < dim; ++d) s.outer *= x.size(d);
   for (int64_t d = dim + 1; d < x.dim(); ++d) s.inner *= x.size(d);
   return s;
@@ -28,7 +31,7 @@ Tensor softmax_impl(const char* name, const Tensor& x_in, int64_t dim, bool log)
   check_floating(name, x_in);
   dim = wrap_dim(dim, x_in.dim(), name);
   Tensor x = x_in.detach().contiguous();
-  const kernels::cpu::SoftmaxShape shape = softmax_shape(x, dim);
+  const kernels::SoftmaxShape shape = softmax_shape(x, dim);
   Tensor out = new_output(x.shape(), x.dtype(), x);
   MG_KERNEL(x.device(), softmax_forward, x.dtype(), shape, x.data_ptr(), out.data_ptr(), log);
   if (autograd::any_requires_grad({x_in})) {
@@ -56,9 +59,32 @@ Tensor cross_entropy_2d(const Tensor& logits_in, const Tensor& targets_in,
   // The number of rows not ignored, the mean's divisor, stays on the logits' device (f32, exact to
   // 2^24 rows): on a GPU the step never waits for it.
   Tensor counted = new_output({}, DType::f32, logits);
-  MG_KERNEL(logits.device(), cross_entropy_forward_counted, logits.dtype(), logits.data_ptr(),
-            targets.data<int64_t>(), rows, classes, options.ignore_index, options.label_smoothing,
-            losses.data_ptr(), counted.data<float>());
+  if (logits.device().is_cuda()) {
+#if defined(MG_HAS_CUDA)
+    // The kernel's verdict on the targets lands in three device words whose copy to the host is
+    // queued now; a bad target is an error at the next synchronisation (the loss read), naming the
+    // row and the value (core/cuda_device_checks.h). The words' memory is reused only after the copy.
+    const int device = logits.device().index;
+    cuda::DeviceGuard guard(device);
+    Tensor words = new_output({kernels::cuda::kCrossEntropyCheckWords}, DType::i64, logits);
+    kernels::cuda::cross_entropy_forward_counted(cuda::kernel_stream(device), logits.dtype(),
+                                                 logits.data_ptr(), targets.data<int64_t>(), rows, classes,
+                                                 options.ignore_index, options.label_smoothing,
+                                                 losses.data_ptr(), counted.data<float>(), words.data_ptr());
+    const int64_t ignore_index = options.ignore_index;
+    cuda::defer_device_check(
+        device, words.data_ptr(), words.nbytes(), [rows, classes, ignore_index](const void* host_words) {
+          return kernels::cuda::cross_entropy_target_error(host_words, rows, classes, ignore_index);
+        });
+#else
+    check(false, "cross_entropy: ", logits.device(),
+          " needs the CUDA backend, and this multigrad was built without CUDA");
+#endif
+  } else {
+    kernels::cpu::cross_entropy_forward_counted(logits.dtype(), logits.data_ptr(), targets.data<int64_t>(),
+                                                rows, classes, options.ignore_index, options.label_smoothing,
+                                                losses.data_ptr(), counted.data<float>());
+  }
   auto divided = [counted](const Tensor& t) {  // t / counted, in f32 (f64 for f64), back in t's dtype
     const DType wide = t.dtype() == DType::f64 ? DType::f64 : DType::f32;
     return div(t.to(wide), counted.to(wide)).to(t.dtype());
@@ -254,16 +280,16 @@ Tensor embedding(const Tensor& weight, const Tensor& indices_in, int64_t padding
   Shape out_shape = indices.shape();
   out_shape.push_back(dim);
   Tensor out = new_output(out_shape, w.dtype(), w);
-  MG_KERNEL(w.device(), embedding_forward, w.dtype(), w.data_ptr(), num, dim, indices.data<int64_t>(),
-            indices.numel(), out.data_ptr());
+  MG_KERNEL_SCRATCH(w.device(), embedding_forward, w.dtype(), w.data_ptr(), num, dim, indices.data<int64_t>(),
+                    indices.numel(), out.data_ptr());
   if (autograd::any_requires_grad({weight})) {
     autograd::SavedTensor saved_indices(indices, "embedding");
     const DType dtype = w.dtype();
     autograd::record("EmbeddingBackward", {weight}, {out}, [=](const std::vector<Tensor>& g) {
       Tensor idx = saved_indices.unpack(), gy = g[0].contiguous();
       Tensor gw = new_output({num, dim}, dtype, gy);
-      MG_KERNEL(gy.device(), embedding_backward, dtype, gy.data_ptr(), idx.data<int64_t>(), idx.numel(), dim,
-                num, padding_idx, gw.data_ptr());
+      MG_KERNEL_SCRATCH(gy.device(), embedding_backward, dtype, gy.data_ptr(), idx.data<int64_t>(),
+                        idx.numel(), dim, num, padding_idx, gw.data_ptr());
       return std::vector<Tensor>{gw};
     });
   }

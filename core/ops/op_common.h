@@ -10,6 +10,7 @@
 #include "core/tensor.h"
 #include "kernels/cuda/kernels.h"  // declarations only: no CUDA headers
 #if defined(MG_HAS_CUDA)
+#include "core/cuda_scratch.h"
 #include "core/cuda_stream.h"
 #endif
 
@@ -48,18 +49,32 @@ inline void check_floating(const char* op, const Tensor& t) {
 }
 
 // MG_KERNEL(device, fn, args...) runs kernels::cpu::fn(args...) for a CPU device
-// and kernels::cuda::fn(args...) for a CUDA one, with that GPU made current
-// (the CUDA twin has the same signature; see kernels/cuda/kernels.h). Only for
-// ops that have both kernels: the others call require_cpu, whose error names
-// the op, so a CUDA tensor never falls back to the CPU silently.
+// and kernels::cuda::fn(stream, args...) for a CUDA one, with that GPU made current
+// and `stream` its current stream on this thread (the CUDA twin takes the same
+// arguments after the stream; see kernels/cuda/kernels.h). MG_KERNEL_SCRATCH is the
+// same for the CUDA kernels that also borrow scratch memory,
+// kernels::cuda::fn(stream, scratch, args...), `scratch` being the caching allocator
+// (core/cuda_scratch.h). Only for ops that have both kernels: the others call
+// require_cpu, whose error names the op, so a CUDA tensor never falls back to the
+// CPU silently.
 #if defined(MG_HAS_CUDA)
-#define MG_KERNEL(device, fn, ...)                              \
-  ([&]() {                                                      \
-    if ((device).is_cuda()) {                                   \
-      ::mg::cuda::DeviceGuard mg_kernel_guard_((device).index); \
-      return ::mg::kernels::cuda::fn(__VA_ARGS__);              \
-    }                                                           \
-    return ::mg::kernels::cpu::fn(__VA_ARGS__);                 \
+#define MG_KERNEL(device, fn, ...)                                                            \
+  ([&]() {                                                                                    \
+    if ((device).is_cuda()) {                                                                 \
+      ::mg::cuda::DeviceGuard mg_kernel_guard_((device).index);                               \
+      return ::mg::kernels::cuda::fn(::mg::cuda::kernel_stream((device).index), __VA_ARGS__); \
+    }                                                                                         \
+    return ::mg::kernels::cpu::fn(__VA_ARGS__);                                               \
+  }())
+#define MG_KERNEL_SCRATCH(device, fn, ...)                                                          \
+  ([&]() {                                                                                          \
+    if ((device).is_cuda()) {                                                                       \
+      ::mg::cuda::DeviceGuard mg_kernel_guard_((device).index);                                     \
+      ::mg::cuda::DeviceScratch mg_kernel_scratch_((device).index);                                 \
+      return ::mg::kernels::cuda::fn(::mg::cuda::kernel_stream((device).index), mg_kernel_scratch_, \
+                                     __VA_ARGS__);                                                  \
+    }                                                                                               \
+    return ::mg::kernels::cpu::fn(__VA_ARGS__);                                                     \
   }())
 #else
 #define MG_KERNEL(device, fn, ...)                                                     \
@@ -68,6 +83,7 @@ inline void check_floating(const char* op, const Tensor& t) {
                 " needs the CUDA backend, and this multigrad was built without CUDA"); \
     return ::mg::kernels::cpu::fn(__VA_ARGS__);                                        \
   }())
+#define MG_KERNEL_SCRATCH MG_KERNEL
 #endif
 
 }  // namespace mg::ops_detail

@@ -17,7 +17,7 @@
 
 namespace mg {
 using namespace ops_detail;
-using kernels::cpu::ReduceOp;
+using kernels::ReduceOp;
 
 namespace {
 
@@ -91,7 +91,7 @@ Tensor run_reduce(const char* op_name, ReduceOp op, const Tensor& x_in, const Re
     }
   bool adjacent = first >= 0;
   for (int64_t d = first; adjacent && d <= last; ++d) adjacent = plan.reduced[d] || x.size(d) == 1;
-  kernels::cpu::ReduceShape shape{1, plan.reduce_count, 1};
+  kernels::ReduceShape shape{1, plan.reduce_count, 1};
   if (first < 0) {  // nothing to reduce (0-d input): reduce over a single element
     x = x.contiguous();
     shape = {x.numel(), 1, 1};
@@ -112,7 +112,8 @@ Tensor run_reduce(const char* op_name, ReduceOp op, const Tensor& x_in, const Re
     shape.outer = shape_numel(plan.out_shape);
   }
   Tensor out = new_output(plan.keep_shape, out_dtype, x);
-  MG_KERNEL(x.device(), reduce, op, shape, x.data_ptr(), x.dtype(), out.data_ptr(), out_dtype, correction);
+  MG_KERNEL_SCRATCH(x.device(), reduce, op, shape, x.data_ptr(), x.dtype(), out.data_ptr(), out_dtype,
+                    correction);
   return out;
 }
 

@@ -113,22 +113,22 @@ Tensor index_select(const Tensor& x_in, int64_t dim, const Tensor& index_in) {
   dim = wrap_dim(dim, x_in.dim(), "index_select");
   Tensor x = x_in.detach().contiguous();
   Tensor index = index_in.detach().to(DType::i64).contiguous();
-  kernels::cpu::IndexShape shape{1, x.dim() == 0 ? 1 : x.size(dim), 1};
+  kernels::IndexShape shape{1, x.dim() == 0 ? 1 : x.size(dim), 1};
   for (int64_t d = 0; d < dim; ++d) shape.outer *= x.size(d);
   for (int64_t d = dim + 1; d < x.dim(); ++d) shape.inner *= x.size(d);
   Shape out_shape = x.shape();
   if (!out_shape.empty()) out_shape[dim] = index.numel();
   Tensor out = new_output(out_shape, x.dtype(), x);
-  MG_KERNEL(x.device(), index_select, x.dtype(), shape, x.data_ptr(), index.data<int64_t>(), index.numel(),
-            out.data_ptr());
+  MG_KERNEL_SCRATCH(x.device(), index_select, x.dtype(), shape, x.data_ptr(), index.data<int64_t>(),
+                    index.numel(), out.data_ptr());
   if (autograd::any_requires_grad({x_in})) {
     autograd::SavedTensor saved_index(index, "index_select");
     const Shape input_shape = x.shape();
     autograd::record("IndexSelectBackward", {x_in}, {out}, [=](const std::vector<Tensor>& g) {
       Tensor idx = saved_index.unpack(), gy = g[0].contiguous();
       Tensor gx = zeros(input_shape, TensorOptions{gy.dtype(), gy.device()});
-      MG_KERNEL(gy.device(), index_add, gy.dtype(), shape, gy.data_ptr(), idx.data<int64_t>(), idx.numel(),
-                gx.data_ptr());
+      MG_KERNEL_SCRATCH(gy.device(), index_add, gy.dtype(), shape, gy.data_ptr(), idx.data<int64_t>(),
+                        idx.numel(), gx.data_ptr());
       return std::vector<Tensor>{gx};
     });
   }

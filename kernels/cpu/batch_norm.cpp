@@ -19,7 +19,7 @@
 
 #include <cmath>
 
-#include "core/error.h"
+#include "core/base/error.h"
 
 namespace mg::kernels::cpu {
 
@@ -47,7 +47,7 @@ struct Lanes {
 };
 
 template <class T>
-void stats(const T* x, int64_t n, int64_t c, int64_t hw, compute_t<T>* mean_out, compute_t<T>* var_out) {
+void stats(const T* x, int64_t n, int64_t c, int64_t hw, acc_t<T>* mean_out, acc_t<T>* var_out) {
   const double count = static_cast<double>(n * hw);
 #if defined(_OPENMP)
 #pragma omp parallel for schedule(static) if (n * c * hw >= kMinParallelWork)
@@ -67,15 +67,15 @@ void stats(const T* x, int64_t n, int64_t c, int64_t hw, compute_t<T>* mean_out,
         return d * d;
       });
     }
-    mean_out[k] = static_cast<compute_t<T>>(mean);
-    var_out[k] = static_cast<compute_t<T>>(count > 0 ? squares.total() / count : 0.0);
+    mean_out[k] = static_cast<acc_t<T>>(mean);
+    var_out[k] = static_cast<acc_t<T>>(count > 0 ? squares.total() / count : 0.0);
   }
 }
 
 template <class T>
-void apply(const T* x, const compute_t<T>* mean, const compute_t<T>* rstd, const T* weight, const T* bias,
-           int64_t n, int64_t c, int64_t hw, T* y) {
-  using S = compute_t<T>;
+void apply(const T* x, const acc_t<T>* mean, const acc_t<T>* rstd, const T* weight, const T* bias, int64_t n,
+           int64_t c, int64_t hw, T* y) {
+  using S = acc_t<T>;
 #if defined(_OPENMP)
 #pragma omp parallel for schedule(static) if (n * c * hw >= kMinParallelWork)
 #endif
@@ -92,8 +92,8 @@ void apply(const T* x, const compute_t<T>* mean, const compute_t<T>* rstd, const
 }
 
 template <class T>
-void backward(const T* gy, const T* x, const compute_t<T>* mean, const compute_t<T>* rstd, const T* weight,
-              int64_t n, int64_t c, int64_t hw, bool batch_stats, T* gx, T* gw, T* gb) {
+void backward(const T* gy, const T* x, const acc_t<T>* mean, const acc_t<T>* rstd, const T* weight, int64_t n,
+              int64_t c, int64_t hw, bool batch_stats, T* gx, T* gw, T* gb) {
   const double count = static_cast<double>(n * hw);
 #if defined(_OPENMP)
 #pragma omp parallel for schedule(static) if (n * c * hw >= kMinParallelWork)

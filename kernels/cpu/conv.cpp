@@ -19,7 +19,7 @@
 // (i*dh - ph, j*dw - pw) and subsampled by the stride -- is filled
 // independently, so the pairs split across threads. col2im: rows of the same
 // channel add into the same image plane, so the unit of work is an (image,
-// channel) plane: a thread owns the plane, adds all kh*kw taps into a compute_t
+// channel) plane: a thread owns the plane, adds all kh*kw taps into a acc_t
 // copy of it (float for halves, so the sum is rounded once instead of once per
 // tap) and stores it back.
 //
@@ -32,7 +32,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "core/error.h"
+#include "core/base/error.h"
 
 namespace mg::kernels::cpu {
 
@@ -130,7 +130,7 @@ void im2col_typed(const Conv2dGeometry& g, const T* images, T* columns, int64_t 
 
 template <class T>
 void col2im_typed(const Conv2dGeometry& g, const T* columns, T* images, int64_t count) {
-  using Acc = compute_t<T>;
+  using Acc = acc_t<T>;
   const int64_t out_h = g.out_h(), out_w = g.out_w();
   const int64_t cols = out_h * out_w;
   const int64_t row_length = count * cols;

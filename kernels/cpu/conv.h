@@ -15,21 +15,10 @@
 
 #include <cstdint>
 
-#include "core/dtype.h"
+#include "core/base/dtype.h"
+#include "kernels/kernel_args.h"
 
 namespace mg::kernels::cpu {
-
-struct Conv2dGeometry {
-  int64_t channels = 0, height = 0, width = 0;  // input image C, H, W
-  int64_t kernel_h = 1, kernel_w = 1;
-  int64_t stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0, dilation_h = 1, dilation_w = 1;
-
-  // (H + 2p - d(k-1) - 1)/s + 1
-  int64_t out_h() const { return (height + 2 * pad_h - dilation_h * (kernel_h - 1) - 1) / stride_h + 1; }
-  int64_t out_w() const { return (width + 2 * pad_w - dilation_w * (kernel_w - 1) - 1) / stride_w + 1; }
-  int64_t column_rows() const { return channels * kernel_h * kernel_w; }  // C*kh*kw
-  int64_t column_cols() const { return out_h() * out_w(); }               // out_h*out_w
-};
 
 // Throws mg::Error unless the geometry describes a valid convolution (positive
 // kernel/stride/dilation, non-negative padding, at least one output pixel).

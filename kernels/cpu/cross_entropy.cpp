@@ -55,7 +55,7 @@ struct LogSumExp {
   Acc max, log_sum;
 };
 
-template <class T, class Acc = compute_t<T>>
+template <class T, class Acc = acc_t<T>>
 LogSumExp<Acc> row_logsumexp(const T* x, int64_t classes) {
   Acc max = -std::numeric_limits<Acc>::infinity();
   for (int64_t c = 0; c < classes; ++c) max = std::max(max, static_cast<Acc>(x[c]));
@@ -67,7 +67,7 @@ LogSumExp<Acc> row_logsumexp(const T* x, int64_t classes) {
 template <class T>
 void forward_rows(const T* x, const int64_t* targets, int64_t rows, int64_t classes, int64_t ignore_index,
                   double label_smoothing, T* losses) {
-  using Acc = compute_t<T>;
+  using Acc = acc_t<T>;
   const Acc eps = static_cast<Acc>(label_smoothing);
 #if defined(_OPENMP)
 #pragma omp parallel for schedule(static) if (rows * classes >= kMinParallelWork)
@@ -93,7 +93,7 @@ void forward_rows(const T* x, const int64_t* targets, int64_t rows, int64_t clas
 template <class T>
 void backward_rows(const T* x, const int64_t* targets, int64_t rows, int64_t classes, int64_t ignore_index,
                    double label_smoothing, const T* grad_losses, T* gx) {
-  using Acc = compute_t<T>;
+  using Acc = acc_t<T>;
   const Acc eps = static_cast<Acc>(label_smoothing);
   const Acc uniform = eps / static_cast<Acc>(classes);  // smoothing mass each class receives
 #if defined(_OPENMP)

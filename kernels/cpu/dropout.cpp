@@ -17,7 +17,7 @@
 // the compute type (float for halves and f32, double for f64).
 #include "kernels/cpu/dropout.h"
 
-#include "core/philox.h"
+#include "core/base/philox.h"
 
 namespace mg::kernels::cpu {
 
@@ -31,7 +31,7 @@ double keep_scale(double p) { return p < 1.0 ? 1.0 / (1.0 - p) : 0.0; }
 template <class T>
 void forward_elements(const T* x, T* y, bool* mask, int64_t count, double p, uint64_t seed,
                       uint64_t call_offset) {
-  using Acc = compute_t<T>;
+  using Acc = acc_t<T>;
   const float threshold = static_cast<float>(p);
   const Acc scale = static_cast<Acc>(keep_scale(p));
 #if defined(_OPENMP)
@@ -46,7 +46,7 @@ void forward_elements(const T* x, T* y, bool* mask, int64_t count, double p, uin
 
 template <class T>
 void backward_elements(const T* gy, const bool* mask, T* gx, int64_t count, double p) {
-  using Acc = compute_t<T>;
+  using Acc = acc_t<T>;
   const Acc scale = static_cast<Acc>(keep_scale(p));
 #if defined(_OPENMP)
 #pragma omp parallel for schedule(static) if (count >= kMinParallelWork)

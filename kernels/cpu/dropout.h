@@ -1,4 +1,4 @@
-// Dropout (CPU) driven by the counter-based Philox generator (core/philox.h).
+// Dropout (CPU) driven by the counter-based Philox generator (core/base/philox.h).
 //
 // Element i is kept iff philox_uniform(seed, i, call_offset) >= float(p): the
 // mask is a pure function of (seed, call_offset, i), so the CUDA kernel, any
@@ -9,7 +9,7 @@
 
 #include <cstdint>
 
-#include "core/dtype.h"
+#include "core/base/dtype.h"
 
 namespace mg::kernels::cpu {
 

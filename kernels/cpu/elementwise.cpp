@@ -72,14 +72,11 @@ void parallel_for(int64_t n, bool parallel, const Body& body) {
 
 // ---- element types -----------------------------------------------------------
 
-// The type an element is computed in: float for f16/bf16 (compute_t), and int
+// Elements are computed in acc_t<T> (core/base/dtype.h): float for f16/bf16, and int
 // for bool so that true + true == 2 (stored back as true) and `x == 2` is false.
 template <class T>
-using calc_t = std::conditional_t<std::is_same<T, bool>::value, int32_t, compute_t<T>>;
-
-template <class T>
-inline calc_t<T> load(T v) {
-  return static_cast<calc_t<T>>(v);
+inline acc_t<T> load(T v) {
+  return static_cast<acc_t<T>>(v);
 }
 
 // Rounds a computed value into the storage type: nonzero -> true for bool,
@@ -109,11 +106,11 @@ inline To convert(From v) {
   if constexpr (std::is_same<To, From>::value) {
     return v;
   } else if constexpr (std::is_same<To, bool>::value) {
-    return static_cast<compute_t<From>>(v) != 0;
+    return static_cast<acc_t<From>>(v) != 0;
   } else if constexpr (std::is_same<To, f16>::value || std::is_same<To, bf16>::value) {
     return To(static_cast<float>(v));  // f64 -> float -> half: rounds twice, as documented
   } else {
-    return static_cast<To>(static_cast<compute_t<From>>(v));  // float -> int truncates toward zero
+    return static_cast<To>(static_cast<acc_t<From>>(v));  // float -> int truncates toward zero
   }
 }
 
@@ -233,10 +230,10 @@ void binary_row(const T* __restrict a, int64_t sa, const T* __restrict b, int64_
   if (sa == 1 && sb == 1 && so == 1) {
     for (int64_t i = 0; i < n; ++i) out[i] = store<Out>(f(load(a[i]), load(b[i])));
   } else if (sa == 1 && sb == 0 && so == 1) {
-    const calc_t<T> y = load(b[0]);
+    const acc_t<T> y = load(b[0]);
     for (int64_t i = 0; i < n; ++i) out[i] = store<Out>(f(load(a[i]), y));
   } else if (sa == 0 && sb == 1 && so == 1) {
-    const calc_t<T> x = load(a[0]);
+    const acc_t<T> x = load(a[0]);
     for (int64_t i = 0; i < n; ++i) out[i] = store<Out>(f(x, load(b[i])));
   } else {
     for (int64_t i = 0; i < n; ++i) out[i * so] = store<Out>(f(load(a[i * sa]), load(b[i * sb])));
@@ -267,7 +264,7 @@ void map_binary(const StridedView& a, const StridedView& b, const StridedView& o
 
 template <class T>
 void unary_typed(UnaryOp op, const StridedView& in, const StridedView& out, double scalar) {
-  using C = calc_t<T>;
+  using C = acc_t<T>;
   auto run = [&](const auto& f) { map_unary<T, T>(in, out, f); };
   switch (op) {  // ops defined for integers and floats
     case UnaryOp::Neg: return run([](C x) -> C { return -x; });
@@ -308,7 +305,7 @@ void unary_typed(UnaryOp op, const StridedView& in, const StridedView& out, doub
 template <class T>
 void unary_backward_typed(UnaryOp op, const StridedView& grad_out, const StridedView& input,
                           const StridedView& output, const StridedView& grad_in, double scalar) {
-  using C = compute_t<T>;
+  using C = acc_t<T>;
   const bool have_output = output.data != nullptr;
   // f(g) with no saved tensor; f(g, x) reading the input; f(g, y) reading the output.
   auto from_grad = [&](const auto& f) { map_unary<T, T>(grad_out, grad_in, f); };
@@ -473,7 +470,7 @@ struct ScalarLaunch {
   double scalar;
   template <class Out, class F>
   void run(const F& f) const {
-    using C = calc_t<T>;
+    using C = acc_t<T>;
     if (scalar_fits<C>(scalar)) {
       const C s = static_cast<C>(scalar);
       map_unary<T, Out>(a, out, [&f, s](C x) { return f(x, s); });
@@ -673,7 +670,7 @@ void binary_scalar(BinaryOp op, const StridedView& a, double scalar, const Strid
   check_binary_dtype("binary_scalar", op, a.dtype);
   visit_dtype(a.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    check(!is_arithmetic(op) || scalar_fits<calc_t<T>>(scalar), "binary_scalar ", name, ": scalar ", scalar,
+    check(!is_arithmetic(op) || scalar_fits<acc_t<T>>(scalar), "binary_scalar ", name, ": scalar ", scalar,
           " is not representable in dtype ", dtype_name(a.dtype), "; promote the tensor first");
     dispatch_binary(op, ScalarLaunch<T>{a, out, scalar});
   });
@@ -686,7 +683,7 @@ void axpby(const StridedView& a, double alpha, const StridedView& b, const Strid
   check_dtype("axpby", "output", out, a.dtype);
   visit_floating(a.dtype, "axpby", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    using C = compute_t<T>;
+    using C = acc_t<T>;
     const C s = static_cast<C>(alpha);
     map_binary<T, T>(a, b, out, [s](C x, C y) { return x + s * y; });
   });
@@ -727,7 +724,7 @@ void clamp(const StridedView& in, const StridedView& out, double lo, double hi) 
   check(!std::isnan(lo) && !std::isnan(hi), "clamp: bounds must not be NaN (got ", lo, ", ", hi, ")");
   visit_dtype(in.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    using C = calc_t<T>;
+    using C = acc_t<T>;
     C lower, upper;
     if constexpr (std::is_floating_point<C>::value) {
       lower = static_cast<C>(lo);

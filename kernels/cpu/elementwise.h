@@ -12,44 +12,10 @@
 // written at the same position. Partial overlaps are not supported.
 #pragma once
 
-#include "core/strided_view.h"
+#include "core/base/strided_view.h"
+#include "kernels/kernel_args.h"
 
 namespace mg::kernels::cpu {
-
-enum class UnaryOp {
-  Neg,
-  Exp,
-  Log,
-  Sqrt,
-  Rsqrt,
-  Abs,
-  Tanh,
-  Sigmoid,
-  Relu,
-  GeluTanh,  // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), GELU's tanh approximation
-  PowScalar,
-  Square,
-  Reciprocal,
-  Sign,  // -1, 0 or +1; NaN stays NaN
-};
-
-enum class BinaryOp {
-  Add,
-  Sub,
-  Mul,
-  Div,
-  Maximum,
-  Minimum,
-  Pow,
-  Eq,
-  Ne,
-  Lt,
-  Le,
-  Gt,
-  Ge,
-  LogicalAnd,
-  LogicalOr
-};
 
 const char* unary_op_name(UnaryOp op);
 const char* binary_op_name(BinaryOp op);

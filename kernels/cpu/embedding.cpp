@@ -45,7 +45,7 @@ void gather_rows(const T* weight, int64_t dim, const int64_t* indices, int64_t c
 template <class T>
 void scatter_add_rows(const T* grad_out, const int64_t* indices, int64_t count, int64_t dim,
                       int64_t num_embeddings, int64_t padding_idx, T* grad_weight) {
-  using Acc = compute_t<T>;
+  using Acc = acc_t<T>;
   // Counting sort of positions by index: positions of row e end up in
   // order[start[e] .. start[e + 1]), in ascending position order.
   std::vector<int64_t> start(static_cast<size_t>(num_embeddings) + 1, 0);

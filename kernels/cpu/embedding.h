@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "core/dtype.h"
+#include "core/base/dtype.h"
 
 namespace mg::kernels::cpu {
 

@@ -43,7 +43,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "core/error.h"
+#include "core/base/error.h"
 
 #ifdef MG_HAS_OPENBLAS
 #include <cblas.h>
@@ -139,7 +139,7 @@ void micro_kernel(const Acc* a_pack, const Acc* b_pack, Acc* acc, int64_t rows, 
 
 template <class T>
 void gemm_blocked_typed(const GemmArgs& g) {
-  using Acc = compute_t<T>;
+  using Acc = acc_t<T>;
   const T* a_base = static_cast<const T*>(g.a);
   const T* b_base = static_cast<const T*>(g.b);
   T* c_base = static_cast<T*>(g.c);
@@ -213,13 +213,13 @@ void gemm_reference_typed(const GemmArgs& g) {
         for (int64_t p = 0; p < depth; ++p) {
           const T a_ip = g.trans_a ? a[p * g.lda + i] : a[i * g.lda + p];
           const T b_pj = g.trans_b ? b[j * g.ldb + p] : b[p * g.ldb + j];
-          sum += static_cast<double>(static_cast<compute_t<T>>(a_ip)) *
-                 static_cast<double>(static_cast<compute_t<T>>(b_pj));
+          sum += static_cast<double>(static_cast<acc_t<T>>(a_ip)) *
+                 static_cast<double>(static_cast<acc_t<T>>(b_pj));
         }
         T& out = c[i * g.ldc + j];
         double value = g.alpha * sum;
-        if (g.beta != 0.0) value += g.beta * static_cast<double>(static_cast<compute_t<T>>(out));
-        out = static_cast<T>(static_cast<compute_t<T>>(value));
+        if (g.beta != 0.0) value += g.beta * static_cast<double>(static_cast<acc_t<T>>(out));
+        out = static_cast<T>(static_cast<acc_t<T>>(value));
       }
     }
   }

@@ -2,7 +2,7 @@
 
 #include <cstring>
 
-#include "core/error.h"
+#include "core/base/error.h"
 
 namespace mg::kernels::cpu {
 namespace {
@@ -36,7 +36,7 @@ void index_add(DType dtype, const IndexShape& shape, const void* grad_out, const
         const T* from = src + (o * count + i) * shape.inner;
         T* to = dst + (o * shape.size + indices[i]) * shape.inner;
         for (int64_t j = 0; j < shape.inner; ++j)
-          to[j] = static_cast<T>(static_cast<compute_t<T>>(to[j]) + static_cast<compute_t<T>>(from[j]));
+          to[j] = static_cast<T>(static_cast<acc_t<T>>(to[j]) + static_cast<acc_t<T>>(from[j]));
       }
   });
 }

@@ -8,13 +8,10 @@
 
 #include <cstdint>
 
-#include "core/dtype.h"
+#include "core/base/dtype.h"
+#include "kernels/kernel_args.h"
 
 namespace mg::kernels::cpu {
-
-struct IndexShape {
-  int64_t outer, size, inner;  // input viewed as [outer, size, inner]
-};
 
 // out[o, i, :] = input[o, indices[i], :]; throws naming the position and value of a bad index.
 void index_select(DType dtype, const IndexShape& shape, const void* input, const int64_t* indices,

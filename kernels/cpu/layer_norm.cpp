@@ -29,11 +29,11 @@ namespace {
 constexpr int64_t kColumnBlock = 64;
 [[maybe_unused]] constexpr int64_t kMinParallelWork = 1 << 15;
 
-// S is the statistics type: double for f64, float otherwise (the same as compute_t<T>).
+// S is the statistics type: double for f64, float otherwise (the same as acc_t<T>).
 template <class T>
 void forward_rows(const T* x, const T* weight, const T* bias, int64_t rows, int64_t cols, double eps, T* y,
-                  compute_t<T>* mean_out, compute_t<T>* rstd_out) {
-  using S = compute_t<T>;
+                  acc_t<T>* mean_out, acc_t<T>* rstd_out) {
+  using S = acc_t<T>;
   const S inv_cols = cols > 0 ? S(1) / static_cast<S>(cols) : S(0);
 #if defined(_OPENMP)
 #pragma omp parallel for schedule(static) if (rows * cols >= kMinParallelWork)
@@ -69,9 +69,9 @@ void forward_rows(const T* x, const T* weight, const T* bias, int64_t rows, int6
 }
 
 template <class T>
-void backward_grad_x(const T* gy, const T* x, const compute_t<T>* mean, const compute_t<T>* rstd,
-                     const T* weight, int64_t rows, int64_t cols, T* gx) {
-  using S = compute_t<T>;
+void backward_grad_x(const T* gy, const T* x, const acc_t<T>* mean, const acc_t<T>* rstd, const T* weight,
+                     int64_t rows, int64_t cols, T* gx) {
+  using S = acc_t<T>;
   const S inv_cols = cols > 0 ? S(1) / static_cast<S>(cols) : S(0);
 #if defined(_OPENMP)
 #pragma omp parallel for schedule(static) if (rows * cols >= kMinParallelWork)
@@ -97,9 +97,9 @@ void backward_grad_x(const T* gy, const T* x, const compute_t<T>* mean, const co
 }
 
 template <class T>
-void backward_params(const T* gy, const T* x, const compute_t<T>* mean, const compute_t<T>* rstd,
-                     int64_t rows, int64_t cols, T* grad_weight, T* grad_bias) {
-  using S = compute_t<T>;
+void backward_params(const T* gy, const T* x, const acc_t<T>* mean, const acc_t<T>* rstd, int64_t rows,
+                     int64_t cols, T* grad_weight, T* grad_bias) {
+  using S = acc_t<T>;
   const int64_t blocks = (cols + kColumnBlock - 1) / kColumnBlock;
 #if defined(_OPENMP)
 #pragma omp parallel for schedule(static) if (rows * cols >= kMinParallelWork)
@@ -134,7 +134,7 @@ void layer_norm_forward(DType dtype, const void* x, const void* weight, const vo
   check(eps >= 0, "layer_norm_forward: eps must be >= 0, got ", eps);
   visit_floating(dtype, "layer_norm_forward", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    using S = compute_t<T>;
+    using S = acc_t<T>;
     forward_rows(static_cast<const T*>(x), static_cast<const T*>(weight), static_cast<const T*>(bias), rows,
                  cols, eps, static_cast<T*>(y), static_cast<S*>(mean), static_cast<S*>(rstd));
   });
@@ -146,7 +146,7 @@ void layer_norm_backward(DType dtype, const void* grad_y, const void* x, const v
   check(rows >= 0 && cols >= 0, "layer_norm_backward: negative shape [", rows, ", ", cols, "]");
   visit_floating(dtype, "layer_norm_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    using S = compute_t<T>;
+    using S = acc_t<T>;
     const T* gy = static_cast<const T*>(grad_y);
     const T* xs = static_cast<const T*>(x);
     const S* mu = static_cast<const S*>(mean);

@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "core/dtype.h"
+#include "core/base/dtype.h"
 
 namespace mg::kernels::cpu {
 

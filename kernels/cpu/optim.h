@@ -34,17 +34,10 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/dtype.h"
+#include "core/base/dtype.h"
+#include "kernels/kernel_args.h"
 
 namespace mg::kernels::cpu {
-
-struct SgdHyper {
-  double lr = 0.0;
-  double momentum = 0.0;
-  double dampening = 0.0;
-  double weight_decay = 0.0;
-  bool nesterov = false;
-};
 
 // PyTorch's SGD:
 //   d = g + weight_decay * p
@@ -56,16 +49,6 @@ struct SgdHyper {
 // written (initialised to d), never read.
 void sgd_step(DType dtype, int64_t n, void* param, const void* grad, void* momentum_buffer, bool first_step,
               const SgdHyper& h);
-
-struct AdamHyper {
-  double lr = 0.0;
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
-  double weight_decay = 0.0;
-  bool amsgrad = false;
-  int64_t step = 1;  // the step being taken, counting from 1 (for bias correction)
-};
 
 // Adam (L2 penalty added to the gradient):
 //   g' = g + weight_decay * p
@@ -90,22 +73,6 @@ void adamw_step(DType dtype, int64_t n, void* param, const void* grad, void* exp
 // same path. Per-tensor fields are what can differ between the tensors of one
 // group: SGD's first_step (a parameter that got its first gradient later) and
 // Adam's step count (likewise).
-struct SgdTensor {
-  void* param = nullptr;
-  const void* grad = nullptr;
-  void* momentum_buffer = nullptr;  // may be nullptr when momentum == 0
-  int64_t n = 0;
-  bool first_step = false;
-};
-struct AdamTensor {
-  void* param = nullptr;
-  const void* grad = nullptr;
-  void* exp_avg = nullptr;
-  void* exp_avg_sq = nullptr;
-  void* max_exp_avg_sq = nullptr;  // may be nullptr unless amsgrad
-  int64_t n = 0;
-  int64_t step = 1;  // replaces AdamHyper::step for this tensor
-};
 void sgd_step_multi(DType dtype, const std::vector<SgdTensor>& tensors, const SgdHyper& h);
 void adam_step_multi(DType dtype, const std::vector<AdamTensor>& tensors, const AdamHyper& h);
 void adamw_step_multi(DType dtype, const std::vector<AdamTensor>& tensors, const AdamHyper& h);

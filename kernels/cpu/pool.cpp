@@ -13,7 +13,7 @@
 // per window element: these kernels are memory bound.
 //
 // Backward accumulates: overlapping windows (stride < kernel) send several
-// gradients to the same input. Each plane is summed in a compute_t scratch
+// gradients to the same input. Each plane is summed in a acc_t scratch
 // copy (float for halves) and rounded to T once, and since a plane belongs to
 // one thread no atomics are needed.
 #include "kernels/cpu/pool.h"
@@ -26,7 +26,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "core/error.h"
+#include "core/base/error.h"
 
 namespace mg::kernels::cpu {
 
@@ -84,7 +84,7 @@ inline void consider(Acc v, int64_t i, Acc& best, int64_t& best_index) {
 // the input, so the four candidates are read directly, in the generic loop's order.
 template <class T>
 void max_forward_2x2(const Pool2dGeometry& g, const T* x, T* y, int64_t* index) {
-  using Acc = compute_t<T>;
+  using Acc = acc_t<T>;
   const int64_t out_h = g.out_h(), out_w = g.out_w(), width = g.width;
   for (int64_t oh = 0; oh < out_h; ++oh) {
     const int64_t top = 2 * oh * width, bottom = top + width;  // the window's two input rows
@@ -104,7 +104,7 @@ void max_forward_2x2(const Pool2dGeometry& g, const T* x, T* y, int64_t* index) 
 
 template <class T>
 void max_forward_typed(const Pool2dGeometry& g, const T* input, T* output, int64_t* argmax) {
-  using Acc = compute_t<T>;
+  using Acc = acc_t<T>;
   const int64_t out_h = g.out_h(), out_w = g.out_w();
   const bool parallel = worth_threads(g);
   (void)parallel;  // only read by the OpenMP pragma
@@ -139,7 +139,7 @@ void max_forward_typed(const Pool2dGeometry& g, const T* input, T* output, int64
 
 template <class T>
 void max_backward_typed(const Pool2dGeometry& g, const T* grad_output, const int64_t* argmax, T* grad_input) {
-  using Acc = compute_t<T>;
+  using Acc = acc_t<T>;
   const int64_t outputs = g.out_h() * g.out_w();
   const int64_t plane_size = g.height * g.width;
   const bool parallel = worth_threads(g);
@@ -175,7 +175,7 @@ void max_backward_typed(const Pool2dGeometry& g, const T* grad_output, const int
 
 template <class T>
 void avg_forward_typed(const Pool2dGeometry& g, const T* input, T* output, bool count_include_pad) {
-  using Acc = compute_t<T>;
+  using Acc = acc_t<T>;
   const int64_t out_h = g.out_h(), out_w = g.out_w();
   const bool parallel = worth_threads(g);
   (void)parallel;  // only read by the OpenMP pragma
@@ -202,7 +202,7 @@ void avg_forward_typed(const Pool2dGeometry& g, const T* input, T* output, bool 
 template <class T>
 void avg_backward_typed(const Pool2dGeometry& g, const T* grad_output, T* grad_input,
                         bool count_include_pad) {
-  using Acc = compute_t<T>;
+  using Acc = acc_t<T>;
   const int64_t out_h = g.out_h(), out_w = g.out_w();
   const int64_t plane_size = g.height * g.width;
   const bool parallel = worth_threads(g);

@@ -11,18 +11,10 @@
 
 #include <cstdint>
 
-#include "core/dtype.h"
+#include "core/base/dtype.h"
+#include "kernels/kernel_args.h"
 
 namespace mg::kernels::cpu {
-
-struct Pool2dGeometry {
-  int64_t planes = 0, height = 0, width = 0;  // planes = N*C, input contiguous [planes, H, W]
-  int64_t kernel_h = 1, kernel_w = 1, stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0;
-
-  // floor mode, (H + 2p - k)/s + 1
-  int64_t out_h() const { return (height + 2 * pad_h - kernel_h) / stride_h + 1; }
-  int64_t out_w() const { return (width + 2 * pad_w - kernel_w) / stride_w + 1; }
-};
 
 // Throws mg::Error unless the geometry is valid (positive kernel and stride,
 // 0 <= pad <= kernel/2, the padded input at least one kernel large).

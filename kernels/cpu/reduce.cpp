@@ -93,8 +93,8 @@ inline bool is_nan(V v) {
 // the total of the blocks.
 template <class T>
 struct SumTypes {
-  static constexpr bool kFloating = std::is_floating_point<compute_t<T>>::value;
-  using Acc = std::conditional_t<kFloating, compute_t<T>, int64_t>;  // float, double or int64
+  static constexpr bool kFloating = std::is_floating_point<acc_t<T>>::value;
+  using Acc = std::conditional_t<kFloating, acc_t<T>, int64_t>;  // float, double or int64
   using Wide = std::conditional_t<kFloating, double, int64_t>;
 };
 
@@ -332,7 +332,7 @@ inline bool beats(C v, C best) {
 
 template <bool kMax, class T>
 void arg_reduce(const ReduceShape& s, const T* x, void* output) {
-  using C = compute_t<T>;
+  using C = acc_t<T>;
   const bool parallel = s.outer * s.reduce * s.inner >= kParallelNumel;
   if (s.inner == 1) {
     for_each_row<int64_t>(s, output, DType::i64, parallel, [&](int64_t o) {
@@ -438,7 +438,7 @@ void reduce(ReduceOp op, const ReduceShape& shape, const void* input, DType in_d
     using T = typename decltype(tag)::type;
     using Acc = typename SumTypes<T>::Acc;
     using Wide = typename SumTypes<T>::Wide;
-    using C = compute_t<T>;
+    using C = acc_t<T>;
     const T* x = static_cast<const T*>(input);
     switch (op) {
       case ReduceOp::Sum: return fold_reduce<Acc, Wide>(shape, x, output, out_dtype, Acc(0), Plus{}, false);

@@ -11,15 +11,10 @@
 
 #include <cstdint>
 
-#include "core/dtype.h"
+#include "core/base/dtype.h"
+#include "kernels/kernel_args.h"
 
 namespace mg::kernels::cpu {
-
-enum class ReduceOp { Sum, Mean, Max, Min, Argmax, Argmin, Var, Prod };
-
-struct ReduceShape {
-  int64_t outer, reduce, inner;
-};
 
 const char* reduce_op_name(ReduceOp op);
 

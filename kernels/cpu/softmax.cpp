@@ -3,7 +3,7 @@
 // Numerics: softmax(x) = exp(x - m) / sum(exp(x - m)) with m = max(x) along the
 // axis. Subtracting the max keeps every exponent <= 0, so nothing overflows and
 // at least one term of the sum is exactly 1. Halves are widened to float; f32
-// accumulates in float and f64 in double (compute_t<T>).
+// accumulates in float and f64 in double (acc_t<T>).
 //
 // Decomposition:
 //  * inner == 1: one row of `dim` contiguous elements per task, rows split across
@@ -38,7 +38,7 @@ constexpr int64_t kTile = 64;  // columns per task when inner > 1
 
 template <class T>
 void softmax_forward_rows(const T* x, T* y, int64_t rows, int64_t dim, bool log) {
-  using Acc = compute_t<T>;
+  using Acc = acc_t<T>;
 #if defined(_OPENMP)
 #pragma omp parallel for schedule(static) if (rows * dim >= kMinParallelWork)
 #endif
@@ -64,7 +64,7 @@ void softmax_forward_rows(const T* x, T* y, int64_t rows, int64_t dim, bool log)
 
 template <class T>
 void softmax_forward_tiles(const T* x, T* y, const SoftmaxShape& s, bool log) {
-  using Acc = compute_t<T>;
+  using Acc = acc_t<T>;
   const int64_t tiles_per_slice = (s.inner + kTile - 1) / kTile;
   const int64_t tiles = s.outer * tiles_per_slice;
 #if defined(_OPENMP)
@@ -117,7 +117,7 @@ void softmax_forward_tiles(const T* x, T* y, const SoftmaxShape& s, bool log) {
 
 template <class T>
 void softmax_backward_rows(const T* gy, const T* y, T* gx, int64_t rows, int64_t dim, bool log) {
-  using Acc = compute_t<T>;
+  using Acc = acc_t<T>;
 #if defined(_OPENMP)
 #pragma omp parallel for schedule(static) if (rows * dim >= kMinParallelWork)
 #endif
@@ -140,7 +140,7 @@ void softmax_backward_rows(const T* gy, const T* y, T* gx, int64_t rows, int64_t
 
 template <class T>
 void softmax_backward_tiles(const T* gy, const T* y, T* gx, const SoftmaxShape& s, bool log) {
-  using Acc = compute_t<T>;
+  using Acc = acc_t<T>;
   const int64_t tiles_per_slice = (s.inner + kTile - 1) / kTile;
   const int64_t tiles = s.outer * tiles_per_slice;
 #if defined(_OPENMP)

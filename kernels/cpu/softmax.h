@@ -10,13 +10,10 @@
 
 #include <cstdint>
 
-#include "core/dtype.h"
+#include "core/base/dtype.h"
+#include "kernels/kernel_args.h"
 
 namespace mg::kernels::cpu {
-
-struct SoftmaxShape {
-  int64_t outer, dim, inner;
-};
 
 // y = softmax(x) (or log_softmax(x) when `log`) along the `dim` axis.
 void softmax_forward(DType dtype, const SoftmaxShape& s, const void* input, void* output, bool log);

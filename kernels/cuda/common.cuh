@@ -10,22 +10,20 @@
 #pragma once
 
 #include <cuda_runtime.h>
-#if defined(MG_CUDA_EMULATE)
-#include <cuda_fp16.h>  // the host-side conversions stand in for the cvt instructions
-#endif
 
 #include <cstdint>
 #include <type_traits>
 
-#include "core/cuda_check.cuh"
-#include "core/dtype.h"
-#include "core/strided_view.h"
+#include "core/base/cuda_check.cuh"
+#include "core/base/dtype.h"
+#include "core/base/strided_view.h"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/native.cuh"
 
 namespace mg::kernels::cuda {
 
 // ---- 16-bit floats ---------------------------------------------------------------------------
-// Device-side twins of mg::bf16 / mg::f16 (core/half.h, host only): the same 16
+// Device-side twins of mg::bf16 / mg::f16 (core/base/half.h, host only): the same 16
 // bits, converted with the same rounding (to nearest even; NaN stays NaN).
 struct bf16_t {
   uint16_t bits;
@@ -35,56 +33,37 @@ struct f16_t {
 };
 
 __device__ __forceinline__ float to_float(bf16_t x) { return __uint_as_float(uint32_t(x.bits) << 16); }
-__device__ __forceinline__ float to_float(f16_t x) {
-#if defined(MG_CUDA_EMULATE)
-  return __half2float(__ushort_as_half(x.bits));  // cvt.f32.f16: exact
-#else
-  float f;
-  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x.bits));
-  return f;
-#endif
-}
+__device__ __forceinline__ float to_float(f16_t x) { return cvt_f32_f16(x.bits); }
 __device__ __forceinline__ bf16_t make_bf16(float f) {
   const uint32_t u = __float_as_uint(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return bf16_t{uint16_t((u >> 16) | 0x0040u)};
   return bf16_t{uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16)};
 }
-__device__ __forceinline__ f16_t make_f16(float f) {
-#if defined(MG_CUDA_EMULATE)
-  return f16_t{__half_as_ushort(__float2half_rn(f))};  // cvt.rn.f16.f32: to nearest even
-#else
-  uint16_t h;
-  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-  return f16_t{h};
-#endif
-}
+__device__ __forceinline__ f16_t make_f16(float f) { return f16_t{cvt_rn_f16_f32(f)}; }
 
-// The type arithmetic happens in: float for halves, int for bool, else T itself.
-template <class T>
-struct Calc {
-  using type = T;
-};
+}  // namespace mg::kernels::cuda
+
+// The type arithmetic happens in (mg::acc_t, core/base/dtype.h) for the device-side 16-bit floats:
+// float, as for mg::bf16 / mg::f16.
+namespace mg {
 template <>
-struct Calc<bf16_t> {
+struct AccType<kernels::cuda::bf16_t> {
   using type = float;
 };
 template <>
-struct Calc<f16_t> {
+struct AccType<kernels::cuda::f16_t> {
   using type = float;
 };
-template <>
-struct Calc<bool> {
-  using type = int;
-};
-template <class T>
-using calc_t = typename Calc<T>::type;
+}  // namespace mg
+
+namespace mg::kernels::cuda {
 
 template <class T>
-__device__ __forceinline__ calc_t<T> load(const T* p) {
+__device__ __forceinline__ acc_t<T> load(const T* p) {
   if constexpr (std::is_same<T, bf16_t>::value || std::is_same<T, f16_t>::value) {
     return to_float(*p);
   } else {
-    return static_cast<calc_t<T>>(*p);
+    return static_cast<acc_t<T>>(*p);
   }
 }
 template <class T, class V>
@@ -99,9 +78,6 @@ __device__ __forceinline__ void store(T* p, V v) {
     *p = static_cast<T>(v);
   }
 }
-
-template <class T>
-constexpr bool is_float_v = std::is_floating_point<calc_t<T>>::value;
 
 // ---- strided offsets -------------------------------------------------------------------------
 // Element `linear` (row-major over the output's shape) of N operands lives at
@@ -169,6 +145,18 @@ inline unsigned grid_for(int64_t n, int64_t per_thread = 1) {
   return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > 65536 ? 65536 : blocks));
 }
 
+// A block per row (softmax, cross-entropy, layer norm): the smallest power of two >= the row
+// length, clamped to 32..256 threads, so short rows waste no warps and long ones stride.
+inline int row_block(int64_t row_length) {
+  int threads = 32;
+  while (threads < 256 && threads < row_length) threads *= 2;
+  return threads;
+}
+// One block per row, at least 1 and at most 65535 blocks (a grid-stride loop covers more rows).
+inline unsigned row_grid(int64_t rows) {
+  return static_cast<unsigned>(rows < 65535 ? (rows < 1 ? 1 : rows) : 65535);
+}
+
 // ---- host-side dtype switch ------------------------------------------------------------------
 template <class T>
 struct tag {
@@ -221,29 +209,27 @@ __device__ __forceinline__ V warp_max(V v) {
   return v;
 }
 // ---- statically sized shared memory ------------------------------------------------------------
-// A __shared__ array of type A (e.g. float[32][33]), declared through a function so that the CUDA
-// emulation can see it: there a plain __shared__ variable is thread-local storage, which no
-// launch knows the size of. shared_array poisons it at each block's first use (NaN bytes, as the
-// dynamic shared memory) and counts it, with the dynamic bytes, against the 48 KiB a block may
-// have without cudaFuncSetAttribute. On a GPU it is exactly `__shared__ A storage`. `Id` tells
-// apart two arrays of one type in one kernel:
-//   auto& a_tile = shared_array<float[32][33], 0>();
-//   auto& b_tile = shared_array<float[32][33], 1>();
-template <class A, int Id>
-__device__ __forceinline__ A& shared_array() {
-#if defined(MG_CUDA_EMULATE)
-  return mg_emu::static_shared_array<A, Id>(__FILE__, __LINE__);
-#else
-  __shared__ __align__(16) A storage;
-  return storage;
-#endif
-}
+// shared_array<A, Id>() (native.cuh) is a __shared__ array of type A (e.g. float[32][33]), declared
+// through a function so that the CUDA emulation can see it: there a plain __shared__ variable is
+// thread-local storage, which no launch knows the size of, and the emulator's shared_array
+// poisons it at each block's first use (NaN bytes, as the dynamic shared memory) and counts it,
+// with the dynamic bytes, against the 48 KiB a block may have without cudaFuncSetAttribute. On a
+// GPU it is exactly `__shared__ A storage`.
+//
+// The id says which static __shared__ array of the kernel a call stands for. The storage is one
+// per (A, Id) -- on a GPU the __shared__ variable of one instantiation of shared_array, one per
+// block; under emulation a thread_local of one instantiation of mg_emu::static_shared_array, one
+// per OS thread -- so two arrays of one type that a kernel uses at once need two ids, or they are
+// the same memory. A kernel names its ids (kATileId, kBTileId, ...); the block reductions below
+// have ids of their own, far from a kernel's, so a kernel's array of V[32] never aliases them.
+constexpr int kBlockSumPartialsId = 1000;  // block_sum's partial sums, one per warp
+constexpr int kBlockMaxPartialsId = 1001;  // block_max's partial maxima, one per warp
 
 // Sum / max over the whole block (blockDim.x a multiple of 32, <= 1024); every
 // thread gets the result. Uses 32 V of shared memory each; callable repeatedly.
 template <class V>
 __device__ V block_sum(V v) {
-  V(&partial)[32] = shared_array<V[32], 1000>();
+  V(&partial)[32] = shared_array<V[32], kBlockSumPartialsId>();
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   v = warp_sum(v);
   __syncthreads();  // a previous call may still be reading `partial`
@@ -254,7 +240,7 @@ __device__ V block_sum(V v) {
 }
 template <class V>
 __device__ V block_max(V v) {
-  V(&partial)[32] = shared_array<V[32], 1001>();
+  V(&partial)[32] = shared_array<V[32], kBlockMaxPartialsId>();
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   v = warp_max(v);
   __syncthreads();

@@ -27,10 +27,10 @@
 // does 2*Cout*C*kh*kw*out_h*out_w FLOPs and normally dominates.
 //
 // One kernel per dtype (4 x 2 instantiations); the index arithmetic is 64-bit.
+// Also runs on the CPU under the emulator (MG_CUDA=EMULATE): see docs/cuda-emulation.md.
+#include "kernels/cpu/conv.h"  // check_conv2d_geometry
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
-
-#include "core/cuda_stream.h"
 
 namespace mg::kernels::cuda {
 namespace {
@@ -84,7 +84,7 @@ __global__ void col2im_kernel(ConvParams p, const T* columns, T* image) {
        e += int64_t(gridDim.x) * blockDim.x) {
     const int64_t iw = e % p.width, ih = (e / p.width) % p.height;
     const int64_t c = (e / (p.width * p.height)) % p.channels, b = e / (p.width * p.height * p.channels);
-    calc_t<T> sum = load(image + e);  // col2im accumulates into the image
+    acc_t<T> sum = load(image + e);  // col2im accumulates into the image
     for (int64_t i = 0; i < p.kernel_h; ++i) {
       const int64_t oh = output_for(ih, i, p.stride_h, p.pad_h, p.dilation_h, p.out_h);
       if (oh < 0) continue;
@@ -107,11 +107,11 @@ void check_args(const char* what, const Conv2dGeometry& g, int64_t images, const
 
 }  // namespace
 
-void im2col(const Conv2dGeometry& g, DType dtype, const void* image, void* columns, int64_t images) {
+void im2col(cudaStream_t stream, const Conv2dGeometry& g, DType dtype, const void* image, void* columns,
+            int64_t images) {
   check_args("im2col", g, images, image, columns);
   const int64_t total = g.column_rows() * images * g.column_cols();
   if (total == 0) return;
-  cudaStream_t stream = mg::cuda::current_cuda_stream();
   visit_float(dtype, "im2col", [&](auto t) {
     using T = typename decltype(t)::type;
     launch_kernel<im2col_kernel<T>>(grid_for(total), kThreads, 0, stream, make_params(g, images),
@@ -119,11 +119,11 @@ void im2col(const Conv2dGeometry& g, DType dtype, const void* image, void* colum
   });
 }
 
-void col2im(const Conv2dGeometry& g, DType dtype, const void* columns, void* image, int64_t images) {
+void col2im(cudaStream_t stream, const Conv2dGeometry& g, DType dtype, const void* columns, void* image,
+            int64_t images) {
   check_args("col2im", g, images, columns, image);
   const int64_t total = images * g.channels * g.height * g.width;
   if (total == 0 || g.column_cols() == 0) return;
-  cudaStream_t stream = mg::cuda::current_cuda_stream();
   visit_float(dtype, "col2im", [&](auto t) {
     using T = typename decltype(t)::type;
     launch_kernel<col2im_kernel<T>>(grid_for(total), kThreads, 0, stream, make_params(g, images),

@@ -36,7 +36,7 @@
 #include <mutex>
 #include <string>
 
-#include "core/error.h"
+#include "core/base/error.h"
 
 #if defined(MG_HAS_CUDNN)
 #include <cudnn.h>
@@ -45,8 +45,8 @@
 #include <map>
 #include <vector>
 
-#include "core/allocator.h"
-#include "core/cuda_stream.h"
+#include "core/base/cuda_check.cuh"
+#include "kernels/cpu/conv.h"  // check_conv2d_geometry
 #include "kernels/cuda/handle_pool.h"
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/workspace.h"
@@ -181,13 +181,16 @@ cudnnHandle_t create_cudnn_handle() {
   return h;
 }
 
-// This thread's handle for the current logical device's GPU, set to its current stream.
+// The physical GPU the runtime has current (the caller's DeviceGuard set it).
+int current_physical_device() {
+  int device = 0;
+  MG_CUDA_CHECK(cudaGetDevice(&device));
+  return device;
+}
+
+// This thread's handle for the current GPU.
 cudnnHandle_t current_handle() {
-  const int logical = mg::cuda::current_device();
-  const int physical = mg::cuda::physical_device(logical);
-  cudnnHandle_t h = pooled_handle<cudnnHandle_t, create_cudnn_handle>(physical);
-  MG_CUDNN_CHECK(cudnnSetStream(h, static_cast<cudaStream_t>(mg::cuda::current_stream(logical).handle)));
-  return h;
+  return pooled_handle<cudnnHandle_t, create_cudnn_handle>(current_physical_device());
 }
 
 // ---- the problem and its descriptors ------------------------------------------------------------
@@ -341,7 +344,7 @@ const char* algorithm_name(Direction d, int algo) {
 // The physical GPU, the direction and every number of the problem.
 using CacheKey = std::array<int, 17>;
 CacheKey cache_key(Direction d, const Problem& p) {
-  return CacheKey{mg::cuda::physical_device(mg::cuda::current_device()),
+  return CacheKey{current_physical_device(),
                   static_cast<int>(d),
                   static_cast<int>(p.dtype),
                   p.n,
@@ -530,8 +533,8 @@ cudnnStatus_t execute(Direction d, cudnnHandle_t h, const Descriptors& desc, con
 }
 
 // Steps 1-4 of the top comment for one direction.
-void run(Direction d, const char* what, const Conv2dGeometry& g, DType dtype, int64_t batch,
-         int64_t out_channels, const Buffers& buffers) {
+void run(cudaStream_t stream, ScratchAllocator& scratch, Direction d, const char* what,
+         const Conv2dGeometry& g, DType dtype, int64_t batch, int64_t out_channels, const Buffers& buffers) {
   const Problem p = make_problem(what, g, batch, out_channels, dtype);
   check(buffers.out != nullptr && buffers.y != nullptr &&
             (buffers.x != nullptr || d == Direction::backward_data) &&
@@ -539,13 +542,14 @@ void run(Direction d, const char* what, const Conv2dGeometry& g, DType dtype, in
         what, ": null buffer");
   Descriptors desc(p);
   cudnnHandle_t h = current_handle();
+  MG_CUDNN_CHECK(cudnnSetStream(h, stream));
   const CacheKey key = cache_key(d, p);
   const std::vector<Candidate> list = candidates_for(d, p, h, desc, key);
   std::string tried;
   for (size_t i = 0; i < list.size(); ++i) {
     const Candidate& c = list[i];
     try {
-      Workspace workspace(c.workspace);
+      Workspace workspace(scratch, c.workspace);
       desc.conv.set_math(c.math);
       const cudnnStatus_t status = execute(d, h, desc, c, workspace.get(), buffers);
       if (status == CUDNN_STATUS_SUCCESS) {
@@ -578,11 +582,12 @@ void clear_conv_algo_cache() {
   g_cache_stats = ConvAlgoCacheStats{};
 }
 
-void cudnn_conv2d_forward(const Conv2dGeometry& g, DType dtype, int64_t batch, int64_t out_channels,
-                          const void* x, const void* w, const void* bias, void* y) {
+void cudnn_conv2d_forward(cudaStream_t stream, ScratchAllocator& scratch, const Conv2dGeometry& g,
+                          DType dtype, int64_t batch, int64_t out_channels, const void* x, const void* w,
+                          const void* bias, void* y) {
   Buffers b;
   b.x = x, b.w = w, b.y = y, b.out = y, b.beta = 0.0f;
-  run(Direction::forward, "cudnn_conv2d_forward", g, dtype, batch, out_channels, b);
+  run(stream, scratch, Direction::forward, "cudnn_conv2d_forward", g, dtype, batch, out_channels, b);
   if (bias == nullptr) return;
   // y += bias broadcast over [N, K, OH*OW] (stride 0 over N and the pixels), in place, with the
   // framework's own axpby: the kernel that adds the bias on the im2col path, so both round alike.
@@ -594,21 +599,25 @@ void cudnn_conv2d_forward(const Conv2dGeometry& g, DType dtype, int64_t batch, i
   bias_view = y_view;
   bias_view.data = const_cast<void*>(bias);
   bias_view.strides = {0, 1, 0};
-  axpby(y_view, 1.0, bias_view, y_view);
+  axpby(stream, y_view, 1.0, bias_view, y_view);
 }
 
-void cudnn_conv2d_backward_data(const Conv2dGeometry& g, DType dtype, int64_t batch, int64_t out_channels,
-                                const void* dy, const void* w, void* dx) {
+void cudnn_conv2d_backward_data(cudaStream_t stream, ScratchAllocator& scratch, const Conv2dGeometry& g,
+                                DType dtype, int64_t batch, int64_t out_channels, const void* dy,
+                                const void* w, void* dx) {
   Buffers b;
   b.w = w, b.y = dy, b.out = dx, b.beta = 0.0f;
-  run(Direction::backward_data, "cudnn_conv2d_backward_data", g, dtype, batch, out_channels, b);
+  run(stream, scratch, Direction::backward_data, "cudnn_conv2d_backward_data", g, dtype, batch, out_channels,
+      b);
 }
 
-void cudnn_conv2d_backward_filter(const Conv2dGeometry& g, DType dtype, int64_t batch, int64_t out_channels,
-                                  const void* x, const void* dy, void* dw, bool accumulate) {
+void cudnn_conv2d_backward_filter(cudaStream_t stream, ScratchAllocator& scratch, const Conv2dGeometry& g,
+                                  DType dtype, int64_t batch, int64_t out_channels, const void* x,
+                                  const void* dy, void* dw, bool accumulate) {
   Buffers b;
   b.x = x, b.y = dy, b.out = dw, b.beta = accumulate ? 1.0f : 0.0f;
-  run(Direction::backward_filter, "cudnn_conv2d_backward_filter", g, dtype, batch, out_channels, b);
+  run(stream, scratch, Direction::backward_filter, "cudnn_conv2d_backward_filter", g, dtype, batch,
+      out_channels, b);
 }
 
 std::string cudnn_conv2d_algorithms(const Conv2dGeometry& g, int64_t batch, int64_t out_channels,
@@ -635,16 +644,16 @@ ConvAlgoCacheStats conv_algo_cache_stats() {
 }
 void clear_conv_algo_cache() {}
 
-void cudnn_conv2d_forward(const Conv2dGeometry&, DType, int64_t, int64_t, const void*, const void*,
-                          const void*, void*) {
+void cudnn_conv2d_forward(cudaStream_t, ScratchAllocator&, const Conv2dGeometry&, DType, int64_t, int64_t,
+                          const void*, const void*, const void*, void*) {
   throw Error(no_cudnn("cudnn_conv2d_forward"));
 }
-void cudnn_conv2d_backward_data(const Conv2dGeometry&, DType, int64_t, int64_t, const void*, const void*,
-                                void*) {
+void cudnn_conv2d_backward_data(cudaStream_t, ScratchAllocator&, const Conv2dGeometry&, DType, int64_t,
+                                int64_t, const void*, const void*, void*) {
   throw Error(no_cudnn("cudnn_conv2d_backward_data"));
 }
-void cudnn_conv2d_backward_filter(const Conv2dGeometry&, DType, int64_t, int64_t, const void*, const void*,
-                                  void*, bool) {
+void cudnn_conv2d_backward_filter(cudaStream_t, ScratchAllocator&, const Conv2dGeometry&, DType, int64_t,
+                                  int64_t, const void*, const void*, void*, bool) {
   throw Error(no_cudnn("cudnn_conv2d_backward_filter"));
 }
 std::string cudnn_conv2d_algorithms(const Conv2dGeometry&, int64_t, int64_t, DType) {

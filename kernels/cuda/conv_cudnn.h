@@ -18,23 +18,23 @@
 // Algorithms. For each problem (sizes, dtype, device, direction) cuDNN's heuristics
 // (cudnnGet*Algorithm_v7) rank its algorithms once; the ranking is cached under a mutex and
 // every later call with the same problem reuses it. The first algorithm whose workspace can
-// be allocated runs. Workspaces come from the caching allocator (core/cuda_allocator.h) on the
-// current stream, so a steady-state training step calls cudaMalloc for them never.
+// be allocated runs. Workspaces come from the caller's ScratchAllocator (kernels/cuda/stream.h;
+// the op layer passes the caching allocator), so a steady-state training step calls cudaMalloc for
+// them never.
 //
 // Like the other kernels these see raw device pointers of contiguous NCHW tensors, run on the
-// current stream of the current device (the op layer sets both), and throw mg::Error with the
-// call site and cuDNN's own message when cuDNN fails. No CUDA or cuDNN headers here.
+// stream they are given on the runtime's current device (the op layer picks both), and throw
+// mg::Error with the call site and cuDNN's own message when cuDNN fails. No CUDA or cuDNN headers here.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
-#include "core/dtype.h"
-#include "kernels/cpu/conv.h"
+#include "core/base/dtype.h"
+#include "kernels/cuda/stream.h"
+#include "kernels/kernel_args.h"
 
 namespace mg::kernels::cuda {
-
-using cpu::Conv2dGeometry;
 
 // ---- selection ---------------------------------------------------------------------------------
 
@@ -75,14 +75,17 @@ class ConvBackendGuard {
 bool cudnn_conv2d_supported(const Conv2dGeometry& g, int64_t batch, int64_t out_channels, DType dtype);
 
 // y = conv2d(x, w) (+ bias broadcast over [batch, ., OH, OW] when bias != nullptr). Overwrites y.
-void cudnn_conv2d_forward(const Conv2dGeometry& g, DType dtype, int64_t batch, int64_t out_channels,
-                          const void* x, const void* w, const void* bias, void* y);
+void cudnn_conv2d_forward(cudaStream_t stream, ScratchAllocator& scratch, const Conv2dGeometry& g,
+                          DType dtype, int64_t batch, int64_t out_channels, const void* x, const void* w,
+                          const void* bias, void* y);
 // dx = the gradient of conv2d with respect to x, given dy. Overwrites dx (it is not read).
-void cudnn_conv2d_backward_data(const Conv2dGeometry& g, DType dtype, int64_t batch, int64_t out_channels,
-                                const void* dy, const void* w, void* dx);
+void cudnn_conv2d_backward_data(cudaStream_t stream, ScratchAllocator& scratch, const Conv2dGeometry& g,
+                                DType dtype, int64_t batch, int64_t out_channels, const void* dy,
+                                const void* w, void* dx);
 // dw = (accumulate ? dw : 0) + the gradient of conv2d with respect to w, given x and dy.
-void cudnn_conv2d_backward_filter(const Conv2dGeometry& g, DType dtype, int64_t batch, int64_t out_channels,
-                                  const void* x, const void* dy, void* dw, bool accumulate);
+void cudnn_conv2d_backward_filter(cudaStream_t stream, ScratchAllocator& scratch, const Conv2dGeometry& g,
+                                  DType dtype, int64_t batch, int64_t out_channels, const void* x,
+                                  const void* dy, void* dw, bool accumulate);
 
 // The algorithms cuDNN runs for this problem, e.g. "fwd IMPLICIT_PRECOMP_GEMM, bwd-data ALGO_1,
 // bwd-filter ALGO_1" (searching, and caching, those not searched yet). For benchmarks and logs.

@@ -1,4 +1,4 @@
-// Dropout on the GPU with the counter-based Philox generator (core/philox.h).
+// Dropout on the GPU with the counter-based Philox generator (core/base/philox.h).
 // Semantics: kernels/cpu/dropout.h.
 //
 // Same mask as the CPU, bit for bit. Element i is kept iff
@@ -25,8 +25,8 @@
 // block would cut the arithmetic 4x, but it would change the masks on the CPU
 // too. Backward reads gy and the mask and writes gx, draws no random numbers,
 // and is bandwidth bound.
-#include "core/cuda_stream.h"
-#include "core/philox.h"
+// Also runs on the CPU under the emulator (MG_CUDA=EMULATE): see docs/cuda-emulation.md.
+#include "core/base/philox.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
 
@@ -36,7 +36,7 @@ namespace {
 template <class T>
 __global__ void forward_kernel(const T* x, T* y, bool* mask, int64_t count, float threshold, double scale,
                                uint64_t seed, uint64_t call_offset) {
-  using A = calc_t<T>;
+  using A = acc_t<T>;
   const A s = static_cast<A>(scale);
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -48,7 +48,7 @@ __global__ void forward_kernel(const T* x, T* y, bool* mask, int64_t count, floa
 
 template <class T>
 __global__ void backward_kernel(const T* gy, const bool* mask, T* gx, int64_t count, double scale) {
-  using A = calc_t<T>;
+  using A = acc_t<T>;
   const A s = static_cast<A>(scale);
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
        i += int64_t(gridDim.x) * blockDim.x)
@@ -65,10 +65,9 @@ void check_args(const char* what, int64_t count, double p) {
 
 }  // namespace
 
-void dropout_forward(DType dtype, const void* x, void* y, bool* mask, int64_t count, double p, uint64_t seed,
-                     uint64_t call_offset) {
+void dropout_forward(cudaStream_t stream, DType dtype, const void* x, void* y, bool* mask, int64_t count,
+                     double p, uint64_t seed, uint64_t call_offset) {
   check_args("dropout_forward", count, p);
-  cudaStream_t stream = mg::cuda::current_cuda_stream();
   visit_float(dtype, "dropout_forward", [&](auto t) {
     using T = typename decltype(t)::type;
     if (count == 0) return;
@@ -78,10 +77,9 @@ void dropout_forward(DType dtype, const void* x, void* y, bool* mask, int64_t co
   });
 }
 
-void dropout_backward(DType dtype, const void* grad_y, const bool* mask, void* grad_x, int64_t count,
-                      double p) {
+void dropout_backward(cudaStream_t stream, DType dtype, const void* grad_y, const bool* mask, void* grad_x,
+                      int64_t count, double p) {
   check_args("dropout_backward", count, p);
-  cudaStream_t stream = mg::cuda::current_cuda_stream();
   visit_float(dtype, "dropout_backward", [&](auto t) {
     using T = typename decltype(t)::type;
     if (count == 0) return;

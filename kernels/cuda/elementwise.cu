@@ -54,11 +54,13 @@
 // one instantiation per dtype keeps compile time small. The pack path adds no
 // instantiations except the floating casts (12 (from, to) pairs; every other
 // pair keeps the one runtime-switched kernel).
+// Also runs on the CPU under the emulator (MG_CUDA=EMULATE): see docs/cuda-emulation.md.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 
+#include "kernels/cpu/elementwise.h"  // the op names and properties
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
 
@@ -323,8 +325,8 @@ __device__ __forceinline__ void pack_offsets(const OffsetCalc<N>& oc, bool conti
 
 template <class T>
 __global__ void unary_kernel(int op, OffsetCalc<2> oc, bool contiguous, PackPlan plan, int64_t n, const T* in,
-                             T* out, calc_t<T> p) {
-  using C = calc_t<T>;
+                             T* out, acc_t<T> p) {
+  using C = acc_t<T>;
   auto element = [&](int64_t i) {
     int64_t off[2] = {i, i};
     if (!contiguous) oc.get(i, off);
@@ -344,12 +346,12 @@ __global__ void unary_kernel(int op, OffsetCalc<2> oc, bool contiguous, PackPlan
 
 template <class T>
 __global__ void unary_backward_kernel(int op, OffsetCalc<3> oc, bool contiguous, int64_t n, const T* g,
-                                      const T* v, bool v_is_output, T* grad_in, calc_t<T> p) {
+                                      const T* v, bool v_is_output, T* grad_in, acc_t<T> p) {
   for_each_index(n, [&](int64_t i) {
     int64_t off[3] = {i, i, i};
     if (!contiguous) oc.get(i, off);
-    const calc_t<T> value = v ? load(v + off[2]) : calc_t<T>(0);
-    store(grad_in + off[0], unary_grad<calc_t<T>>(op, load(g + off[1]), value, v_is_output, p));
+    const acc_t<T> value = v ? load(v + off[2]) : acc_t<T>(0);
+    store(grad_in + off[0], unary_grad<acc_t<T>>(op, load(g + off[1]), value, v_is_output, p));
   });
 }
 
@@ -364,7 +366,7 @@ __device__ __forceinline__ C binary_value(int op, bool exact_scalar_compare, C x
 template <class T>
 __global__ void binary_kernel(int op, bool to_bool, OffsetCalc<3> oc, bool contiguous, PackPlan plan,
                               int64_t n, const T* a, const T* b, double scalar, void* out) {
-  using C = calc_t<T>;
+  using C = acc_t<T>;
   const bool exact = b == nullptr && to_bool && !std::is_floating_point<C>::value;
   const C y_scalar = static_cast<C>(scalar);
   auto element = [&](int64_t i) {
@@ -403,7 +405,7 @@ __global__ void binary_kernel(int op, bool to_bool, OffsetCalc<3> oc, bool conti
 
 template <class T>
 __global__ void axpby_kernel(OffsetCalc<3> oc, bool contiguous, PackPlan plan, int64_t n, const T* a,
-                             calc_t<T> alpha, const T* b, T* out) {
+                             acc_t<T> alpha, const T* b, T* out) {
   auto element = [&](int64_t i) {
     int64_t off[3] = {i, i, i};
     if (!contiguous) oc.get(i, off);
@@ -449,9 +451,9 @@ __global__ void move_kernel(OffsetCalc<2> oc, PackPlan plan, int64_t n, const W*
 }
 
 template <class T>
-__global__ void clamp_kernel(OffsetCalc<2> oc, bool contiguous, int64_t n, const T* in, T* out, calc_t<T> lo,
-                             calc_t<T> hi, bool lo_above_hi) {
-  using C = calc_t<T>;
+__global__ void clamp_kernel(OffsetCalc<2> oc, bool contiguous, int64_t n, const T* in, T* out, acc_t<T> lo,
+                             acc_t<T> hi, bool lo_above_hi) {
+  using C = acc_t<T>;
   for_each_index(n, [&](int64_t i) {
     int64_t off[2] = {i, i};
     if (!contiguous) oc.get(i, off);
@@ -589,8 +591,6 @@ void check_dtype(const char* what, const StridedView& v, DType expected) {
         dtype_name(expected));
 }
 
-cudaStream_t stream() { return mg::cuda::current_cuda_stream(); }
-
 // Raw element type of a given size, for kernels that only move bytes.
 template <class F>
 void visit_width(size_t bytes, F&& f) {
@@ -647,7 +647,7 @@ unsigned grid_of(int64_t n, const PackPlan& plan, int vec) { return grid_for(n, 
 
 }  // namespace
 
-void unary(UnaryOp op, const StridedView& in, const StridedView& out, double scalar) {
+void unary(cudaStream_t stream, UnaryOp op, const StridedView& in, const StridedView& out, double scalar) {
   const char* name = cpu::unary_op_name(op);
   check_same_shape(name, in, out);
   check_dtype(name, out, in.dtype);
@@ -663,14 +663,14 @@ void unary(UnaryOp op, const StridedView& in, const StridedView& out, double sca
     if constexpr (!std::is_same<T, bool>::value) {
       constexpr int V = pack_width<T>();
       const PackPlan plan = plan_packs<2>(oc, views, n, V);
-      launch_kernel<unary_kernel<T>>(grid_of(n, plan, V), kThreads, 0, stream(), static_cast<int>(op), oc,
+      launch_kernel<unary_kernel<T>>(grid_of(n, plan, V), kThreads, 0, stream, static_cast<int>(op), oc,
                                      contiguous, plan, n, in.ptr<const T>(), out.ptr<T>(),
-                                     static_cast<calc_t<T>>(scalar));
+                                     static_cast<acc_t<T>>(scalar));
     }
   });
 }
 
-void unary_backward(UnaryOp op, const StridedView& grad_out, const StridedView& input,
+void unary_backward(cudaStream_t stream, UnaryOp op, const StridedView& grad_out, const StridedView& input,
                     const StridedView& output, const StridedView& grad_in, double scalar) {
   const char* name = cpu::unary_op_name(op);
   check_same_shape(name, grad_out, grad_in);
@@ -693,15 +693,14 @@ void unary_backward(UnaryOp op, const StridedView& grad_out, const StridedView& 
   const OffsetCalc<3> oc = make_offset_calc<3>(views, &contiguous);
   visit_float(grad_out.dtype, name, [&](auto t) {
     using T = typename decltype(t)::type;
-    launch_kernel<unary_backward_kernel<T>>(grid_for(n, 4), kThreads, 0, stream(), static_cast<int>(op), oc,
-                                            contiguous, n, grad_out.ptr<const T>(),
-                                            saved ? saved->ptr<const T>() : nullptr, use_output,
-                                            grad_in.ptr<T>(), static_cast<calc_t<T>>(scalar));
+    launch_kernel<unary_backward_kernel<T>>(
+        grid_for(n, 4), kThreads, 0, stream, static_cast<int>(op), oc, contiguous, n, grad_out.ptr<const T>(),
+        saved ? saved->ptr<const T>() : nullptr, use_output, grad_in.ptr<T>(), static_cast<acc_t<T>>(scalar));
   });
 }
 
 namespace {
-void binary_impl(BinaryOp op, const StridedView& a, const StridedView* b, double scalar,
+void binary_impl(cudaStream_t stream, BinaryOp op, const StridedView& a, const StridedView* b, double scalar,
                  const StridedView& out) {
   const char* name = cpu::binary_op_name(op);
   const bool to_bool = cpu::binary_op_returns_bool(op);
@@ -734,22 +733,25 @@ void binary_impl(BinaryOp op, const StridedView& a, const StridedView* b, double
     // scalar path: rare, and leaving them out keeps the pack code small.
     const bool scalar_only = a.dtype == DType::boolean || (!b && to_bool && !is_floating(a.dtype));
     const PackPlan plan = scalar_only ? PackPlan{} : plan_packs<3>(oc, views, n, V);
-    launch_kernel<binary_kernel<T>>(grid_of(n, plan, V), kThreads, 0, stream(), static_cast<int>(op), to_bool,
+    launch_kernel<binary_kernel<T>>(grid_of(n, plan, V), kThreads, 0, stream, static_cast<int>(op), to_bool,
                                     oc, contiguous, plan, n, a.ptr<const T>(),
                                     b ? b->ptr<const T>() : nullptr, scalar, out.data);
   });
 }
 }  // namespace
 
-void binary(BinaryOp op, const StridedView& a, const StridedView& b, const StridedView& out) {
-  binary_impl(op, a, &b, 0.0, out);
+void binary(cudaStream_t stream, BinaryOp op, const StridedView& a, const StridedView& b,
+            const StridedView& out) {
+  binary_impl(stream, op, a, &b, 0.0, out);
 }
 
-void binary_scalar(BinaryOp op, const StridedView& a, double scalar, const StridedView& out) {
-  binary_impl(op, a, nullptr, scalar, out);
+void binary_scalar(cudaStream_t stream, BinaryOp op, const StridedView& a, double scalar,
+                   const StridedView& out) {
+  binary_impl(stream, op, a, nullptr, scalar, out);
 }
 
-void axpby(const StridedView& a, double alpha, const StridedView& b, const StridedView& out) {
+void axpby(cudaStream_t stream, const StridedView& a, double alpha, const StridedView& b,
+           const StridedView& out) {
   check_same_shape("axpby", a, out);
   check_same_shape("axpby", b, out);
   check_dtype("axpby", b, a.dtype);
@@ -763,13 +765,14 @@ void axpby(const StridedView& a, double alpha, const StridedView& b, const Strid
     using T = typename decltype(t)::type;
     constexpr int V = pack_width<T>();
     const PackPlan plan = plan_packs<3>(oc, views, n, V);
-    launch_kernel<axpby_kernel<T>>(grid_of(n, plan, V), kThreads, 0, stream(), oc, contiguous, plan, n,
-                                   a.ptr<const T>(), static_cast<calc_t<T>>(alpha), b.ptr<const T>(),
+    launch_kernel<axpby_kernel<T>>(grid_of(n, plan, V), kThreads, 0, stream, oc, contiguous, plan, n,
+                                   a.ptr<const T>(), static_cast<acc_t<T>>(alpha), b.ptr<const T>(),
                                    out.ptr<T>());
   });
 }
 
-void where(const StridedView& condition, const StridedView& a, const StridedView& b, const StridedView& out) {
+void where(cudaStream_t stream, const StridedView& condition, const StridedView& a, const StridedView& b,
+           const StridedView& out) {
   check_same_shape("where", condition, out);
   check_same_shape("where", a, out);
   check_same_shape("where", b, out);
@@ -783,13 +786,13 @@ void where(const StridedView& condition, const StridedView& a, const StridedView
   const OffsetCalc<4> oc = make_offset_calc<4>(views, &contiguous);
   visit_width(dtype_size(a.dtype), [&](auto t) {
     using W = typename decltype(t)::type;
-    launch_kernel<where_kernel<W>>(grid_for(n, 4), kThreads, 0, stream(), oc, contiguous, n,
+    launch_kernel<where_kernel<W>>(grid_for(n, 4), kThreads, 0, stream, oc, contiguous, n,
                                    condition.ptr<const bool>(), a.ptr<const W>(), b.ptr<const W>(),
                                    out.ptr<W>());
   });
 }
 
-void clamp(const StridedView& in, const StridedView& out, double lo, double hi) {
+void clamp(cudaStream_t stream, const StridedView& in, const StridedView& out, double lo, double hi) {
   check_same_shape("clamp", in, out);
   check_dtype("clamp", out, in.dtype);
   check(in.dtype != DType::boolean, "clamp (CUDA): not supported for bool");
@@ -800,7 +803,7 @@ void clamp(const StridedView& in, const StridedView& out, double lo, double hi) 
   const OffsetCalc<2> oc = make_offset_calc<2>(views, &contiguous);
   visit_all(in.dtype, [&](auto t) {
     using T = typename decltype(t)::type;
-    using C = calc_t<T>;
+    using C = acc_t<T>;
     if constexpr (!std::is_same<T, bool>::value) {
       C l, h;
       if constexpr (std::is_floating_point<C>::value) {
@@ -814,19 +817,19 @@ void clamp(const StridedView& in, const StridedView& out, double lo, double hi) 
         h = hi_in <= min_v ? std::numeric_limits<C>::lowest()
                            : (hi_in >= -min_v ? std::numeric_limits<C>::max() : static_cast<C>(hi_in));
       }
-      launch_kernel<clamp_kernel<T>>(grid_for(n, 4), kThreads, 0, stream(), oc, contiguous, n,
+      launch_kernel<clamp_kernel<T>>(grid_for(n, 4), kThreads, 0, stream, oc, contiguous, n,
                                      in.ptr<const T>(), out.ptr<T>(), l, h, lo > hi);
     }
   });
 }
 
-void fill(const StridedView& out, double value) {
+void fill(cudaStream_t stream, const StridedView& out, double value) {
   const int64_t n = out.numel();
   if (n == 0) return;
   bool contiguous = false;
   const StridedView* views[1] = {&out};
   const OffsetCalc<1> oc = make_offset_calc<1>(views, &contiguous);
-  // The value is converted on the host with the CPU's own rules (core/half.h),
+  // The value is converted on the host with the CPU's own rules (core/base/half.h),
   // then written as raw bits of the element's width.
   uint64_t bits = 0;
   ::mg::visit_dtype(out.dtype, [&](auto t) {
@@ -847,12 +850,12 @@ void fill(const StridedView& out, double value) {
     std::memcpy(&w, &bits, sizeof(W));
     constexpr int V = pack_width<W>();
     const PackPlan plan = plan_packs<1>(oc, views, n, V);
-    launch_kernel<fill_kernel<W>>(grid_of(n, plan, V), kThreads, 0, stream(), oc, contiguous, plan, n,
+    launch_kernel<fill_kernel<W>>(grid_of(n, plan, V), kThreads, 0, stream, oc, contiguous, plan, n,
                                   out.ptr<W>(), w);
   });
 }
 
-void arange(const StridedView& out, double start, double step) {
+void arange(cudaStream_t stream, const StridedView& out, double start, double step) {
   check(out.ndim == 1, "arange (CUDA): expected a 1-d output");
   check(out.dtype != DType::boolean, "arange (CUDA): not supported for bool");
   const int64_t n = out.numel();
@@ -860,12 +863,12 @@ void arange(const StridedView& out, double start, double step) {
   visit_all(out.dtype, [&](auto t) {
     using T = typename decltype(t)::type;
     if constexpr (!std::is_same<T, bool>::value)
-      launch_kernel<arange_kernel<T>>(grid_for(n, 4), kThreads, 0, stream(), n, out.strides[0], out.ptr<T>(),
+      launch_kernel<arange_kernel<T>>(grid_for(n, 4), kThreads, 0, stream, n, out.strides[0], out.ptr<T>(),
                                       start, step);
   });
 }
 
-void copy(const StridedView& in, const StridedView& out) {
+void copy(cudaStream_t stream, const StridedView& in, const StridedView& out) {
   check_same_shape("copy", in, out);
   const int64_t n = out.numel();
   if (n == 0) return;
@@ -875,15 +878,15 @@ void copy(const StridedView& in, const StridedView& out) {
   if (in.dtype == out.dtype) {
     if (contiguous) {  // one block of bytes: the copy engine does it at full bandwidth
       MG_CUDA_CHECK(cudaMemcpyAsync(out.data, in.data, static_cast<size_t>(n) * dtype_size(in.dtype),
-                                    cudaMemcpyDeviceToDevice, stream()));
+                                    cudaMemcpyDeviceToDevice, stream));
       return;
     }
     visit_width(dtype_size(in.dtype), [&](auto t) {
       using W = typename decltype(t)::type;
       constexpr int V = pack_width<W>();
       const PackPlan plan = plan_packs<2>(oc, views, n, V);
-      launch_kernel<move_kernel<W>>(grid_of(n, plan, V), kThreads, 0, stream(), oc, plan, n,
-                                    in.ptr<const W>(), out.ptr<W>());
+      launch_kernel<move_kernel<W>>(grid_of(n, plan, V), kThreads, 0, stream, oc, plan, n, in.ptr<const W>(),
+                                    out.ptr<W>());
     });
     return;
   }
@@ -898,14 +901,14 @@ void copy(const StridedView& in, const StridedView& out) {
         using From = typename decltype(from)::type;
         using To = typename decltype(to)::type;
         if constexpr (!std::is_same<From, To>::value) {
-          launch_kernel<convert_pack_kernel<From, To>>(grid_of(n, plan, V), kThreads, 0, stream(), oc,
+          launch_kernel<convert_pack_kernel<From, To>>(grid_of(n, plan, V), kThreads, 0, stream, oc,
                                                        contiguous, plan, n, in.ptr<const From>(),
                                                        out.ptr<To>());
         }
       });
     });
   } else {
-    launch_kernel<convert_kernel>(grid_for(n, 4), kThreads, 0, stream(), oc, contiguous, n, in.data, in.dtype,
+    launch_kernel<convert_kernel>(grid_for(n, 4), kThreads, 0, stream, oc, contiguous, n, in.data, in.dtype,
                                   out.data, out.dtype);
   }
 }

@@ -27,7 +27,7 @@
 // index check's synchronisation, ~10 us). Scatter-add: read grad_out once and
 // do one atomic per element; atomics to distinct addresses run near bandwidth,
 // but many positions naming the same row (a frequent token) serialise on it.
-#include "core/cuda_stream.h"
+// Also runs on the CPU under the emulator (MG_CUDA=EMULATE): see docs/cuda-emulation.md.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/workspace.h"
@@ -50,10 +50,11 @@ __global__ void first_bad_index_kernel(const int64_t* indices, int64_t count, in
 struct BadIndex {
   int64_t position = -1, value = 0;
 };
-BadIndex find_bad_index(const int64_t* indices, int64_t count, int64_t limit, cudaStream_t stream) {
+BadIndex find_bad_index(cudaStream_t stream, ScratchAllocator& scratch, const int64_t* indices, int64_t count,
+                        int64_t limit) {
   BadIndex bad;
   if (count == 0) return bad;
-  Workspace slot(sizeof(unsigned long long));  // from the caching allocator, on this stream
+  Workspace slot(scratch, sizeof(unsigned long long));
   unsigned long long* first = static_cast<unsigned long long*>(slot.get());
   const unsigned long long none = static_cast<unsigned long long>(count);
   MG_CUDA_CHECK(cudaMemcpyAsync(first, &none, sizeof(none), cudaMemcpyHostToDevice, stream));
@@ -173,62 +174,60 @@ void check_extents(const char* what, int64_t num_embeddings, int64_t embedding_d
         ", count ", count, ")");
 }
 
-void check_embedding_indices(const char* what, const int64_t* indices, int64_t count, int64_t num_embeddings,
-                             cudaStream_t stream) {
-  const BadIndex bad = find_bad_index(indices, count, num_embeddings, stream);
+void check_embedding_indices(cudaStream_t stream, ScratchAllocator& scratch, const char* what,
+                             const int64_t* indices, int64_t count, int64_t num_embeddings) {
+  const BadIndex bad = find_bad_index(stream, scratch, indices, count, num_embeddings);
   check(bad.position < 0, what, ": index ", bad.value, " at position ", bad.position, " is out of range [0, ",
         num_embeddings, ")");
 }
 
-void check_select_indices(const IndexShape& s, const int64_t* indices, int64_t count, cudaStream_t stream) {
-  const BadIndex bad = find_bad_index(indices, count, s.size, stream);
+void check_select_indices(cudaStream_t stream, ScratchAllocator& scratch, const IndexShape& s,
+                          const int64_t* indices, int64_t count) {
+  const BadIndex bad = find_bad_index(stream, scratch, indices, count, s.size);
   check(bad.position < 0, "index_select: index ", bad.value, " at position ", bad.position,
         " is out of range for a dimension of size ", s.size);
 }
 
 }  // namespace
 
-void embedding_forward(DType dtype, const void* weight, int64_t num_embeddings, int64_t embedding_dim,
-                       const int64_t* indices, int64_t count, void* out) {
+void embedding_forward(cudaStream_t stream, ScratchAllocator& scratch, DType dtype, const void* weight,
+                       int64_t num_embeddings, int64_t embedding_dim, const int64_t* indices, int64_t count,
+                       void* out) {
   const char* what = "embedding_forward";
   check_extents(what, num_embeddings, embedding_dim, count);
   check(is_floating(dtype), what, " (CUDA): expected a floating dtype (f32, f64, f16, bf16), got ", dtype);
-  cudaStream_t stream = mg::cuda::current_cuda_stream();
-  check_embedding_indices(what, indices, count, num_embeddings, stream);
+  check_embedding_indices(stream, scratch, what, indices, count, num_embeddings);
   gather(dtype, IndexShape{1, num_embeddings, embedding_dim}, weight, indices, count, out, stream);
 }
 
-void embedding_backward(DType dtype, const void* grad_out, const int64_t* indices, int64_t count,
-                        int64_t embedding_dim, int64_t num_embeddings, int64_t padding_idx,
-                        void* grad_weight) {
+void embedding_backward(cudaStream_t stream, ScratchAllocator& scratch, DType dtype, const void* grad_out,
+                        const int64_t* indices, int64_t count, int64_t embedding_dim, int64_t num_embeddings,
+                        int64_t padding_idx, void* grad_weight) {
   const char* what = "embedding_backward";
   check_extents(what, num_embeddings, embedding_dim, count);
   check(padding_idx >= -1 && padding_idx < num_embeddings, what, " (CUDA): padding_idx ", padding_idx,
         " is out of range [-1, ", num_embeddings, ")");
   check(is_floating(dtype), what, " (CUDA): expected a floating dtype (f32, f64, f16, bf16), got ", dtype);
-  cudaStream_t stream = mg::cuda::current_cuda_stream();
-  check_embedding_indices(what, indices, count, num_embeddings, stream);
+  check_embedding_indices(stream, scratch, what, indices, count, num_embeddings);
   const size_t bytes = static_cast<size_t>(num_embeddings * embedding_dim) * dtype_size(dtype);
   if (bytes > 0) MG_CUDA_CHECK(cudaMemsetAsync(grad_weight, 0, bytes, stream));  // zero bits: +0.0
   scatter_add(dtype, what, IndexShape{1, num_embeddings, embedding_dim}, grad_out, indices, count,
               padding_idx, grad_weight, stream);
 }
 
-void index_select(DType dtype, const IndexShape& shape, const void* input, const int64_t* indices,
-                  int64_t count, void* out) {
+void index_select(cudaStream_t stream, ScratchAllocator& scratch, DType dtype, const IndexShape& shape,
+                  const void* input, const int64_t* indices, int64_t count, void* out) {
   check(shape.outer >= 0 && shape.size >= 0 && shape.inner >= 0 && count >= 0,
         "index_select (CUDA): negative extent");
-  cudaStream_t stream = mg::cuda::current_cuda_stream();
-  check_select_indices(shape, indices, count, stream);
+  check_select_indices(stream, scratch, shape, indices, count);
   gather(dtype, shape, input, indices, count, out, stream);
 }
 
-void index_add(DType dtype, const IndexShape& shape, const void* grad_out, const int64_t* indices,
-               int64_t count, void* grad_input) {
+void index_add(cudaStream_t stream, ScratchAllocator& scratch, DType dtype, const IndexShape& shape,
+               const void* grad_out, const int64_t* indices, int64_t count, void* grad_input) {
   check(shape.outer >= 0 && shape.size >= 0 && shape.inner >= 0 && count >= 0,
         "index_add (CUDA): negative extent");
-  cudaStream_t stream = mg::cuda::current_cuda_stream();
-  check_select_indices(shape, indices, count, stream);
+  check_select_indices(stream, scratch, shape, indices, count);
   scatter_add(dtype, "index_add", shape, grad_out, indices, count, /*skip=*/-1, grad_input, stream);
 }
 

@@ -33,21 +33,20 @@
 // DataParallel starts new threads every step), bound to the current stream on
 // every call (cuBLAS handles must not be shared by threads running concurrently).
 // Workspace: cuBLAS keeps scratch memory per handle, and a pooled handle moves between streams, so
-// two GEMMs in flight on different streams would share it. Each (GPU, stream) therefore gets its
-// own workspace (cublasSetWorkspace), taken once from the caching allocator and kept.
+// two GEMMs in flight on different streams would share it. Each call therefore sets a workspace of
+// its own (cublasSetWorkspace), borrowed from the caller's scratch allocator and given back,
+// stream-ordered, once the GEMM is queued: the caching allocator hands the same block back on the
+// next call on that stream, and no other stream can get it while the GEMM may still run.
+// Also runs on the CPU under the emulator (MG_CUDA=EMULATE): see docs/cuda-emulation.md.
 #include <algorithm>
 #include <array>
 #include <climits>
-#include <map>
-#include <mutex>
-#include <utility>
 
-#include "core/allocator.h"
-#include "core/cuda_stream.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gemm_ladder.h"
 #include "kernels/cuda/handle_pool.h"
 #include "kernels/cuda/kernels.h"
+#include "kernels/cuda/workspace.h"
 
 namespace mg::kernels::cuda {
 namespace {
@@ -67,17 +66,6 @@ cublasHandle_t handle_for_current_device() {
 // cuBLAS's recommended workspace on Hopper.
 constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;
 
-// This stream's cuBLAS workspace on the current (logical) device.
-void* workspace_for(cudaStream_t stream) {
-  static std::mutex mutex;
-  static std::map<std::pair<int, cudaStream_t>, void*> workspaces;
-  const int device = mg::cuda::current_device();
-  std::lock_guard<std::mutex> lock(mutex);
-  void*& w = workspaces[{device, stream}];
-  if (w == nullptr) w = device_allocate(kCublasWorkspaceBytes, Device::cuda(device));
-  return w;
-}
-
 int as_int(int64_t v, const char* what) {
   check(v >= 0 && v <= INT_MAX, "gemm (CUDA): ", what, " = ", v, " does not fit cuBLAS's 32-bit int");
   return static_cast<int>(v);
@@ -85,16 +73,16 @@ int as_int(int64_t v, const char* what) {
 
 }  // namespace
 
-void gemm(const GemmArgs& a) {
+void gemm(cudaStream_t stream, ScratchAllocator& scratch, const GemmArgs& a) {
   const GemmKernel kernel = matmul_kernel();
-  if (kernel != GemmKernel::cublas && gemm_kernel_supports(kernel, a.dtype)) return gemm_ladder(kernel, a);
-  gemm_cublas(a);
+  if (kernel != GemmKernel::cublas && gemm_kernel_supports(kernel, a.dtype))
+    return gemm_ladder(stream, scratch, kernel, a);
+  gemm_cublas(stream, scratch, a);
 }
 
-void gemm_cublas(const GemmArgs& a) {
-  check_gemm_args(a, "gemm (CUDA, cuBLAS)");
+void gemm_cublas(cudaStream_t stream, ScratchAllocator& scratch, const GemmArgs& a) {
+  cpu::check_gemm_args(a, "gemm (CUDA, cuBLAS)");
   if (a.m == 0 || a.n == 0 || a.batch == 0) return;
-  cudaStream_t stream = mg::cuda::current_cuda_stream();
   cudaDataType_t type;
   cublasComputeType_t compute;
   switch (a.dtype) {
@@ -116,7 +104,8 @@ void gemm_cublas(const GemmArgs& a) {
   const int64_t lda = std::max<int64_t>(a.lda, 1), ldb = std::max<int64_t>(a.ldb, 1);
   cublasHandle_t handle = handle_for_current_device();
   MG_CUBLAS_CHECK(cublasSetStream(handle, stream));  // (which resets the handle's workspace)
-  MG_CUBLAS_CHECK(cublasSetWorkspace(handle, workspace_for(stream), kCublasWorkspaceBytes));
+  Workspace workspace(scratch, kCublasWorkspaceBytes);
+  MG_CUBLAS_CHECK(cublasSetWorkspace(handle, workspace.get(), kCublasWorkspaceBytes));
   // Column-major C^T (n x m) = op(B)^T (n x k) * op(A)^T (k x m).
   MG_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
       handle, a.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, a.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, as_int(a.n, "n"),

@@ -65,6 +65,7 @@
 // Compile time: one tile configuration per step; the tensor-core kernel is instantiated for
 // {bf16, f16} x {A k-contiguous or not} x {B k-contiguous or not} because the layout decides the
 // ldmatrix flavour inside the hottest loop. Everything else takes its layout as a runtime flag.
+// Also runs on the CPU under the emulator (MG_CUDA=EMULATE): see docs/cuda-emulation.md.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -79,9 +80,9 @@
 #include <string>
 #include <utility>
 
-#include "core/cuda_stream.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gemm_ladder.h"
+#include "kernels/cuda/native.cuh"
 
 namespace mg::kernels::cuda {
 namespace {
@@ -109,17 +110,22 @@ struct Problem {
 
 // The index helpers and tile loaders are __host__ __device__: a host program can replay a block's
 // index arithmetic (which element lands where in shared memory, which lane reads what) against a
-// plain GEMM without a GPU. Only the PTX wrappers below differ between the two sides, and the
+// plain GEMM without a GPU. Only the PTX wrappers (native.cuh) differ between the two sides, and the
 // host side asserts the alignment the GPU would need. (Their short fixed loops carry no
 // `#pragma unroll`, which the host compiler would warn about; nvcc unrolls them anyway.)
 __host__ __device__ constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
 __host__ __device__ constexpr int min_int(int a, int b) { return a < b ? a : b; }
 __host__ __device__ constexpr int max_int(int a, int b) { return a > b ? a : b; }
 
+// The shared_array ids (common.cuh) of a kernel's two static operand tiles: A's and B's tiles have
+// one type, so each needs an id of its own to be an array of its own.
+constexpr int kATileId = 0;
+constexpr int kBTileId = 1;
+
 // A read-only global load (the read-only data path on the GPU).
 template <class T>
 __host__ __device__ __forceinline__ T load_readonly(const T* p) {
-#if defined(__CUDA_ARCH__) || defined(MG_CUDA_EMULATE)
+#if defined(__CUDA_ARCH__)
   return __ldg(p);
 #else
   assert(reinterpret_cast<uintptr_t>(p) % sizeof(T) == 0);
@@ -216,8 +222,10 @@ __device__ __forceinline__ void load_smem_tile_element(const Operand& op, const 
 }
 
 __global__ void __launch_bounds__(kSmemTile* kSmemTile) gemm_smem_tiled(const Problem p) {
-  float(&a_tile)[kSmemTile][kSmemTile + 1] = shared_array<float[kSmemTile][kSmemTile + 1], 0>();  // [k][m]
-  float(&b_tile)[kSmemTile][kSmemTile + 1] = shared_array<float[kSmemTile][kSmemTile + 1], 1>();  // [k][n]
+  float(&a_tile)[kSmemTile][kSmemTile + 1] =
+      shared_array<float[kSmemTile][kSmemTile + 1], kATileId>();  // [k][m]
+  float(&b_tile)[kSmemTile][kSmemTile + 1] =
+      shared_array<float[kSmemTile][kSmemTile + 1], kBTileId>();  // [k][n]
   const int tiles_n = ceil_div(p.n, kSmemTile);
   const int m0 = (blockIdx.x / tiles_n) * kSmemTile, n0 = (blockIdx.x % tiles_n) * kSmemTile;
   const float* a = batch_entry<float>(p.a);
@@ -326,8 +334,10 @@ __host__ __device__ __forceinline__ void rt_store(const RtTileLoader& l, const f
 }
 
 __global__ void __launch_bounds__(kRtThreads, 2) gemm_register_tiled(const Problem p) {
-  float(&a_tile)[2][kRtDepth][kRtRow] = shared_array<float[2][kRtDepth][kRtRow], 0>();  // [buffer][k][m]
-  float(&b_tile)[2][kRtDepth][kRtRow] = shared_array<float[2][kRtDepth][kRtRow], 1>();  // [buffer][k][n]
+  float(&a_tile)[2][kRtDepth][kRtRow] =
+      shared_array<float[2][kRtDepth][kRtRow], kATileId>();  // [buffer][k][m]
+  float(&b_tile)[2][kRtDepth][kRtRow] =
+      shared_array<float[2][kRtDepth][kRtRow], kBTileId>();  // [buffer][k][n]
   const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
   const TileCorner t0 =
       grouped_tile(blockIdx.x, ceil_div(p.m, kRtTile), ceil_div(p.n, kRtTile), kRtTile, kRtTile);
@@ -462,75 +472,9 @@ __host__ __device__ __forceinline__ int swizzle_mn_contiguous(int kk, int mn) { 
 }
 
 // ---- PTX wrappers (sm_80+) ----
-// In the emulation build (MG_CUDA_EMULATE) each wrapper calls its emulated twin (cuda_emu/ptx.cpp,
-// cuda_emu/block_scheduler.cpp), written from the PTX ISA's description of the instruction.
+// cp_async_16, cp_async_commit, cp_async_wait, ldmatrix_x4 and mma_16816 are in native.cuh.
 __device__ __forceinline__ uint32_t shared_address(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-// 16 bytes global -> shared without passing through registers; completes at cp_async_wait.
-__host__ __device__ __forceinline__ void cp_async_16(void* shared_dst, const void* global_src) {
-#if defined(MG_CUDA_EMULATE)
-  mg_emu::cp_async_16(shared_dst, global_src, __FILE__, __LINE__);  // lands at cp_async_wait
-#elif defined(__CUDA_ARCH__)
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared_address(shared_dst)),
-               "l"(global_src));
-#else
-  assert(reinterpret_cast<uintptr_t>(shared_dst) % 16 == 0 &&
-         reinterpret_cast<uintptr_t>(global_src) % 16 == 0);
-  std::memcpy(shared_dst, global_src, 16);  // host replay
-#endif
-}
-__device__ __forceinline__ void cp_async_commit() {
-#if defined(MG_CUDA_EMULATE)
-  mg_emu::cp_async_commit();
-#else
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-#if defined(MG_CUDA_EMULATE)
-  mg_emu::cp_async_wait(N);
-#else
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-#endif
-}
-template <bool kTrans>
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t address) {
-#if defined(MG_CUDA_EMULATE)
-  mg_emu::ldmatrix_x4(r, address, kTrans, __FILE__, __LINE__);
-#else
-  if (kTrans) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(address));
-  } else {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(address));
-  }
-#endif
-}
-// d += a (16x16) * b (16x8), 16-bit inputs, f32 accumulators.
-template <class T>
-__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-#if defined(MG_CUDA_EMULATE)
-  mg_emu::mma_m16n8k16(d, a, b0, b1, std::is_same<T, bf16_t>::value, __FILE__, __LINE__);
-#else
-  if constexpr (std::is_same<T, bf16_t>::value) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-#endif
 }
 
 // Where one thread copies its 4 chunks of an operand tile from and to.
@@ -783,7 +727,7 @@ bool aligned(const void* ptr, int64_t ld, int64_t batch_stride, int64_t batch, s
 // the kernels.
 void validate(const GemmArgs& g, const char* step) {
   const std::string what = str_cat("gemm_ladder (", step, ")");
-  check_gemm_args(g, what.c_str());
+  cpu::check_gemm_args(g, what.c_str());
   // 32-bit tile arithmetic, with room for a tile past the end.
   constexpr int64_t kMaxSize = INT_MAX - 256;
   check(g.m <= kMaxSize && g.n <= kMaxSize && g.k <= kMaxSize, what, ": m=", g.m, " n=", g.n, " k=", g.k,
@@ -907,15 +851,14 @@ void set_allow_tf32(bool allow) { g_allow_tf32.store(allow ? 1 : 0, std::memory_
 
 // ---- the ladder's entry point ------------------------------------------------------------------
 
-void gemm_ladder(GemmKernel kernel, const GemmArgs& g) {
-  if (kernel == GemmKernel::cublas) return gemm_cublas(g);
+void gemm_ladder(cudaStream_t stream, ScratchAllocator& scratch, GemmKernel kernel, const GemmArgs& g) {
+  if (kernel == GemmKernel::cublas) return gemm_cublas(stream, scratch, g);
   const char* step = gemm_kernel_name(kernel);
   check(gemm_kernel_supports(kernel, g.dtype), "gemm_ladder (", step, "): the ", step, " kernel takes ",
         kernel == GemmKernel::tensor_core ? "bf16 or f16 (f32 accumulation)" : "f32", ", got ",
         dtype_name(g.dtype), " (cuBLAS takes every floating dtype: GemmKernel::cublas)");
   validate(g, step);
   if (g.m == 0 || g.n == 0 || g.batch == 0) return;
-  cudaStream_t stream = mg::cuda::current_cuda_stream();
   if (g.k == 0 || g.alpha == 0.0) {  // no product: A and B are not read
     if (g.dtype == DType::f32) return launch_scale_c<float>(g, stream);
     if (g.dtype == DType::bf16) return launch_scale_c<bf16_t>(g, stream);

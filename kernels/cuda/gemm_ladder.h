@@ -31,13 +31,12 @@
 
 #include <string>
 
-#include "core/dtype.h"
-#include "core/error.h"
+#include "core/base/dtype.h"
+#include "core/base/error.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cuda/stream.h"
 
 namespace mg::kernels::cuda {
-
-using cpu::GemmArgs;
 
 enum class GemmKernel { cublas, naive, smem_tiled, register_tiled, tensor_core };
 
@@ -85,15 +84,15 @@ inline bool gemm_kernel_supports(GemmKernel k, DType dtype) {
   return false;
 }
 
-// C = alpha op(A) op(B) + beta C with the chosen kernel, queued on the current stream of the
-// current device (as kernels::cuda::gemm). Throws mg::Error for a dtype the kernel does not take,
-// inconsistent arguments, sizes beyond 32-bit int, or tensor_core on a GPU older than sm_80.
-// GemmKernel::cublas is gemm_cublas().
-void gemm_ladder(GemmKernel kernel, const GemmArgs& args);
+// C = alpha op(A) op(B) + beta C with the chosen kernel, queued on `stream` of the runtime's
+// current device (as kernels::cuda::gemm; `scratch` serves cuBLAS's workspace). Throws mg::Error for a dtype
+// the kernel does not take, inconsistent arguments, sizes beyond 32-bit int, or tensor_core on a GPU older
+// than sm_80. GemmKernel::cublas is gemm_cublas().
+void gemm_ladder(cudaStream_t stream, ScratchAllocator& scratch, GemmKernel kernel, const GemmArgs& args);
 
 // The cuBLAS path of kernels::cuda::gemm, whatever matmul_kernel() says (gemm.cu). Honours
 // allow_tf32() for f32.
-void gemm_cublas(const GemmArgs& args);
+void gemm_cublas(cudaStream_t stream, ScratchAllocator& scratch, const GemmArgs& args);
 
 // The kernel kernels::cuda::gemm (and so matmul) uses. Default cublas, or MG_CUDA_MATMUL's value
 // (cublas|naive|smem_tiled|register_tiled|tensor_core), read on the first call; an unknown value

@@ -13,7 +13,7 @@
 #include <mutex>
 #include <vector>
 
-#include "core/error.h"
+#include "core/base/error.h"
 
 namespace mg::kernels::cuda {
 

@@ -1,154 +1,154 @@
-// The CUDA kernels' host entry points: twins of the CPU kernels in kernels/cpu/,
-// with the same argument lists and the same enum/shape structs (included from
-// the CPU headers), so an op dispatches with one `if` and a test can run both
-// on the same inputs and compare. No CUDA headers: core/ops/*.cpp include this.
+// The CUDA kernels' host entry points: twins of the CPU kernels in kernels/cpu/, with the same
+// argument types (kernels/kernel_args.h) and the same argument lists after a leading stream, so an
+// op dispatches with one `if` and a test can run both on the same inputs and compare. No CUDA
+// headers: core/ops/*.cpp include this.
 //
 // Common contract:
-//   - every pointer / StridedView points to memory of the logical device the
-//     CALLER made current with mg::cuda::DeviceGuard (core/ops do that);
-//   - work is queued on that device's current stream (core/cuda_stream.h) and
-//     the functions return without waiting, except where a result must reach
-//     the host (cross_entropy_forward returns a count: it waits for it; the ops
-//     use cross_entropy_forward_counted, which does not);
-//   - errors in arguments throw mg::Error before anything is launched; a failed
-//     launch throws mg::Error with file:line and CUDA's message.
-// Each family lives in its own kernels/cuda/<family>.cu, whose opening comment
-// explains the thread decomposition and what bounds it.
+//   - the first argument is the cudaStream_t the work is queued on (kernels/cuda/stream.h); the
+//     functions return without waiting, except where a result must reach the host (embedding's
+//     and index_select's index checks, cross_entropy_forward's count);
+//   - the functions that need scratch device memory take a ScratchAllocator& second
+//     (kernels/cuda/stream.h) and give it back, stream-ordered, before they return;
+//   - every pointer / StridedView points to memory of the GPU the CALLER made the runtime's
+//     current device (core/ops do that with mg::cuda::DeviceGuard, and pass that device's current
+//     stream and the caching allocator: core/cuda_scratch.h). Nothing here reads core/'s runtime;
+//   - errors in arguments throw mg::Error before anything is launched; a failed launch throws
+//     mg::Error with file:line and CUDA's message.
+// Each family lives in its own kernels/cuda/<family>.cu, whose opening comment explains the thread
+// decomposition and what bounds it.
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
-#include "core/strided_view.h"
-#include "kernels/cpu/conv.h"
-#include "kernels/cpu/cross_entropy.h"
-#include "kernels/cpu/dropout.h"
-#include "kernels/cpu/elementwise.h"
-#include "kernels/cpu/embedding.h"
-#include "kernels/cpu/gemm.h"
-#include "kernels/cpu/index.h"
-#include "kernels/cpu/layer_norm.h"
-#include "kernels/cpu/optim.h"
-#include "kernels/cpu/pool.h"
-#include "kernels/cpu/reduce.h"
-#include "kernels/cpu/softmax.h"
+#include "core/base/strided_view.h"
+#include "kernels/cuda/stream.h"
+#include "kernels/kernel_args.h"
 
 namespace mg::kernels::cuda {
 
-using cpu::AdamHyper;
-using cpu::AdamTensor;
-using cpu::BinaryOp;
-using cpu::Conv2dGeometry;
-using cpu::GemmArgs;
-using cpu::IndexShape;
-using cpu::Pool2dGeometry;
-using cpu::ReduceOp;
-using cpu::ReduceShape;
-using cpu::SgdHyper;
-using cpu::SgdTensor;
-using cpu::SoftmaxShape;
-using cpu::UnaryOp;
-
 // ---- elementwise.cu (semantics: kernels/cpu/elementwise.h) ----
-void unary(UnaryOp op, const StridedView& in, const StridedView& out, double scalar = 0.0);
-void unary_backward(UnaryOp op, const StridedView& grad_out, const StridedView& input,
+void unary(cudaStream_t stream, UnaryOp op, const StridedView& in, const StridedView& out,
+           double scalar = 0.0);
+void unary_backward(cudaStream_t stream, UnaryOp op, const StridedView& grad_out, const StridedView& input,
                     const StridedView& output, const StridedView& grad_in, double scalar = 0.0);
-void binary(BinaryOp op, const StridedView& a, const StridedView& b, const StridedView& out);
-void binary_scalar(BinaryOp op, const StridedView& a, double scalar, const StridedView& out);
-void axpby(const StridedView& a, double alpha, const StridedView& b, const StridedView& out);
-void where(const StridedView& condition, const StridedView& a, const StridedView& b, const StridedView& out);
-void clamp(const StridedView& in, const StridedView& out, double lo, double hi);
-void fill(const StridedView& out, double value);
-void arange(const StridedView& out, double start, double step);
+void binary(cudaStream_t stream, BinaryOp op, const StridedView& a, const StridedView& b,
+            const StridedView& out);
+void binary_scalar(cudaStream_t stream, BinaryOp op, const StridedView& a, double scalar,
+                   const StridedView& out);
+void axpby(cudaStream_t stream, const StridedView& a, double alpha, const StridedView& b,
+           const StridedView& out);
+void where(cudaStream_t stream, const StridedView& condition, const StridedView& a, const StridedView& b,
+           const StridedView& out);
+void clamp(cudaStream_t stream, const StridedView& in, const StridedView& out, double lo, double hi);
+void fill(cudaStream_t stream, const StridedView& out, double value);
+void arange(cudaStream_t stream, const StridedView& out, double start, double step);
 // Strided, dtype-converting copy within one device (both views on it).
-void copy(const StridedView& in, const StridedView& out);
+void copy(cudaStream_t stream, const StridedView& in, const StridedView& out);
 
 // ---- reduce.cu (semantics: kernels/cpu/reduce.h) ----
-void reduce(ReduceOp op, const ReduceShape& shape, const void* input, DType in_dtype, void* output,
-            DType out_dtype, int64_t correction = 1);
+void reduce(cudaStream_t stream, ScratchAllocator& scratch, ReduceOp op, const ReduceShape& shape,
+            const void* input, DType in_dtype, void* output, DType out_dtype, int64_t correction = 1);
 
 // ---- softmax.cu (semantics: kernels/cpu/softmax.h, kernels/cpu/cross_entropy.h) ----
-void softmax_forward(DType dtype, const SoftmaxShape& s, const void* input, void* output, bool log);
-void softmax_backward(DType dtype, const SoftmaxShape& s, const void* grad_output, const void* output,
-                      void* grad_input, bool log);
+void softmax_forward(cudaStream_t stream, DType dtype, const SoftmaxShape& s, const void* input, void* output,
+                     bool log);
+void softmax_backward(cudaStream_t stream, DType dtype, const SoftmaxShape& s, const void* grad_output,
+                      const void* output, void* grad_input, bool log);
 // `targets` is device memory. Waits for the kernel: it returns the number of
 // rows not ignored, and throws (naming the row and value) for an out-of-range
 // target, as the CPU kernel does.
-int64_t cross_entropy_forward(DType dtype, const void* logits, const int64_t* targets, int64_t rows,
-                              int64_t classes, int64_t ignore_index, double label_smoothing, void* losses);
+int64_t cross_entropy_forward(cudaStream_t stream, ScratchAllocator& scratch, DType dtype, const void* logits,
+                              const int64_t* targets, int64_t rows, int64_t classes, int64_t ignore_index,
+                              double label_smoothing, void* losses);
 // The same without waiting: the count of rows not ignored goes to `counted` (one f32 on the
-// device), and an out-of-range target is an error at the next host synchronisation
-// (core/cuda_device_checks.h), naming the row and the value.
-void cross_entropy_forward_counted(DType dtype, const void* logits, const int64_t* targets, int64_t rows,
-                                   int64_t classes, int64_t ignore_index, double label_smoothing,
-                                   void* losses, float* counted);
-void cross_entropy_backward(DType dtype, const void* logits, const int64_t* targets, int64_t rows,
-                            int64_t classes, int64_t ignore_index, double label_smoothing,
+// device), and the target check's findings to `check_words` (kCrossEntropyCheckWords 64-bit words
+// of device memory). The caller copies those words to the host when it likes (core/ops registers
+// them with core/cuda_device_checks.h, so a bad target is an error at the next synchronisation)
+// and reads them with cross_entropy_target_error.
+constexpr int kCrossEntropyCheckWords = 3;
+void cross_entropy_forward_counted(cudaStream_t stream, DType dtype, const void* logits,
+                                   const int64_t* targets, int64_t rows, int64_t classes,
+                                   int64_t ignore_index, double label_smoothing, void* losses, float* counted,
+                                   void* check_words);
+// "" when the check words (on the host) of a cross_entropy_forward_counted call with these
+// arguments report every target valid, else the error message naming the row and the value.
+std::string cross_entropy_target_error(const void* host_check_words, int64_t rows, int64_t classes,
+                                       int64_t ignore_index);
+void cross_entropy_backward(cudaStream_t stream, DType dtype, const void* logits, const int64_t* targets,
+                            int64_t rows, int64_t classes, int64_t ignore_index, double label_smoothing,
                             const void* grad_losses, void* grad_logits);
 
 // ---- optim.cu (semantics: kernels/cpu/optim.h) ----
-void sgd_step(DType dtype, int64_t n, void* param, const void* grad, void* momentum_buffer, bool first_step,
-              const SgdHyper& h);
-void adam_step(DType dtype, int64_t n, void* param, const void* grad, void* exp_avg, void* exp_avg_sq,
-               void* max_exp_avg_sq, const AdamHyper& h);
-void adamw_step(DType dtype, int64_t n, void* param, const void* grad, void* exp_avg, void* exp_avg_sq,
-                void* max_exp_avg_sq, const AdamHyper& h);
+void sgd_step(cudaStream_t stream, DType dtype, int64_t n, void* param, const void* grad,
+              void* momentum_buffer, bool first_step, const SgdHyper& h);
+void adam_step(cudaStream_t stream, DType dtype, int64_t n, void* param, const void* grad, void* exp_avg,
+               void* exp_avg_sq, void* max_exp_avg_sq, const AdamHyper& h);
+void adamw_step(cudaStream_t stream, DType dtype, int64_t n, void* param, const void* grad, void* exp_avg,
+                void* exp_avg_sq, void* max_exp_avg_sq, const AdamHyper& h);
 // One launch for the whole list (plus one small host->device copy of its table);
 // bit for bit the per-tensor results. Every tensor on the current device.
-void sgd_step_multi(DType dtype, const std::vector<SgdTensor>& tensors, const SgdHyper& h);
-void adam_step_multi(DType dtype, const std::vector<AdamTensor>& tensors, const AdamHyper& h);
-void adamw_step_multi(DType dtype, const std::vector<AdamTensor>& tensors, const AdamHyper& h);
+void sgd_step_multi(cudaStream_t stream, ScratchAllocator& scratch, DType dtype,
+                    const std::vector<SgdTensor>& tensors, const SgdHyper& h);
+void adam_step_multi(cudaStream_t stream, ScratchAllocator& scratch, DType dtype,
+                     const std::vector<AdamTensor>& tensors, const AdamHyper& h);
+void adamw_step_multi(cudaStream_t stream, ScratchAllocator& scratch, DType dtype,
+                      const std::vector<AdamTensor>& tensors, const AdamHyper& h);
 
 // ---- gemm.cu: cuBLAS (semantics: kernels/cpu/gemm.h) ----
 // f32 and f64 in their own precision (f32 without TF32, to match the CPU, unless
 // gemm_ladder.h's set_allow_tf32(true)), f16 and bf16 with f32 accumulation.
 // Batch strides of 0 broadcast an operand. gemm_ladder.h's set_matmul_kernel
 // routes it to a hand-written step instead.
-void gemm(const GemmArgs& args);
+void gemm(cudaStream_t stream, ScratchAllocator& scratch, const GemmArgs& args);
 
 // ---- conv.cu (semantics: kernels/cpu/conv.h) ----
-void im2col(const Conv2dGeometry& g, DType dtype, const void* image, void* columns, int64_t images = 1);
+void im2col(cudaStream_t stream, const Conv2dGeometry& g, DType dtype, const void* image, void* columns,
+            int64_t images = 1);
 // Accumulates into `image`, as on the CPU.
-void col2im(const Conv2dGeometry& g, DType dtype, const void* columns, void* image, int64_t images = 1);
+void col2im(cudaStream_t stream, const Conv2dGeometry& g, DType dtype, const void* columns, void* image,
+            int64_t images = 1);
 
 // ---- pool.cu (semantics: kernels/cpu/pool.h) ----
-void max_pool2d_forward(const Pool2dGeometry& g, DType dtype, const void* input, void* output,
-                        int64_t* argmax);
+void max_pool2d_forward(cudaStream_t stream, const Pool2dGeometry& g, DType dtype, const void* input,
+                        void* output, int64_t* argmax);
 // Unlike the CPU, argmax is not validated (that would need a copy back to the
 // host): an entry outside its window contributes nothing.
-void max_pool2d_backward(const Pool2dGeometry& g, DType dtype, const void* grad_output, const int64_t* argmax,
-                         void* grad_input);
-void avg_pool2d_forward(const Pool2dGeometry& g, DType dtype, const void* input, void* output,
-                        bool count_include_pad);
-void avg_pool2d_backward(const Pool2dGeometry& g, DType dtype, const void* grad_output, void* grad_input,
-                         bool count_include_pad);
+void max_pool2d_backward(cudaStream_t stream, const Pool2dGeometry& g, DType dtype, const void* grad_output,
+                         const int64_t* argmax, void* grad_input);
+void avg_pool2d_forward(cudaStream_t stream, const Pool2dGeometry& g, DType dtype, const void* input,
+                        void* output, bool count_include_pad);
+void avg_pool2d_backward(cudaStream_t stream, const Pool2dGeometry& g, DType dtype, const void* grad_output,
+                         void* grad_input, bool count_include_pad);
 
 // ---- layer_norm.cu (semantics: kernels/cpu/layer_norm.h) ----
-void layer_norm_forward(DType dtype, const void* x, const void* weight, const void* bias, int64_t rows,
-                        int64_t cols, double eps, void* y, void* mean, void* rstd);
-void layer_norm_backward(DType dtype, const void* grad_y, const void* x, const void* mean, const void* rstd,
-                         const void* weight, int64_t rows, int64_t cols, void* grad_x, void* grad_weight,
-                         void* grad_bias);
+void layer_norm_forward(cudaStream_t stream, DType dtype, const void* x, const void* weight, const void* bias,
+                        int64_t rows, int64_t cols, double eps, void* y, void* mean, void* rstd);
+void layer_norm_backward(cudaStream_t stream, DType dtype, const void* grad_y, const void* x,
+                         const void* mean, const void* rstd, const void* weight, int64_t rows, int64_t cols,
+                         void* grad_x, void* grad_weight, void* grad_bias);
 
 // ---- embedding.cu (semantics: kernels/cpu/embedding.h, kernels/cpu/index.h) ----
 // `indices` is device memory. These wait for the stream to check the indices
 // (one copy back of the first bad position) and throw naming position and value.
 // The backward passes add with atomics: the order of the additions, and so
 // the last bits of a row that several positions share, vary from run to run.
-void embedding_forward(DType dtype, const void* weight, int64_t num_embeddings, int64_t embedding_dim,
-                       const int64_t* indices, int64_t count, void* out);
-void embedding_backward(DType dtype, const void* grad_out, const int64_t* indices, int64_t count,
-                        int64_t embedding_dim, int64_t num_embeddings, int64_t padding_idx,
-                        void* grad_weight);
-void index_select(DType dtype, const IndexShape& shape, const void* input, const int64_t* indices,
-                  int64_t count, void* out);
-void index_add(DType dtype, const IndexShape& shape, const void* grad_out, const int64_t* indices,
-               int64_t count, void* grad_input);
+void embedding_forward(cudaStream_t stream, ScratchAllocator& scratch, DType dtype, const void* weight,
+                       int64_t num_embeddings, int64_t embedding_dim, const int64_t* indices, int64_t count,
+                       void* out);
+void embedding_backward(cudaStream_t stream, ScratchAllocator& scratch, DType dtype, const void* grad_out,
+                        const int64_t* indices, int64_t count, int64_t embedding_dim, int64_t num_embeddings,
+                        int64_t padding_idx, void* grad_weight);
+void index_select(cudaStream_t stream, ScratchAllocator& scratch, DType dtype, const IndexShape& shape,
+                  const void* input, const int64_t* indices, int64_t count, void* out);
+void index_add(cudaStream_t stream, ScratchAllocator& scratch, DType dtype, const IndexShape& shape,
+               const void* grad_out, const int64_t* indices, int64_t count, void* grad_input);
 
 // ---- dropout.cu (semantics: kernels/cpu/dropout.h): the CPU's mask, bit for bit ----
-void dropout_forward(DType dtype, const void* x, void* y, bool* mask, int64_t count, double p, uint64_t seed,
-                     uint64_t call_offset);
-void dropout_backward(DType dtype, const void* grad_y, const bool* mask, void* grad_x, int64_t count,
-                      double p);
+void dropout_forward(cudaStream_t stream, DType dtype, const void* x, void* y, bool* mask, int64_t count,
+                     double p, uint64_t seed, uint64_t call_offset);
+void dropout_backward(cudaStream_t stream, DType dtype, const void* grad_y, const bool* mask, void* grad_x,
+                      int64_t count, double p);
 
 }  // namespace mg::kernels::cuda

@@ -3,13 +3,12 @@
 // f32 otherwise): kernels/cpu/layer_norm.h.
 //
 // Decomposition.
-//   Forward: one thread block per row (32..256 threads, the power of two
-//     nearest cols). Threads stride over the row in coalesced sweeps, as the
-//     CPU does: (1) the sum, for a rough mean; (2) the deviations from it and
-//     their squares (their sum corrects the mean's rounding, their squares give
-//     the variance -- no E[x^2] - E[x]^2 cancellation); (3) the normalised,
-//     scaled and shifted write. Each sum is a warp-shuffle + shared-memory
-//     block reduction (common.cuh). Thread 0 writes mean and rstd.
+//   Forward: one thread block per row (the smallest power of two >= cols,
+//     clamped to 32..256 threads: row_block in common.cuh). Threads stride over the row in coalesced sweeps,
+//     as the CPU does: (1) the sum, for a rough mean; (2) the deviations from it and their squares (their sum
+//     corrects the mean's rounding, their squares give the variance -- no E[x^2] - E[x]^2 cancellation); (3)
+//     the normalised, scaled and shifted write. Each sum is a warp-shuffle + shared-memory block reduction
+//     (common.cuh). Thread 0 writes mean and rstd.
 //   Backward grad_x: one block per row, two sweeps: the row sums of
 //     g = gy * weight and g * xhat, then gx = rstd * (g - mean(g) - xhat * mean(g * xhat)).
 //   Backward grad_weight / grad_bias: column sums over all rows. A block of
@@ -30,9 +29,9 @@
 // Arithmetic in float for f32/f16/bf16 and double for f64, like the CPU; the
 // summation order differs (tree instead of sequential), so results agree to
 // rounding, not bit for bit.
+// Also runs on the CPU under the emulator (MG_CUDA=EMULATE): see docs/cuda-emulation.md.
 #include <cmath>
 
-#include "core/cuda_stream.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
 
@@ -40,12 +39,9 @@ namespace mg::kernels::cuda {
 namespace {
 
 template <class T>
-using stat_t = std::conditional_t<std::is_same<T, double>::value, double, float>;
-
-template <class T>
 __global__ void forward_kernel(const T* x, const T* weight, const T* bias, int64_t rows, int64_t cols,
-                               double eps, T* y, stat_t<T>* mean_out, stat_t<T>* rstd_out) {
-  using S = stat_t<T>;
+                               double eps, T* y, acc_t<T>* mean_out, acc_t<T>* rstd_out) {
+  using S = acc_t<T>;
   const S inv_cols = cols > 0 ? S(1) / S(cols) : S(0);  // 0 columns: mean 0, as on the CPU
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* xr = x + r * cols;
@@ -78,9 +74,9 @@ __global__ void forward_kernel(const T* x, const T* weight, const T* bias, int64
 }
 
 template <class T>
-__global__ void grad_x_kernel(const T* gy, const T* x, const stat_t<T>* mean, const stat_t<T>* rstd,
+__global__ void grad_x_kernel(const T* gy, const T* x, const acc_t<T>* mean, const acc_t<T>* rstd,
                               const T* weight, int64_t rows, int64_t cols, T* gx) {
-  using S = stat_t<T>;
+  using S = acc_t<T>;
   const S inv_cols = S(1) / S(cols);
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* gyr = gy + r * cols;
@@ -104,13 +100,19 @@ __global__ void grad_x_kernel(const T* gy, const T* x, const stat_t<T>* mean, co
 }
 
 constexpr int kColumnsPerBlock = 32, kRowThreads = 8;
+// The shared_array ids (common.cuh) of params_kernel's two static arrays: the weight's and the
+// bias's partial sums have one type, so each needs an id of its own to be an array of its own.
+constexpr int kWeightPartialsId = 0;
+constexpr int kBiasPartialsId = 1;
 
 template <class T>
-__global__ void params_kernel(const T* gy, const T* x, const stat_t<T>* mean, const stat_t<T>* rstd,
+__global__ void params_kernel(const T* gy, const T* x, const acc_t<T>* mean, const acc_t<T>* rstd,
                               int64_t rows, int64_t cols, T* grad_weight, T* grad_bias) {
-  using S = stat_t<T>;
-  S(&partial_w)[kRowThreads][kColumnsPerBlock] = shared_array<S[kRowThreads][kColumnsPerBlock], 0>();
-  S(&partial_b)[kRowThreads][kColumnsPerBlock] = shared_array<S[kRowThreads][kColumnsPerBlock], 1>();
+  using S = acc_t<T>;
+  S(&partial_w)
+  [kRowThreads][kColumnsPerBlock] = shared_array<S[kRowThreads][kColumnsPerBlock], kWeightPartialsId>();
+  S(&partial_b)
+  [kRowThreads][kColumnsPerBlock] = shared_array<S[kRowThreads][kColumnsPerBlock], kBiasPartialsId>();
   const int64_t c = int64_t(blockIdx.x) * kColumnsPerBlock + threadIdx.x;
   S sum_w = 0, sum_b = 0;
   if (c < cols) {
@@ -132,39 +134,30 @@ __global__ void params_kernel(const T* gy, const T* x, const stat_t<T>* mean, co
   if (grad_bias) store(grad_bias + c, sum_b);
 }
 
-int row_block(int64_t cols) {
-  int threads = 32;
-  while (threads < 256 && threads < cols) threads *= 2;
-  return threads;
-}
-unsigned row_grid(int64_t rows) { return static_cast<unsigned>(rows < 65535 ? rows : 65535); }
-
 }  // namespace
 
-void layer_norm_forward(DType dtype, const void* x, const void* weight, const void* bias, int64_t rows,
-                        int64_t cols, double eps, void* y, void* mean, void* rstd) {
+void layer_norm_forward(cudaStream_t stream, DType dtype, const void* x, const void* weight, const void* bias,
+                        int64_t rows, int64_t cols, double eps, void* y, void* mean, void* rstd) {
   check(rows >= 0 && cols >= 0, "layer_norm_forward (CUDA): negative shape [", rows, ", ", cols, "]");
   check(eps >= 0, "layer_norm_forward (CUDA): eps must be >= 0, got ", eps);
   if (rows == 0) return;
-  cudaStream_t stream = mg::cuda::current_cuda_stream();
   visit_float(dtype, "layer_norm_forward", [&](auto t) {
     using T = typename decltype(t)::type;
-    using S = stat_t<T>;
+    using S = acc_t<T>;
     launch_kernel<forward_kernel<T>>(row_grid(rows), row_block(cols), 0, stream, static_cast<const T*>(x),
                                      static_cast<const T*>(weight), static_cast<const T*>(bias), rows, cols,
                                      eps, static_cast<T*>(y), static_cast<S*>(mean), static_cast<S*>(rstd));
   });
 }
 
-void layer_norm_backward(DType dtype, const void* grad_y, const void* x, const void* mean, const void* rstd,
-                         const void* weight, int64_t rows, int64_t cols, void* grad_x, void* grad_weight,
-                         void* grad_bias) {
+void layer_norm_backward(cudaStream_t stream, DType dtype, const void* grad_y, const void* x,
+                         const void* mean, const void* rstd, const void* weight, int64_t rows, int64_t cols,
+                         void* grad_x, void* grad_weight, void* grad_bias) {
   check(rows >= 0 && cols >= 0, "layer_norm_backward (CUDA): negative shape [", rows, ", ", cols, "]");
   if (cols == 0) return;
-  cudaStream_t stream = mg::cuda::current_cuda_stream();
   visit_float(dtype, "layer_norm_backward", [&](auto t) {
     using T = typename decltype(t)::type;
-    using S = stat_t<T>;
+    using S = acc_t<T>;
     const T* gy = static_cast<const T*>(grad_y);
     const T* xs = static_cast<const T*>(x);
     const S* mu = static_cast<const S*>(mean);

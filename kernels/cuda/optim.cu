@@ -50,14 +50,14 @@
 // uses the same element function on the same scalars, so it matches the
 // per-tensor path bit for bit; tests/gpu/test_cuda_optim_multi.cpp checks that,
 // but has not run on a GPU yet.
+// Also runs on the CPU under the emulator (MG_CUDA=EMULATE): see docs/cuda-emulation.md.
 #include <cmath>
 #include <cstring>
 #include <vector>
 
-#include "core/allocator.h"
-#include "core/cuda_stream.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
+#include "kernels/cuda/workspace.h"
 
 namespace mg::kernels::cuda {
 namespace {
@@ -192,13 +192,13 @@ __global__ void adam_multi_kernel(const AdamTensorRow<T>* tensors, const BlockRo
 }
 
 // Puts `rows` (one per tensor) and the block table for `sizes` into one device
-// buffer on the current device and stream, launches `launch(tensors, blocks,
-// number_of_blocks)`, and hands the buffer back to the caching allocator. The
-// allocator reuses blocks in stream order, so freeing right after the launch is
-// safe: later work on this stream that gets the buffer runs after the kernel.
+// buffer borrowed from `scratch`, launches `launch(tensors, blocks,
+// number_of_blocks)` on `stream`, and hands the buffer back. Scratch is reused
+// in stream order, so giving it back right after the launch is safe: later work
+// on this stream that gets the buffer runs after the kernel.
 template <class Row, class Launch>
-void launch_multi(const char* what, const std::vector<Row>& rows, const std::vector<int64_t>& sizes,
-                  Launch&& launch) {
+void launch_multi(cudaStream_t stream, ScratchAllocator& scratch, const char* what,
+                  const std::vector<Row>& rows, const std::vector<int64_t>& sizes, Launch&& launch) {
   std::vector<BlockRow> blocks;
   for (size_t t = 0; t < sizes.size(); ++t) {
     const int64_t chunks = (sizes[t] + kChunk - 1) / kChunk;
@@ -216,20 +216,12 @@ void launch_multi(const char* what, const std::vector<Row>& rows, const std::vec
   std::vector<unsigned char> host(row_bytes + block_bytes);
   std::memcpy(host.data(), rows.data(), row_bytes);
   std::memcpy(host.data() + row_bytes, blocks.data(), block_bytes);
-  const Device device = Device::cuda(mg::cuda::current_device());
-  void* table = device_allocate(host.size(), device);
-  cudaStream_t stream = mg::cuda::current_cuda_stream();
-  try {
-    MG_CUDA_CHECK(cudaMemcpyAsync(table, host.data(), host.size(), cudaMemcpyHostToDevice, stream));
-    const auto* device_rows = static_cast<const Row*>(table);
-    const auto* device_blocks =
-        reinterpret_cast<const BlockRow*>(static_cast<unsigned char*>(table) + row_bytes);
-    launch(device_rows, device_blocks, static_cast<unsigned>(blocks.size()), stream);
-  } catch (...) {
-    device_free(table, host.size(), device);
-    throw;
-  }
-  device_free(table, host.size(), device);
+  Workspace table(scratch, host.size());
+  MG_CUDA_CHECK(cudaMemcpyAsync(table.get(), host.data(), host.size(), cudaMemcpyHostToDevice, stream));
+  const auto* device_rows = static_cast<const Row*>(table.get());
+  const auto* device_blocks =
+      reinterpret_cast<const BlockRow*>(static_cast<unsigned char*>(table.get()) + row_bytes);
+  launch(device_rows, device_blocks, static_cast<unsigned>(blocks.size()));
 }
 
 template <class F>
@@ -289,29 +281,30 @@ void check_adam_tensor(const char* what, const AdamHyper& h, int64_t step, const
   check(step >= 1, what, ": step counts from 1, got ", step, " (tensor ", index, ")");
 }
 
-void adam_common(const char* what, DType dtype, int64_t n, void* param, const void* grad, void* exp_avg,
-                 void* exp_avg_sq, void* max_exp_avg_sq, const AdamHyper& h, double l2, double decay) {
+void adam_common(cudaStream_t stream, const char* what, DType dtype, int64_t n, void* param, const void* grad,
+                 void* exp_avg, void* exp_avg_sq, void* max_exp_avg_sq, const AdamHyper& h, double l2,
+                 double decay) {
   check_adam_tensor(what, h, h.step, max_exp_avg_sq, 0);
   if (n == 0) return;
   visit_param(dtype, what, [&](auto tg) {
     using T = typename decltype(tg)::type;
-    launch_kernel<adam_kernel<T>>(
-        grid_for(n), kThreads, 0, mg::cuda::current_cuda_stream(), n, static_cast<T*>(param),
-        static_cast<const T*>(grad), static_cast<T*>(exp_avg), static_cast<T*>(exp_avg_sq),
-        static_cast<T*>(max_exp_avg_sq), adam_scalars<T>(h, l2, decay), adam_step_scalars<T>(h, h.step));
+    launch_kernel<adam_kernel<T>>(grid_for(n), kThreads, 0, stream, n, static_cast<T*>(param),
+                                  static_cast<const T*>(grad), static_cast<T*>(exp_avg),
+                                  static_cast<T*>(exp_avg_sq), static_cast<T*>(max_exp_avg_sq),
+                                  adam_scalars<T>(h, l2, decay), adam_step_scalars<T>(h, h.step));
   });
 }
 
-void adam_multi_common(const char* what, DType dtype, const std::vector<AdamTensor>& tensors,
-                       const AdamHyper& h, double l2, double decay) {
+void adam_multi_common(cudaStream_t stream, ScratchAllocator& scratch, const char* what, DType dtype,
+                       const std::vector<AdamTensor>& tensors, const AdamHyper& h, double l2, double decay) {
   for (size_t t = 0; t < tensors.size(); ++t)
     check_adam_tensor(what, h, tensors[t].step, tensors[t].max_exp_avg_sq, t);
   if (tensors.size() == 1) {  // no table to build: the per-tensor launch
     const AdamTensor& t = tensors.front();
     AdamHyper ht = h;
     ht.step = t.step;
-    return adam_common(what, dtype, t.n, t.param, t.grad, t.exp_avg, t.exp_avg_sq, t.max_exp_avg_sq, ht, l2,
-                       decay);
+    return adam_common(stream, what, dtype, t.n, t.param, t.grad, t.exp_avg, t.exp_avg_sq, t.max_exp_avg_sq,
+                       ht, l2, decay);
   }
   visit_param(dtype, what, [&](auto tg) {
     using T = typename decltype(tg)::type;
@@ -325,47 +318,48 @@ void adam_multi_common(const char* what, DType dtype, const std::vector<AdamTens
       sizes.push_back(t.n);
     }
     const AdamScalars<T> k = adam_scalars<T>(h, l2, decay);
-    launch_multi(what, rows, sizes,
-                 [&](const AdamTensorRow<T>* r, const BlockRow* b, unsigned grid, cudaStream_t s) {
-                   launch_kernel<adam_multi_kernel<T>>(grid, kThreads, 0, s, r, b, k);
+    launch_multi(stream, scratch, what, rows, sizes,
+                 [&](const AdamTensorRow<T>* r, const BlockRow* b, unsigned grid) {
+                   launch_kernel<adam_multi_kernel<T>>(grid, kThreads, 0, stream, r, b, k);
                  });
   });
 }
 
 }  // namespace
 
-void sgd_step(DType dtype, int64_t n, void* param, const void* grad, void* momentum_buffer, bool first_step,
-              const SgdHyper& h) {
+void sgd_step(cudaStream_t stream, DType dtype, int64_t n, void* param, const void* grad,
+              void* momentum_buffer, bool first_step, const SgdHyper& h) {
   check(h.momentum == 0.0 || momentum_buffer != nullptr, "sgd_step (CUDA): momentum needs a momentum buffer");
   if (n == 0) return;
   visit_param(dtype, "sgd_step", [&](auto tg) {
     using T = typename decltype(tg)::type;
-    launch_kernel<sgd_kernel<T>>(grid_for(n), kThreads, 0, mg::cuda::current_cuda_stream(), n,
-                                 static_cast<T*>(param), static_cast<const T*>(grad),
-                                 static_cast<T*>(momentum_buffer), first_step, sgd_scalars<T>(h));
+    launch_kernel<sgd_kernel<T>>(grid_for(n), kThreads, 0, stream, n, static_cast<T*>(param),
+                                 static_cast<const T*>(grad), static_cast<T*>(momentum_buffer), first_step,
+                                 sgd_scalars<T>(h));
   });
 }
 
-void adam_step(DType dtype, int64_t n, void* param, const void* grad, void* exp_avg, void* exp_avg_sq,
-               void* max_exp_avg_sq, const AdamHyper& h) {
-  adam_common("adam_step", dtype, n, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, h, h.weight_decay,
-              1.0);
+void adam_step(cudaStream_t stream, DType dtype, int64_t n, void* param, const void* grad, void* exp_avg,
+               void* exp_avg_sq, void* max_exp_avg_sq, const AdamHyper& h) {
+  adam_common(stream, "adam_step", dtype, n, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, h,
+              h.weight_decay, 1.0);
 }
 
-void adamw_step(DType dtype, int64_t n, void* param, const void* grad, void* exp_avg, void* exp_avg_sq,
-                void* max_exp_avg_sq, const AdamHyper& h) {
-  adam_common("adamw_step", dtype, n, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, h, 0.0,
+void adamw_step(cudaStream_t stream, DType dtype, int64_t n, void* param, const void* grad, void* exp_avg,
+                void* exp_avg_sq, void* max_exp_avg_sq, const AdamHyper& h) {
+  adam_common(stream, "adamw_step", dtype, n, param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, h, 0.0,
               1.0 - h.lr * h.weight_decay);
 }
 
-void sgd_step_multi(DType dtype, const std::vector<SgdTensor>& tensors, const SgdHyper& h) {
+void sgd_step_multi(cudaStream_t stream, ScratchAllocator& scratch, DType dtype,
+                    const std::vector<SgdTensor>& tensors, const SgdHyper& h) {
   for (size_t t = 0; t < tensors.size(); ++t)
     check(h.momentum == 0.0 || tensors[t].momentum_buffer != nullptr,
           "sgd_step_multi (CUDA): momentum needs a momentum buffer (tensor ", t, ")");
   if (tensors.size() == 1) {  // no table to build: the per-tensor launch
     const SgdTensor& t = tensors.front();
     // Qualified: SgdHyper would make argument-dependent lookup find cpu::sgd_step as well.
-    return cuda::sgd_step(dtype, t.n, t.param, t.grad, t.momentum_buffer, t.first_step, h);
+    return cuda::sgd_step(stream, dtype, t.n, t.param, t.grad, t.momentum_buffer, t.first_step, h);
   }
   visit_param(dtype, "sgd_step_multi", [&](auto tg) {
     using T = typename decltype(tg)::type;
@@ -377,19 +371,21 @@ void sgd_step_multi(DType dtype, const std::vector<SgdTensor>& tensors, const Sg
       sizes.push_back(t.n);
     }
     const SgdScalars<T> k = sgd_scalars<T>(h);
-    launch_multi("sgd_step_multi", rows, sizes,
-                 [&](const SgdTensorRow<T>* r, const BlockRow* b, unsigned grid, cudaStream_t s) {
-                   launch_kernel<sgd_multi_kernel<T>>(grid, kThreads, 0, s, r, b, k);
+    launch_multi(stream, scratch, "sgd_step_multi", rows, sizes,
+                 [&](const SgdTensorRow<T>* r, const BlockRow* b, unsigned grid) {
+                   launch_kernel<sgd_multi_kernel<T>>(grid, kThreads, 0, stream, r, b, k);
                  });
   });
 }
 
-void adam_step_multi(DType dtype, const std::vector<AdamTensor>& tensors, const AdamHyper& h) {
-  adam_multi_common("adam_step_multi", dtype, tensors, h, h.weight_decay, 1.0);
+void adam_step_multi(cudaStream_t stream, ScratchAllocator& scratch, DType dtype,
+                     const std::vector<AdamTensor>& tensors, const AdamHyper& h) {
+  adam_multi_common(stream, scratch, "adam_step_multi", dtype, tensors, h, h.weight_decay, 1.0);
 }
 
-void adamw_step_multi(DType dtype, const std::vector<AdamTensor>& tensors, const AdamHyper& h) {
-  adam_multi_common("adamw_step_multi", dtype, tensors, h, 0.0, 1.0 - h.lr * h.weight_decay);
+void adamw_step_multi(cudaStream_t stream, ScratchAllocator& scratch, DType dtype,
+                      const std::vector<AdamTensor>& tensors, const AdamHyper& h) {
+  adam_multi_common(stream, scratch, "adamw_step_multi", dtype, tensors, h, 0.0, 1.0 - h.lr * h.weight_decay);
 }
 
 }  // namespace mg::kernels::cuda

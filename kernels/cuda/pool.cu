@@ -25,10 +25,10 @@
 // batch (12.8 MB in, 3.2 MB + 6.4 MB out) that is ~5 us at HBM speed.
 //
 // One kernel per (dtype, direction, kind): 4 dtypes x 4 kernels.
+// Also runs on the CPU under the emulator (MG_CUDA=EMULATE): see docs/cuda-emulation.md.
+#include "kernels/cpu/pool.h"  // check_pool2d_geometry
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
-
-#include "core/cuda_stream.h"
 
 namespace mg::kernels::cuda {
 namespace {
@@ -75,7 +75,7 @@ __device__ __forceinline__ OutRange outputs_containing(int64_t in, int64_t kerne
 
 template <class T>
 __global__ void max_forward_kernel(PoolParams p, const T* input, T* output, int64_t* argmax) {
-  using A = calc_t<T>;
+  using A = acc_t<T>;
   const int64_t outs = p.out_h * p.out_w, total = p.planes * outs;
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
        e += int64_t(gridDim.x) * blockDim.x) {
@@ -101,7 +101,7 @@ __global__ void max_forward_kernel(PoolParams p, const T* input, T* output, int6
 template <class T>
 __global__ void max_backward_kernel(PoolParams p, const T* grad_output, const int64_t* argmax,
                                     T* grad_input) {
-  using A = calc_t<T>;
+  using A = acc_t<T>;
   const int64_t plane_size = p.height * p.width, outs = p.out_h * p.out_w, total = p.planes * plane_size;
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
        e += int64_t(gridDim.x) * blockDim.x) {
@@ -121,7 +121,7 @@ __global__ void max_backward_kernel(PoolParams p, const T* grad_output, const in
 
 template <class T>
 __global__ void avg_forward_kernel(PoolParams p, const T* input, T* output, bool count_include_pad) {
-  using A = calc_t<T>;
+  using A = acc_t<T>;
   const int64_t outs = p.out_h * p.out_w, total = p.planes * outs;
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
        e += int64_t(gridDim.x) * blockDim.x) {
@@ -138,7 +138,7 @@ __global__ void avg_forward_kernel(PoolParams p, const T* input, T* output, bool
 template <class T>
 __global__ void avg_backward_kernel(PoolParams p, const T* grad_output, T* grad_input,
                                     bool count_include_pad) {
-  using A = calc_t<T>;
+  using A = acc_t<T>;
   const int64_t plane_size = p.height * p.width, outs = p.out_h * p.out_w, total = p.planes * plane_size;
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
        e += int64_t(gridDim.x) * blockDim.x) {
@@ -165,13 +165,12 @@ void check_args(const Pool2dGeometry& g, const char* what, const void* in, const
 
 }  // namespace
 
-void max_pool2d_forward(const Pool2dGeometry& g, DType dtype, const void* input, void* output,
-                        int64_t* argmax) {
+void max_pool2d_forward(cudaStream_t stream, const Pool2dGeometry& g, DType dtype, const void* input,
+                        void* output, int64_t* argmax) {
   check_args(g, "max_pool2d_forward", input, output);
   check(g.planes == 0 || argmax != nullptr, "max_pool2d_forward (CUDA): argmax is null");
   const int64_t total = g.planes * g.out_h() * g.out_w();
   if (total == 0) return;
-  cudaStream_t stream = mg::cuda::current_cuda_stream();
   visit_float(dtype, "max_pool2d_forward", [&](auto t) {
     using T = typename decltype(t)::type;
     launch_kernel<max_forward_kernel<T>>(grid_for(total), kThreads, 0, stream, make_params(g),
@@ -179,13 +178,12 @@ void max_pool2d_forward(const Pool2dGeometry& g, DType dtype, const void* input,
   });
 }
 
-void max_pool2d_backward(const Pool2dGeometry& g, DType dtype, const void* grad_output, const int64_t* argmax,
-                         void* grad_input) {
+void max_pool2d_backward(cudaStream_t stream, const Pool2dGeometry& g, DType dtype, const void* grad_output,
+                         const int64_t* argmax, void* grad_input) {
   check_args(g, "max_pool2d_backward", grad_output, grad_input);
   check(g.planes == 0 || argmax != nullptr, "max_pool2d_backward (CUDA): argmax is null");
   const int64_t total = g.planes * g.height * g.width;
   if (total == 0) return;
-  cudaStream_t stream = mg::cuda::current_cuda_stream();
   visit_float(dtype, "max_pool2d_backward", [&](auto t) {
     using T = typename decltype(t)::type;
     launch_kernel<max_backward_kernel<T>>(grid_for(total), kThreads, 0, stream, make_params(g),
@@ -194,12 +192,11 @@ void max_pool2d_backward(const Pool2dGeometry& g, DType dtype, const void* grad_
   });
 }
 
-void avg_pool2d_forward(const Pool2dGeometry& g, DType dtype, const void* input, void* output,
-                        bool count_include_pad) {
+void avg_pool2d_forward(cudaStream_t stream, const Pool2dGeometry& g, DType dtype, const void* input,
+                        void* output, bool count_include_pad) {
   check_args(g, "avg_pool2d_forward", input, output);
   const int64_t total = g.planes * g.out_h() * g.out_w();
   if (total == 0) return;
-  cudaStream_t stream = mg::cuda::current_cuda_stream();
   visit_float(dtype, "avg_pool2d_forward", [&](auto t) {
     using T = typename decltype(t)::type;
     launch_kernel<avg_forward_kernel<T>>(grid_for(total), kThreads, 0, stream, make_params(g),
@@ -208,12 +205,11 @@ void avg_pool2d_forward(const Pool2dGeometry& g, DType dtype, const void* input,
   });
 }
 
-void avg_pool2d_backward(const Pool2dGeometry& g, DType dtype, const void* grad_output, void* grad_input,
-                         bool count_include_pad) {
+void avg_pool2d_backward(cudaStream_t stream, const Pool2dGeometry& g, DType dtype, const void* grad_output,
+                         void* grad_input, bool count_include_pad) {
   check_args(g, "avg_pool2d_backward", grad_output, grad_input);
   const int64_t total = g.planes * g.height * g.width;
   if (total == 0) return;
-  cudaStream_t stream = mg::cuda::current_cuda_stream();
   visit_float(dtype, "avg_pool2d_backward", [&](auto t) {
     using T = typename decltype(t)::type;
     launch_kernel<avg_backward_kernel<T>>(grid_for(total), kThreads, 0, stream, make_params(g),

@@ -32,9 +32,11 @@
 //
 // Accumulation: float for f32/f16/bf16 (tree order, so error grows ~log n, not
 // n), double for f64, int64 for integers and bool, as the CPU does for ints.
+// Also runs on the CPU under the emulator (MG_CUDA=EMULATE): see docs/cuda-emulation.md.
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cpu/reduce.h"  // reduce_op_name
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/workspace.h"
@@ -46,27 +48,10 @@ namespace {
 constexpr int64_t kSplitBlocks = 264;
 constexpr int64_t kMinSliceRows = 4096;
 
-// The accumulator type of a storage type.
+// Sums accumulate in acc_t<T> (core/base/dtype.h), with integers and bool widened further to
+// int64 so that they cannot overflow, as on the CPU.
 template <class T>
-struct AccOf {
-  using type = float;
-};
-template <>
-struct AccOf<double> {
-  using type = double;
-};
-template <>
-struct AccOf<int32_t> {
-  using type = int64_t;
-};
-template <>
-struct AccOf<int64_t> {
-  using type = int64_t;
-};
-template <>
-struct AccOf<bool> {
-  using type = int64_t;
-};
+using reduce_acc_t = std::conditional_t<std::is_integral<T>::value, int64_t, acc_t<T>>;
 
 template <class A>
 struct Partial {
@@ -170,7 +155,7 @@ __device__ void finish(int op, const Partial<A>& total, int64_t reduce, int64_t 
 template <class T>
 __global__ void reduce_kernel(int op, int64_t outer, int64_t reduce, int64_t inner, const T* in, void* out,
                               DType out_dtype, int64_t correction) {
-  using A = typename AccOf<T>::type;
+  using A = reduce_acc_t<T>;
   Partial<A>* shared = reinterpret_cast<Partial<A>*>(dynamic_shared_memory());
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const bool active = i < inner;
@@ -202,8 +187,8 @@ __global__ void reduce_kernel(int op, int64_t outer, int64_t reduce, int64_t inn
 // Pass 1 of the split reduce: block (x, y, z) reduces rows [z len, (z + 1) len) of its columns.
 template <class T>
 __global__ void reduce_slices_kernel(int op, int64_t outer, int64_t reduce, int64_t inner, int64_t slice_rows,
-                                     const T* in, Partial<typename AccOf<T>::type>* partials) {
-  using A = typename AccOf<T>::type;
+                                     const T* in, Partial<reduce_acc_t<T>>* partials) {
+  using A = reduce_acc_t<T>;
   Partial<A>* shared = reinterpret_cast<Partial<A>*>(dynamic_shared_memory());
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const bool active = i < inner;
@@ -223,9 +208,8 @@ __global__ void reduce_slices_kernel(int op, int64_t outer, int64_t reduce, int6
 // Pass 2: one thread per output combines its slices in order and finishes it.
 template <class T>
 __global__ void reduce_finish_kernel(int op, int64_t outer, int64_t reduce, int64_t inner, int64_t slices,
-                                     const Partial<typename AccOf<T>::type>* partials, void* out,
-                                     DType out_dtype) {
-  using A = typename AccOf<T>::type;
+                                     const Partial<reduce_acc_t<T>>* partials, void* out, DType out_dtype) {
+  using A = reduce_acc_t<T>;
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < outer * inner;
        e += int64_t(gridDim.x) * blockDim.x) {
     const int64_t o = e / inner, i = e % inner;
@@ -237,8 +221,8 @@ __global__ void reduce_finish_kernel(int op, int64_t outer, int64_t reduce, int6
 
 }  // namespace
 
-void reduce(ReduceOp op, const ReduceShape& shape, const void* input, DType in_dtype, void* output,
-            DType out_dtype, int64_t correction) {
+void reduce(cudaStream_t stream, ScratchAllocator& scratch, ReduceOp op, const ReduceShape& shape,
+            const void* input, DType in_dtype, void* output, DType out_dtype, int64_t correction) {
   const char* name = cpu::reduce_op_name(op);
   const bool arg = op == ReduceOp::Argmax || op == ReduceOp::Argmin;
   check(shape.reduce > 0 || !(arg || op == ReduceOp::Max || op == ReduceOp::Min), name,
@@ -258,7 +242,6 @@ void reduce(ReduceOp op, const ReduceShape& shape, const void* input, DType in_d
   const int64_t tiles = (shape.inner + tx - 1) / tx;
   check(tiles < (int64_t(1) << 31), name, " (CUDA): inner size ", shape.inner, " too large");
   const unsigned outer_blocks = static_cast<unsigned>(shape.outer < 65535 ? shape.outer : 65535);
-  cudaStream_t stream = mg::cuda::current_cuda_stream();
   // Split the reduced axis when the plain grid would leave the GPU idle (see the top).
   const int64_t blocks = tiles * outer_blocks;
   int64_t slices = 1;
@@ -267,7 +250,7 @@ void reduce(ReduceOp op, const ReduceShape& shape, const void* input, DType in_d
   }
   visit_all(in_dtype, [&](auto t) {
     using T = typename decltype(t)::type;
-    using A = typename AccOf<T>::type;
+    using A = reduce_acc_t<T>;
     const size_t smem = sizeof(Partial<A>) * kThreads;
     if (slices == 1) {
       launch_kernel<reduce_kernel<T>>(dim3(static_cast<unsigned>(tiles), outer_blocks), block, smem, stream,
@@ -276,7 +259,7 @@ void reduce(ReduceOp op, const ReduceShape& shape, const void* input, DType in_d
       return;
     }
     const int64_t slice_rows = (shape.reduce + slices - 1) / slices;
-    Workspace partials(sizeof(Partial<A>) * static_cast<size_t>(shape.outer * slices * shape.inner));
+    Workspace partials(scratch, sizeof(Partial<A>) * static_cast<size_t>(shape.outer * slices * shape.inner));
     auto* p = static_cast<Partial<A>*>(partials.get());
     launch_kernel<reduce_slices_kernel<T>>(
         dim3(static_cast<unsigned>(tiles), outer_blocks, static_cast<unsigned>(slices)), block, smem, stream,

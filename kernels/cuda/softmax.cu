@@ -8,9 +8,12 @@
 //     reduction, (2) the sum of exp(x - max), reduced the same way, (3) the
 //     outputs. The row is re-read from global memory (L2-resident for rows up
 //     to a few MB), never staged in shared memory, so any row length works.
-//     Block size: 32..256 threads, the power of two nearest the row length.
+//     Block size: the smallest power of two >= the row length, clamped to
+//     32..256 threads (row_block in common.cuh).
 //   - inner > 1: one thread per (outer, inner) column walking the dim axis.
 //     Neighbouring threads read neighbouring inner indices: coalesced.
+// The max and sum-of-exp sweeps are one device function (max_and_sum_exp) for
+// all of these.
 // Cross-entropy: one block per row of logits, the same three sweeps, but the
 // forward writes ONE number per row (no [rows, classes] log-probabilities in
 // memory) and the backward recomputes the softmax from the logits.
@@ -22,19 +25,17 @@
 // are bound by the block reductions' latency, with many rows in flight.
 //
 // Arithmetic in float for f32/f16/bf16 and double for f64, like the CPU.
+// Also runs on the CPU under the emulator (MG_CUDA=EMULATE): see docs/cuda-emulation.md.
 #include <cmath>
+#include <cstring>
+#include <string>
 
-#include "core/cuda_device_checks.h"
-#include "core/cuda_stream.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/workspace.h"
 
 namespace mg::kernels::cuda {
 namespace {
-
-template <class T>
-using acc_t = std::conditional_t<std::is_same<T, double>::value, double, float>;
 
 __device__ __forceinline__ float exp_(float x) { return expf(x); }
 __device__ __forceinline__ double exp_(double x) { return exp(x); }
@@ -46,6 +47,34 @@ __device__ __forceinline__ A neg_inf() {
   return -INFINITY;
 }
 
+// The first two sweeps of every softmax here: the max of `count` elements x[j * stride] (NaN
+// wins, like the CPU's max), then the sum of exp(x - max) and the sum of (x - max). With Block,
+// the threads of the block share the elements (j = threadIdx.x, += blockDim.x) and every thread
+// gets the block's max and sum (`shifted` stays the thread's own part); otherwise one thread
+// walks them all. Every thread of a block must call it (block reductions).
+template <class A>
+struct MaxSumExp {
+  A max, sum, shifted;
+};
+template <bool Block, class T, class A = acc_t<T>>
+__device__ __forceinline__ MaxSumExp<A> max_and_sum_exp(const T* x, int64_t count, int64_t stride) {
+  const int64_t first = Block ? int64_t(threadIdx.x) : 0, step = Block ? int64_t(blockDim.x) : 1;
+  A m = neg_inf<A>();
+  for (int64_t j = first; j < count; j += step) {
+    const A v = load(x + j * stride);
+    m = (v > m || v != v) ? v : m;
+  }
+  if constexpr (Block) m = block_max(m);
+  A s = 0, shifted = 0;
+  for (int64_t j = first; j < count; j += step) {
+    const A z = A(load(x + j * stride)) - m;
+    s += exp_(z);
+    shifted += z;
+  }
+  if constexpr (Block) s = block_sum(s);
+  return MaxSumExp<A>{m, s, shifted};
+}
+
 // ---- softmax, inner == 1: a block per row ----------------------------------------------------
 template <class T>
 __global__ void softmax_rows_kernel(int64_t rows, int64_t dim, const T* in, T* out, bool log_out) {
@@ -53,16 +82,8 @@ __global__ void softmax_rows_kernel(int64_t rows, int64_t dim, const T* in, T* o
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const T* x = in + row * dim;
     T* y = out + row * dim;
-    A m = neg_inf<A>();
-    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) {
-      const A v = load(x + j);
-      m = (v > m || v != v) ? v : m;
-    }
-    m = block_max(m);
-    A s = 0;
-    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) s += exp_(A(load(x + j)) - m);
-    s = block_sum(s);
-    const A log_s = log_(s);
+    const MaxSumExp<A> r = max_and_sum_exp<true>(x, dim, 1);
+    const A m = r.max, s = r.sum, log_s = log_(s);
     for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) {
       const A z = A(load(x + j)) - m;
       store(y + j, log_out ? z - log_s : exp_(z) / s);
@@ -81,14 +102,8 @@ __global__ void softmax_columns_kernel(int64_t outer, int64_t dim, int64_t inner
     const int64_t o = c / inner, i = c % inner;
     const T* x = in + o * dim * inner + i;
     T* y = out + o * dim * inner + i;
-    A m = neg_inf<A>();
-    for (int64_t d = 0; d < dim; ++d) {
-      const A v = load(x + d * inner);
-      m = (v > m || v != v) ? v : m;
-    }
-    A s = 0;
-    for (int64_t d = 0; d < dim; ++d) s += exp_(A(load(x + d * inner)) - m);
-    const A log_s = log_(s);
+    const MaxSumExp<A> r = max_and_sum_exp<false>(x, dim, inner);
+    const A m = r.max, s = r.sum, log_s = log_(s);
     for (int64_t d = 0; d < dim; ++d) {
       const A z = A(load(x + d * inner)) - m;
       store(y + d * inner, log_out ? z - log_s : exp_(z) / s);
@@ -156,26 +171,15 @@ __global__ void cross_entropy_forward_kernel(int64_t rows, int64_t classes, cons
       continue;
     }
     const T* x = logits + row * classes;
-    A m = neg_inf<A>();
-    for (int64_t j = threadIdx.x; j < classes; j += blockDim.x) {
-      const A v = load(x + j);
-      m = (v > m || v != v) ? v : m;
-    }
-    m = block_max(m);
-    A s = 0, shifted = 0;
-    for (int64_t j = threadIdx.x; j < classes; j += blockDim.x) {
-      const A z = A(load(x + j)) - m;
-      s += exp_(z);
-      shifted += z;
-    }
-    const A log_s = log_(block_sum(s));
+    const MaxSumExp<A> r = max_and_sum_exp<true>(x, classes, 1);
+    const A m = r.max, log_s = log_(r.sum);
     // As the CPU: logsumexp kept as m + log_s and every logit shifted by m first
     // ((m - x) + log_s, not (m + log_s) - x, which loses digits when |m| is
     // large), and the smoothing term only when eps > 0 -- with -inf (masked)
     // logits it is +inf, and 0 * inf would turn a finite loss into NaN.
     const A eps = A(smoothing);
     // mean_c(x_c - m); eps is the same in every thread, so the barrier is not divergent.
-    const A mean_shifted = eps > A(0) ? block_sum(shifted) / A(classes) : A(0);
+    const A mean_shifted = eps > A(0) ? block_sum(r.shifted) / A(classes) : A(0);
     if (threadIdx.x == 0) {
       A loss = log_s - (A(load(x + t)) - m);
       if (eps > A(0)) loss = (A(1) - eps) * loss + eps * (log_s - mean_shifted);
@@ -216,15 +220,8 @@ __global__ void cross_entropy_backward_kernel(int64_t rows, int64_t classes, con
       for (int64_t j = threadIdx.x; j < classes; j += blockDim.x) store(gx + j, A(0));
       continue;
     }
-    A m = neg_inf<A>();
-    for (int64_t j = threadIdx.x; j < classes; j += blockDim.x) {
-      const A v = load(x + j);
-      m = (v > m || v != v) ? v : m;
-    }
-    m = block_max(m);
-    A s = 0;
-    for (int64_t j = threadIdx.x; j < classes; j += blockDim.x) s += exp_(A(load(x + j)) - m);
-    s = block_sum(s);
+    const MaxSumExp<A> r = max_and_sum_exp<true>(x, classes, 1);
+    const A m = r.max, s = r.sum;
     const A g = load(grad_losses + row);
     const A eps = A(smoothing);
     const A uniform = eps / A(classes);
@@ -236,20 +233,11 @@ __global__ void cross_entropy_backward_kernel(int64_t rows, int64_t classes, con
   }
 }
 
-int row_block(int64_t dim) {
-  int threads = 32;
-  while (threads < 256 && threads < dim) threads *= 2;
-  return threads;
-}
-unsigned row_grid(int64_t rows) {
-  return static_cast<unsigned>(rows < 65535 ? (rows < 1 ? 1 : rows) : 65535);
-}
-
 }  // namespace
 
-void softmax_forward(DType dtype, const SoftmaxShape& s, const void* input, void* output, bool log) {
+void softmax_forward(cudaStream_t stream, DType dtype, const SoftmaxShape& s, const void* input, void* output,
+                     bool log) {
   if (s.outer * s.dim * s.inner == 0) return;
-  cudaStream_t stream = mg::cuda::current_cuda_stream();
   visit_float(dtype, log ? "log_softmax" : "softmax", [&](auto t) {
     using T = typename decltype(t)::type;
     if (s.inner == 1) {
@@ -263,10 +251,9 @@ void softmax_forward(DType dtype, const SoftmaxShape& s, const void* input, void
   });
 }
 
-void softmax_backward(DType dtype, const SoftmaxShape& s, const void* grad_output, const void* output,
-                      void* grad_input, bool log) {
+void softmax_backward(cudaStream_t stream, DType dtype, const SoftmaxShape& s, const void* grad_output,
+                      const void* output, void* grad_input, bool log) {
   if (s.outer * s.dim * s.inner == 0) return;
-  cudaStream_t stream = mg::cuda::current_cuda_stream();
   visit_float(dtype, log ? "log_softmax backward" : "softmax backward", [&](auto t) {
     using T = typename decltype(t)::type;
     const T* gy = static_cast<const T*>(grad_output);
@@ -282,17 +269,15 @@ void softmax_backward(DType dtype, const SoftmaxShape& s, const void* grad_outpu
   });
 }
 
-void cross_entropy_forward_counted(DType dtype, const void* logits, const int64_t* targets, int64_t rows,
-                                   int64_t classes, int64_t ignore_index, double label_smoothing,
-                                   void* losses, float* counted) {
+void cross_entropy_forward_counted(cudaStream_t stream, DType dtype, const void* logits,
+                                   const int64_t* targets, int64_t rows, int64_t classes,
+                                   int64_t ignore_index, double label_smoothing, void* losses, float* counted,
+                                   void* check_words) {
   check(label_smoothing >= 0.0 && label_smoothing < 1.0,
         "cross_entropy (CUDA): label_smoothing must be in [0, 1), got ", label_smoothing);
   check(classes > 0 || rows == 0, "cross_entropy (CUDA): no classes");
-  cudaStream_t stream = mg::cuda::current_cuda_stream();
-  // Three words on the device (from the caching allocator, on this stream, so reused only after
-  // the copy below): rows counted, the first row with a bad target, and its value.
-  Workspace words(3 * sizeof(unsigned long long));
-  unsigned long long* status = static_cast<unsigned long long*>(words.get());
+  static_assert(kCrossEntropyCheckWords == 3, "rows counted, the first row with a bad target, its value");
+  unsigned long long* status = static_cast<unsigned long long*>(check_words);
   launch_kernel<cross_entropy_status_init_kernel>(1, 1, 0, stream, status, rows);
   if (rows > 0) {
     visit_float(dtype, "cross_entropy", [&](auto t) {
@@ -303,38 +288,42 @@ void cross_entropy_forward_counted(DType dtype, const void* logits, const int64_
     });
   }
   launch_kernel<cross_entropy_finish_kernel>(1, 1, 0, stream, status, targets, rows, counted);
-  // The target check's verdict reaches the host at its next synchronisation (the loss read).
-  mg::cuda::defer_device_check(
-      mg::cuda::current_device(), status, 3 * sizeof(unsigned long long),
-      [rows, classes, ignore_index](const void* host_words) -> std::string {
-        const auto* w = static_cast<const unsigned long long*>(host_words);
-        if (w[1] >= static_cast<unsigned long long>(rows)) return "";
-        return str_cat("cross_entropy: target ", static_cast<int64_t>(w[2]), " of row ", w[1],
-                       " is out of range [0, ", classes, ") (and is not ignore_index ", ignore_index,
-                       "); found by the CUDA kernel, reported at the next synchronisation (as PyTorch's "
-                       "device-side asserts are)");
-      });
 }
 
-int64_t cross_entropy_forward(DType dtype, const void* logits, const int64_t* targets, int64_t rows,
-                              int64_t classes, int64_t ignore_index, double label_smoothing, void* losses) {
+std::string cross_entropy_target_error(const void* host_check_words, int64_t rows, int64_t classes,
+                                       int64_t ignore_index) {
+  const auto* w = static_cast<const unsigned long long*>(host_check_words);
+  if (w[1] >= static_cast<unsigned long long>(rows)) return "";
+  return str_cat("cross_entropy: target ", static_cast<int64_t>(w[2]), " of row ", w[1],
+                 " is out of range [0, ", classes, ") (and is not ignore_index ", ignore_index,
+                 "); found by the CUDA kernel, reported at the next synchronisation (as PyTorch's "
+                 "device-side asserts are)");
+}
+
+int64_t cross_entropy_forward(cudaStream_t stream, ScratchAllocator& scratch, DType dtype, const void* logits,
+                              const int64_t* targets, int64_t rows, int64_t classes, int64_t ignore_index,
+                              double label_smoothing, void* losses) {
   if (rows == 0) return 0;
-  Workspace count(sizeof(float));
-  cross_entropy_forward_counted(dtype, logits, targets, rows, classes, ignore_index, label_smoothing, losses,
-                                static_cast<float*>(count.get()));
-  cudaStream_t stream = mg::cuda::current_cuda_stream();
-  float counted = 0;
-  MG_CUDA_CHECK(cudaMemcpyAsync(&counted, count.get(), sizeof(float), cudaMemcpyDeviceToHost, stream));
+  // The check words, then the count (a float, after the 8-byte words): one buffer, one copy back.
+  constexpr size_t kWordBytes = kCrossEntropyCheckWords * sizeof(unsigned long long);
+  Workspace buffer(scratch, kWordBytes + sizeof(float));
+  unsigned char* device = static_cast<unsigned char*>(buffer.get());
+  cross_entropy_forward_counted(stream, dtype, logits, targets, rows, classes, ignore_index, label_smoothing,
+                                losses, reinterpret_cast<float*>(device + kWordBytes), device);
+  unsigned long long host[kCrossEntropyCheckWords + 1] = {};
+  MG_CUDA_CHECK(cudaMemcpyAsync(host, device, kWordBytes + sizeof(float), cudaMemcpyDeviceToHost, stream));
   MG_CUDA_CHECK(cudaStreamSynchronize(stream));
-  mg::cuda::raise_device_check_errors();  // a bad target throws here, at the call
+  const std::string error = cross_entropy_target_error(host, rows, classes, ignore_index);
+  if (!error.empty()) throw Error(error);  // a bad target throws here, at the call
+  float counted = 0;
+  std::memcpy(&counted, host + kCrossEntropyCheckWords, sizeof(float));
   return static_cast<int64_t>(counted);
 }
 
-void cross_entropy_backward(DType dtype, const void* logits, const int64_t* targets, int64_t rows,
-                            int64_t classes, int64_t ignore_index, double label_smoothing,
+void cross_entropy_backward(cudaStream_t stream, DType dtype, const void* logits, const int64_t* targets,
+                            int64_t rows, int64_t classes, int64_t ignore_index, double label_smoothing,
                             const void* grad_losses, void* grad_logits) {
   if (rows == 0 || classes == 0) return;
-  cudaStream_t stream = mg::cuda::current_cuda_stream();
   visit_float(dtype, "cross_entropy backward", [&](auto t) {
     using T = typename decltype(t)::type;
     launch_kernel<cross_entropy_backward_kernel<T>>(

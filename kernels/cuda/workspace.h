@@ -1,32 +1,29 @@
-// Scratch device memory for one call, from the caching allocator (never a cudaMalloc in steady
-// state): taken on the current device at construction, given back at scope exit to the current
-// stream's free list, where later work queued on that stream may reuse it without a sync.
-// Work that uses it must be queued on the current stream before the scope ends.
+// Scratch device memory for one call, borrowed from the caller's ScratchAllocator
+// (kernels/cuda/stream.h) at construction and given back at scope exit. Work that uses it must be
+// queued on the call's stream before the scope ends.
 #pragma once
 
 #include <cstddef>
 
-#include "core/allocator.h"
-#include "core/cuda_stream.h"
-#include "core/device.h"
+#include "kernels/cuda/stream.h"
 
 namespace mg::kernels::cuda {
 
 class Workspace {
  public:
-  explicit Workspace(size_t bytes) : bytes_(bytes), device_(mg::cuda::current_device()) {
-    if (bytes_ > 0) ptr_ = device_allocate(bytes_, Device::cuda(device_));
+  Workspace(ScratchAllocator& scratch, size_t bytes) : scratch_(scratch), bytes_(bytes) {
+    if (bytes_ > 0) ptr_ = scratch_.allocate(bytes_);
   }
   ~Workspace() {
-    if (ptr_ != nullptr) device_free(ptr_, bytes_, Device::cuda(device_));
+    if (ptr_ != nullptr) scratch_.deallocate(ptr_, bytes_);
   }
   Workspace(const Workspace&) = delete;
   Workspace& operator=(const Workspace&) = delete;
   void* get() const { return ptr_; }
 
  private:
+  ScratchAllocator& scratch_;
   size_t bytes_;
-  int device_;
   void* ptr_ = nullptr;
 };
 

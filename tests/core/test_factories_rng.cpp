@@ -8,7 +8,7 @@
 #include <set>
 #include <vector>
 
-#include "core/philox.h"
+#include "core/base/philox.h"
 #include "multigrad.h"
 
 using namespace mg;

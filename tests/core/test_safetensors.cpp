@@ -10,8 +10,8 @@
 #include "core/safetensors.h"
 #include "multigrad.h"
 
-#ifndef MG_TEST_DATA_DIR
-#define MG_TEST_DATA_DIR "tests/data"
+#ifndef MG_TEST_FIXTURES_DIR
+#define MG_TEST_FIXTURES_DIR "tests/fixtures"
 #endif
 
 using namespace mg;
@@ -61,7 +61,7 @@ TEST_CASE("safetensors round-trips every dtype, shape and metadata", "[safetenso
 }
 
 TEST_CASE("safetensors reads a file written by another program", "[safetensors]") {
-  SafetensorsFile file = load_safetensors(MG_TEST_DATA_DIR "/fixture.safetensors");
+  SafetensorsFile file = load_safetensors(MG_TEST_FIXTURES_DIR "/fixture.safetensors");
   REQUIRE(file.metadata.at("epoch") == "3");
   REQUIRE(file.tensors.at("linear.weight").shape() == Shape{2, 3});
   REQUIRE(file.tensors.at("linear.weight").to_vector<float>() ==

@@ -1,6 +1,6 @@
 // Forward values and gradients of multigrad's ops against PyTorch.
 //
-// tests/data/torch_reference.json is written once by
+// tests/fixtures/torch_reference.json is written once by
 // scripts/gen_torch_reference.py (run with Debian's python3-torch); this test
 // never needs PyTorch. Each case names an op, its attributes, its inputs,
 // PyTorch's outputs, and, for differentiable ops, a weight per output and the
@@ -23,8 +23,8 @@
 
 #include "multigrad.h"
 
-#ifndef MG_TEST_DATA_DIR
-#define MG_TEST_DATA_DIR "tests/data"
+#ifndef MG_TEST_FIXTURES_DIR
+#define MG_TEST_FIXTURES_DIR "tests/fixtures"
 #endif
 
 namespace {
@@ -39,7 +39,7 @@ const std::set<std::string> kKnownMismatches = {};
 
 const json& reference() {
   static const json doc = [] {
-    const std::string path = MG_TEST_DATA_DIR "/torch_reference.json";
+    const std::string path = MG_TEST_FIXTURES_DIR "/torch_reference.json";
     std::ifstream in(path);
     if (!in) throw std::runtime_error("cannot open " + path + " (run scripts/gen_torch_reference.py)");
     return json::parse(in);

@@ -3,6 +3,7 @@
 // Two kinds: (1) the emulated PTX wrappers and warp collectives against plain arithmetic, and
 // (2) deliberately wrong kernels -- each mistake a GPU would let through silently or turn into
 // undefined behaviour must here give a wrong result or an error naming what went wrong.
+// Runs on the CPU under the emulator only (MG_CUDA=EMULATE): see docs/cuda-emulation.md.
 #include <catch2/catch.hpp>
 
 #include <cuda_bf16.h>

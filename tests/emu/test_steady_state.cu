@@ -4,6 +4,7 @@
 // synchronise the host only where the loop asks for it (reading the loss). The cross-entropy's
 // divisor stays on the device, and its target check is copied back without waiting (24 bytes,
 // core/cuda_device_checks.h): a bad target is reported at that same loss read.
+// Runs on the CPU under the emulator only (MG_CUDA=EMULATE): see docs/cuda-emulation.md.
 #include <catch2/catch.hpp>
 
 #include <cstdio>

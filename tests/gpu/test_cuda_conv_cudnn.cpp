@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "core/cuda_allocator.h"
+#include "core/cuda_scratch.h"
 #include "core/cuda_stream.h"
 #include "core/grad_mode.h"
 #include "kernels/cuda/conv_cudnn.h"
@@ -45,7 +46,7 @@ namespace mg {
 namespace {
 using namespace gpu_test;
 using Catch::Matchers::Contains;
-using kernels::cpu::Conv2dGeometry;
+using kernels::Conv2dGeometry;
 namespace kc = kernels::cuda;
 
 const DType kCudnnDtypes[] = {DType::f32, DType::f16, DType::bf16};
@@ -162,7 +163,8 @@ TEST_CASE("the conv2d backend is selectable: cudnn by default when built with it
     CHECK(kc::conv_backend() == kc::ConvBackend::im2col);
     Conv2dGeometry g = kCases[0].geometry();
     CHECK_FALSE(kc::cudnn_conv2d_supported(g, 2, 16, DType::f32));
-    CHECK_THROWS_WITH(kc::cudnn_conv2d_forward(g, DType::f32, 2, 16, nullptr, nullptr, nullptr, nullptr),
+    CHECK_THROWS_WITH(kc::cudnn_conv2d_forward(mg::cuda::current_kernel_stream(), mg::cuda::current_scratch(),
+                                               g, DType::f32, 2, 16, nullptr, nullptr, nullptr, nullptr),
                       Contains("this build has no cuDNN"));
   }
 }
@@ -195,13 +197,16 @@ TEST_CASE("cuDNN conv2d forward, backward-data and backward-filter match an f64 
       std::string algorithms;
       {
         cuda::DeviceGuard guard(0);
-        kc::cudnn_conv2d_forward(g, dt, cs.n, cs.k, xg.data_ptr(), wg.data_ptr(), nullptr, y.data_ptr());
-        kc::cudnn_conv2d_forward(g, dt, cs.n, cs.k, xg.data_ptr(), wg.data_ptr(), bg.data_ptr(),
-                                 y_bias.data_ptr());
-        kc::cudnn_conv2d_backward_data(g, dt, cs.n, cs.k, dyg.data_ptr(), wg.data_ptr(), dx.data_ptr());
-        kc::cudnn_conv2d_backward_filter(g, dt, cs.n, cs.k, xg.data_ptr(), dyg.data_ptr(), dw.data_ptr(),
-                                         false);
-        kc::cudnn_conv2d_backward_filter(g, dt, cs.n, cs.k, xg.data_ptr(), dyg.data_ptr(), dw_acc.data_ptr(),
+        kc::cudnn_conv2d_forward(mg::cuda::current_kernel_stream(), mg::cuda::current_scratch(), g, dt, cs.n,
+                                 cs.k, xg.data_ptr(), wg.data_ptr(), nullptr, y.data_ptr());
+        kc::cudnn_conv2d_forward(mg::cuda::current_kernel_stream(), mg::cuda::current_scratch(), g, dt, cs.n,
+                                 cs.k, xg.data_ptr(), wg.data_ptr(), bg.data_ptr(), y_bias.data_ptr());
+        kc::cudnn_conv2d_backward_data(mg::cuda::current_kernel_stream(), mg::cuda::current_scratch(), g, dt,
+                                       cs.n, cs.k, dyg.data_ptr(), wg.data_ptr(), dx.data_ptr());
+        kc::cudnn_conv2d_backward_filter(mg::cuda::current_kernel_stream(), mg::cuda::current_scratch(), g,
+                                         dt, cs.n, cs.k, xg.data_ptr(), dyg.data_ptr(), dw.data_ptr(), false);
+        kc::cudnn_conv2d_backward_filter(mg::cuda::current_kernel_stream(), mg::cuda::current_scratch(), g,
+                                         dt, cs.n, cs.k, xg.data_ptr(), dyg.data_ptr(), dw_acc.data_ptr(),
                                          true);
         cuda::synchronize(cuda::current_stream(0));
         algorithms = kc::cudnn_conv2d_algorithms(g, cs.n, cs.k, dt);
@@ -331,17 +336,20 @@ TEST_CASE("what cuDNN does not take runs as im2col; bad cuDNN calls throw", "[gp
     const Tensor yg = poisoned(cs.y_shape(), DType::f64, gpu());
     cuda::DeviceGuard device(0);
     const Tensor xg = x.to(gpu()), wg = w.to(gpu());
-    CHECK_THROWS_WITH(kc::cudnn_conv2d_forward(g, DType::f64, cs.n, cs.k, xg.data_ptr(), wg.data_ptr(),
+    CHECK_THROWS_WITH(kc::cudnn_conv2d_forward(mg::cuda::current_kernel_stream(), mg::cuda::current_scratch(),
+                                               g, DType::f64, cs.n, cs.k, xg.data_ptr(), wg.data_ptr(),
                                                nullptr, yg.data_ptr()),
                       Contains("f64") && Contains("im2col"));
     // A kernel larger than the padded image: the geometry check names it.
     Conv2dGeometry too_big = g;
     too_big.kernel_h = too_big.kernel_w = 25;
-    CHECK_THROWS_AS(kc::cudnn_conv2d_forward(too_big, DType::f32, cs.n, cs.k, xg.data_ptr(), wg.data_ptr(),
+    CHECK_THROWS_AS(kc::cudnn_conv2d_forward(mg::cuda::current_kernel_stream(), mg::cuda::current_scratch(),
+                                             too_big, DType::f32, cs.n, cs.k, xg.data_ptr(), wg.data_ptr(),
                                              nullptr, yg.data_ptr()),
                     Error);
     CHECK_THROWS_WITH(
-        kc::cudnn_conv2d_backward_data(g, DType::f32, cs.n, cs.k, nullptr, wg.data_ptr(), yg.data_ptr()),
+        kc::cudnn_conv2d_backward_data(mg::cuda::current_kernel_stream(), mg::cuda::current_scratch(), g,
+                                       DType::f32, cs.n, cs.k, nullptr, wg.data_ptr(), yg.data_ptr()),
         Contains("null buffer"));
   }
 }
@@ -361,7 +369,8 @@ TEST_CASE("the cuDNN algorithm cache searches once per problem and direction", "
   Tensor dx = empty(cs.x_shape(), TensorOptions{DType::f32, gpu()});
   cuda::DeviceGuard guard(0);
   auto forward = [&](int64_t batch) {
-    kc::cudnn_conv2d_forward(g, DType::f32, batch, cs.k, x.data_ptr(), w.data_ptr(), nullptr, y.data_ptr());
+    kc::cudnn_conv2d_forward(mg::cuda::current_kernel_stream(), mg::cuda::current_scratch(), g, DType::f32,
+                             batch, cs.k, x.data_ptr(), w.data_ptr(), nullptr, y.data_ptr());
   };
   forward(cs.n);
   s = kc::conv_algo_cache_stats();
@@ -375,7 +384,8 @@ TEST_CASE("the cuDNN algorithm cache searches once per problem and direction", "
   CHECK(s.hits == 2);
   CHECK(s.entries == 1);
   // Another direction of the same sizes is another problem.
-  kc::cudnn_conv2d_backward_data(g, DType::f32, cs.n, cs.k, y.data_ptr(), w.data_ptr(), dx.data_ptr());
+  kc::cudnn_conv2d_backward_data(mg::cuda::current_kernel_stream(), mg::cuda::current_scratch(), g,
+                                 DType::f32, cs.n, cs.k, y.data_ptr(), w.data_ptr(), dx.data_ptr());
   s = kc::conv_algo_cache_stats();
   CHECK(s.searches == 2);
   CHECK(s.entries == 2);
@@ -386,8 +396,10 @@ TEST_CASE("the cuDNN algorithm cache searches once per problem and direction", "
   CHECK(s.entries == 3);
   const Tensor xh = x.to(DType::f16), wh = w.to(DType::f16);
   Tensor yh = empty(cs.y_shape(), TensorOptions{DType::f16, gpu()});
-  kc::cudnn_conv2d_forward(g, DType::f16, cs.n, cs.k, xh.data_ptr(), wh.data_ptr(), nullptr, yh.data_ptr());
-  kc::cudnn_conv2d_forward(g, DType::f16, cs.n, cs.k, xh.data_ptr(), wh.data_ptr(), nullptr, yh.data_ptr());
+  kc::cudnn_conv2d_forward(mg::cuda::current_kernel_stream(), mg::cuda::current_scratch(), g, DType::f16,
+                           cs.n, cs.k, xh.data_ptr(), wh.data_ptr(), nullptr, yh.data_ptr());
+  kc::cudnn_conv2d_forward(mg::cuda::current_kernel_stream(), mg::cuda::current_scratch(), g, DType::f16,
+                           cs.n, cs.k, xh.data_ptr(), wh.data_ptr(), nullptr, yh.data_ptr());
   s = kc::conv_algo_cache_stats();
   CHECK(s.searches == 4);
   CHECK(s.hits == 3);

@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "core/cuda_scratch.h"
 #include "core/cuda_stream.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cuda/gemm_ladder.h"
@@ -37,7 +38,7 @@
 namespace mg {
 namespace {
 using namespace gpu_test;
-using kernels::cpu::GemmArgs;
+using kernels::GemmArgs;
 using kernels::cuda::GemmKernel;
 
 template <class F>
@@ -203,7 +204,10 @@ TEST_CASE("every GEMM ladder step matches cuBLAS and the CPU", "[gpu][gemm][ladd
               INFO("run by " << kernels::cuda::gemm_kernel_name(kernel));
               DeviceMatrices dc = upload(c0, false, cfg.pad, cfg.offset);
               g.c = dc.ptr, g.ldc = dc.ld, g.batch_stride_c = dc.batch_stride;
-              on_gpu([&] { kernels::cuda::gemm_ladder(kernel, g); });
+              on_gpu([&] {
+                kernels::cuda::gemm_ladder(mg::cuda::current_kernel_stream(), mg::cuda::current_scratch(),
+                                           kernel, g);
+              });
               CHECK(written_outside(dc) == 0);
               return download(dc);
             };
@@ -247,7 +251,10 @@ TEST_CASE("the GEMM ladder: alpha == 0 and k == 0 read neither A nor B; empty si
           g.b = db.ptr, g.ldb = n, g.batch_stride_b = db.batch_stride;
           g.c = dc.ptr, g.ldc = dc.ld, g.batch_stride_c = dc.batch_stride;
           g.alpha = zero_k ? 1.0 : 0.0, g.beta = beta;
-          on_gpu([&] { kernels::cuda::gemm_ladder(kernel, g); });
+          on_gpu([&] {
+            kernels::cuda::gemm_ladder(mg::cuda::current_kernel_stream(), mg::cuda::current_scratch(), kernel,
+                                       g);
+          });
           const Tensor expected = beta != 0.0 ? mul(c0.to(DType::f64), beta) : zeros({batch, m, n});
           MG_REQUIRE_CLOSE(download(dc), expected, tolerance_for(dt, 1));
           CHECK(written_outside(dc) == 0);
@@ -258,9 +265,15 @@ TEST_CASE("the GEMM ladder: alpha == 0 and k == 0 read neither A nor B; empty si
       empty_args.dtype = dt;
       empty_args.m = 0, empty_args.n = 5, empty_args.k = 3, empty_args.lda = 3, empty_args.ldb = 5,
       empty_args.ldc = 5;
-      CHECK_NOTHROW(on_gpu([&] { kernels::cuda::gemm_ladder(kernel, empty_args); }));
+      CHECK_NOTHROW(on_gpu([&] {
+        kernels::cuda::gemm_ladder(mg::cuda::current_kernel_stream(), mg::cuda::current_scratch(), kernel,
+                                   empty_args);
+      }));
       empty_args.m = 4, empty_args.batch = 0;
-      CHECK_NOTHROW(on_gpu([&] { kernels::cuda::gemm_ladder(kernel, empty_args); }));
+      CHECK_NOTHROW(on_gpu([&] {
+        kernels::cuda::gemm_ladder(mg::cuda::current_kernel_stream(), mg::cuda::current_scratch(), kernel,
+                                   empty_args);
+      }));
     }
   }
   // More batch entries than a grid's z dimension holds (65535): launched in chunks.
@@ -281,7 +294,9 @@ TEST_CASE("the GEMM ladder: alpha == 0 and k == 0 read neither A nor B; empty si
       g.b = db.ptr, g.ldb = db.ld, g.batch_stride_b = 0;
       g.c = dc.ptr, g.ldc = dc.ld, g.batch_stride_c = dc.batch_stride;
       g.alpha = 1.0, g.beta = 1.0;
-      on_gpu([&] { kernels::cuda::gemm_ladder(kernel, g); });
+      on_gpu([&] {
+        kernels::cuda::gemm_ladder(mg::cuda::current_kernel_stream(), mg::cuda::current_scratch(), kernel, g);
+      });
       MG_REQUIRE_CLOSE(download(dc), ref, tolerance_for(dt, k));
     }
   }
@@ -304,7 +319,9 @@ TEST_CASE("the GEMM ladder refuses dtypes its steps do not take, naming the choi
     CHECK_FALSE(kernels::cuda::gemm_kernel_supports(kernel, dt));
     g.dtype = dt;
     try {
-      on_gpu([&] { kernels::cuda::gemm_ladder(kernel, g); });
+      on_gpu([&] {
+        kernels::cuda::gemm_ladder(mg::cuda::current_kernel_stream(), mg::cuda::current_scratch(), kernel, g);
+      });
       FAIL("gemm_ladder accepted an unsupported dtype");
     } catch (const Error& e) {
       const std::string msg = e.what();
@@ -353,7 +370,9 @@ TEST_CASE("set_matmul_kernel routes Tensor matmul and linear (and their backward
     g.a = ag.data_ptr(), g.lda = k, g.batch_stride_a = m * k;
     g.b = bg.data_ptr(), g.ldb = n, g.batch_stride_b = 0;
     g.c = direct.data_ptr(), g.ldc = n, g.batch_stride_c = m * n;
-    on_gpu([&] { kernels::cuda::gemm_ladder(kernel, g); });
+    on_gpu([&] {
+      kernels::cuda::gemm_ladder(mg::cuda::current_kernel_stream(), mg::cuda::current_scratch(), kernel, g);
+    });
     CHECK(out.to(Device::cpu()).to_vector<double>() == direct.to(Device::cpu()).to_vector<double>());
     MG_REQUIRE_CLOSE(out, matmul(a, b), tolerance_for(dt, k));
 

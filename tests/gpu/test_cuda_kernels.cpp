@@ -10,16 +10,23 @@
 #include <vector>
 
 #include "core/cuda_device_checks.h"
+#include "core/cuda_scratch.h"
 #include "core/cuda_stream.h"
+#include "kernels/cpu/cross_entropy.h"
+#include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/optim.h"
+#include "kernels/cpu/reduce.h"
+#include "kernels/cpu/softmax.h"
 #include "kernels/cuda/kernels.h"
 #include "tests/gpu/gpu_compare.h"
 
 namespace mg {
 namespace {
 using namespace gpu_test;
-using kernels::cpu::BinaryOp;
-using kernels::cpu::ReduceOp;
-using kernels::cpu::UnaryOp;
+using kernels::BinaryOp;
+using kernels::ReduceOp;
+using kernels::UnaryOp;
 
 // Runs `gpu_call` with cuda:0 current and waits for it, so errors surface here.
 template <class F>
@@ -47,7 +54,10 @@ TEST_CASE("cuda unary and unary_backward match the CPU", "[gpu][elementwise]") {
         Tensor ref = empty(x.shape(), TensorOptions{dt});
         kernels::cpu::unary(op, x.view_for_kernel(), ref.view_for_kernel(), p);
         Tensor out = poisoned(x.shape(), dt, gpu());
-        on_gpu([&] { kernels::cuda::unary(op, xg.view_for_kernel(), out.view_for_kernel(), p); });
+        on_gpu([&] {
+          kernels::cuda::unary(mg::cuda::current_kernel_stream(), op, xg.view_for_kernel(),
+                               out.view_for_kernel(), p);
+        });
         MG_REQUIRE_CLOSE(out, ref, tolerance(dt));
 
         const Tensor g = random_cpu(x.shape(), dt), gg = g.to(gpu()), refg = ref.to(gpu());
@@ -56,8 +66,9 @@ TEST_CASE("cuda unary and unary_backward match the CPU", "[gpu][elementwise]") {
                                      ref_in.view_for_kernel(), p);
         Tensor grad_in = poisoned(x.shape(), dt, gpu());
         on_gpu([&] {
-          kernels::cuda::unary_backward(op, gg.view_for_kernel(), xg.view_for_kernel(),
-                                        refg.view_for_kernel(), grad_in.view_for_kernel(), p);
+          kernels::cuda::unary_backward(mg::cuda::current_kernel_stream(), op, gg.view_for_kernel(),
+                                        xg.view_for_kernel(), refg.view_for_kernel(),
+                                        grad_in.view_for_kernel(), p);
         });
         MG_REQUIRE_CLOSE(grad_in, ref_in, 4 * tolerance(dt));
       }
@@ -71,7 +82,10 @@ TEST_CASE("cuda unary and unary_backward match the CPU", "[gpu][elementwise]") {
       Tensor ref = empty(x.shape(), TensorOptions{dt});
       kernels::cpu::unary(op, x.view_for_kernel(), ref.view_for_kernel());
       Tensor out = poisoned(x.shape(), dt, gpu());
-      on_gpu([&] { kernels::cuda::unary(op, xg.view_for_kernel(), out.view_for_kernel()); });
+      on_gpu([&] {
+        kernels::cuda::unary(mg::cuda::current_kernel_stream(), op, xg.view_for_kernel(),
+                             out.view_for_kernel());
+      });
       CHECK(out.to_vector<int64_t>() == ref.to_vector<int64_t>());
     }
   }
@@ -102,7 +116,8 @@ TEST_CASE("cuda binary ops with broadcasting and strides match the CPU", "[gpu][
       Tensor out = poisoned(out_shape, out_dt, gpu());
       if (out_dt == DType::boolean) out.copy_(eq(ref, 0.0).to(gpu()));  // poison: the complement of ref
       on_gpu([&] {
-        kernels::cuda::binary(op, xg.view_for_kernel(), bg.view_for_kernel(), out.view_for_kernel());
+        kernels::cuda::binary(mg::cuda::current_kernel_stream(), op, xg.view_for_kernel(),
+                              bg.view_for_kernel(), out.view_for_kernel());
       });
       if (out_dt == DType::boolean || !is_floating(dt)) {
         CHECK(out.to_vector<double>() == ref.to_vector<double>());
@@ -115,7 +130,10 @@ TEST_CASE("cuda binary ops with broadcasting and strides match the CPU", "[gpu][
       kernels::cpu::binary_scalar(op, x.view_for_kernel(), s, ref_s.view_for_kernel());
       Tensor out_s = poisoned(out_shape, out_dt, gpu());
       if (out_dt == DType::boolean) out_s.copy_(eq(ref_s, 0.0).to(gpu()));
-      on_gpu([&] { kernels::cuda::binary_scalar(op, xg.view_for_kernel(), s, out_s.view_for_kernel()); });
+      on_gpu([&] {
+        kernels::cuda::binary_scalar(mg::cuda::current_kernel_stream(), op, xg.view_for_kernel(), s,
+                                     out_s.view_for_kernel());
+      });
       if (out_dt == DType::boolean || !is_floating(dt)) {
         CHECK(out_s.to_vector<double>() == ref_s.to_vector<double>());
       } else {
@@ -130,13 +148,15 @@ TEST_CASE("cuda binary ops with broadcasting and strides match the CPU", "[gpu][
   kernels::cpu::binary(BinaryOp::Pow, base.view_for_kernel(), expo.view_for_kernel(), ref.view_for_kernel());
   const Tensor bg = base.to(gpu()), eg = expo.to(gpu());
   on_gpu([&] {
-    kernels::cuda::binary(BinaryOp::Pow, bg.view_for_kernel(), eg.view_for_kernel(), out.view_for_kernel());
+    kernels::cuda::binary(mg::cuda::current_kernel_stream(), BinaryOp::Pow, bg.view_for_kernel(),
+                          eg.view_for_kernel(), out.view_for_kernel());
   });
   CHECK(out.to_vector<int64_t>() == ref.to_vector<int64_t>());
   Tensor lt_ref = empty({7}, TensorOptions{DType::boolean}), lt_out = poisoned({7}, DType::boolean, gpu());
   kernels::cpu::binary_scalar(BinaryOp::Lt, base.view_for_kernel(), 1.5, lt_ref.view_for_kernel());
   on_gpu([&] {
-    kernels::cuda::binary_scalar(BinaryOp::Lt, bg.view_for_kernel(), 1.5, lt_out.view_for_kernel());
+    kernels::cuda::binary_scalar(mg::cuda::current_kernel_stream(), BinaryOp::Lt, bg.view_for_kernel(), 1.5,
+                                 lt_out.view_for_kernel());
   });
   CHECK(lt_out.to_vector<int>() == lt_ref.to_vector<int>());
 }
@@ -150,7 +170,8 @@ TEST_CASE("cuda axpby, where, clamp, fill, arange match the CPU", "[gpu][element
     Tensor ref = empty(a.shape(), TensorOptions{dt}), out = poisoned(a.shape(), dt, gpu());
     kernels::cpu::axpby(a.view_for_kernel(), -0.3, b.view_for_kernel(), ref.view_for_kernel());
     on_gpu([&] {
-      kernels::cuda::axpby(ag.view_for_kernel(), -0.3, bg.view_for_kernel(), out.view_for_kernel());
+      kernels::cuda::axpby(mg::cuda::current_kernel_stream(), ag.view_for_kernel(), -0.3,
+                           bg.view_for_kernel(), out.view_for_kernel());
     });
     MG_REQUIRE_CLOSE(out, ref, tolerance(dt));
 
@@ -160,14 +181,17 @@ TEST_CASE("cuda axpby, where, clamp, fill, arange match the CPU", "[gpu][element
     kernels::cpu::where(cond.view_for_kernel(), a.view_for_kernel(), b.view_for_kernel(),
                         wref.view_for_kernel());
     on_gpu([&] {
-      kernels::cuda::where(cg.view_for_kernel(), ag.view_for_kernel(), bg.view_for_kernel(),
-                           wout.view_for_kernel());
+      kernels::cuda::where(mg::cuda::current_kernel_stream(), cg.view_for_kernel(), ag.view_for_kernel(),
+                           bg.view_for_kernel(), wout.view_for_kernel());
     });
     CHECK(rel_error(wout, wref) == 0.0);
 
     Tensor cref = empty(a.shape(), TensorOptions{dt}), cout_ = poisoned(a.shape(), dt, gpu());
     kernels::cpu::clamp(b.view_for_kernel(), cref.view_for_kernel(), -0.5, 0.7);
-    on_gpu([&] { kernels::cuda::clamp(bg.view_for_kernel(), cout_.view_for_kernel(), -0.5, 0.7); });
+    on_gpu([&] {
+      kernels::cuda::clamp(mg::cuda::current_kernel_stream(), bg.view_for_kernel(), cout_.view_for_kernel(),
+                           -0.5, 0.7);
+    });
     CHECK(rel_error(cout_, cref) == 0.0);
   }
   for (DType dt : {DType::f32, DType::f64, DType::f16, DType::bf16, DType::i32, DType::i64, DType::boolean}) {
@@ -175,12 +199,14 @@ TEST_CASE("cuda axpby, where, clamp, fill, arange match the CPU", "[gpu][element
     Tensor ref = empty({5, 7}, TensorOptions{dt});
     kernels::cpu::fill(ref.view_for_kernel(), 2.7);
     Tensor out = empty({7, 5}, TensorOptions{dt, gpu()}).t();  // a strided destination
-    on_gpu([&] { kernels::cuda::fill(out.view_for_kernel(), 2.7); });
+    on_gpu([&] { kernels::cuda::fill(mg::cuda::current_kernel_stream(), out.view_for_kernel(), 2.7); });
     CHECK(out.to_vector<double>() == ref.to_vector<double>());
     if (dt == DType::boolean) continue;
     Tensor aref = empty({100}, TensorOptions{dt}), aout = poisoned({100}, dt, gpu());
     kernels::cpu::arange(aref.view_for_kernel(), -3.0, 0.25);
-    on_gpu([&] { kernels::cuda::arange(aout.view_for_kernel(), -3.0, 0.25); });
+    on_gpu([&] {
+      kernels::cuda::arange(mg::cuda::current_kernel_stream(), aout.view_for_kernel(), -3.0, 0.25);
+    });
     CHECK(aout.to_vector<double>() == aref.to_vector<double>());
   }
 }
@@ -199,7 +225,10 @@ TEST_CASE("cuda copy converts between all dtype pairs like the CPU", "[gpu][copy
       Tensor ref = empty(src.shape(), TensorOptions{to});
       kernels::cpu::copy(src.view_for_kernel(), ref.view_for_kernel());
       Tensor out = poisoned(src.shape(), to, gpu());
-      on_gpu([&] { kernels::cuda::copy(src_g.view_for_kernel(), out.view_for_kernel()); });
+      on_gpu([&] {
+        kernels::cuda::copy(mg::cuda::current_kernel_stream(), src_g.view_for_kernel(),
+                            out.view_for_kernel());
+      });
       CHECK(out.to_vector<double>() == ref.to_vector<double>());
     }
   }
@@ -208,8 +237,8 @@ TEST_CASE("cuda copy converts between all dtype pairs like the CPU", "[gpu][copy
 TEST_CASE("cuda reductions match the CPU", "[gpu][reduce]") {
   manual_seed(5);
   // The last two split their long reduced axis over many blocks (a full sum(), the split reduce).
-  const kernels::cpu::ReduceShape shapes[] = {{7, 1000, 1}, {3, 129, 40},   {1, 5000, 3}, {64, 1, 1},
-                                              {2, 0, 3},    {1, 300001, 1}, {2, 40000, 3}};
+  const kernels::ReduceShape shapes[] = {{7, 1000, 1}, {3, 129, 40},   {1, 5000, 3}, {64, 1, 1},
+                                         {2, 0, 3},    {1, 300001, 1}, {2, 40000, 3}};
   const ReduceOp ops[] = {ReduceOp::Sum,    ReduceOp::Mean,   ReduceOp::Max, ReduceOp::Min,
                           ReduceOp::Argmax, ReduceOp::Argmin, ReduceOp::Var, ReduceOp::Prod};
   for (DType dt : {DType::f32, DType::f64, DType::bf16, DType::i64, DType::i32, DType::boolean}) {
@@ -238,7 +267,10 @@ TEST_CASE("cuda reductions match the CPU", "[gpu][reduce]") {
         Tensor ref = empty({s.outer, s.inner}, TensorOptions{out_dt});
         kernels::cpu::reduce(op, s, in.data_ptr(), dt, ref.data_ptr(), out_dt, 1);
         Tensor out = poisoned({s.outer, s.inner}, out_dt, gpu());
-        on_gpu([&] { kernels::cuda::reduce(op, s, in_g.data_ptr(), dt, out.data_ptr(), out_dt, 1); });
+        on_gpu([&] {
+          kernels::cuda::reduce(mg::cuda::current_kernel_stream(), mg::cuda::current_scratch(), op, s,
+                                in_g.data_ptr(), dt, out.data_ptr(), out_dt, 1);
+        });
         if (arg || !is_floating(out_dt) || op == ReduceOp::Max || op == ReduceOp::Min) {
           CHECK(out.to_vector<double>() == ref.to_vector<double>());
         } else {
@@ -252,15 +284,15 @@ TEST_CASE("cuda reductions match the CPU", "[gpu][reduce]") {
   const Tensor nan_x = tensor<float>({1.0f, NAN, 3.0f, NAN}, {1, 4, 1}), nan_g = nan_x.to(gpu());
   Tensor idx = poisoned({1, 1}, DType::i64, gpu());
   on_gpu([&] {
-    kernels::cuda::reduce(ReduceOp::Argmax, {1, 4, 1}, nan_g.data_ptr(), DType::f32, idx.data_ptr(),
-                          DType::i64);
+    kernels::cuda::reduce(mg::cuda::current_kernel_stream(), mg::cuda::current_scratch(), ReduceOp::Argmax,
+                          {1, 4, 1}, nan_g.data_ptr(), DType::f32, idx.data_ptr(), DType::i64);
   });
   CHECK(idx.item<int64_t>() == 1);
 }
 
 TEST_CASE("cuda softmax / log_softmax forward and backward match the CPU", "[gpu][softmax]") {
   manual_seed(6);
-  const kernels::cpu::SoftmaxShape shapes[] = {{16, 10, 1}, {3, 1000, 1}, {4, 7, 33}, {1, 3000, 2}};
+  const kernels::SoftmaxShape shapes[] = {{16, 10, 1}, {3, 1000, 1}, {4, 7, 33}, {1, 3000, 2}};
   for (DType dt : {DType::f32, DType::f64, DType::bf16}) {
     for (const auto& s : shapes) {
       for (bool log : {false, true}) {
@@ -270,14 +302,18 @@ TEST_CASE("cuda softmax / log_softmax forward and backward match the CPU", "[gpu
         const Tensor x = random_cpu(shape, dt, 3.0), xg = x.to(gpu());
         Tensor ref = empty(shape, TensorOptions{dt}), out = poisoned(shape, dt, gpu());
         kernels::cpu::softmax_forward(dt, s, x.data_ptr(), ref.data_ptr(), log);
-        on_gpu([&] { kernels::cuda::softmax_forward(dt, s, xg.data_ptr(), out.data_ptr(), log); });
+        on_gpu([&] {
+          kernels::cuda::softmax_forward(mg::cuda::current_kernel_stream(), dt, s, xg.data_ptr(),
+                                         out.data_ptr(), log);
+        });
         MG_REQUIRE_CLOSE(out, ref, 4 * tolerance(dt));
 
         const Tensor gy = random_cpu(shape, dt), gyg = gy.to(gpu()), refg = ref.to(gpu());
         Tensor gref = empty(shape, TensorOptions{dt}), gout = poisoned(shape, dt, gpu());
         kernels::cpu::softmax_backward(dt, s, gy.data_ptr(), ref.data_ptr(), gref.data_ptr(), log);
         on_gpu([&] {
-          kernels::cuda::softmax_backward(dt, s, gyg.data_ptr(), refg.data_ptr(), gout.data_ptr(), log);
+          kernels::cuda::softmax_backward(mg::cuda::current_kernel_stream(), dt, s, gyg.data_ptr(),
+                                          refg.data_ptr(), gout.data_ptr(), log);
         });
         MG_REQUIRE_CLOSE(gout, gref, 10 * tolerance(dt));
       }
@@ -300,8 +336,9 @@ TEST_CASE("cuda fused cross-entropy matches the CPU, and refuses bad targets", "
           dt, x.data_ptr(), targets.data<int64_t>(), rows, classes, -100, smoothing, ref.data_ptr());
       int64_t n_gpu = -1;
       on_gpu([&] {
-        n_gpu = kernels::cuda::cross_entropy_forward(dt, xg.data_ptr(), tg.data<int64_t>(), rows, classes,
-                                                     -100, smoothing, out.data_ptr());
+        n_gpu = kernels::cuda::cross_entropy_forward(
+            mg::cuda::current_kernel_stream(), mg::cuda::current_scratch(), dt, xg.data_ptr(),
+            tg.data<int64_t>(), rows, classes, -100, smoothing, out.data_ptr());
       });
       CHECK(n_gpu == n_cpu);
       MG_REQUIRE_CLOSE(out, ref, 4 * tolerance(dt));
@@ -311,8 +348,9 @@ TEST_CASE("cuda fused cross-entropy matches the CPU, and refuses bad targets", "
       kernels::cpu::cross_entropy_backward(dt, x.data_ptr(), targets.data<int64_t>(), rows, classes, -100,
                                            smoothing, gl.data_ptr(), gref.data_ptr());
       on_gpu([&] {
-        kernels::cuda::cross_entropy_backward(dt, xg.data_ptr(), tg.data<int64_t>(), rows, classes, -100,
-                                              smoothing, glg.data_ptr(), gout.data_ptr());
+        kernels::cuda::cross_entropy_backward(mg::cuda::current_kernel_stream(), dt, xg.data_ptr(),
+                                              tg.data<int64_t>(), rows, classes, -100, smoothing,
+                                              glg.data_ptr(), gout.data_ptr());
       });
       MG_REQUIRE_CLOSE(gout, gref, 4 * tolerance(dt));
     }
@@ -338,8 +376,9 @@ TEST_CASE("cuda fused cross-entropy matches the CPU, and refuses bad targets", "
   // The kernel entry point that returns the count waits, so it throws at the call.
   Tensor out = empty({4}, TensorOptions{DType::f32, gpu()});
   on_gpu([&] {
-    CHECK_THROWS_WITH(kernels::cuda::cross_entropy_forward(DType::f32, x.data_ptr(), bad.data<int64_t>(), 4,
-                                                           5, -100, 0.0, out.data_ptr()),
+    CHECK_THROWS_WITH(kernels::cuda::cross_entropy_forward(
+                          mg::cuda::current_kernel_stream(), mg::cuda::current_scratch(), DType::f32,
+                          x.data_ptr(), bad.data<int64_t>(), 4, 5, -100, 0.0, out.data_ptr()),
                       Catch::Contains("target 9 of row 2"));
   });
 }
@@ -354,10 +393,10 @@ TEST_CASE("cuda optimizer steps match the CPU over several steps", "[gpu][optim]
            vmax = zeros({n}, TensorOptions{dt});
     Tensor m_g = m.to(gpu()), v_g = v.to(gpu()), vmax_g = vmax.to(gpu());
     Tensor buf = empty({n}, TensorOptions{dt}), buf_g = empty({n}, TensorOptions{dt, gpu()});
-    kernels::cpu::SgdHyper sgd{0.1, 0.9, 0.1, 0.01, true};
+    kernels::SgdHyper sgd{0.1, 0.9, 0.1, 0.01, true};
     for (int step = 1; step <= 5; ++step) {
       const Tensor g = random_cpu({n}, dt), g_g = g.to(gpu());
-      kernels::cpu::AdamHyper h;
+      kernels::AdamHyper h;
       h.lr = 1e-2;
       h.weight_decay = 0.05;
       h.amsgrad = true;
@@ -369,12 +408,13 @@ TEST_CASE("cuda optimizer steps match the CPU over several steps", "[gpu][optim]
       kernels::cpu::adam_step(dt, n, p.data_ptr(), g.data_ptr(), m.data_ptr(), v.data_ptr(), nullptr, h);
       on_gpu([&] {
         h.amsgrad = true;
-        kernels::cuda::sgd_step(dt, n, p_g.data_ptr(), g_g.data_ptr(), buf_g.data_ptr(), step == 1, sgd);
-        kernels::cuda::adamw_step(dt, n, p_g.data_ptr(), g_g.data_ptr(), m_g.data_ptr(), v_g.data_ptr(),
-                                  vmax_g.data_ptr(), h);
+        kernels::cuda::sgd_step(mg::cuda::current_kernel_stream(), dt, n, p_g.data_ptr(), g_g.data_ptr(),
+                                buf_g.data_ptr(), step == 1, sgd);
+        kernels::cuda::adamw_step(mg::cuda::current_kernel_stream(), dt, n, p_g.data_ptr(), g_g.data_ptr(),
+                                  m_g.data_ptr(), v_g.data_ptr(), vmax_g.data_ptr(), h);
         h.amsgrad = false;
-        kernels::cuda::adam_step(dt, n, p_g.data_ptr(), g_g.data_ptr(), m_g.data_ptr(), v_g.data_ptr(),
-                                 nullptr, h);
+        kernels::cuda::adam_step(mg::cuda::current_kernel_stream(), dt, n, p_g.data_ptr(), g_g.data_ptr(),
+                                 m_g.data_ptr(), v_g.data_ptr(), nullptr, h);
       });
     }
     MG_REQUIRE_CLOSE(p_g, p, dt == DType::f32 ? 1e-5 : 1e-12);
@@ -395,7 +435,7 @@ TEST_CASE("cuBLAS gemm matches the CPU for every transpose, batch broadcast and 
           const Tensor a = random_cpu(ta ? Shape{batch, k, m} : Shape{batch, m, k}, dt);
           const Tensor b = random_cpu(tb ? Shape{n, k} : Shape{k, n}, dt);
           const Tensor b3 = broadcast_b ? b : random_cpu(tb ? Shape{batch, n, k} : Shape{batch, k, n}, dt);
-          kernels::cpu::GemmArgs args;
+          kernels::GemmArgs args;
           args.dtype = dt;
           args.trans_a = ta;
           args.trans_b = tb;
@@ -409,7 +449,9 @@ TEST_CASE("cuBLAS gemm matches the CPU for every transpose, batch broadcast and 
           const Tensor ag = a.to(gpu()), bg = b3.to(gpu());
           Tensor out = poisoned({batch, m, n}, dt, gpu());
           args.a = ag.data_ptr(), args.b = bg.data_ptr(), args.c = out.data_ptr();
-          on_gpu([&] { kernels::cuda::gemm(args); });
+          on_gpu([&] {
+            kernels::cuda::gemm(mg::cuda::current_kernel_stream(), mg::cuda::current_scratch(), args);
+          });
           MG_REQUIRE_CLOSE(out, ref,
                            dt == DType::f16 ? 2e-3 : (dt == DType::bf16 ? 1e-2 : 20 * tolerance(dt)));
         }

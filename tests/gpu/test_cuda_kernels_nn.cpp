@@ -15,7 +15,14 @@
 #include <string>
 #include <vector>
 
+#include "core/cuda_scratch.h"
 #include "core/cuda_stream.h"
+#include "kernels/cpu/conv.h"
+#include "kernels/cpu/dropout.h"
+#include "kernels/cpu/embedding.h"
+#include "kernels/cpu/index.h"
+#include "kernels/cpu/layer_norm.h"
+#include "kernels/cpu/pool.h"
 #include "kernels/cuda/kernels.h"
 #include "nn/zoo.h"
 #include "optim/adam.h"
@@ -24,9 +31,9 @@
 namespace mg {
 namespace {
 using namespace gpu_test;
-using kernels::cpu::Conv2dGeometry;
-using kernels::cpu::IndexShape;
-using kernels::cpu::Pool2dGeometry;
+using kernels::Conv2dGeometry;
+using kernels::IndexShape;
+using kernels::Pool2dGeometry;
 
 const DType kFloatDtypes[] = {DType::f32, DType::f64, DType::f16, DType::bf16};
 
@@ -65,7 +72,10 @@ TEST_CASE("cuda im2col and col2im match the CPU exactly", "[gpu][conv]") {
       Tensor ref = empty(column_shape, TensorOptions{dt});
       kernels::cpu::im2col(g, dt, x.data_ptr(), ref.data_ptr(), images);
       Tensor cols = poisoned(column_shape, dt, gpu());
-      on_gpu([&] { kernels::cuda::im2col(g, dt, xg.data_ptr(), cols.data_ptr(), images); });
+      on_gpu([&] {
+        kernels::cuda::im2col(mg::cuda::current_kernel_stream(), g, dt, xg.data_ptr(), cols.data_ptr(),
+                              images);
+      });
       CHECK(rel_error(cols, ref) == 0.0);  // a copy: exact
 
       // col2im accumulates into the image: start both from the same random image.
@@ -73,14 +83,18 @@ TEST_CASE("cuda im2col and col2im match the CPU exactly", "[gpu][conv]") {
       Tensor ref_image = random_cpu(image_shape, dt);
       Tensor image = ref_image.to(gpu());
       kernels::cpu::col2im(g, dt, c.data_ptr(), ref_image.data_ptr(), images);
-      on_gpu([&] { kernels::cuda::col2im(g, dt, cg.data_ptr(), image.data_ptr(), images); });
+      on_gpu([&] {
+        kernels::cuda::col2im(mg::cuda::current_kernel_stream(), g, dt, cg.data_ptr(), image.data_ptr(),
+                              images);
+      });
       CHECK(rel_error(image, ref_image) == 0.0);  // the same additions in the same order
     }
   }
   // A bad geometry is refused before anything is launched, with the CPU's message.
   const Conv2dGeometry bad = conv_geometry(1, 2, 2, 5, 5, 1, 1, 0, 0, 1, 1);
   Tensor dummy = empty({25}, TensorOptions{DType::f32, gpu()});
-  CHECK_THROWS_WITH(kernels::cuda::im2col(bad, DType::f32, dummy.data_ptr(), dummy.data_ptr()),
+  CHECK_THROWS_WITH(kernels::cuda::im2col(mg::cuda::current_kernel_stream(), bad, DType::f32,
+                                          dummy.data_ptr(), dummy.data_ptr()),
                     Catch::Contains("smaller than the dilated kernel"));
 }
 
@@ -116,7 +130,8 @@ TEST_CASE("cuda max and avg pooling match the CPU, ties and NaN included", "[gpu
       kernels::cpu::max_pool2d_forward(g, dt, x.data_ptr(), ref.data_ptr(), ref_index.data<int64_t>());
       Tensor out = poisoned(out_shape, dt, gpu()), index = poisoned(out_shape, DType::i64, gpu());
       on_gpu([&] {
-        kernels::cuda::max_pool2d_forward(g, dt, xg.data_ptr(), out.data_ptr(), index.data<int64_t>());
+        kernels::cuda::max_pool2d_forward(mg::cuda::current_kernel_stream(), g, dt, xg.data_ptr(),
+                                          out.data_ptr(), index.data<int64_t>());
       });
       CHECK(rel_error(out, ref) == 0.0);
       CHECK(index.to_vector<int64_t>() == ref_index.to_vector<int64_t>());
@@ -126,7 +141,8 @@ TEST_CASE("cuda max and avg pooling match the CPU, ties and NaN included", "[gpu
       kernels::cpu::max_pool2d_backward(g, dt, gy.data_ptr(), ref_index.data<int64_t>(), ref_gx.data_ptr());
       Tensor gx = poisoned(in_shape, dt, gpu());
       on_gpu([&] {
-        kernels::cuda::max_pool2d_backward(g, dt, gyg.data_ptr(), index.data<int64_t>(), gx.data_ptr());
+        kernels::cuda::max_pool2d_backward(mg::cuda::current_kernel_stream(), g, dt, gyg.data_ptr(),
+                                           index.data<int64_t>(), gx.data_ptr());
       });
       CHECK(rel_error(gx, ref_gx) == 0.0);  // gathered in the CPU's order
 
@@ -136,14 +152,17 @@ TEST_CASE("cuda max and avg pooling match the CPU, ties and NaN included", "[gpu
         Tensor ref_avg = empty(out_shape, TensorOptions{dt});
         kernels::cpu::avg_pool2d_forward(g, dt, xa.data_ptr(), ref_avg.data_ptr(), include_pad);
         Tensor avg = poisoned(out_shape, dt, gpu());
-        on_gpu(
-            [&] { kernels::cuda::avg_pool2d_forward(g, dt, xag.data_ptr(), avg.data_ptr(), include_pad); });
+        on_gpu([&] {
+          kernels::cuda::avg_pool2d_forward(mg::cuda::current_kernel_stream(), g, dt, xag.data_ptr(),
+                                            avg.data_ptr(), include_pad);
+        });
         CHECK(rel_error(avg, ref_avg) == 0.0);
         Tensor ref_avg_gx = empty(in_shape, TensorOptions{dt});
         kernels::cpu::avg_pool2d_backward(g, dt, gy.data_ptr(), ref_avg_gx.data_ptr(), include_pad);
         Tensor avg_gx = poisoned(in_shape, dt, gpu());
         on_gpu([&] {
-          kernels::cuda::avg_pool2d_backward(g, dt, gyg.data_ptr(), avg_gx.data_ptr(), include_pad);
+          kernels::cuda::avg_pool2d_backward(mg::cuda::current_kernel_stream(), g, dt, gyg.data_ptr(),
+                                             avg_gx.data_ptr(), include_pad);
         });
         CHECK(rel_error(avg_gx, ref_avg_gx) == 0.0);
       }
@@ -176,8 +195,8 @@ TEST_CASE("cuda layer norm forward and backward match the CPU", "[gpu][layer_nor
         Tensor y = poisoned({rows, cols}, dt, gpu());
         Tensor mean = poisoned({rows}, st, gpu()), rstd = poisoned({rows}, st, gpu());
         on_gpu([&] {
-          kernels::cuda::layer_norm_forward(dt, xg.data_ptr(), wgp, bgp, rows, cols, 1e-5, y.data_ptr(),
-                                            mean.data_ptr(), rstd.data_ptr());
+          kernels::cuda::layer_norm_forward(mg::cuda::current_kernel_stream(), dt, xg.data_ptr(), wgp, bgp,
+                                            rows, cols, 1e-5, y.data_ptr(), mean.data_ptr(), rstd.data_ptr());
         });
         MG_REQUIRE_CLOSE(y, ref, 2 * tolerance(dt));
         MG_REQUIRE_CLOSE(mean, ref_mean, tolerance(st));
@@ -194,9 +213,9 @@ TEST_CASE("cuda layer norm forward and backward match the CPU", "[gpu][layer_nor
         Tensor gx = poisoned({rows, cols}, dt, gpu());
         Tensor gw = poisoned({cols}, dt, gpu()), gb = poisoned({cols}, dt, gpu());
         on_gpu([&] {
-          kernels::cuda::layer_norm_backward(dt, gyg.data_ptr(), xg.data_ptr(), mean_in.data_ptr(),
-                                             rstd_in.data_ptr(), wgp, rows, cols, gx.data_ptr(),
-                                             gw.data_ptr(), gb.data_ptr());
+          kernels::cuda::layer_norm_backward(mg::cuda::current_kernel_stream(), dt, gyg.data_ptr(),
+                                             xg.data_ptr(), mean_in.data_ptr(), rstd_in.data_ptr(), wgp, rows,
+                                             cols, gx.data_ptr(), gw.data_ptr(), gb.data_ptr());
         });
         // cols == 1: x - mean is rounding noise and gx ~ 0, so compare absolutely there.
         if (cols > 1) MG_REQUIRE_CLOSE(gx, ref_gx, 8 * tolerance(dt));
@@ -226,7 +245,8 @@ TEST_CASE("cuda embedding forward and backward match the CPU, and refuse bad ind
       kernels::cpu::embedding_forward(dt, w.data_ptr(), num, dim, idx.data<int64_t>(), count, ref.data_ptr());
       Tensor out = poisoned({count, dim}, dt, gpu());
       on_gpu([&] {
-        kernels::cuda::embedding_forward(dt, wg.data_ptr(), num, dim, idxg.data<int64_t>(), count,
+        kernels::cuda::embedding_forward(mg::cuda::current_kernel_stream(), mg::cuda::current_scratch(), dt,
+                                         wg.data_ptr(), num, dim, idxg.data<int64_t>(), count,
                                          out.data_ptr());
       });
       CHECK(rel_error(out, ref) == 0.0);
@@ -237,8 +257,9 @@ TEST_CASE("cuda embedding forward and backward match the CPU, and refuse bad ind
                                        ref_gw.data_ptr());
       Tensor gw = poisoned({num, dim}, dt, gpu());
       on_gpu([&] {
-        kernels::cuda::embedding_backward(dt, gyg.data_ptr(), idxg.data<int64_t>(), count, dim, num,
-                                          padding_idx, gw.data_ptr());
+        kernels::cuda::embedding_backward(mg::cuda::current_kernel_stream(), mg::cuda::current_scratch(), dt,
+                                          gyg.data_ptr(), idxg.data<int64_t>(), count, dim, num, padding_idx,
+                                          gw.data_ptr());
       });
       // Atomic adds in any order; halves round after each of the ~4 additions per row.
       MG_REQUIRE_CLOSE(gw, ref_gw, 4 * tolerance(dt));
@@ -251,7 +272,8 @@ TEST_CASE("cuda embedding forward and backward match the CPU, and refuse bad ind
   Tensor out = poisoned({4, dim}, DType::f32, gpu());
   try {
     on_gpu([&] {
-      kernels::cuda::embedding_forward(DType::f32, w.data_ptr(), num, dim, bad.data<int64_t>(), 4,
+      kernels::cuda::embedding_forward(mg::cuda::current_kernel_stream(), mg::cuda::current_scratch(),
+                                       DType::f32, w.data_ptr(), num, dim, bad.data<int64_t>(), 4,
                                        out.data_ptr());
     });
     FAIL("embedding_forward accepted index 50 for 50 embeddings");
@@ -278,7 +300,8 @@ TEST_CASE("cuda index_select (every dtype) and index_add match the CPU", "[gpu][
     Tensor out = poisoned(out_shape, dt, gpu());
     if (dt == DType::boolean) out.copy_(eq(ref, 0.0).to(gpu()));  // poison: the complement of ref
     on_gpu([&] {
-      kernels::cuda::index_select(dt, shape, xg.data_ptr(), idxg.data<int64_t>(), count, out.data_ptr());
+      kernels::cuda::index_select(mg::cuda::current_kernel_stream(), mg::cuda::current_scratch(), dt, shape,
+                                  xg.data_ptr(), idxg.data<int64_t>(), count, out.data_ptr());
     });
     CHECK(out.to_vector<double>() == ref.to_vector<double>());
     if (!is_floating(dt)) continue;
@@ -288,7 +311,8 @@ TEST_CASE("cuda index_select (every dtype) and index_add match the CPU", "[gpu][
     kernels::cpu::index_add(dt, shape, gy.data_ptr(), idx.data<int64_t>(), count, ref_gx.data_ptr());
     Tensor gx = zeros({shape.outer, shape.size, shape.inner}, TensorOptions{dt, gpu()});
     on_gpu([&] {
-      kernels::cuda::index_add(dt, shape, gyg.data_ptr(), idxg.data<int64_t>(), count, gx.data_ptr());
+      kernels::cuda::index_add(mg::cuda::current_kernel_stream(), mg::cuda::current_scratch(), dt, shape,
+                               gyg.data_ptr(), idxg.data<int64_t>(), count, gx.data_ptr());
     });
     MG_REQUIRE_CLOSE(gx, ref_gx, 2 * tolerance(dt));
   }
@@ -296,8 +320,9 @@ TEST_CASE("cuda index_select (every dtype) and index_add match the CPU", "[gpu][
   const Tensor x = zeros({shape.outer, shape.size, shape.inner}, TensorOptions{DType::f32, gpu()});
   Tensor out = empty({shape.outer, 2, shape.inner}, TensorOptions{DType::f32, gpu()});
   CHECK_THROWS_WITH(on_gpu([&] {
-                      kernels::cuda::index_select(DType::f32, shape, x.data_ptr(), bad.data<int64_t>(), 2,
-                                                  out.data_ptr());
+                      kernels::cuda::index_select(mg::cuda::current_kernel_stream(),
+                                                  mg::cuda::current_scratch(), DType::f32, shape,
+                                                  x.data_ptr(), bad.data<int64_t>(), 2, out.data_ptr());
                     }),
                     Catch::Contains("index -1 at position 1"));
 }
@@ -318,8 +343,8 @@ TEST_CASE("cuda dropout draws the CPU's mask bit for bit", "[gpu][dropout]") {
       Tensor y = poisoned({count}, dt, gpu());
       Tensor mask = eq(ref_mask, 0.0).to(gpu());  // poison: the complement of the expected mask
       on_gpu([&] {
-        kernels::cuda::dropout_forward(dt, xg.data_ptr(), y.data_ptr(), mask.data<bool>(), count, p, seed,
-                                       offset);
+        kernels::cuda::dropout_forward(mg::cuda::current_kernel_stream(), dt, xg.data_ptr(), y.data_ptr(),
+                                       mask.data<bool>(), count, p, seed, offset);
       });
       CHECK(mask.to_vector<bool>() == ref_mask.to_vector<bool>());  // bitwise
       CHECK(rel_error(y, ref) == 0.0);
@@ -329,7 +354,8 @@ TEST_CASE("cuda dropout draws the CPU's mask bit for bit", "[gpu][dropout]") {
       kernels::cpu::dropout_backward(dt, gy.data_ptr(), ref_mask.data<bool>(), ref_gx.data_ptr(), count, p);
       Tensor gx = poisoned({count}, dt, gpu());
       on_gpu([&] {
-        kernels::cuda::dropout_backward(dt, gyg.data_ptr(), mask.data<bool>(), gx.data_ptr(), count, p);
+        kernels::cuda::dropout_backward(mg::cuda::current_kernel_stream(), dt, gyg.data_ptr(),
+                                        mask.data<bool>(), gx.data_ptr(), count, p);
       });
       CHECK(rel_error(gx, ref_gx) == 0.0);
     }

@@ -11,7 +11,9 @@
 
 #include <vector>
 
+#include "core/cuda_scratch.h"
 #include "core/cuda_stream.h"
+#include "kernels/cpu/optim.h"
 #include "kernels/cuda/kernels.h"
 #include "optim/adam.h"
 #include "optim/sgd.h"
@@ -56,13 +58,13 @@ enum class Rule { Sgd, Adam, AdamW };
 // each) or multi (one launch), on the device of `b`.
 void take_step(Rule rule, DType dt, Buffers& b, const std::vector<Tensor>& grads, int step, bool multi,
                bool on_cuda) {
-  kernels::cpu::SgdHyper sgd{0.1, 0.9, 0.0, 0.01, true};
-  kernels::cpu::AdamHyper adam;
+  kernels::SgdHyper sgd{0.1, 0.9, 0.0, 0.01, true};
+  kernels::AdamHyper adam;
   adam.lr = 1e-2;
   adam.weight_decay = 0.05;
   adam.amsgrad = rule == Rule::AdamW;
-  std::vector<kernels::cpu::SgdTensor> sgd_list;
-  std::vector<kernels::cpu::AdamTensor> adam_list;
+  std::vector<kernels::SgdTensor> sgd_list;
+  std::vector<kernels::AdamTensor> adam_list;
   for (size_t t = 0; t < kSizes.size(); ++t) {
     // Tensor t is t % 2 steps behind: the per-tensor state a group can have.
     const int64_t own_step = std::max<int64_t>(1, step - int64_t(t % 2));
@@ -82,7 +84,7 @@ void take_step(Rule rule, DType dt, Buffers& b, const std::vector<Tensor>& grads
     for (size_t t = 0; t < kSizes.size(); ++t) {
       const auto& s = sgd_list[t];
       const auto& a = adam_list[t];
-      kernels::cpu::AdamHyper h = adam;
+      kernels::AdamHyper h = adam;
       h.step = a.step;
       if (rule == Rule::Sgd) sgd_one(dt, s.n, s.param, s.grad, s.momentum_buffer, s.first_step, sgd);
       if (rule == Rule::Adam)
@@ -93,8 +95,16 @@ void take_step(Rule rule, DType dt, Buffers& b, const std::vector<Tensor>& grads
   };
   if (on_cuda) {
     on_gpu([&] {
-      run(kernels::cuda::sgd_step, kernels::cuda::adam_step, kernels::cuda::adamw_step,
-          kernels::cuda::sgd_step_multi, kernels::cuda::adam_step_multi, kernels::cuda::adamw_step_multi);
+      // The CUDA kernels take the stream (and the multi-tensor ones scratch) first.
+      const cudaStream_t stream = mg::cuda::current_kernel_stream();
+      kernels::cuda::ScratchAllocator& scratch = mg::cuda::current_scratch();
+      auto with_stream = [&](auto fn) { return [=](auto&&... args) { fn(stream, args...); }; };
+      auto with_scratch = [&](auto fn) {
+        return [=, &scratch](auto&&... args) { fn(stream, scratch, args...); };
+      };
+      run(with_stream(kernels::cuda::sgd_step), with_stream(kernels::cuda::adam_step),
+          with_stream(kernels::cuda::adamw_step), with_scratch(kernels::cuda::sgd_step_multi),
+          with_scratch(kernels::cuda::adam_step_multi), with_scratch(kernels::cuda::adamw_step_multi));
     });
   } else {
     run(kernels::cpu::sgd_step, kernels::cpu::adam_step, kernels::cpu::adamw_step,
@@ -151,14 +161,15 @@ TEST_CASE("cuda multi-tensor steps refuse 16-bit parameters and missing state",
   Tensor p = zeros({3}, TensorOptions{DType::bf16, gpu()}), g = zeros_like(p);
   cuda::DeviceGuard guard(0);
   CHECK_THROWS_WITH(
-      kernels::cuda::sgd_step_multi(DType::bf16, {{p.data_ptr(), g.data_ptr(), nullptr, 3, false}}, {}),
+      kernels::cuda::sgd_step_multi(mg::cuda::current_kernel_stream(), mg::cuda::current_scratch(),
+                                    DType::bf16, {{p.data_ptr(), g.data_ptr(), nullptr, 3, false}}, {}),
       Contains("bf16") && Contains("f32 master weights"));
-  kernels::cpu::AdamHyper h;
+  kernels::AdamHyper h;
   h.amsgrad = true;
-  CHECK_THROWS_WITH(
-      kernels::cuda::adam_step_multi(
-          DType::f32, {{p.data_ptr(), g.data_ptr(), p.data_ptr(), p.data_ptr(), nullptr, 3, 1}}, h),
-      Contains("amsgrad needs a max_exp_avg_sq buffer") && Contains("tensor 0"));
+  CHECK_THROWS_WITH(kernels::cuda::adam_step_multi(
+                        mg::cuda::current_kernel_stream(), mg::cuda::current_scratch(), DType::f32,
+                        {{p.data_ptr(), g.data_ptr(), p.data_ptr(), p.data_ptr(), nullptr, 3, 1}}, h),
+                    Contains("amsgrad needs a max_exp_avg_sq buffer") && Contains("tensor 0"));
 }
 
 TEST_CASE("Optimizer::step on CUDA parameters matches the CPU", "[gpu][optim][multi_tensor]") {

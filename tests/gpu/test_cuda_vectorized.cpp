@@ -19,15 +19,17 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/cuda_scratch.h"
 #include "core/cuda_stream.h"
+#include "kernels/cpu/elementwise.h"
 #include "kernels/cuda/kernels.h"
 #include "tests/gpu/gpu_compare.h"
 
 namespace mg {
 namespace {
 using namespace gpu_test;
-using kernels::cpu::BinaryOp;
-using kernels::cpu::UnaryOp;
+using kernels::BinaryOp;
+using kernels::UnaryOp;
 
 const int64_t kLengths[] = {0, 1, 3, 4, 5, 7, 8, 9, 1023, (int64_t{1} << 20) + 3};
 constexpr int64_t kMargin = 8;  // poisoned elements after the largest offset (3) + length
@@ -126,7 +128,10 @@ TEST_CASE("vectorized: unary at every length and misalignment", "[gpu][vectorize
           kernels::cpu::unary(c.op, in.view_for_kernel(), ref.view_for_kernel());
           Tensor out_base = poison_buffer(n + kMargin, c.dtype);
           Tensor out = at(out_base, o_out, n);
-          on_gpu([&] { kernels::cuda::unary(c.op, in_g.view_for_kernel(), out.view_for_kernel()); });
+          on_gpu([&] {
+            kernels::cuda::unary(mg::cuda::current_kernel_stream(), c.op, in_g.view_for_kernel(),
+                                 out.view_for_kernel());
+          });
           check_result(out, ref, tolerance(c.dtype));
           check_margins(out_base, o_out, n);
         }
@@ -146,7 +151,10 @@ TEST_CASE("vectorized: in-place unary on a misaligned view", "[gpu][vectorized][
       kernels::cpu::unary(UnaryOp::Neg, at(base, o, n).view_for_kernel(), ref.view_for_kernel());
       Tensor base_g = base.to(gpu());
       Tensor x = at(base_g, o, n);
-      on_gpu([&] { kernels::cuda::unary(UnaryOp::Neg, x.view_for_kernel(), x.view_for_kernel()); });
+      on_gpu([&] {
+        kernels::cuda::unary(mg::cuda::current_kernel_stream(), UnaryOp::Neg, x.view_for_kernel(),
+                             x.view_for_kernel());
+      });
       check_result(x, ref, 0.0);
       // Untouched around the view: equal to the original values.
       CHECK(at(base_g, 0, o).to_vector<double>() == at(base, 0, o).to_vector<double>());
@@ -181,7 +189,8 @@ TEST_CASE("vectorized: binary and binary_scalar at every length and misalignment
             if (to_bool) out.copy_(eq(ref, 0.0).to(gpu()));  // poison the view with the complement
             const Tensor xg = at(a_g, o, n), yg = at(b_g, o_b, n);
             on_gpu([&] {
-              kernels::cuda::binary(op, xg.view_for_kernel(), yg.view_for_kernel(), out.view_for_kernel());
+              kernels::cuda::binary(mg::cuda::current_kernel_stream(), op, xg.view_for_kernel(),
+                                    yg.view_for_kernel(), out.view_for_kernel());
             });
             check_result(out, ref, tolerance(dt));
             check_margins(out_base, o, n);
@@ -199,7 +208,10 @@ TEST_CASE("vectorized: binary and binary_scalar at every length and misalignment
           Tensor out_base = poison_buffer(n + kMargin, out_dt);
           Tensor out = at(out_base, o, n);
           if (to_bool) out.copy_(eq(ref, 0.0).to(gpu()));
-          on_gpu([&] { kernels::cuda::binary_scalar(op, xg.view_for_kernel(), s, out.view_for_kernel()); });
+          on_gpu([&] {
+            kernels::cuda::binary_scalar(mg::cuda::current_kernel_stream(), op, xg.view_for_kernel(), s,
+                                         out.view_for_kernel());
+          });
           check_result(out, ref, tolerance(dt));
           check_margins(out_base, o, n);
         }
@@ -225,7 +237,8 @@ TEST_CASE("vectorized: axpby at every length and misalignment, and in place",
           Tensor out = at(out_base, o, n);
           const Tensor xg = at(a_g, o, n), yg = at(b_g, o_b, n);
           on_gpu([&] {
-            kernels::cuda::axpby(xg.view_for_kernel(), -0.3, yg.view_for_kernel(), out.view_for_kernel());
+            kernels::cuda::axpby(mg::cuda::current_kernel_stream(), xg.view_for_kernel(), -0.3,
+                                 yg.view_for_kernel(), out.view_for_kernel());
           });
           check_result(out, ref, tolerance(dt));
           check_margins(out_base, o, n);
@@ -244,8 +257,10 @@ TEST_CASE("vectorized: axpby at every length and misalignment, and in place",
       const Tensor b_g = b.to(gpu());
       Tensor x = at(a_g, o, n);
       const Tensor y = at(b_g, o, n);
-      on_gpu(
-          [&] { kernels::cuda::axpby(x.view_for_kernel(), 2.5, y.view_for_kernel(), x.view_for_kernel()); });
+      on_gpu([&] {
+        kernels::cuda::axpby(mg::cuda::current_kernel_stream(), x.view_for_kernel(), 2.5, y.view_for_kernel(),
+                             x.view_for_kernel());
+      });
       check_result(x, ref, tolerance(dt));
     }
   }
@@ -264,7 +279,7 @@ TEST_CASE("vectorized: fill at every length and misalignment, all dtypes", "[gpu
         kernels::cpu::fill(ref.view_for_kernel(), value);
         Tensor out_base = poison_buffer(n + kMargin, dt);
         Tensor out = at(out_base, o, n);
-        on_gpu([&] { kernels::cuda::fill(out.view_for_kernel(), value); });
+        on_gpu([&] { kernels::cuda::fill(mg::cuda::current_kernel_stream(), out.view_for_kernel(), value); });
         CHECK(out.to_vector<double>() == ref.to_vector<double>());
         check_margins(out_base, o, n);
       }
@@ -304,7 +319,10 @@ TEST_CASE("vectorized: casts at every length and misalignment", "[gpu][vectorize
           Tensor out = at(out_base, o_out, n);
           if (p.to == DType::boolean) out.copy_(eq(ref, 0.0).to(gpu()));
           const Tensor in_g = at(src_g, o, n);
-          on_gpu([&] { kernels::cuda::copy(in_g.view_for_kernel(), out.view_for_kernel()); });
+          on_gpu([&] {
+            kernels::cuda::copy(mg::cuda::current_kernel_stream(), in_g.view_for_kernel(),
+                                out.view_for_kernel());
+          });
           CHECK(out.to_vector<double>() == ref.to_vector<double>());
           check_margins(out_base, o_out, n);
         }
@@ -374,8 +392,8 @@ TEST_CASE("vectorized: 2-d binary with row and column broadcasting", "[gpu][vect
                                ref.view_for_kernel());
           Slab out = poisoned_slab(rows, cols, pitch, 0, dt);
           on_gpu([&] {
-            kernels::cuda::binary(BinaryOp::Add, a_g.view_for_kernel(), b_g.view_for_kernel(),
-                                  out.view.view_for_kernel());
+            kernels::cuda::binary(mg::cuda::current_kernel_stream(), BinaryOp::Add, a_g.view_for_kernel(),
+                                  b_g.view_for_kernel(), out.view.view_for_kernel());
           });
           check_result(out.view, ref, tolerance(dt));
           check_slab_margins(out);
@@ -404,7 +422,8 @@ TEST_CASE("vectorized: 2-d slices through unary, axpby, fill, casts and strided 
             kernels::cpu::unary(UnaryOp::Exp, src.view_for_kernel(), ref.view_for_kernel());
             Slab out = poisoned_slab(rows, cols, pitch, offset, dt);
             on_gpu([&] {
-              kernels::cuda::unary(UnaryOp::Exp, src_g.view_for_kernel(), out.view.view_for_kernel());
+              kernels::cuda::unary(mg::cuda::current_kernel_stream(), UnaryOp::Exp, src_g.view_for_kernel(),
+                                   out.view.view_for_kernel());
             });
             check_result(out.view, ref, tolerance(dt));
             check_slab_margins(out);
@@ -415,25 +434,33 @@ TEST_CASE("vectorized: 2-d slices through unary, axpby, fill, casts and strided 
             kernels::cpu::axpby(src.view_for_kernel(), 0.5, other.view_for_kernel(), ref.view_for_kernel());
             Slab out = poisoned_slab(rows, cols, pitch, offset, dt);
             on_gpu([&] {
-              kernels::cuda::axpby(src_g.view_for_kernel(), 0.5, other_g.view_for_kernel(),
-                                   out.view.view_for_kernel());
+              kernels::cuda::axpby(mg::cuda::current_kernel_stream(), src_g.view_for_kernel(), 0.5,
+                                   other_g.view_for_kernel(), out.view.view_for_kernel());
             });
             check_result(out.view, ref, tolerance(dt));
             check_slab_margins(out);
           }
           {  // fill a slice
             Slab out = poisoned_slab(rows, cols, pitch, offset, dt);
-            on_gpu([&] { kernels::cuda::fill(out.view.view_for_kernel(), 1.25); });
+            on_gpu([&] {
+              kernels::cuda::fill(mg::cuda::current_kernel_stream(), out.view.view_for_kernel(), 1.25);
+            });
             CHECK(out.view.to_vector<double>() ==
                   std::vector<double>(static_cast<size_t>(rows * cols), 1.25));
             check_slab_margins(out);
           }
           {  // same-dtype strided copy (slice -> contiguous and slice -> slice)
             Tensor out_c = poison_buffer(rows * cols, dt).view({rows, cols});
-            on_gpu([&] { kernels::cuda::copy(src_g.view_for_kernel(), out_c.view_for_kernel()); });
+            on_gpu([&] {
+              kernels::cuda::copy(mg::cuda::current_kernel_stream(), src_g.view_for_kernel(),
+                                  out_c.view_for_kernel());
+            });
             CHECK(out_c.to_vector<double>() == src.to_vector<double>());
             Slab out = poisoned_slab(rows, cols, pitch, offset, dt);
-            on_gpu([&] { kernels::cuda::copy(src_g.view_for_kernel(), out.view.view_for_kernel()); });
+            on_gpu([&] {
+              kernels::cuda::copy(mg::cuda::current_kernel_stream(), src_g.view_for_kernel(),
+                                  out.view.view_for_kernel());
+            });
             CHECK(out.view.to_vector<double>() == src.to_vector<double>());
             check_slab_margins(out);
           }
@@ -443,7 +470,10 @@ TEST_CASE("vectorized: 2-d slices through unary, axpby, fill, casts and strided 
             Tensor ref = empty({rows, cols}, TensorOptions{to});
             kernels::cpu::copy(src.view_for_kernel(), ref.view_for_kernel());
             Slab out = poisoned_slab(rows, cols, pitch, offset, to);
-            on_gpu([&] { kernels::cuda::copy(src_g.view_for_kernel(), out.view.view_for_kernel()); });
+            on_gpu([&] {
+              kernels::cuda::copy(mg::cuda::current_kernel_stream(), src_g.view_for_kernel(),
+                                  out.view.view_for_kernel());
+            });
             CHECK(out.view.to_vector<double>() == ref.to_vector<double>());
             check_slab_margins(out);
           }

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "core/dtype.h"
-#include "core/error.h"
+#include "core/base/dtype.h"
+#include "core/base/error.h"
 #include "kernels/cpu/conv.h"
 #include "kernels/cpu/conv2d.h"
 
@@ -18,6 +18,7 @@
 #endif
 
 using namespace mg;
+using namespace mg::kernels;
 using namespace mg::kernels::cpu;
 
 namespace {
@@ -77,7 +78,7 @@ std::vector<T> random_buffer(int64_t size, std::mt19937& rng) {
 
 template <class T>
 double as_double(T v) {
-  return static_cast<double>(static_cast<compute_t<T>>(v));
+  return static_cast<double>(static_cast<acc_t<T>>(v));
 }
 
 // y[co, oh, ow] = sum_{c, i, j} w[co, c, i, j] * x[c, oh*sh - ph + i*dh, ow*sw - pw + j*dw], in double.

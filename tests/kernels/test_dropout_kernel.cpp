@@ -7,8 +7,8 @@
 #include <memory>
 #include <vector>
 
-#include "core/dtype.h"
-#include "core/philox.h"
+#include "core/base/dtype.h"
+#include "core/base/philox.h"
 #include "kernels/cpu/dropout.h"
 
 using mg::DType;

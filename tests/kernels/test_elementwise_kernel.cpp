@@ -12,16 +12,16 @@
 #include <random>
 #include <vector>
 
-#include "core/dtype.h"
-#include "core/strided_view.h"
+#include "core/base/dtype.h"
+#include "core/base/strided_view.h"
 #include "kernels/cpu/elementwise.h"
 
 using mg::bf16;
 using mg::DType;
 using mg::f16;
 using mg::StridedView;
-using mg::kernels::cpu::BinaryOp;
-using mg::kernels::cpu::UnaryOp;
+using mg::kernels::BinaryOp;
+using mg::kernels::UnaryOp;
 namespace cpu = mg::kernels::cpu;
 
 namespace {
@@ -538,7 +538,7 @@ T make_value(double v) {
 
 template <class T>
 double as_double(T v) {
-  return static_cast<double>(static_cast<mg::compute_t<T>>(v));
+  return static_cast<double>(static_cast<mg::acc_t<T>>(v));
 }
 
 const std::vector<double> kCopyValues = {0.0, 1.0, -2.7, 3.5, 0.1, -1.0, 100.25};

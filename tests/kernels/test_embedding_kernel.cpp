@@ -7,7 +7,7 @@
 #include <random>
 #include <vector>
 
-#include "core/dtype.h"
+#include "core/base/dtype.h"
 #include "kernels/cpu/embedding.h"
 
 using mg::DType;

@@ -11,11 +11,12 @@
 #include <string>
 #include <vector>
 
-#include "core/dtype.h"
-#include "core/error.h"
+#include "core/base/dtype.h"
+#include "core/base/error.h"
 #include "kernels/cpu/gemm.h"
 
 using namespace mg;
+using namespace mg::kernels;
 using namespace mg::kernels::cpu;
 
 namespace {
@@ -118,8 +119,8 @@ int64_t count_mismatches(const Problem& p, GemmFn fn, uint32_t seed) {
     for (int64_t i = 0; i < p.m; ++i) {
       for (int64_t j = 0; j < args.ldc; ++j) {
         const size_t at = static_cast<size_t>((bi * p.m + i) * args.ldc + j);
-        const double got = static_cast<double>(static_cast<compute_t<T>>(c[at]));
-        const double want = static_cast<double>(static_cast<compute_t<T>>(c_ref[at]));
+        const double got = static_cast<double>(static_cast<acc_t<T>>(c[at]));
+        const double want = static_cast<double>(static_cast<acc_t<T>>(c_ref[at]));
         bool ok;
         if (j >= p.n) {
           ok = std::isnan(got);  // padding of C must be left alone

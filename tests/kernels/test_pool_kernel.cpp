@@ -9,11 +9,12 @@
 #include <string>
 #include <vector>
 
-#include "core/dtype.h"
-#include "core/error.h"
+#include "core/base/dtype.h"
+#include "core/base/error.h"
 #include "kernels/cpu/pool.h"
 
 using namespace mg;
+using namespace mg::kernels;
 using namespace mg::kernels::cpu;
 
 namespace {
@@ -54,7 +55,7 @@ std::vector<Pool2dGeometry> test_geometries() {
 
 template <class T>
 double as_double(T v) {
-  return static_cast<double>(static_cast<compute_t<T>>(v));
+  return static_cast<double>(static_cast<acc_t<T>>(v));
 }
 
 template <class T>

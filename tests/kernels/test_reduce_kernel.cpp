@@ -11,15 +11,15 @@
 #include <random>
 #include <vector>
 
-#include "core/dtype.h"
+#include "core/base/dtype.h"
 #include "kernels/cpu/reduce.h"
 
 using mg::bf16;
 using mg::DType;
 using mg::f16;
+using mg::kernels::ReduceOp;
+using mg::kernels::ReduceShape;
 using mg::kernels::cpu::reduce;
-using mg::kernels::cpu::ReduceOp;
-using mg::kernels::cpu::ReduceShape;
 
 namespace {
 
@@ -91,13 +91,13 @@ void check_op(ReduceOp op, const ReduceShape& s, const std::vector<double>& xd, 
     } else {
       x.push_back(static_cast<T>(static_cast<float>(v)));
     }
-    stored.push_back(static_cast<double>(static_cast<mg::compute_t<T>>(x.back())));
+    stored.push_back(static_cast<double>(static_cast<mg::acc_t<T>>(x.back())));
   }
   const auto want = reference(op, s, stored, correction);
   std::unique_ptr<Out[]> out(new Out[want.size() + 1]());
   reduce(op, s, x.data(), mg::dtype_of<T>(), out.get(), mg::dtype_of<Out>(), correction);
   for (size_t k = 0; k < want.size(); ++k) {
-    const double got = static_cast<double>(static_cast<mg::compute_t<Out>>(out[k]));
+    const double got = static_cast<double>(static_cast<mg::acc_t<Out>>(out[k]));
     INFO(mg::kernels::cpu::reduce_op_name(op)
          << " " << mg::dtype_of<T>() << " shape [" << s.outer << ", " << s.reduce << ", " << s.inner << "] k "
          << k << " got " << got << " want " << want[k]);

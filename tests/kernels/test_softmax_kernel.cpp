@@ -7,11 +7,11 @@
 #include <random>
 #include <vector>
 
-#include "core/dtype.h"
+#include "core/base/dtype.h"
 #include "kernels/cpu/softmax.h"
 
 using mg::DType;
-using mg::kernels::cpu::SoftmaxShape;
+using mg::kernels::SoftmaxShape;
 
 namespace {
 

@@ -12,7 +12,7 @@ using namespace mg;
 
 namespace {
 
-// The shape of user code from DESIGN.md: layers as members, registered by reference,
+// The shape of user code (docs/nn-and-optim.md): layers as members, registered by reference,
 // plus one parameter and one buffer of its own.
 struct Net : nn::Module {
   nn::Linear fc1{4, 8};

@@ -1,6 +1,6 @@
 // nn layers against PyTorch: outputs, input and parameter gradients, and buffers.
 //
-// tests/data/nn_reference.json is written once by scripts/gen_nn_reference.py (run
+// tests/fixtures/nn_reference.json is written once by scripts/gen_nn_reference.py (run
 // with Debian's python3-torch); this test never needs PyTorch. For each case it
 // builds the layer, casts it to f64, loads PyTorch's parameters through
 // load_state_dict (the attention case maps MultiheadAttention's in_proj/out_proj
@@ -18,8 +18,8 @@
 #include "multigrad.h"
 #include "nn/nn.h"
 
-#ifndef MG_TEST_DATA_DIR
-#define MG_TEST_DATA_DIR "tests/data"
+#ifndef MG_TEST_FIXTURES_DIR
+#define MG_TEST_FIXTURES_DIR "tests/fixtures"
 #endif
 
 namespace {
@@ -31,7 +31,7 @@ constexpr double kTol = 1e-8;
 
 const json& reference() {
   static const json doc = [] {
-    const std::string path = MG_TEST_DATA_DIR "/nn_reference.json";
+    const std::string path = MG_TEST_FIXTURES_DIR "/nn_reference.json";
     std::ifstream in(path);
     if (!in) throw std::runtime_error("cannot open " + path + " (run scripts/gen_nn_reference.py)");
     return json::parse(in);

@@ -16,8 +16,8 @@
 #include "optim/optimizer.h"
 #include "optim/sgd.h"
 
-#ifndef MG_TEST_DATA_DIR
-#define MG_TEST_DATA_DIR "tests/data"
+#ifndef MG_TEST_FIXTURES_DIR
+#define MG_TEST_FIXTURES_DIR "tests/fixtures"
 #endif
 
 namespace optim_test {
@@ -26,7 +26,7 @@ using json = nlohmann::json;
 
 inline const json& reference() {
   static const json doc = [] {
-    const std::string path = MG_TEST_DATA_DIR "/optim_reference.json";
+    const std::string path = MG_TEST_FIXTURES_DIR "/optim_reference.json";
     std::ifstream in(path);
     if (!in)
       throw std::runtime_error("cannot open " + path +

@@ -1,5 +1,5 @@
 // LR schedulers: StepLR and CosineAnnealingLR against PyTorch's get_last_lr()
-// sequences (tests/data/optim_reference.json: two param groups, lr 0.1 and
+// sequences (tests/fixtures/optim_reference.json: two param groups, lr 0.1 and
 // 0.02, past the end of the cosine's period), LinearWarmupCosine against its
 // closed form written out here, that each step() writes the group lrs, and the
 // scheduler state_dict round trip and errors.

@@ -38,7 +38,7 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 TEST_CASE("cpu sgd_step_multi equals one sgd_step per tensor", "[optim][multi_tensor]") {
-  kernels::cpu::SgdHyper h{0.1, 0.9, 0.0, 0.01, true};
+  kernels::SgdHyper h{0.1, 0.9, 0.0, 0.01, true};
   // Per tensor: p, g, buf for the multi call and copies for the per-tensor calls.
   std::vector<std::vector<float>> p, g, buf, p_ref, buf_ref;
   for (size_t t = 0; t < kSizes.size(); ++t) {
@@ -48,7 +48,7 @@ TEST_CASE("cpu sgd_step_multi equals one sgd_step per tensor", "[optim][multi_te
   }
   p_ref = p;
   buf_ref = buf;
-  std::vector<kernels::cpu::SgdTensor> list;
+  std::vector<kernels::SgdTensor> list;
   for (size_t t = 0; t < kSizes.size(); ++t) {
     const bool first_step = t % 2 == 0;  // tensors 0 and 2 start their momentum now
     list.push_back({p[t].data(), g[t].data(), buf[t].data(), kSizes[t], first_step});
@@ -68,7 +68,7 @@ TEST_CASE("cpu sgd_step_multi equals one sgd_step per tensor", "[optim][multi_te
 TEST_CASE("cpu adam(w)_step_multi equals one step per tensor with its own step count",
           "[optim][multi_tensor]") {
   for (bool decoupled : {false, true}) {
-    kernels::cpu::AdamHyper h;
+    kernels::AdamHyper h;
     h.lr = 0.01;
     h.weight_decay = 0.1;
     h.amsgrad = true;
@@ -82,11 +82,11 @@ TEST_CASE("cpu adam(w)_step_multi equals one step per tensor with its own step c
       vmax.push_back(squares(values(kSizes[t], int(t) + 40, 0.1f)));
     }
     auto p_ref = p, m_ref = m, v_ref = v, vmax_ref = vmax;
-    std::vector<kernels::cpu::AdamTensor> list;
+    std::vector<kernels::AdamTensor> list;
     for (size_t t = 0; t < kSizes.size(); ++t) {
       const int64_t step = int64_t(t) + 1;
       list.push_back({p[t].data(), g[t].data(), m[t].data(), v[t].data(), vmax[t].data(), kSizes[t], step});
-      kernels::cpu::AdamHyper ht = h;
+      kernels::AdamHyper ht = h;
       ht.step = step;
       if (decoupled) {
         kernels::cpu::adamw_step(DType::f32, kSizes[t], p_ref[t].data(), g[t].data(), m_ref[t].data(),

@@ -1,7 +1,7 @@
 // SGD, Adam and AdamW against PyTorch, and the Optimizer contract.
 //
 // Trajectories: 10 steps on the tiny linear regression of
-// tests/data/optim_reference.json (scripts/gen_optim_reference.py, torch 1.13),
+// tests/fixtures/optim_reference.json (scripts/gen_optim_reference.py, torch 1.13),
 // comparing W and b after EVERY step so a mismatch names the first bad step.
 // f64 cases must agree to 1e-12 (only rounding differs, so any mistake in the
 // update rule -- eps placement, bias correction, first momentum step, decay
@@ -298,7 +298,7 @@ void check_kernels(mg::DType dtype, double tol) {
              g2 = random_vector(n, -1, 1, 3);
 
   SECTION("sgd nesterov + weight decay + dampening 0") {
-    k::SgdHyper h;
+    mg::kernels::SgdHyper h;
     h.lr = 0.1, h.momentum = 0.9, h.weight_decay = 0.01, h.nesterov = true;
     std::vector<T> p = as<T>(p0), buf(n);
     k::sgd_step(dtype, n, p.data(), as<T>(g1).data(), buf.data(), true, h);
@@ -318,7 +318,7 @@ void check_kernels(mg::DType dtype, double tol) {
   }
   SECTION("adam / adamw with amsgrad") {
     for (bool decoupled : {false, true}) {
-      k::AdamHyper h;
+      mg::kernels::AdamHyper h;
       h.lr = 0.01, h.beta1 = 0.8, h.beta2 = 0.9, h.eps = 1e-6, h.weight_decay = 0.1, h.amsgrad = true;
       std::vector<T> p = as<T>(p0), m(n), v(n), vmax(n);
       for (int s = 1; s <= 2; ++s) {

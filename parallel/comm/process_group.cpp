@@ -1,0 +1,487 @@
+// ProcessGroup: launcher detection, device choice, argument checks and dispatch to a backend.
+//
+// The backends (process_group_mpi.cpp, single_process_backend below) only move bytes; every
+// check a user can trip over lives here, once, so each backend can trust its inputs.
+#include "parallel/comm/process_group.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+#include "core/allocator.h"
+#include "core/base/error.h"
+#include "core/cuda_runtime.h"
+#include "core/grad_mode.h"
+#include "parallel/resilience/heartbeat.h"
+
+namespace mg::parallel {
+
+// Defined in process_group_mpi.cpp (nullptr-returning fallback when built without MPI).
+std::shared_ptr<Backend> make_mpi_backend(const LaunchInfo& launch, std::chrono::milliseconds timeout,
+                                          bool verify_collectives);
+// Defined in process_group_nccl.cpp (nullptr-returning fallback when built without NCCL or CUDA).
+// The CPU backend carries NCCL's unique id from rank 0 to the others, and the call signatures.
+std::shared_ptr<Backend> make_nccl_backend(std::shared_ptr<Backend> cpu_backend, Device device,
+                                           std::chrono::milliseconds timeout, bool verify_collectives);
+
+struct TrafficCounter {
+  std::atomic<int64_t> calls{0};
+  std::atomic<int64_t> bytes_sent{0};
+};
+
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return "sum";
+    case ReduceOp::Avg: return "avg";
+    case ReduceOp::Max: return "max";
+    case ReduceOp::Min: return "min";
+  }
+  return "?";
+}
+
+namespace {
+
+// The share of a message each rank sends in one pass of a ring: (N - 1) / N.
+double ring_share(int world) { return world > 1 ? static_cast<double>(world - 1) / world : 0.0; }
+
+// An integer from the environment, or nullopt when the variable is absent.
+std::optional<int> env_int(const char* name) {
+  const char* text = std::getenv(name);
+  if (text == nullptr || *text == '\0') return std::nullopt;
+  char* end = nullptr;
+  long value = std::strtol(text, &end, 10);
+  check(end != text && *end == '\0', "init_process_group: environment variable ", name, "='", text,
+        "' is not an integer");
+  return static_cast<int>(value);
+}
+
+// "1, 3" for error messages.
+std::string join_ranks(const std::vector<int64_t>& ranks) {
+  std::string text;
+  for (int64_t r : ranks) text += str_cat(text.empty() ? "" : ", ", r);
+  return text;
+}
+
+}  // namespace
+
+LaunchInfo detect_launch() {
+  LaunchInfo info;
+  // Each launcher names the same four facts differently. OpenMPI first: srun can also start
+  // OpenMPI programs, and then OMPI_* are the authoritative ones.
+  struct Names {
+    const char* launcher;
+    const char* rank;
+    const char* size;
+    const char* local_rank;
+    const char* local_size;
+  };
+  const Names launchers[] = {
+      {"openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+       "OMPI_COMM_WORLD_LOCAL_SIZE"},
+      {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"},
+      {"pmi", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"},
+  };
+  for (const Names& names : launchers) {
+    auto rank = env_int(names.rank);
+    auto size = env_int(names.size);
+    if (!rank || !size) continue;
+    check(*size >= 1 && *rank >= 0 && *rank < *size, "init_process_group: ", names.rank, "=", *rank, " and ",
+          names.size, "=", *size, " do not describe a rank of the job");
+    info.launcher = names.launcher;
+    info.rank = *rank;
+    info.world_size = *size;
+    info.local_rank = env_int(names.local_rank).value_or(*rank);
+    info.local_size = env_int(names.local_size).value_or(*size);
+    break;
+  }
+  return info;
+}
+
+ProcessGroup init_process_group(const InitOptions& options) {
+  LaunchInfo launch = detect_launch();
+  std::chrono::milliseconds timeout = options.timeout;
+  if (auto seconds = env_int("MG_TIMEOUT_S")) timeout = std::chrono::seconds(*seconds);
+  check(timeout.count() > 0, "init_process_group: the timeout must be positive, got ", timeout.count(),
+        " ms");
+
+  // The device: asked for, else cuda:<local rank> when this build can hold CUDA tensors and a
+  // GPU is there, else cpu:0. Ranks on one node thus each take their own GPU.
+  Device device = Device::cpu(0);
+  const char* forced = std::getenv("MG_DEVICE");
+  if (options.device) {
+    device = *options.device;
+  } else if (forced != nullptr && *forced != '\0') {
+    device = Device::parse(forced);
+  } else if (cuda_backend() != nullptr && cuda::device_count() > 0) {
+    device = Device::cuda(launch.local_rank % cuda::device_count());
+  }
+
+  std::shared_ptr<Backend> backend;
+  if (launch.world_size == 1) {
+    // No launcher (or a job of one): no MPI needed at all.
+    backend = make_single_process_backend();
+  } else {
+    backend = make_mpi_backend(launch, timeout, options.verify_collectives);
+    check(backend != nullptr, "init_process_group: launched as rank ", launch.rank, " of ", launch.world_size,
+          " by ", launch.launcher,
+          ", but multigrad was built without MPI (install libopenmpi-dev and rebuild)");
+    std::chrono::milliseconds failure_detection = options.failure_detection;
+    if (const char* text = std::getenv("MG_FAILURE_DETECTION_S"); text != nullptr && *text != '\0') {
+      char* end = nullptr;
+      const double seconds = std::strtod(text, &end);
+      check(end != text && *end == '\0' && seconds >= 0,
+            "init_process_group: MG_FAILURE_DETECTION_S must be ", "a number of seconds (0 = off), got '",
+            text, "'");
+      failure_detection = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+    }
+    detail::start_heartbeat(failure_detection);
+  }
+  backend->set_timeout(timeout);
+
+  // CUDA tensors: in a world of one the single-process backend takes them too (every collective
+  // of one rank is local); otherwise NCCL, when this build has it and the rank computes on a GPU.
+  std::shared_ptr<Backend> cuda_backend;
+  if (device.is_cuda()) {
+    if (launch.world_size == 1)
+      cuda_backend = backend;
+    else
+      cuda_backend = make_nccl_backend(backend, device, timeout, options.verify_collectives);
+  }
+  return ProcessGroup(std::move(backend), device, launch, std::move(cuda_backend));
+}
+
+// ---- the handle ----------------------------------------------------------------------------------
+
+ProcessGroup::ProcessGroup(std::shared_ptr<Backend> cpu_backend, Device device, LaunchInfo launch,
+                           std::shared_ptr<Backend> cuda_backend)
+    : cpu_(std::move(cpu_backend)),
+      cuda_(std::move(cuda_backend)),
+      device_(device),
+      launch_(std::move(launch)),
+      traffic_(std::make_shared<TrafficCounter>()) {
+  check(cpu_ != nullptr, "ProcessGroup: null backend");
+  launch_.rank = cpu_->rank();
+  launch_.world_size = cpu_->size();
+}
+
+TrafficStats ProcessGroup::traffic() const {
+  any_backend("traffic");
+  return TrafficStats{traffic_->calls.load(), traffic_->bytes_sent.load()};
+}
+
+void ProcessGroup::reset_traffic() {
+  any_backend("reset_traffic");
+  traffic_->calls = 0;
+  traffic_->bytes_sent = 0;
+}
+
+void ProcessGroup::count_sent(double bytes) const {
+  traffic_->calls += 1;
+  traffic_->bytes_sent += static_cast<int64_t>(std::llround(bytes));
+}
+
+int ProcessGroup::rank() const { return any_backend("rank").rank(); }
+int ProcessGroup::size() const { return any_backend("size").size(); }
+
+std::string ProcessGroup::backend_name(DeviceType type) const {
+  Backend& cpu = any_backend("backend_name");
+  if (type != DeviceType::CUDA) return cpu.name();
+  if (cuda_ != nullptr) return cuda_->name();
+  if (!device_.is_cuda()) return str_cat("none (this rank computes on ", device_, ")");
+  return "none (this build has no NCCL backend)";
+}
+
+void ProcessGroup::set_timeout(std::chrono::milliseconds timeout) {
+  check(timeout.count() > 0, "ProcessGroup::set_timeout: the timeout must be positive, got ", timeout.count(),
+        " ms");
+  any_backend("set_timeout").set_timeout(timeout);
+  if (cuda_ != nullptr && cuda_ != cpu_) cuda_->set_timeout(timeout);
+}
+
+std::chrono::milliseconds ProcessGroup::timeout() const { return any_backend("timeout").timeout(); }
+
+Backend& ProcessGroup::any_backend(const char* op) const {
+  check(cpu_ != nullptr, "ProcessGroup::", op,
+        ": the group is undefined (use parallel::init_process_group())");
+  return *cpu_;
+}
+
+Backend& ProcessGroup::backend_for(const Tensor& tensor, const char* op) const {
+  Backend& backend = any_backend(op);
+  check(tensor.defined(), "ProcessGroup::", op, ": the tensor is undefined");
+  check(tensor.is_contiguous(), "ProcessGroup::", op, ": the tensor must be contiguous (shape ",
+        shape_str(tensor.shape()), ", strides ", shape_str(tensor.strides()), "); call .contiguous() first");
+  if (!tensor.device().is_cuda()) return backend;
+  check(cuda_ != nullptr, "ProcessGroup::", op, ": the tensor is on ", tensor.device(),
+        " but this group has no ", "backend for CUDA tensors: ", backend_name(DeviceType::CUDA), " (the ",
+        backend.name(), " backend takes CPU tensors)");
+  return *cuda_;
+}
+
+WorkPtr ProcessGroup::allreduce(Tensor& tensor, ReduceOp op) {
+  Backend& backend = backend_for(tensor, "allreduce");
+  check(op != ReduceOp::Avg || is_floating(tensor.dtype()),
+        "ProcessGroup::allreduce: avg needs a floating dtype, the tensor is ", tensor.dtype());
+  count_sent(2.0 * ring_share(size()) * static_cast<double>(tensor.nbytes()));
+  return backend.allreduce(tensor, op);
+}
+
+WorkPtr ProcessGroup::broadcast(Tensor& tensor, int root) {
+  Backend& backend = backend_for(tensor, "broadcast");
+  check(root >= 0 && root < size(), "ProcessGroup::broadcast: root ", root, " is not a rank of a world of ",
+        size());
+  count_sent(ring_share(size()) * static_cast<double>(tensor.nbytes()));
+  return backend.broadcast(tensor, root);
+}
+
+WorkPtr ProcessGroup::reduce(Tensor& tensor, int root, ReduceOp op) {
+  Backend& backend = backend_for(tensor, "reduce");
+  check(root >= 0 && root < size(), "ProcessGroup::reduce: root ", root, " is not a rank of a world of ",
+        size());
+  check(op != ReduceOp::Avg || is_floating(tensor.dtype()),
+        "ProcessGroup::reduce: avg needs a floating dtype, the tensor is ", tensor.dtype());
+  count_sent(ring_share(size()) * static_cast<double>(tensor.nbytes()));
+  return backend.reduce(tensor, root, op);
+}
+
+WorkPtr ProcessGroup::allgather(Tensor& output, const Tensor& input) {
+  Backend& backend = backend_for(input, "allgather");
+  backend_for(output, "allgather");
+  check(output.device() == input.device(), "ProcessGroup::allgather: output is on ", output.device(),
+        " but input is on ", input.device());
+  check(output.dtype() == input.dtype(), "ProcessGroup::allgather: output dtype ", output.dtype(),
+        " differs from input dtype ", input.dtype());
+  check(output.numel() == input.numel() * size(), "ProcessGroup::allgather: output has ", output.numel(),
+        " elements but needs world size (", size(), ") x input (", input.numel(), ")");
+  count_sent(ring_share(size()) * static_cast<double>(output.nbytes()));
+  return backend.allgather(output, input);
+}
+
+WorkPtr ProcessGroup::reduce_scatter(Tensor& output, const Tensor& input, ReduceOp op) {
+  Backend& backend = backend_for(input, "reduce_scatter");
+  backend_for(output, "reduce_scatter");
+  check(output.device() == input.device(), "ProcessGroup::reduce_scatter: output is on ", output.device(),
+        " but input is on ", input.device());
+  check(output.dtype() == input.dtype(), "ProcessGroup::reduce_scatter: output dtype ", output.dtype(),
+        " differs from input dtype ", input.dtype());
+  check(input.numel() == output.numel() * size(), "ProcessGroup::reduce_scatter: input has ", input.numel(),
+        " elements but needs world size (", size(), ") x output (", output.numel(), ")");
+  check(op != ReduceOp::Avg || is_floating(input.dtype()),
+        "ProcessGroup::reduce_scatter: avg needs a floating dtype, the tensor is ", input.dtype());
+  count_sent(ring_share(size()) * static_cast<double>(input.nbytes()));
+  return backend.reduce_scatter(output, input, op);
+}
+
+// Root-only buffers of gather (output) and scatter (input) are checked on the root only.
+WorkPtr ProcessGroup::gather(Tensor& output, const Tensor& input, int root) {
+  Backend& backend = backend_for(input, "gather");
+  check(root >= 0 && root < size(), "ProcessGroup::gather: root ", root, " is not a rank of a world of ",
+        size());
+  if (rank() == root) {
+    backend_for(output, "gather");
+    check(output.device() == input.device() && output.dtype() == input.dtype(),
+          "ProcessGroup::gather: output is ", output.dtype(), " on ", output.device(), " but input is ",
+          input.dtype(), " on ", input.device());
+    check(output.numel() == input.numel() * size(), "ProcessGroup::gather: output has ", output.numel(),
+          " elements but needs world size (", size(), ") x input (", input.numel(), ")");
+  }
+  count_sent(rank() == root ? 0.0 : static_cast<double>(input.nbytes()));
+  return backend.gather(output, input, root);
+}
+
+WorkPtr ProcessGroup::scatter(Tensor& output, const Tensor& input, int root) {
+  Backend& backend = backend_for(output, "scatter");
+  check(root >= 0 && root < size(), "ProcessGroup::scatter: root ", root, " is not a rank of a world of ",
+        size());
+  if (rank() == root) {
+    backend_for(input, "scatter");
+    check(output.device() == input.device() && output.dtype() == input.dtype(),
+          "ProcessGroup::scatter: output is ", output.dtype(), " on ", output.device(), " but input is ",
+          input.dtype(), " on ", input.device());
+    check(input.numel() == output.numel() * size(), "ProcessGroup::scatter: input has ", input.numel(),
+          " elements but needs world size (", size(), ") x output (", output.numel(), ")");
+  }
+  count_sent(rank() == root ? ring_share(size()) * static_cast<double>(input.nbytes()) : 0.0);
+  return backend.scatter(output, input, root);
+}
+
+WorkPtr ProcessGroup::all_to_all(Tensor& output, const Tensor& input) {
+  Backend& backend = backend_for(input, "all_to_all");
+  backend_for(output, "all_to_all");
+  check(output.device() == input.device() && output.dtype() == input.dtype(),
+        "ProcessGroup::all_to_all: output is ", output.dtype(), " on ", output.device(), " but input is ",
+        input.dtype(), " on ", input.device());
+  check(output.numel() == input.numel() && input.numel() % size() == 0, "ProcessGroup::all_to_all: input (",
+        input.numel(), " elements) and output (", output.numel(),
+        ") must be equal and divide into world size (", size(), ") blocks");
+  count_sent(ring_share(size()) * static_cast<double>(input.nbytes()));
+  return backend.all_to_all(output, input);
+}
+
+void ProcessGroup::monitored_barrier(std::chrono::milliseconds timeout) {
+  Backend& backend = any_backend("monitored_barrier");
+  const int world = size(), me = rank();
+  if (world == 1) return;
+  const int tag = 0x6d62;  // "mb"
+  // Arrival: every rank tells rank 0; release: rank 0 answers each arrived rank with the number of
+  // missing ranks, followed by their list, so every arrived rank can name them.
+  if (me != 0) {
+    Tensor arrived = full({1}, static_cast<double>(me), TensorOptions{DType::i64});
+    backend.send(arrived, 0, tag)->wait();
+    Tensor missing_count = zeros({1}, TensorOptions{DType::i64});
+    backend.recv(missing_count, 0, tag)->wait();
+    const int64_t n = missing_count.item<int64_t>();
+    if (n == 0) return;
+    Tensor missing = zeros({n}, TensorOptions{DType::i64});
+    backend.recv(missing, 0, tag)->wait();
+    std::vector<int64_t> ranks = missing.to_vector<int64_t>();
+    throw Error(str_cat("monitored_barrier: rank", n > 1 ? "s " : " ", join_ranks(ranks), " of ", world,
+                        " did not arrive within ", std::chrono::duration<double>(timeout).count(),
+                        " s (reported by rank 0 to rank ", me, ")"));
+  }
+  std::vector<Tensor> arrivals;
+  std::vector<WorkPtr> works;
+  for (int r = 1; r < world; ++r) {
+    arrivals.push_back(zeros({1}, TensorOptions{DType::i64}));
+    works.push_back(backend.recv(arrivals.back(), r, tag));
+  }
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto all_done = [&] {
+    for (const WorkPtr& w : works)
+      if (!w->is_completed()) return false;
+    return true;
+  };
+  while (!all_done() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::vector<int64_t> missing;
+  for (int r = 1; r < world; ++r)
+    if (!works[static_cast<size_t>(r - 1)]->is_completed() || works[static_cast<size_t>(r - 1)]->failed())
+      missing.push_back(r);
+  // The answer goes to the missing ranks too, without waiting: one that comes late gets its
+  // arrival matched by the receive still posted above and learns that it was late. (One that
+  // never comes leaves those ops to the group's timeout.)
+  for (int r = 1; r < world; ++r) {
+    const bool late = std::find(missing.begin(), missing.end(), r) != missing.end();
+    Tensor count = full({1}, static_cast<double>(missing.size()), TensorOptions{DType::i64});
+    WorkPtr sent = backend.send(count, r, tag);
+    if (!late) sent->wait();
+    if (!missing.empty()) {
+      Tensor list =
+          tensor<int64_t>(missing, Shape{static_cast<int64_t>(missing.size())}, TensorOptions{DType::i64});
+      WorkPtr listed = backend.send(list, r, tag);
+      if (!late) listed->wait();
+    }
+  }
+  check(missing.empty(), "monitored_barrier: rank", missing.size() > 1 ? "s " : " ", join_ranks(missing),
+        " of ", world, " did not arrive within ", std::chrono::duration<double>(timeout).count(), " s");
+}
+
+ProcessGroup ProcessGroup::new_group(std::vector<int> ranks) const {
+  Backend& backend = any_backend("new_group");
+  std::sort(ranks.begin(), ranks.end());
+  check(!ranks.empty(), "ProcessGroup::new_group: no ranks");
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    check(ranks[i] >= 0 && ranks[i] < size(), "ProcessGroup::new_group: rank ", ranks[i],
+          " is not a rank of this group of ", size());
+    check(i == 0 || ranks[i] != ranks[i - 1], "ProcessGroup::new_group: rank ", ranks[i], " is named twice");
+  }
+  std::shared_ptr<Backend> sub = backend.new_group(ranks);
+  // CUDA tensors: the single-process backend serves both; NCCL makes communicators of its own
+  // for the members (a collective of the parent's NCCL backend, right after the CPU one: every
+  // rank takes part, members or not).
+  std::shared_ptr<Backend> cuda_sub;
+  if (cuda_ == cpu_)
+    cuda_sub = sub;
+  else if (cuda_ != nullptr)
+    cuda_sub = cuda_->new_group(ranks);
+  if (sub == nullptr) return ProcessGroup();  // not a member
+  return ProcessGroup(sub, device_, launch_, cuda_sub);
+}
+
+WorkPtr ProcessGroup::send(const Tensor& tensor, int dst, int tag) {
+  Backend& backend = backend_for(tensor, "send");
+  check(dst >= 0 && dst < size() && dst != rank(), "ProcessGroup::send: destination ", dst,
+        " must be another rank of a world of ", size(), " (this is rank ", rank(), ")");
+  check(tag >= 0, "ProcessGroup::send: tag must be >= 0, got ", tag);
+  count_sent(static_cast<double>(tensor.nbytes()));
+  return backend.send(tensor, dst, tag);
+}
+
+WorkPtr ProcessGroup::recv(Tensor& tensor, int src, int tag) {
+  Backend& backend = backend_for(tensor, "recv");
+  check(src >= 0 && src < size() && src != rank(), "ProcessGroup::recv: source ", src,
+        " must be another rank of a world of ", size(), " (this is rank ", rank(), ")");
+  check(tag >= 0, "ProcessGroup::recv: tag must be >= 0, got ", tag);
+  return backend.recv(tensor, src, tag);
+}
+
+WorkPtr ProcessGroup::barrier() { return any_backend("barrier").barrier(); }
+
+// ---- the world of one ------------------------------------------------------------------------------
+
+namespace {
+
+class SingleProcessBackend : public Backend {
+ public:
+  std::string name() const override { return "single-process"; }
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  void set_timeout(std::chrono::milliseconds timeout) override { timeout_ = timeout; }
+  std::chrono::milliseconds timeout() const override { return timeout_; }
+
+  // One rank: the sum, average, max and min of one tensor is the tensor.
+  WorkPtr allreduce(Tensor&, ReduceOp op) override {
+    return completed_work(str_cat("allreduce(", reduce_op_name(op), ")"));
+  }
+  WorkPtr broadcast(Tensor&, int) override { return completed_work("broadcast"); }
+  WorkPtr reduce(Tensor&, int, ReduceOp) override { return completed_work("reduce"); }
+  WorkPtr allgather(Tensor& output, const Tensor& input) override {
+    NoGradGuard no_grad;
+    output.copy_(input.view(output.shape()));
+    return completed_work("allgather");
+  }
+  WorkPtr reduce_scatter(Tensor& output, const Tensor& input, ReduceOp) override {
+    NoGradGuard no_grad;
+    output.copy_(input.view(output.shape()));
+    return completed_work("reduce_scatter");
+  }
+  WorkPtr gather(Tensor& output, const Tensor& input, int) override {
+    NoGradGuard no_grad;
+    output.copy_(input.view(output.shape()));
+    return completed_work("gather");
+  }
+  WorkPtr scatter(Tensor& output, const Tensor& input, int) override {
+    NoGradGuard no_grad;
+    output.copy_(input.view(output.shape()));
+    return completed_work("scatter");
+  }
+  WorkPtr all_to_all(Tensor& output, const Tensor& input) override {
+    NoGradGuard no_grad;
+    output.copy_(input.view(output.shape()));
+    return completed_work("all_to_all");
+  }
+  std::shared_ptr<Backend> new_group(const std::vector<int>& ranks) override {
+    check(ranks.size() == 1 && ranks[0] == 0, "new_group: a world of one has only rank 0");
+    return std::make_shared<SingleProcessBackend>();
+  }
+  // ProcessGroup refuses send/recv to oneself before they get here.
+  WorkPtr send(const Tensor&, int dst, int) override {
+    throw Error(str_cat("send to rank ", dst, " in a world of one"));
+  }
+  WorkPtr recv(Tensor&, int src, int) override {
+    throw Error(str_cat("recv from rank ", src, " in a world of one"));
+  }
+  WorkPtr barrier() override { return completed_work("barrier"); }
+
+ private:
+  std::chrono::milliseconds timeout_ = std::chrono::minutes(10);
+};
+
+}  // namespace
+
+std::shared_ptr<Backend> make_single_process_backend() { return std::make_shared<SingleProcessBackend>(); }
+
+}  // namespace mg::parallel

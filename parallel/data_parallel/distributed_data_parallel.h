@@ -1,0 +1,103 @@
+// DistributedDataParallel: one process per device, each with a full replica of the model and
+// its own slice of every global batch; gradients are averaged across processes during backward.
+//
+//   auto pg = parallel::init_process_group();          // mpirun -np N ./train
+//   manual_seed(42);                                     // same init on every rank...
+//   Net net;  net.to(pg.device());
+//   parallel::DistributedDataParallel ddp(net, pg);      // ...checked, then broadcast from rank 0
+//   optim::AdamWOptions adamw;
+//   adamw.lr = 1e-3;
+//   optim::AdamW opt(ddp.parameters(), adamw);
+//   loss = nn::cross_entropy(ddp(x), y);                 // x: this rank's part of the batch
+//   loss.backward();                                     // buckets all-reduce while backward runs
+//   opt.step();                                          // every rank takes the same step
+//
+// Compared with DataParallel (one process driving N devices) nothing is replicated, scattered
+// or gathered per step: the only traffic is the gradient all-reduce, 2(N−1)/N·|params| bytes per
+// rank, overlapped with backward by the Reducer (reducer.h). That is why DDP wins.
+//
+// At construction, DDP checks that every rank holds the same parameter names, shapes and dtypes
+// (a mismatch is an error naming the first difference, on every rank) and broadcasts parameters
+// and buffers from rank 0, so replicas start identical even if seeds differed.
+// On each forward it re-broadcasts the buffers (broadcast_buffers: BatchNorm running stats stay
+// rank 0's) and, every check_replicas_every steps, compares a checksum of every parameter across
+// ranks and fails naming the first divergent tensor -- the troubleshooting switch for "my ranks
+// silently drifted apart".
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "nn/module.h"
+#include "parallel/comm/process_group.h"
+#include "parallel/data_parallel/reducer.h"
+
+namespace mg::parallel {
+
+struct DDPOptions {
+  double bucket_cap_mb = 25.0;       // PyTorch's default
+  double first_bucket_cap_mb = 1.0;  // small first bucket: communication starts early
+  bool broadcast_buffers = true;     // buffers from rank 0 at every forward
+  bool find_unused_parameters = false;
+  bool gradient_as_bucket_view = false;        // .grad aliases the bucket (saves one copy and memory)
+  AllreduceAlgo algo = AllreduceAlgo::Native;  // MPI/NCCL all-reduce, or our ring (ring_allreduce.h)
+  int64_t check_replicas_every = 0;            // > 0: parameter checksum comparison every K forwards
+};
+
+class DistributedDataParallel : public nn::Module {
+ public:
+  // `module` must outlive DDP. Its parameters are DDP's parameters (as "module.<name>").
+  DistributedDataParallel(nn::Module& module, ProcessGroup group, DDPOptions options = {});
+
+  Tensor forward(const Tensor& x) override;
+  nn::Module& module() const { return *module_; }
+  const ProcessGroup& process_group() const { return group_; }
+  const DDPOptions& options() const { return options_; }
+
+  // Gradient accumulation: backward passes inside a no_sync scope skip the all-reduce, and the
+  // first synchronised backward after it all-reduces the accumulated gradients.
+  //   { auto guard = ddp.no_sync(); loss1.backward(); }   loss2.backward();   opt.step();
+  class NoSyncGuard {
+   public:
+    explicit NoSyncGuard(Reducer& reducer) : reducer_(&reducer), previous_(reducer.sync()) {
+      reducer.set_sync(false);
+    }
+    ~NoSyncGuard() {
+      if (reducer_) reducer_->set_sync(previous_);
+    }
+    NoSyncGuard(NoSyncGuard&& other) noexcept : reducer_(other.reducer_), previous_(other.previous_) {
+      other.reducer_ = nullptr;
+    }
+    NoSyncGuard(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(NoSyncGuard&&) = delete;
+
+   private:
+    Reducer* reducer_;
+    bool previous_;
+  };
+  NoSyncGuard no_sync() { return NoSyncGuard(*reducer_); }
+
+  // Communication cost so far (see ReducerStats) and the bucket layout.
+  const ReducerStats& stats() const { return reducer_->stats(); }
+  void reset_stats() { reducer_->reset_stats(); }
+  std::vector<std::vector<std::string>> bucket_layout() const { return reducer_->bucket_layout(); }
+  bool buckets_rebuilt() const { return reducer_->buckets_rebuilt(); }
+
+  // Compares every parameter across ranks now; throws naming the first that differs.
+  void check_replicas() const;
+
+  std::string extra_repr() const override;
+
+ private:
+  void verify_same_parameters_everywhere() const;
+  void broadcast_state_from_rank0(bool parameters, bool buffers);
+
+  nn::Module* module_;
+  ProcessGroup group_;
+  DDPOptions options_;
+  std::shared_ptr<Reducer> reducer_;
+  int64_t forward_count_ = 0;
+};
+
+}  // namespace mg::parallel

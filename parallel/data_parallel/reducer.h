@@ -1,0 +1,156 @@
+// Reducer: DistributedDataParallel's engine room -- gradient buckets all-reduced while the
+// backward pass is still running (the idea of PyTorch's c10d Reducer, written anew).
+//
+// Why buckets? One all-reduce per parameter pays the latency α hundreds of times; one
+// all-reduce of everything at the end of backward hides nothing. Buckets of ~25 MB are the
+// middle way: big enough to reach the link's bandwidth, small enough that the first ones are
+// on the wire while backward is still computing the gradients of earlier layers.
+//
+//   backward computes grads from the last layer to the first:
+//
+//   time ─────────────────────────────────────────────────────────────▶
+//   compute │ fc3.grad  fc2.grad │ fc1.grad  conv2.grad │ conv1.grad │
+//   comm                         │ all-reduce bucket 0  │ bucket 1   │ bucket 2 │
+//                                ▲ bucket 0 full         ▲ bucket 1 full         ▲ exposed
+//
+// How it works:
+// * Buckets are filled in *reverse* registration order (the order backward produces grads),
+//   the first one capped at first_bucket_cap_mb (1 MB: start communicating early), the others
+//   at bucket_cap_mb (25 MB). A bucket holds one dtype: a flat contiguous tensor that every
+//   member's gradient is copied into, scaled by 1/world (so the all-reduce's sum is the mean).
+// * Each parameter gets a post-accumulate-grad hook. When it fires, the gradient goes into its
+//   bucket slot; when a bucket's last member arrives the bucket is *ready*, and ready buckets
+//   are launched strictly in bucket order (every rank must issue the same collectives in the
+//   same order) as asynchronous all-reduces: native (MPI_Allreduce or ncclAllReduce on the group's
+//   communication thread/stream) or our ring.
+// * The first hook of a backward queues an end-of-backward callback (autograd::queue_callback)
+//   that waits for every bucket and writes the averaged gradients back into .grad (or, with
+//   gradient_as_bucket_view, makes .grad a view of the bucket: no second copy).
+// * After the first iteration the buckets are rebuilt in the order gradients actually arrived
+//   (rank 0's order, broadcast so all ranks agree), which is what the overlap needs when the
+//   registration order does not match the execution order.
+// * Under no_sync() the hooks do nothing: gradients accumulate locally in .grad, and the next
+//   synchronised backward all-reduces the accumulated sum (gradient accumulation).
+// * A parameter that got no gradient would leave its bucket forever unready (the classic DDP
+//   hang); finalize names such parameters in an error, or, with find_unused_parameters,
+//   contributes zeros for them.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "parallel/comm/process_group.h"
+
+namespace mg::parallel {
+
+enum class AllreduceAlgo { Native, Ring };
+const char* allreduce_algo_name(AllreduceAlgo algo);  // "native", "ring"
+
+struct ReducerOptions {
+  double bucket_cap_mb = 25.0;
+  double first_bucket_cap_mb = 1.0;
+  AllreduceAlgo algo = AllreduceAlgo::Native;
+  bool find_unused_parameters = false;
+  bool gradient_as_bucket_view = false;
+  bool rebuild_buckets = true;  // after the first iteration, from the gradients' arrival order
+};
+
+// What one synchronised backward pass cost in communication (all in milliseconds).
+struct ReducerStats {
+  int64_t backward_passes = 0;  // synchronised passes so far
+  double comm_ms = 0;           // time the all-reduces kept the link busy (per bucket, in order)
+  double exposed_ms = 0;        // end of backward -> all buckets reduced (not hidden by compute)
+  double copy_ms = 0;           // grads into buckets and results back into .grad
+  int64_t bytes = 0;            // bytes all-reduced (sum of bucket sizes)
+};
+
+// Splits tensors (given in the order their gradients are expected) into buckets: a new bucket
+// starts when adding the next tensor would pass the cap (first_cap for bucket 0, cap after) or
+// when its dtype differs. A tensor larger than the cap gets a bucket of its own. Returns the
+// indices (into `bytes`) of each bucket's members, in order.
+std::vector<std::vector<size_t>> assign_buckets(const std::vector<size_t>& order,
+                                                const std::vector<int64_t>& bytes,
+                                                const std::vector<DType>& dtypes, int64_t first_cap,
+                                                int64_t cap);
+
+class Reducer : public std::enable_shared_from_this<Reducer> {
+ public:
+  // Use create(): the hooks hold weak pointers to the reducer.
+  static std::shared_ptr<Reducer> create(std::vector<std::pair<std::string, Tensor>> named_parameters,
+                                         ProcessGroup group, ReducerOptions options);
+
+  // While false (no_sync), hooks leave gradients to accumulate locally.
+  void set_sync(bool sync) { sync_ = sync; }
+  bool sync() const { return sync_; }
+
+  // Waits (on the host) for the all-reduces of passes not yet counted: on a GPU finalize() only
+  // orders the stream after them, so their times are known later.
+  const ReducerStats& stats() const;
+  void reset_stats();
+  // Each bucket's parameter names, in bucket order (for tests, benchmarks and printing).
+  std::vector<std::vector<std::string>> bucket_layout() const;
+  bool buckets_rebuilt() const { return rebuilt_; }
+
+ private:
+  // When one bucket's all-reduce was launched and when it finished (set by the backend's
+  // progress thread; shared, so it outlives a bucket rebuild).
+  struct BucketTiming {
+    std::chrono::steady_clock::time_point launched;
+    std::atomic<int64_t> finished_ns{0};  // steady_clock, 0 until finished
+  };
+  struct Bucket {
+    std::vector<size_t> members;   // parameter indices
+    std::vector<int64_t> offsets;  // element offset of each member in `flat`
+    Tensor flat;                   // contiguous, one dtype
+    size_t pending = 0;            // members whose gradient has not arrived this pass
+    WorkPtr work;
+    std::shared_ptr<BucketTiming> timing;
+  };
+  // A synchronised pass whose statistics wait for its all-reduces to finish.
+  struct PassRecord {
+    std::vector<std::pair<WorkPtr, std::shared_ptr<BucketTiming>>> buckets;
+    std::chrono::steady_clock::time_point backward_end;
+    double copy_ms = 0;
+    int64_t bytes = 0;
+  };
+  // Adds the recorded passes whose all-reduces have finished (all of them, waiting, if `wait`).
+  void count_finished_passes(bool wait) const;
+
+  Reducer(std::vector<std::pair<std::string, Tensor>> named_parameters, ProcessGroup group,
+          ReducerOptions options);
+  void install_hooks();
+  void build_buckets(const std::vector<size_t>& order);
+  void on_gradient_ready(size_t index);
+  void mark_ready(size_t index, const Tensor& grad);
+  void launch_ready_buckets();
+  void finalize();
+  void rebuild_from_arrival_order();
+  void reset_pass();
+
+  std::vector<std::string> names_;
+  std::vector<Tensor> params_;
+  ProcessGroup group_;
+  ReducerOptions options_;
+  bool sync_ = true;
+
+  std::vector<Bucket> buckets_;
+  std::vector<std::pair<size_t, size_t>> slot_of_;  // parameter -> (bucket, member index)
+  std::vector<bool> arrived_;                       // this pass
+  std::vector<size_t> arrival_order_;               // this pass, for the rebuild
+  size_t next_to_launch_ = 0;
+  bool pass_active_ = false;
+  bool rebuilt_ = false;
+  std::chrono::steady_clock::time_point pass_start_;
+  double copy_ms_this_pass_ = 0;
+  int64_t synchronised_passes_ = 0;  // ever (stats can be reset)
+  mutable std::deque<PassRecord> uncounted_;
+  mutable ReducerStats stats_;
+};
+
+}  // namespace mg::parallel

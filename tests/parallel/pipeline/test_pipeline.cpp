@@ -1,0 +1,98 @@
+// Pipeline parallelism under `mpiexec -n K` (K = 2 and 3 stages): every rank builds the whole
+// model after the same seed and keeps its stage; a reference copy trains on one process with the
+// whole batch. With GPipe and 1F1B, 1 and 4 micro-batches, each stage's parameters after 5 AdamW
+// steps must equal the reference's same layers, and the last stage's loss the reference loss.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include "multigrad.h"
+#include "parallel/pipeline/pipeline.h"
+#include "tests/parallel/mpi_test_support.h"
+
+using namespace mg;
+using namespace mg::parallel;
+using mg::testing::adamw;
+using mg::testing::sgd_momentum;
+
+namespace {
+
+// Linear-ReLU-Linear-ReLU-Linear: 5 layers, cut into 2 or 3 stages.
+std::shared_ptr<nn::Sequential> make_model(Device device) {
+  manual_seed(3);
+  auto model = std::make_shared<nn::Sequential>();
+  model->emplace_back<nn::Linear>(8, 16);
+  model->emplace_back<nn::ReLU>();
+  model->emplace_back<nn::Linear>(16, 16);
+  model->emplace_back<nn::ReLU>();
+  model->emplace_back<nn::Linear>(16, 4);
+  model->to(device);
+  return model;
+}
+
+Tensor loss_fn(const Tensor& out, const Tensor& y) { return nn::cross_entropy(out, y); }
+
+}  // namespace
+
+TEST_CASE("a pipeline of stages equals single-device training with the same global batch",
+          "[mpi][pipeline]") {
+  ProcessGroup pg = testing::mpi_test_group();
+  const int p = pg.size(), rank = pg.rank();
+  const Device device = pg.device();
+  struct Case {
+    const char* name;
+    PipelineSchedule schedule;
+    int micro_batches;
+  };
+  const Case cases[] = {{"GPipe x4", PipelineSchedule::GPipe, 4},
+                        {"1F1B x4", PipelineSchedule::OneForwardOneBackward, 4},
+                        {"1F1B x1", PipelineSchedule::OneForwardOneBackward, 1},
+                        {"GPipe x8", PipelineSchedule::GPipe, 8}};
+  for (const Case& c : cases) {
+    INFO(c.name << " on " << p << " stages");
+    auto reference = make_model(device);
+    auto reference_opt = adamw(reference->parameters());
+    auto full = make_model(device);
+    auto stage = pipeline_stage(*full, rank, p);
+    auto stage_opt = adamw(stage->parameters());
+    Pipeline pipe(stage, pg, loss_fn, c.schedule);
+    for (int step = 0; step < 5; ++step) {
+      manual_seed(70 + static_cast<uint64_t>(step));
+      Tensor x = randn({8, 8}).to(device), y = randint(0, 4, {8}).to(device);
+      reference_opt->zero_grad();
+      Tensor reference_loss = loss_fn((*reference)(x), y);
+      reference_loss.backward();
+      reference_opt->step();
+      stage_opt->zero_grad();
+      PipelineStepResult r =
+          pipe.train_step(pipe.is_first() ? x : Tensor(), pipe.is_last() ? y : Tensor(), c.micro_batches);
+      stage_opt->step();
+      CHECK(r.bubble() >= 0.0);
+      CHECK(r.bubble() <= 1.0);
+      if (pipe.is_last()) CHECK(std::abs(r.loss - reference_loss.item<double>()) < 1e-5);
+    }
+    std::vector<Tensor> mine = stage->parameters();
+    std::vector<Tensor> expected = pipeline_stage(*reference, rank, p)->parameters();
+    REQUIRE(mine.size() == expected.size());
+    for (size_t i = 0; i < mine.size(); ++i) testing::require_close(mine[i], expected[i], 1e-5);
+  }
+}
+
+TEST_CASE("pipeline stages and batches are checked", "[mpi][pipeline]") {
+  ProcessGroup pg = testing::mpi_test_group();
+  auto full = make_model(pg.device());
+  REQUIRE_THROWS_WITH(pipeline_stage(*full, 0, 6), Catch::Contains("5 layers cannot fill 6 stages"));
+  auto stage = pipeline_stage(*full, pg.rank(), pg.size());
+  Pipeline pipe(stage, pg, loss_fn);
+  Tensor x = randn({6, 8}).to(pg.device()), y = randint(0, 4, {6}).to(pg.device());
+  // Every rank fails before any communication: no stage is left waiting.
+  if (pipe.is_first())
+    REQUIRE_THROWS_WITH(pipe.train_step(x, y, 4),
+                        Catch::Contains("6 rows do not divide into 4 micro-batches"));
+  else if (pipe.is_last())
+    REQUIRE_THROWS_WITH(pipe.train_step(Tensor(), y, 4), Catch::Contains("6 rows do not divide into 4"));
+  else
+    REQUIRE_THROWS_WITH(pipe.train_step(Tensor(), Tensor(), 0), Catch::Contains("must be >= 1"));
+}

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Runs the timeout_worker job and checks what EVERY surviving rank reported, not just one of them:
+#
+#   tests/parallel/resilience/check_timeout_survivors.sh <mode> <world size> <timeout s> -- <mpiexec ... timeout_worker ...>
+#
+# The job's rank 1 gets stuck (mode stuck) or is killed (mode dead) before the second allreduce;
+# every other rank must print exactly one "rank R caught after S s: <error>" line, whose error names
+# the allreduce and the timeout, with S within the configured timeout (+ slack for scheduling on a
+# loaded machine; for a stuck rank also not before it: nothing may be declared lost early), and
+# the whole job must end soon after (the poisoned group aborts it: no hang).
+#
+# MG_EXPECT=heartbeat: the failure must be found by the heartbeat instead (parallel/resilience/heartbeat.h;
+# the third argument is then its bound, MG_FAILURE_DETECTION_S): every survivor's error names
+# "rank 1 (node <host>, pid <pid>) is lost", within the bound (+ slack) and not before it.
+set -uo pipefail
+
+mode=${1:?mode}; world=${2:?world size}; timeout_s=${3:?timeout}; shift 3
+[[ "${1:-}" == "--" ]] && shift
+slack_s=${MG_TIMEOUT_SLACK_S:-3}   # the watchdog polls; ranks start at slightly different times
+job_limit_s=$((timeout_s + 20))    # detection + mpirun tearing the job down
+
+log="$(mktemp "${TMPDIR:-/tmp}/mg-timeout-test.XXXXXX")"
+trap 'rm -f "$log"' EXIT
+start=$(date +%s.%N)
+timeout "$job_limit_s" "$@" >"$log" 2>&1
+job_status=$?
+elapsed=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+cat "$log"
+
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+is_true() { awk "BEGIN { exit !($1) }"; }  # a comparison of decimals (no bc on a minimal Debian)
+
+if [[ $job_status -eq 77 ]]; then echo "SKIP: the job skipped itself (exit 77)"; exit 77; fi
+[[ $job_status -eq 124 ]] && fail "the job did not end within ${job_limit_s} s (a hang)"
+for ((rank = 0; rank < world; ++rank)); do
+  [[ $rank -eq 1 ]] && continue  # the stuck or dead one
+  lines=$(grep -c "^rank $rank caught after " "$log")
+  if [[ $lines -ne 1 ]]; then
+    fail "rank $rank printed $lines 'caught' lines, expected 1"
+    continue
+  fi
+  line=$(grep "^rank $rank caught after " "$log")
+  seconds=$(sed -E 's/^rank [0-9]+ caught after ([0-9.]+) s: .*/\1/' <<<"$line")
+  message=${line#*s: }
+  [[ "$message" == *allreduce* ]] || fail "rank $rank's error does not name the allreduce: $message"
+  if [[ "${MG_EXPECT:-timeout}" == heartbeat ]]; then
+    [[ "$message" =~ "rank 1 (node "[^,]+", pid "[0-9]+") is lost" ]] ||
+      fail "rank $rank's error does not name rank 1, its node and pid as lost: $message"
+    [[ "$message" == *"bound $timeout_s s"* ]] || fail "rank $rank's error does not name the ${timeout_s} s bound: $message"
+  else
+    [[ "$message" == *"within $timeout_s s"* ]] || fail "rank $rank's error does not name the ${timeout_s} s timeout: $message"
+  fi
+  if is_true "$seconds > $timeout_s + $slack_s"; then
+    fail "rank $rank caught the error after $seconds s, later than the ${timeout_s} s timeout + ${slack_s} s"
+  fi
+  if [[ "$mode" != dead ]] && is_true "$seconds < $timeout_s * 0.95"; then
+    fail "rank $rank gave up on a stuck peer after $seconds s, before the ${timeout_s} s timeout"
+  fi
+  echo "ok: rank $rank caught the error after $seconds s (timeout ${timeout_s} s)"
+done
+grep -q "the second allreduce completed" "$log" && fail "a rank completed the second allreduce"
+echo "job ended after ${elapsed} s with status $job_status"
+if ((failures > 0)); then
+  echo "check_timeout_survivors: $failures failure(s)"
+  exit 1
+fi
+echo "check_timeout_survivors: every survivor of $world ranks reported the $mode rank in time"
