@@ -67,45 +67,6 @@ inline DType promote_types(DType a, DType b) {
   return rank(a) >= rank(b) ? a : b;
 }
 
-// C++ type for a DType, and the type kernels compute in (halves widen to float; see acc_t).
-template <DType D>
-struct dtype_traits;
-template <>
-struct dtype_traits<DType::f32> {
-  using type = float;
-  using compute = float;
-};
-template <>
-struct dtype_traits<DType::f64> {
-  using type = double;
-  using compute = double;
-};
-template <>
-struct dtype_traits<DType::f16> {
-  using type = f16;
-  using compute = float;
-};
-template <>
-struct dtype_traits<DType::bf16> {
-  using type = bf16;
-  using compute = float;
-};
-template <>
-struct dtype_traits<DType::i32> {
-  using type = int32_t;
-  using compute = int32_t;
-};
-template <>
-struct dtype_traits<DType::i64> {
-  using type = int64_t;
-  using compute = int64_t;
-};
-template <>
-struct dtype_traits<DType::boolean> {
-  using type = bool;
-  using compute = bool;
-};
-
 // acc_t<T>: the type arithmetic on elements of type T happens, and accumulates, in -- float for the
 // 16-bit floats (which are storage formats only), int for bool, T itself otherwise. The one name
 // for it in the CPU and the CUDA kernels: a plain alias, so device code uses it too

@@ -37,38 +37,13 @@
 #include <string>
 #include <type_traits>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
+#include "kernels/cpu/parallel_for.h"
 
 namespace mg::kernels::cpu {
 
 namespace {
 
 constexpr int64_t kParallelNumel = int64_t{1} << 16;  // below this, starting threads costs more than it saves
-
-// Calls body(begin, end) on [0, n): one contiguous range per OpenMP thread when
-// `parallel` (and the build has OpenMP and we are not already in a parallel
-// region), otherwise a single call on the whole range.
-template <class Body>
-void parallel_for(int64_t n, bool parallel, const Body& body) {
-#ifdef _OPENMP
-  if (parallel && n > 1 && omp_get_max_threads() > 1 && !omp_in_parallel()) {
-#pragma omp parallel
-    {
-      const int64_t threads = omp_get_num_threads();
-      const int64_t t = omp_get_thread_num();
-      const int64_t begin = n * t / threads;
-      const int64_t end = n * (t + 1) / threads;
-      if (begin < end) body(begin, end);
-    }
-    return;
-  }
-#else
-  (void)parallel;
-#endif
-  body(0, n);
-}
 
 // ---- element types -----------------------------------------------------------
 
@@ -87,16 +62,6 @@ inline T store(V v) {
     return v != V(0);
   } else {
     return static_cast<T>(v);
-  }
-}
-
-template <class V>
-inline bool is_nan(V v) {
-  if constexpr (std::is_floating_point<V>::value) {
-    return std::isnan(v);
-  } else {
-    (void)v;
-    return false;
   }
 }
 

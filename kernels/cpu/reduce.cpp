@@ -40,9 +40,7 @@
 #include <memory>
 #include <type_traits>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
+#include "kernels/cpu/parallel_for.h"
 
 namespace mg::kernels::cpu {
 
@@ -55,39 +53,6 @@ constexpr int64_t kTile = 1024;                       // outputs per task when i
 constexpr int64_t kChunk = int64_t{1} << 18;          // elements per task when one long row is split
 constexpr int64_t kRowBatch = 256;                    // rows folded before one batched store
 constexpr int64_t kParallelNumel = int64_t{1} << 16;  // below this, threads cost more than they save
-
-// Calls body(begin, end) on [0, n): one contiguous range per OpenMP thread when
-// `parallel` (and the build has OpenMP and we are not already in a parallel
-// region), otherwise a single call on the whole range.
-template <class Body>
-void parallel_for(int64_t n, bool parallel, const Body& body) {
-#ifdef _OPENMP
-  if (parallel && n > 1 && omp_get_max_threads() > 1 && !omp_in_parallel()) {
-#pragma omp parallel
-    {
-      const int64_t threads = omp_get_num_threads();
-      const int64_t t = omp_get_thread_num();
-      const int64_t begin = n * t / threads;
-      const int64_t end = n * (t + 1) / threads;
-      if (begin < end) body(begin, end);
-    }
-    return;
-  }
-#else
-  (void)parallel;
-#endif
-  body(0, n);
-}
-
-template <class V>
-inline bool is_nan(V v) {
-  if constexpr (std::is_floating_point<V>::value) {
-    return std::isnan(v);
-  } else {
-    (void)v;
-    return false;
-  }
-}
 
 // Accumulator types for Sum/Mean/Var/Prod: `Acc` in the hot loop, `Wide` for
 // the total of the blocks.

@@ -79,6 +79,35 @@ __device__ __forceinline__ void store(T* p, V v) {
   }
 }
 
+// ---- raw words -------------------------------------------------------------------------------
+// The unsigned type of a given width: what one load or store of that many bytes moves, for code
+// that copies elements without looking at them (uint2 and uint4 are CUDA's 8- and 16-byte vector
+// types, each one instruction).
+template <int Bytes>
+struct RawOf;
+template <>
+struct RawOf<1> {
+  using type = uint8_t;
+};
+template <>
+struct RawOf<2> {
+  using type = uint16_t;
+};
+template <>
+struct RawOf<4> {
+  using type = uint32_t;
+};
+template <>
+struct RawOf<8> {
+  using type = uint2;
+};
+template <>
+struct RawOf<16> {
+  using type = uint4;
+};
+template <int Bytes>
+using raw_t = typename RawOf<Bytes>::type;
+
 // ---- strided offsets -------------------------------------------------------------------------
 // Element `linear` (row-major over the output's shape) of N operands lives at
 // offsets[k] = sum_d index_d * strides[k][d]. One division per dim per element:

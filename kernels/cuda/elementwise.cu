@@ -203,29 +203,6 @@ __device__ __forceinline__ void for_each_index(int64_t n, Body body) {
 }
 
 // ---- packs: V elements moved by one 16-byte (or narrower) load/store ------------------------------
-// The integer type of a given width, what one vector load or store moves.
-template <int Bytes>
-struct RawOf;
-template <>
-struct RawOf<1> {
-  using type = uint8_t;
-};
-template <>
-struct RawOf<2> {
-  using type = uint16_t;
-};
-template <>
-struct RawOf<4> {
-  using type = uint32_t;
-};
-template <>
-struct RawOf<8> {
-  using type = uint2;
-};
-template <>
-struct RawOf<16> {
-  using type = uint4;
-};
 
 template <class T, int V>
 struct Pack {
@@ -241,7 +218,7 @@ constexpr int pack_width() {
 // p must be aligned to V * sizeof(T) bytes (the host's plan_packs checked it).
 template <int V, class T>
 __device__ __forceinline__ Pack<T, V> load_pack(const T* p) {
-  using Raw = typename RawOf<static_cast<int>(sizeof(T)) * V>::type;
+  using Raw = raw_t<static_cast<int>(sizeof(T)) * V>;
   const Raw raw = *reinterpret_cast<const Raw*>(p);
   Pack<T, V> out;
   memcpy(&out, &raw, sizeof(Raw));
@@ -249,7 +226,7 @@ __device__ __forceinline__ Pack<T, V> load_pack(const T* p) {
 }
 template <int V, class T>
 __device__ __forceinline__ void store_pack(T* p, const Pack<T, V>& pack) {
-  using Raw = typename RawOf<static_cast<int>(sizeof(T)) * V>::type;
+  using Raw = raw_t<static_cast<int>(sizeof(T)) * V>;
   Raw raw;
   memcpy(&raw, &pack, sizeof(Raw));
   *reinterpret_cast<Raw*>(p) = raw;

@@ -71,25 +71,6 @@ BadIndex find_bad_index(cudaStream_t stream, ScratchAllocator& scratch, const in
 }
 
 // ---- gather ------------------------------------------------------------------------------
-template <int Bytes>
-struct Word;
-template <>
-struct Word<1> {
-  using type = uint8_t;
-};
-template <>
-struct Word<2> {
-  using type = uint16_t;
-};
-template <>
-struct Word<4> {
-  using type = uint32_t;
-};
-template <>
-struct Word<8> {
-  using type = uint64_t;
-};
-
 template <class W>
 __global__ void gather_kernel(IndexShape s, const W* input, const int64_t* indices, int64_t count, W* out) {
   const int64_t total = s.outer * count * s.inner;
@@ -110,10 +91,10 @@ void gather(DType dtype, const IndexShape& s, const void* input, const int64_t* 
                                     indices, count, static_cast<W*>(out));
   };
   switch (dtype_size(dtype)) {
-    case 1: launch(tag<Word<1>::type>{}); break;
-    case 2: launch(tag<Word<2>::type>{}); break;
-    case 4: launch(tag<Word<4>::type>{}); break;
-    case 8: launch(tag<Word<8>::type>{}); break;
+    case 1: launch(tag<raw_t<1>>{}); break;
+    case 2: launch(tag<raw_t<2>>{}); break;
+    case 4: launch(tag<raw_t<4>>{}); break;
+    case 8: launch(tag<raw_t<8>>{}); break;
     default: throw Error(str_cat("gather (CUDA): unsupported element size ", dtype_size(dtype)));
   }
 }
