@@ -165,4 +165,30 @@ struct AdamTensor {
   int64_t step = 1;  // replaces AdamHyper::step for this tensor
 };
 
+// ---- the checks and names both devices share (kernel_args.cpp) ----
+// Every entry point of either device checks its arguments with these first, so a bad call gets
+// the same error on a CPU and on a GPU.
+
+const char* unary_op_name(UnaryOp op);
+const char* binary_op_name(BinaryOp op);
+// True for comparisons and logical ops, whose output dtype is bool.
+bool binary_op_returns_bool(BinaryOp op);
+// True for the unary ops that also accept i32/i64 (Neg, Abs, Relu, Square, Sign).
+bool unary_op_accepts_integers(UnaryOp op);
+
+const char* reduce_op_name(ReduceOp op);
+
+// Throws mg::Error, prefixed with `what`, unless the arguments describe a valid product: a
+// floating dtype, non-negative sizes, leading dimensions covering their rows, batch entries of C
+// that do not overlap, and non-null buffers where they are read or written.
+void check_gemm_args(const GemmArgs& args, const char* what);
+
+// Throws mg::Error unless the geometry describes a valid convolution (positive
+// kernel/stride/dilation, non-negative padding, at least one output pixel).
+void check_conv2d_geometry(const Conv2dGeometry& g);
+
+// Throws mg::Error unless the geometry is valid (positive kernel and stride,
+// 0 <= pad <= kernel/2, the padded input at least one kernel large).
+void check_pool2d_geometry(const Pool2dGeometry& g);
+
 }  // namespace mg::kernels

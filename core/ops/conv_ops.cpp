@@ -62,7 +62,7 @@ kernels::Conv2dGeometry conv_geometry(const Tensor& x, const Tensor& w, const Co
   g.pad_w = o.pad_w;
   g.dilation_h = o.dilation_h;
   g.dilation_w = o.dilation_w;
-  kernels::cpu::check_conv2d_geometry(g);
+  kernels::check_conv2d_geometry(g);
   return g;
 }
 
@@ -252,7 +252,7 @@ kernels::Pool2dGeometry pool_geometry(const char* name, const Tensor& x, const P
   g.stride_w = o.stride_w > 0 ? o.stride_w : o.kernel_w;
   g.pad_h = o.pad_h;
   g.pad_w = o.pad_w;
-  kernels::cpu::check_pool2d_geometry(g);
+  kernels::check_pool2d_geometry(g);
   check(g.out_h() > 0 && g.out_w() > 0, name, ": kernel ", g.kernel_h, "x", g.kernel_w,
         " is larger than the padded input of shape ", shape_str(x.shape()));
   return g;

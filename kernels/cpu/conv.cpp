@@ -176,23 +176,6 @@ void col2im_typed(const Conv2dGeometry& g, const T* columns, T* images, int64_t 
 
 }  // namespace
 
-void check_conv2d_geometry(const Conv2dGeometry& g) {
-  check(g.channels >= 0 && g.height >= 0 && g.width >= 0,
-        "conv2d: image sizes must be non-negative, got C=", g.channels, " H=", g.height, " W=", g.width);
-  check(g.kernel_h >= 1 && g.kernel_w >= 1, "conv2d: kernel size must be positive, got ", g.kernel_h, "x",
-        g.kernel_w);
-  check(g.stride_h >= 1 && g.stride_w >= 1, "conv2d: stride must be positive, got ", g.stride_h, "x",
-        g.stride_w);
-  check(g.dilation_h >= 1 && g.dilation_w >= 1, "conv2d: dilation must be positive, got ", g.dilation_h, "x",
-        g.dilation_w);
-  check(g.pad_h >= 0 && g.pad_w >= 0, "conv2d: padding must be non-negative, got ", g.pad_h, "x", g.pad_w);
-  const int64_t span_h = g.dilation_h * (g.kernel_h - 1) + 1;  // extent of the dilated kernel
-  const int64_t span_w = g.dilation_w * (g.kernel_w - 1) + 1;
-  check(g.height + 2 * g.pad_h >= span_h && g.width + 2 * g.pad_w >= span_w, "conv2d: padded input ",
-        g.height + 2 * g.pad_h, "x", g.width + 2 * g.pad_w, " is smaller than the dilated kernel ", span_h,
-        "x", span_w, " (input ", g.height, "x", g.width, ", padding ", g.pad_h, "x", g.pad_w, ")");
-}
-
 void im2col(const Conv2dGeometry& g, DType dtype, const void* image, void* columns, int64_t images) {
   check_conv2d_geometry(g);
   check(images >= 0, "im2col: the number of images must be non-negative, got ", images);

@@ -20,10 +20,6 @@
 
 namespace mg::kernels::cpu {
 
-// Throws mg::Error unless the geometry describes a valid convolution (positive
-// kernel/stride/dilation, non-negative padding, at least one output pixel).
-void check_conv2d_geometry(const Conv2dGeometry& g);
-
 // image [C, H, W] -> columns [C*kh*kw, out_h*out_w], row-major; padding reads as 0.
 // With images = B: B consecutive images [B, C, H, W] -> columns [C*kh*kw, B*out_h*out_w],
 // image b's columns at [b*out_h*out_w, (b+1)*out_h*out_w) of every row (so one GEMM

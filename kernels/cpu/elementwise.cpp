@@ -517,68 +517,6 @@ C saturate(double v) {
 
 }  // namespace
 
-// ---- names -------------------------------------------------------------------------
-
-const char* unary_op_name(UnaryOp op) {
-  switch (op) {
-    case UnaryOp::Neg: return "neg";
-    case UnaryOp::Exp: return "exp";
-    case UnaryOp::Log: return "log";
-    case UnaryOp::Sqrt: return "sqrt";
-    case UnaryOp::Rsqrt: return "rsqrt";
-    case UnaryOp::Abs: return "abs";
-    case UnaryOp::Tanh: return "tanh";
-    case UnaryOp::Sigmoid: return "sigmoid";
-    case UnaryOp::Relu: return "relu";
-    case UnaryOp::GeluTanh: return "gelu_tanh";
-    case UnaryOp::PowScalar: return "pow";
-    case UnaryOp::Square: return "square";
-    case UnaryOp::Reciprocal: return "reciprocal";
-    case UnaryOp::Sign: return "sign";
-  }
-  return "?";
-}
-
-const char* binary_op_name(BinaryOp op) {
-  switch (op) {
-    case BinaryOp::Add: return "add";
-    case BinaryOp::Sub: return "sub";
-    case BinaryOp::Mul: return "mul";
-    case BinaryOp::Div: return "div";
-    case BinaryOp::Maximum: return "maximum";
-    case BinaryOp::Minimum: return "minimum";
-    case BinaryOp::Pow: return "pow";
-    case BinaryOp::Eq: return "eq";
-    case BinaryOp::Ne: return "ne";
-    case BinaryOp::Lt: return "lt";
-    case BinaryOp::Le: return "le";
-    case BinaryOp::Gt: return "gt";
-    case BinaryOp::Ge: return "ge";
-    case BinaryOp::LogicalAnd: return "logical_and";
-    case BinaryOp::LogicalOr: return "logical_or";
-  }
-  return "?";
-}
-
-bool binary_op_returns_bool(BinaryOp op) {
-  switch (op) {
-    case BinaryOp::Eq:
-    case BinaryOp::Ne:
-    case BinaryOp::Lt:
-    case BinaryOp::Le:
-    case BinaryOp::Gt:
-    case BinaryOp::Ge:
-    case BinaryOp::LogicalAnd:
-    case BinaryOp::LogicalOr: return true;
-    default: return false;
-  }
-}
-
-bool unary_op_accepts_integers(UnaryOp op) {
-  return op == UnaryOp::Neg || op == UnaryOp::Abs || op == UnaryOp::Relu || op == UnaryOp::Square ||
-         op == UnaryOp::Sign;
-}
-
 // ---- entry points ------------------------------------------------------------------
 
 void unary(UnaryOp op, const StridedView& in, const StridedView& out, double scalar) {

@@ -17,13 +17,6 @@
 
 namespace mg::kernels::cpu {
 
-const char* unary_op_name(UnaryOp op);
-const char* binary_op_name(BinaryOp op);
-// True for comparisons and logical ops, whose output dtype is bool.
-bool binary_op_returns_bool(BinaryOp op);
-// True for the unary ops that also accept i32/i64 (Neg, Abs, Relu, Square, Sign).
-bool unary_op_accepts_integers(UnaryOp op);
-
 // out = op(in). `in` and `out` have the same shape and dtype: floating for
 // every op, and also i32/i64 for Neg/Abs/Relu/Square/Sign. `scalar` is the
 // exponent of PowScalar. Halves compute in float.

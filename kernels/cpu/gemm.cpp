@@ -58,9 +58,6 @@ constexpr int64_t kBlockN = 256;                // columns of C per panel (and o
 constexpr int64_t kBlockK = 256;                // depth of one packed slice
 constexpr int64_t kMinParallelFlops = 1 << 18;  // below this, waking threads costs more than it saves
 
-// Shape of op(X) as stored: the row length lda must cover.
-int64_t stored_row_length(bool trans, int64_t rows, int64_t cols) { return trans ? rows : cols; }
-
 // The packed tiles are dense row-major arrays. Their row strides are the tile
 // sizes, min(kBlock*, problem size), so a small GEMM gets small buffers.
 struct TileStrides {
@@ -258,35 +255,6 @@ void gemm_openblas(const GemmArgs& g) {
 #endif
 
 }  // namespace
-
-void check_gemm_args(const GemmArgs& g, const char* what) {
-  check(is_floating(g.dtype), what, ": expected a floating dtype (f32, f64, f16, bf16), got ",
-        dtype_name(g.dtype));
-  check(g.m >= 0 && g.n >= 0 && g.k >= 0, what, ": sizes must be non-negative, got m=", g.m, " n=", g.n,
-        " k=", g.k);
-  check(g.batch >= 0, what, ": batch must be non-negative, got ", g.batch);
-  const int64_t a_row = stored_row_length(g.trans_a, g.m, g.k);
-  const int64_t b_row = stored_row_length(g.trans_b, g.k, g.n);
-  check(g.lda >= a_row, what, ": lda=", g.lda, " is smaller than the row length ", a_row, " of ",
-        g.trans_a ? "A (stored k x m, trans_a)" : "A (stored m x k)");
-  check(g.ldb >= b_row, what, ": ldb=", g.ldb, " is smaller than the row length ", b_row, " of ",
-        g.trans_b ? "B (stored n x k, trans_b)" : "B (stored k x n)");
-  check(g.ldc >= g.n, what, ": ldc=", g.ldc, " is smaller than the row length n=", g.n, " of C");
-  check(g.batch_stride_a >= 0 && g.batch_stride_b >= 0 && g.batch_stride_c >= 0, what,
-        ": batch strides must be non-negative, got a=", g.batch_stride_a, " b=", g.batch_stride_b,
-        " c=", g.batch_stride_c);
-  const bool c_written = g.batch > 0 && g.m > 0 && g.n > 0;
-  if (c_written && g.batch > 1) {
-    // Every batch entry writes its own C; broadcasting C would race and overwrite.
-    const int64_t c_extent = (g.m - 1) * g.ldc + g.n;
-    check(g.batch_stride_c >= c_extent, what, ": batch_stride_c=", g.batch_stride_c,
-          " makes the batch entries of C overlap (each spans ", c_extent, " elements)");
-  }
-  check(!c_written || g.c != nullptr, what, ": C is null");
-  // alpha == 0 does not read A or B (BLAS semantics), so they may be null then.
-  check(!c_written || g.k == 0 || g.alpha == 0.0 || (g.a != nullptr && g.b != nullptr), what,
-        ": A or B is null");
-}
 
 void gemm_blocked(const GemmArgs& args) {
   check_gemm_args(args, "gemm_blocked");

@@ -20,12 +20,6 @@
 
 namespace mg::kernels::cpu {
 
-// Throws mg::Error, prefixed with `what`, unless the arguments describe a valid product: a
-// floating dtype, non-negative sizes, leading dimensions covering their rows, batch entries of C
-// that do not overlap, and non-null buffers where they are read or written. Every gemm (CPU and
-// CUDA) checks this first.
-void check_gemm_args(const GemmArgs& args, const char* what);
-
 // The production entry point. f32/f64 call OpenBLAS (cblas_sgemm/cblas_dgemm,
 // row-major) when the build defines MG_HAS_OPENBLAS; otherwise, and always for
 // f16/bf16, they run gemm_blocked. Throws mg::Error on inconsistent arguments.

@@ -241,23 +241,6 @@ void check_buffers(const Pool2dGeometry& g, const char* what, const void* in, co
 
 }  // namespace
 
-void check_pool2d_geometry(const Pool2dGeometry& g) {
-  check(g.planes >= 0 && g.height >= 0 && g.width >= 0,
-        "pool2d: input sizes must be non-negative, got planes=", g.planes, " H=", g.height, " W=", g.width);
-  check(g.kernel_h >= 1 && g.kernel_w >= 1, "pool2d: kernel size must be positive, got ", g.kernel_h, "x",
-        g.kernel_w);
-  check(g.stride_h >= 1 && g.stride_w >= 1, "pool2d: stride must be positive, got ", g.stride_h, "x",
-        g.stride_w);
-  check(g.pad_h >= 0 && g.pad_w >= 0 && 2 * g.pad_h <= g.kernel_h && 2 * g.pad_w <= g.kernel_w,
-        "pool2d: padding must be between 0 and half the kernel size, got padding ", g.pad_h, "x", g.pad_w,
-        " for kernel ", g.kernel_h, "x", g.kernel_w);
-  check(g.height >= 1 && g.width >= 1, "pool2d: input planes must be non-empty, got ", g.height, "x",
-        g.width);
-  check(g.height + 2 * g.pad_h >= g.kernel_h && g.width + 2 * g.pad_w >= g.kernel_w, "pool2d: padded input ",
-        g.height + 2 * g.pad_h, "x", g.width + 2 * g.pad_w, " is smaller than the kernel ", g.kernel_h, "x",
-        g.kernel_w);
-}
-
 void max_pool2d_forward(const Pool2dGeometry& g, DType dtype, const void* input, void* output,
                         int64_t* argmax) {
   check_pool2d_geometry(g);

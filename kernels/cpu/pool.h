@@ -16,10 +16,6 @@
 
 namespace mg::kernels::cpu {
 
-// Throws mg::Error unless the geometry is valid (positive kernel and stride,
-// 0 <= pad <= kernel/2, the padded input at least one kernel large).
-void check_pool2d_geometry(const Pool2dGeometry& g);
-
 // output [planes, out_h, out_w]; argmax (same shape) receives, for each output,
 // the flat index ih*W + iw within its plane of the element that won. A NaN in
 // a window wins (the output is NaN), as in PyTorch.

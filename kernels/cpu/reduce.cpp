@@ -352,20 +352,6 @@ bool needs_identity(ReduceOp op) {
 
 }  // namespace
 
-const char* reduce_op_name(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::Sum: return "sum";
-    case ReduceOp::Mean: return "mean";
-    case ReduceOp::Max: return "max";
-    case ReduceOp::Min: return "min";
-    case ReduceOp::Argmax: return "argmax";
-    case ReduceOp::Argmin: return "argmin";
-    case ReduceOp::Var: return "var";
-    case ReduceOp::Prod: return "prod";
-  }
-  return "?";
-}
-
 void reduce(ReduceOp op, const ReduceShape& shape, const void* input, DType in_dtype, void* output,
             DType out_dtype, int64_t correction) {
   const char* name = reduce_op_name(op);

@@ -16,8 +16,6 @@
 
 namespace mg::kernels::cpu {
 
-const char* reduce_op_name(ReduceOp op);
-
 // output[o, i] = op over r of input[o, r, i].
 //
 // dtypes:

@@ -28,7 +28,6 @@
 //
 // One kernel per dtype (4 x 2 instantiations); the index arithmetic is 64-bit.
 // Also runs on the CPU under the emulator (MG_CUDA=EMULATE): see docs/cuda-emulation.md.
-#include "kernels/cpu/conv.h"  // check_conv2d_geometry
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
 
@@ -100,7 +99,7 @@ __global__ void col2im_kernel(ConvParams p, const T* columns, T* image) {
 }
 
 void check_args(const char* what, const Conv2dGeometry& g, int64_t images, const void* a, const void* b) {
-  cpu::check_conv2d_geometry(g);
+  check_conv2d_geometry(g);
   check(images >= 0, what, " (CUDA): the number of images must be non-negative, got ", images);
   check(g.column_rows() == 0 || images == 0 || (a != nullptr && b != nullptr), what, " (CUDA): null buffer");
 }

@@ -46,7 +46,6 @@
 #include <vector>
 
 #include "core/base/cuda_check.cuh"
-#include "kernels/cpu/conv.h"  // check_conv2d_geometry
 #include "kernels/cuda/handle_pool.h"
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/workspace.h"
@@ -211,7 +210,7 @@ struct Problem {
 
 Problem make_problem(const char* what, const Conv2dGeometry& g, int64_t batch, int64_t out_channels,
                      DType dtype) {
-  cpu::check_conv2d_geometry(g);
+  check_conv2d_geometry(g);
   check(dtype == DType::f32 || dtype == DType::f16 || dtype == DType::bf16, what,
         ": cuDNN conv2d takes f32, f16 or bf16, got ", dtype, " (f64 convolutions run as im2col + GEMM)");
   check(cudnn_conv2d_supported(g, batch, out_channels, dtype), what, ": batch ", batch, ", ", g.channels,

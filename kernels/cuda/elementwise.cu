@@ -60,7 +60,6 @@
 #include <cstring>
 #include <limits>
 
-#include "kernels/cpu/elementwise.h"  // the op names and properties
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
 
@@ -625,10 +624,10 @@ unsigned grid_of(int64_t n, const PackPlan& plan, int vec) { return grid_for(n, 
 }  // namespace
 
 void unary(cudaStream_t stream, UnaryOp op, const StridedView& in, const StridedView& out, double scalar) {
-  const char* name = cpu::unary_op_name(op);
+  const char* name = unary_op_name(op);
   check_same_shape(name, in, out);
   check_dtype(name, out, in.dtype);
-  check(is_floating(in.dtype) || (is_integral(in.dtype) && cpu::unary_op_accepts_integers(op)), name,
+  check(is_floating(in.dtype) || (is_integral(in.dtype) && unary_op_accepts_integers(op)), name,
         " (CUDA): unsupported dtype ", dtype_name(in.dtype));
   const int64_t n = out.numel();
   if (n == 0) return;
@@ -649,7 +648,7 @@ void unary(cudaStream_t stream, UnaryOp op, const StridedView& in, const Strided
 
 void unary_backward(cudaStream_t stream, UnaryOp op, const StridedView& grad_out, const StridedView& input,
                     const StridedView& output, const StridedView& grad_in, double scalar) {
-  const char* name = cpu::unary_op_name(op);
+  const char* name = unary_op_name(op);
   check_same_shape(name, grad_out, grad_in);
   check_dtype(name, grad_in, grad_out.dtype);
   // Which saved tensor the formula reads (kernels/cpu/elementwise.h's table).
@@ -679,8 +678,8 @@ void unary_backward(cudaStream_t stream, UnaryOp op, const StridedView& grad_out
 namespace {
 void binary_impl(cudaStream_t stream, BinaryOp op, const StridedView& a, const StridedView* b, double scalar,
                  const StridedView& out) {
-  const char* name = cpu::binary_op_name(op);
-  const bool to_bool = cpu::binary_op_returns_bool(op);
+  const char* name = binary_op_name(op);
+  const bool to_bool = binary_op_returns_bool(op);
   check_same_shape(name, a, out);
   if (b) {
     check_same_shape(name, *b, out);

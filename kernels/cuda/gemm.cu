@@ -81,7 +81,7 @@ void gemm(cudaStream_t stream, ScratchAllocator& scratch, const GemmArgs& a) {
 }
 
 void gemm_cublas(cudaStream_t stream, ScratchAllocator& scratch, const GemmArgs& a) {
-  cpu::check_gemm_args(a, "gemm (CUDA, cuBLAS)");
+  check_gemm_args(a, "gemm (CUDA, cuBLAS)");
   if (a.m == 0 || a.n == 0 || a.batch == 0) return;
   cudaDataType_t type;
   cublasComputeType_t compute;

@@ -723,11 +723,11 @@ bool aligned(const void* ptr, int64_t ld, int64_t batch_stride, int64_t batch, s
          (batch <= 1 || (static_cast<uint64_t>(batch_stride) * elem) % bytes == 0);
 }
 
-// The same checks as every gemm (kernels/cpu/gemm.h: check_gemm_args), plus the 32-bit limits of
+// The same checks as every gemm (kernels/kernel_args.h: check_gemm_args), plus the 32-bit limits of
 // the kernels.
 void validate(const GemmArgs& g, const char* step) {
   const std::string what = str_cat("gemm_ladder (", step, ")");
-  cpu::check_gemm_args(g, what.c_str());
+  check_gemm_args(g, what.c_str());
   // 32-bit tile arithmetic, with room for a tile past the end.
   constexpr int64_t kMaxSize = INT_MAX - 256;
   check(g.m <= kMaxSize && g.n <= kMaxSize && g.k <= kMaxSize, what, ": m=", g.m, " n=", g.n, " k=", g.k,

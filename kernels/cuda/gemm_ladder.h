@@ -1,8 +1,9 @@
 // The hand-written GEMM ladder (kernels/cuda/gemm_ladder.cu) and how matmul picks a GEMM.
 //
-// Four kernels that compute what cuBLAS computes (kernels/cpu/gemm.h's semantics: row-major,
-// trans_a/trans_b, leading dimensions, batch strides with 0 = broadcast, alpha and beta, beta == 0
-// never reads C, alpha == 0 never reads A or B), each one step faster than the last:
+// Four kernels that compute what cuBLAS computes (GemmArgs of kernels/kernel_args.h, with the
+// semantics of kernels/cpu/gemm.h: row-major, trans_a/trans_b, leading dimensions, batch strides
+// with 0 = broadcast, alpha and beta, beta == 0 never reads C, alpha == 0 never reads A or B),
+// each one step faster than the last:
 //
 //   naive           f32   one thread per element of C, operands straight from global memory
 //   smem_tiled      f32   32 x 32 tiles of A and B staged in shared memory, one output per thread
@@ -33,8 +34,8 @@
 
 #include "core/base/dtype.h"
 #include "core/base/error.h"
-#include "kernels/cpu/gemm.h"
 #include "kernels/cuda/stream.h"
+#include "kernels/kernel_args.h"
 
 namespace mg::kernels::cuda {
 

@@ -26,7 +26,6 @@
 //
 // One kernel per (dtype, direction, kind): 4 dtypes x 4 kernels.
 // Also runs on the CPU under the emulator (MG_CUDA=EMULATE): see docs/cuda-emulation.md.
-#include "kernels/cpu/pool.h"  // check_pool2d_geometry
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
 
@@ -158,7 +157,7 @@ __global__ void avg_backward_kernel(PoolParams p, const T* grad_output, T* grad_
 }
 
 void check_args(const Pool2dGeometry& g, const char* what, const void* in, const void* out) {
-  cpu::check_pool2d_geometry(g);
+  check_pool2d_geometry(g);
   check(g.planes * g.height * g.width == 0 || (in != nullptr && out != nullptr), what,
         " (CUDA): null buffer");
 }

@@ -36,7 +36,6 @@
 #include <algorithm>
 #include <cmath>
 
-#include "kernels/cpu/reduce.h"  // reduce_op_name
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/workspace.h"
@@ -223,7 +222,7 @@ __global__ void reduce_finish_kernel(int op, int64_t outer, int64_t reduce, int6
 
 void reduce(cudaStream_t stream, ScratchAllocator& scratch, ReduceOp op, const ReduceShape& shape,
             const void* input, DType in_dtype, void* output, DType out_dtype, int64_t correction) {
-  const char* name = cpu::reduce_op_name(op);
+  const char* name = reduce_op_name(op);
   const bool arg = op == ReduceOp::Argmax || op == ReduceOp::Argmin;
   check(shape.reduce > 0 || !(arg || op == ReduceOp::Max || op == ReduceOp::Min), name,
         " (CUDA): cannot reduce over an empty dimension (no identity)");

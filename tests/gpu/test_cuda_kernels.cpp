@@ -49,7 +49,7 @@ TEST_CASE("cuda unary and unary_backward match the CPU", "[gpu][elementwise]") {
       if (transposed) x = x.t();
       const Tensor xg = x.to(gpu());
       for (UnaryOp op : float_ops) {
-        INFO("op " << kernels::cpu::unary_op_name(op) << " dtype " << dt << " transposed " << transposed);
+        INFO("op " << kernels::unary_op_name(op) << " dtype " << dt << " transposed " << transposed);
         const double p = 1.7;
         Tensor ref = empty(x.shape(), TensorOptions{dt});
         kernels::cpu::unary(op, x.view_for_kernel(), ref.view_for_kernel(), p);
@@ -78,7 +78,7 @@ TEST_CASE("cuda unary and unary_backward match the CPU", "[gpu][elementwise]") {
   for (DType dt : {DType::i32, DType::i64}) {
     const Tensor x = mul(random_cpu({1000}, DType::f32), 50.0).to(dt), xg = x.to(gpu());
     for (UnaryOp op : {UnaryOp::Neg, UnaryOp::Abs, UnaryOp::Relu, UnaryOp::Square, UnaryOp::Sign}) {
-      INFO("op " << kernels::cpu::unary_op_name(op) << " dtype " << dt);
+      INFO("op " << kernels::unary_op_name(op) << " dtype " << dt);
       Tensor ref = empty(x.shape(), TensorOptions{dt});
       kernels::cpu::unary(op, x.view_for_kernel(), ref.view_for_kernel());
       Tensor out = poisoned(x.shape(), dt, gpu());
@@ -107,8 +107,8 @@ TEST_CASE("cuda binary ops with broadcasting and strides match the CPU", "[gpu][
           BinaryOp::LogicalAnd, BinaryOp::LogicalOr}) {
       if (op == BinaryOp::Div && !is_floating(dt)) continue;
       if (op == BinaryOp::Pow && !is_floating(dt)) continue;  // covered below with small values
-      INFO("op " << kernels::cpu::binary_op_name(op) << " dtype " << dt);
-      const DType out_dt = kernels::cpu::binary_op_returns_bool(op) ? DType::boolean : dt;
+      INFO("op " << kernels::binary_op_name(op) << " dtype " << dt);
+      const DType out_dt = kernels::binary_op_returns_bool(op) ? DType::boolean : dt;
       const Tensor x = op == BinaryOp::Pow ? abs(av).to(dt) : av;
       const Tensor xg = op == BinaryOp::Pow ? abs(ag).to(dt) : ag;
       Tensor ref = empty(out_shape, TensorOptions{out_dt});
@@ -262,7 +262,7 @@ TEST_CASE("cuda reductions match the CPU", "[gpu][reduce]") {
         const DType out_dt =
             arg ? DType::i64
                 : ((op == ReduceOp::Sum || op == ReduceOp::Prod) && !is_floating(dt) ? DType::i64 : dt);
-        INFO("op " << kernels::cpu::reduce_op_name(op) << " dtype " << dt << " shape [" << s.outer << ", "
+        INFO("op " << kernels::reduce_op_name(op) << " dtype " << dt << " shape [" << s.outer << ", "
                    << s.reduce << ", " << s.inner << "]");
         Tensor ref = empty({s.outer, s.inner}, TensorOptions{out_dt});
         kernels::cpu::reduce(op, s, in.data_ptr(), dt, ref.data_ptr(), out_dt, 1);

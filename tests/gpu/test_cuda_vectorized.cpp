@@ -121,7 +121,7 @@ TEST_CASE("vectorized: unary at every length and misalignment", "[gpu][vectorize
       const Tensor base = random_base(n, c.dtype), base_g = base.to(gpu());
       for (int64_t o_in = 0; o_in < 4; ++o_in) {
         for (int64_t o_out : {o_in, (o_in + 1) % 4}) {  // same offset: packs + head; different: scalar path
-          INFO("unary " << kernels::cpu::unary_op_name(c.op) << " " << c.dtype << " n " << n << " in offset "
+          INFO("unary " << kernels::unary_op_name(c.op) << " " << c.dtype << " n " << n << " in offset "
                         << o_in << " out offset " << o_out);
           const Tensor in = at(base, o_in, n), in_g = at(base_g, o_in, n);
           Tensor ref = empty({n}, TensorOptions{c.dtype});
@@ -174,12 +174,12 @@ TEST_CASE("vectorized: binary and binary_scalar at every length and misalignment
       const Tensor a_g = a.to(gpu()), b_g = b.to(gpu());
       for (int64_t o = 0; o < 4; ++o) {
         for (BinaryOp op : {BinaryOp::Add, BinaryOp::Mul, BinaryOp::Lt}) {
-          const bool to_bool = kernels::cpu::binary_op_returns_bool(op);
+          const bool to_bool = kernels::binary_op_returns_bool(op);
           const DType out_dt = to_bool ? DType::boolean : dt;
           // a and out at offset o; b at o (packs) or at o + 1 (scalar fallback).
           for (int64_t o_b : {o, (o + 1) % 4}) {
             if (op != BinaryOp::Add && o_b != o) continue;
-            INFO("binary " << kernels::cpu::binary_op_name(op) << " " << dt << " n " << n << " offset " << o
+            INFO("binary " << kernels::binary_op_name(op) << " " << dt << " n " << n << " offset " << o
                            << " b offset " << o_b);
             const Tensor x = at(a, o, n), y = at(b, o_b, n);
             Tensor ref = empty({n}, TensorOptions{out_dt});
@@ -197,11 +197,10 @@ TEST_CASE("vectorized: binary and binary_scalar at every length and misalignment
           }
         }
         for (BinaryOp op : {BinaryOp::Mul, BinaryOp::Gt}) {
-          const bool to_bool = kernels::cpu::binary_op_returns_bool(op);
+          const bool to_bool = kernels::binary_op_returns_bool(op);
           const DType out_dt = to_bool ? DType::boolean : dt;
           const double s = is_floating(dt) ? -0.75 : 3.0;
-          INFO("binary_scalar " << kernels::cpu::binary_op_name(op) << " " << dt << " n " << n << " offset "
-                                << o);
+          INFO("binary_scalar " << kernels::binary_op_name(op) << " " << dt << " n " << n << " offset " << o);
           const Tensor x = at(a, o, n), xg = at(a_g, o, n);
           Tensor ref = empty({n}, TensorOptions{out_dt});
           kernels::cpu::binary_scalar(op, x.view_for_kernel(), s, ref.view_for_kernel());

@@ -123,7 +123,7 @@ void avoid_zero(std::vector<double>& v, double gap) {
 template <class T>
 void check_unary_against_std(double rel, double abs) {
   for (const auto& c : unary_cases()) {
-    INFO("op " << cpu::unary_op_name(c.op) << " p " << c.p << " dtype " << mg::dtype_of<T>());
+    INFO("op " << mg::kernels::unary_op_name(c.op) << " p " << c.p << " dtype " << mg::dtype_of<T>());
     auto xd = uniform(257, c.lo, c.hi, 7);
     avoid_zero(xd, 1e-3);
     std::vector<T> x = cast_vec<T>(xd), y(x.size());
@@ -219,8 +219,8 @@ TEST_CASE("unary_backward matches central finite differences in f64", "[kernels]
                         c.p);
     for (int64_t i = 0; i < n; ++i) {
       const double fd = g[i] * (yp[i] - ym[i]) / (2 * h);
-      INFO("op " << cpu::unary_op_name(c.op) << " p " << c.p << " x " << x[i] << " grad " << gi[i] << " fd "
-                 << fd);
+      INFO("op " << mg::kernels::unary_op_name(c.op) << " p " << c.p << " x " << x[i] << " grad " << gi[i]
+                 << " fd " << fd);
       REQUIRE(close(gi[i], fd, 1e-6, 1e-7));
       REQUIRE(close(gi_no_output[i], gi[i], 1e-12, 1e-14));
     }
@@ -296,7 +296,7 @@ std::vector<T> grid_values(int64_t n, uint32_t seed) {
 template <class T>
 void check_binary_layout(BinaryOp op, std::vector<T>& a, std::vector<int64_t> sa, std::vector<T>& b,
                          std::vector<int64_t> sb, bool transposed_out) {
-  const bool boolean = cpu::binary_op_returns_bool(op);
+  const bool boolean = mg::kernels::binary_op_returns_bool(op);
   const bool integer = std::is_integral<T>::value;
   std::vector<T> out_t(12);
   std::unique_ptr<bool[]> out_b(new bool[12]());
@@ -311,7 +311,7 @@ void check_binary_layout(BinaryOp op, std::vector<T>& a, std::vector<int64_t> sa
       const double got = boolean ? static_cast<double>(out_b[k]) : static_cast<double>(out_t[k]);
       double want = ref_binary(op, x, y, integer);
       if (!boolean && std::is_same<T, float>::value) want = static_cast<float>(want);
-      INFO("op " << cpu::binary_op_name(op) << " x " << x << " y " << y << " got " << got << " want "
+      INFO("op " << mg::kernels::binary_op_name(op) << " x " << x << " y " << y << " got " << got << " want "
                  << want);
       REQUIRE(close(got, want, std::is_same<T, float>::value ? 1e-6 : 1e-15));
     }

@@ -98,7 +98,7 @@ void check_op(ReduceOp op, const ReduceShape& s, const std::vector<double>& xd, 
   reduce(op, s, x.data(), mg::dtype_of<T>(), out.get(), mg::dtype_of<Out>(), correction);
   for (size_t k = 0; k < want.size(); ++k) {
     const double got = static_cast<double>(static_cast<mg::acc_t<Out>>(out[k]));
-    INFO(mg::kernels::cpu::reduce_op_name(op)
+    INFO(mg::kernels::reduce_op_name(op)
          << " " << mg::dtype_of<T>() << " shape [" << s.outer << ", " << s.reduce << ", " << s.inner << "] k "
          << k << " got " << got << " want " << want[k]);
     if (std::isnan(want[k])) {
