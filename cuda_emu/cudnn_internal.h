@@ -43,16 +43,6 @@ struct cudnnConvolutionStruct {
 
 namespace mg_emu::cudnn {
 
-using mg_emu::bf16_to_float;
-using mg_emu::Elem;
-using mg_emu::elem_bytes;
-using mg_emu::float_to_bf16;
-using mg_emu::float_to_half;
-using mg_emu::half_to_float;
-using mg_emu::load;
-using mg_emu::store;
-using mg_emu::to_tf32;
-
 // ---- object registries and the last error -----------------------------------------------------
 template <class T>
 struct Registry {
