@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "cuda_emu/cuda_emulated.h"
+#include "cuda_emu/trace.h"
 
 thread_local uint3 threadIdx MG_EMU_TLS;
 thread_local uint3 blockIdx MG_EMU_TLS;
@@ -175,6 +176,7 @@ int linear_of(const EmuThread& t) { return static_cast<int>(&t - t_block->thread
 void enter(EmuThread& t) {
   t_block->current = &t;
   threadIdx = t.idx;
+  trace_switch_thread(static_cast<int>(&t - t_block->threads.data()));
 }
 
 // From a thread: give the OS thread back to the scheduler until someone makes this thread ready.
@@ -261,6 +263,7 @@ void open_block_barrier(Block& b) {
   }
   b.at_barrier = 0;
   ++b.barrier_epoch;
+  trace_barrier_opened();  // the profiler: every request made before the barrier is complete
 }
 
 std::vector<int> make_order(int n, ThreadOrder order, uint64_t seed) {
@@ -276,7 +279,8 @@ std::vector<int> make_order(int n, ThreadOrder order, uint64_t seed) {
 
 }  // namespace
 
-std::string run_block(const Launch& launch, uint3 block_index, ThreadOrder order, uint64_t seed) {
+std::string run_block(const Launch& launch, uint3 block_index, ThreadOrder order, uint64_t seed,
+                      LaunchTrace* trace, uint64_t linear_block) {
   Block b;
   b.launch = &launch;
   b.index = block_index;
@@ -292,6 +296,7 @@ std::string run_block(const Launch& launch, uint3 block_index, ThreadOrder order
   b.live = b.size;
   t_dynamic_shared.assign(launch.dynamic_shared_bytes, 0xff);  // a NaN in every float format
   b.serial = ++g_block_serial;
+  BlockTraceScope traced(trace, linear_block, b.size, t_dynamic_shared.data(), t_dynamic_shared.size());
 
   Block* outer = t_block;
   t_block = &b;
@@ -325,6 +330,7 @@ std::string run_block(const Launch& launch, uint3 block_index, ThreadOrder order
     }
   }
   t_block = outer;
+  if (b.fault.empty()) traced.finish(b.static_shared_bytes);
   // Fibers still suspended (after a fault) are unwound here, as `b` goes away.
   return b.fault.empty() ? std::string() : "block " + coords(block_index) + ", " + b.fault;
 }
@@ -482,6 +488,7 @@ void claim_static_shared(uint64_t* claimed_by, void* storage, size_t bytes, cons
   *claimed_by = b.serial;
   std::memset(storage, 0xff, bytes);  // a NaN in every float format, as dynamic shared memory
   b.static_shared_bytes += bytes;
+  trace_static_shared(storage, bytes);
   // A GPU refuses the launch ("too many resources requested"): static arrays may have 48 KiB, and
   // static + dynamic 48 KiB unless the kernel opted in (cudaFuncSetAttribute), then 227 KiB. The
   // emulator sees the static arrays only as they are first used, so it stops the grid here.
@@ -537,6 +544,8 @@ void cp_async_16(void* shared_dst, const void* global_src, const char* file, int
   if (reinterpret_cast<uintptr_t>(dst) % 16 || reinterpret_cast<uintptr_t>(global_src) % 16)
     device_fault("cp.async (16 bytes): source and destination must be 16-byte aligned", file, line);
   shared_address_of(dst, file, line);
+  trace_emulated(global_src, 16, profile::Op::cp_async, file, line, 0);
+  trace_emulated(dst, 16, profile::Op::cp_async, file, line, 1);
   PendingCopy c;
   c.dst = dst;
   std::memcpy(c.bytes, global_src, 16);

@@ -13,6 +13,9 @@ enum class ThreadOrder : int { forward = 0, reverse = 1, shuffled = 2 };
 
 // Runs every thread of block `block_index` of `launch` to completion. Returns "" on success, or
 // the fault ("block (1,0,0), thread (37,0,0): __syncthreads() at softmax.cu:120 ...").
-std::string run_block(const Launch& launch, uint3 block_index, ThreadOrder order, uint64_t seed);
+// `trace` (nullptr: not profiling) decides whether the block, `linear_block` of the grid, is traced.
+struct LaunchTrace;
+std::string run_block(const Launch& launch, uint3 block_index, ThreadOrder order, uint64_t seed,
+                      LaunchTrace* trace = nullptr, uint64_t linear_block = 0);
 
 }  // namespace mg_emu

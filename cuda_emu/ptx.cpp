@@ -24,6 +24,7 @@
 #include <cstring>
 
 #include "cuda_emu/cuda_emulated.h"
+#include "cuda_emu/trace.h"
 
 namespace mg_emu {
 namespace {
@@ -88,7 +89,8 @@ void complete_mma(WarpLane (&lanes)[32], uint32_t, WarpOpArgs args) {
 
 void ldmatrix_x4(uint32_t (&r)[4], uint32_t shared_address, bool trans, const char* file, int line) {
   if (shared_address % 16 != 0) device_fault("ldmatrix: a row address must be 16-byte aligned", file, line);
-  shared_pointer_of(shared_address, 16, file, line);  // in bounds, or a fault naming this lane
+  const unsigned char* row = shared_pointer_of(shared_address, 16, file, line);  // in bounds, or a fault
+  trace_emulated(row, 16, profile::Op::ldmatrix, file, line);
   const uint32_t in[1] = {shared_address};
   warp_collective(trans ? "ldmatrix.x4.trans" : "ldmatrix.x4", 0xffffffffu, WarpOpArgs{trans ? 1 : 0}, in, 1,
                   r, 4, complete_ldmatrix, file, line);
@@ -96,6 +98,7 @@ void ldmatrix_x4(uint32_t (&r)[4], uint32_t shared_address, bool trans, const ch
 
 void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, bool bf16,
                   const char* file, int line) {
+  trace_emulated(nullptr, 0, profile::Op::mma, file, line);
   uint32_t in[10] = {a[0], a[1], a[2], a[3], b0, b1};
   for (int e = 0; e < 4; ++e) in[6 + e] = static_cast<uint32_t>(to_bits(d[e]));
   uint32_t out[4];

@@ -11,8 +11,11 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace mg_emu {
 
@@ -31,6 +34,9 @@ int current_device();
 
 // True when [p, p + bytes) lies inside one live device allocation (of any emulated device).
 bool is_device_range(const void* p, size_t bytes);
+// Every live device allocation as [start, end) (guard bytes included: an overrun is still a
+// global access), sorted by start: the profiler's snapshot at a launch.
+std::vector<std::pair<uintptr_t, uintptr_t>> device_ranges();
 
 // The device a live device allocation containing p belongs to, or -1 when p is not device memory.
 int device_of_pointer(const void* p);

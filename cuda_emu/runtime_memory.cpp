@@ -172,6 +172,14 @@ bool is_device_range(const void* p, size_t bytes) {
   return a != nullptr && a->kind == Kind::device;
 }
 
+std::vector<std::pair<uintptr_t, uintptr_t>> device_ranges() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  std::vector<std::pair<uintptr_t, uintptr_t>> ranges;
+  for (const auto& [start, a] : g_allocations)  // a std::map: sorted by start
+    if (a.kind == Kind::device) ranges.emplace_back(start, start + a.bytes + kGuardBytes);
+  return ranges;
+}
+
 bool is_pinned_range(const void* p, size_t bytes) {
   std::lock_guard<std::mutex> lock(g_mutex);
   const Allocation* a = find(p, bytes);

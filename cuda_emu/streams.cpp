@@ -32,6 +32,7 @@
 #include "cuda_emu/block_scheduler.h"
 #include "cuda_emu/emulator.h"
 #include "cuda_emu/runtime_internal.h"
+#include "cuda_emu/trace.h"
 
 // The runtime's opaque handle types, defined here (no driver is ever involved).
 struct CUstream_st {
@@ -148,6 +149,7 @@ uint64_t tail(CUstream_st* s) {
 // ---- block workers ----------------------------------------------------------------------------
 struct Grid {
   std::shared_ptr<const Launch> launch;
+  std::shared_ptr<LaunchTrace> trace;  // when a profile is running (trace.h)
   ThreadOrder order;
   uint64_t seed;
   uint64_t blocks;
@@ -187,10 +189,11 @@ class BlockWorkers {
     for (;;) {
       const uint64_t b = g.next.fetch_add(1);
       if (b >= g.blocks) return;
-      if (!g.failed.load()) {
+      const bool skipped = g.trace && trace_skips_untraced_blocks(*g.trace) && !trace_block_is_traced(*g.trace, b);
+      if (!g.failed.load() && !skipped) {
         const uint3 index{static_cast<unsigned>(b % grid.x), static_cast<unsigned>(b / grid.x % grid.y),
                           static_cast<unsigned>(b / (uint64_t(grid.x) * grid.y))};
-        std::string fault = run_block(*g.launch, index, g.order, g.seed * 1000003u + b);
+        std::string fault = run_block(*g.launch, index, g.order, g.seed * 1000003u + b, g.trace.get(), b);
         if (!fault.empty()) {
           std::lock_guard<std::mutex> lock(g.mutex);
           if (!g.failed.exchange(true)) g.fault = std::move(fault);
@@ -370,13 +373,16 @@ cudaError_t launch(Launch l) {
   const uint64_t number = g_launch_number.fetch_add(1);
   auto shared = std::make_shared<Launch>(std::move(l));
   const ThreadOrder order = next_order(number);
-  enqueue(shared->stream, "kernel", [shared, order, number] {
+  std::shared_ptr<LaunchTrace> trace = trace_new_launch(*shared);
+  enqueue(shared->stream, "kernel", [shared, order, number, trace] {
     auto grid = std::make_shared<Grid>();
     grid->launch = shared;
+    grid->trace = trace;
     grid->order = order;
     grid->seed = number;
     grid->blocks = uint64_t(shared->grid.x) * shared->grid.y * shared->grid.z;
     workers().run(grid);
+    if (trace) trace_launch_done(*trace);
     if (grid->failed.load())
       throw std::runtime_error("kernel " + std::string(shared->kernel_name) + ", " + grid->fault);
     const std::string overflow = check_guards(current_device());

@@ -1,0 +1,91 @@
+// The emulator as a GPU profiler: what the memory system would do for each kernel launch.
+//
+// In the emulation build the kernels are also compiled a second time with the compiler's memory-
+// access instrumentation (g++ -fsanitize=thread, without the ThreadSanitizer runtime: the
+// callbacks are cuda_emu/trace_hooks.cpp) into libmultigrad_traced, which bench_kernels and the
+// profiling tests link. Every load, store and atomic a kernel makes then reaches the emulator with
+// its address, width and call site; libmultigrad itself (and every other test) is untouched.
+//
+// Between begin() and end(), each launch is traced (cuda_emu/trace.cpp): the accesses the lanes of
+// one warp make at the same dynamic instance of one instruction (same call site, same occurrence
+// in each lane) form one request, as the hardware forms it. Per instruction and per launch:
+//   global memory  requests and the 32-byte sectors they touch (Nsight Compute:
+//                  l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum, ..._requests_...); sector
+//                  efficiency = distinct bytes the lanes asked for / (sectors x 32);
+//   shared memory  requests and wavefronts: 32 banks of 4 bytes, a request takes as many
+//                  wavefronts as the most distinct words one bank must serve (a word many lanes
+//                  read is a broadcast: free); `ideal_wavefronts` is what the bytes need at best;
+//   DRAM           each sector's first touch in the launch (an infinite L2) and, separately, the
+//                  misses and dirty evictions of an LRU L2 of the H200's 50 MB, blocks taken in
+//                  launch order (the L2 starts cold at each launch);
+//   tensor cores   mma.m16n8k16, ldmatrix.x4 and cp.async instructions (warp-level).
+// Tracing every block of a big grid is slow: Options::max_traced_blocks traces the first blocks
+// in launch order and scales the totals by blocks / traced_blocks (LaunchProfile::scale).
+//
+// These are counts of what the kernel asks for, not of a GPU: no L1 hits, no latency, no timing.
+// Turning them into an H200 time is cuda_emu/h200_model.h. docs/performance-model.md explains both.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace mg_emu::profile {
+
+struct Options {
+  uint64_t max_traced_blocks = 0;     // per launch: trace the first N blocks; 0 = every block
+  bool skip_untraced_blocks = false;  // run only the traced blocks (the outputs are then wrong:
+                                      // for counting shapes too big to emulate whole)
+  uint64_t l2_bytes = 50ull * 1000 * 1000;  // the LRU model's capacity (H200: 50 MB of L2)
+};
+
+enum class Space : uint8_t { global, shared, none };
+enum class Op : uint8_t { load, store, atomic, ldmatrix, mma, cp_async };
+const char* name_of(Op op);
+
+// One kind of access: summed over requests (warp-level) of the traced blocks.
+struct AccessCounts {
+  double requests = 0;
+  double lanes = 0;             // lane-level accesses
+  double bytes = 0;             // distinct bytes the lanes of each request asked for, summed
+  double sectors = 0;           // global: 32-byte sectors the requests touched
+  double wavefronts = 0;        // shared
+  double ideal_wavefronts = 0;  // shared: ceil(distinct words / 32) per request
+  void add(const AccessCounts& o);
+};
+
+// One instruction (call site) of one launch, over the traced blocks (not scaled).
+struct SiteCounts {
+  std::string where;  // "softmax.cu:120", resolved from the call site when the profile ends
+  Space space = Space::none;
+  Op op = Op::load;
+  AccessCounts counts;
+};
+
+struct LaunchProfile {
+  std::string kernel;  // "mg::kernels::cuda::{anonymous}::softmax_rows_kernel<float>"
+  dim3 grid, block;
+  uint64_t blocks = 0, traced_blocks = 0;
+  uint64_t shared_bytes_per_block = 0;  // dynamic + static shared_array()s
+  double scale = 1;                     // blocks / traced_blocks: every total below is scaled
+  AccessCounts global_load, global_store, global_atomic, shared_load, shared_store, shared_atomic;
+  double mma = 0, ldmatrix = 0, cp_async = 0;  // warp-level instructions
+  double tensor_flops = 0;                     // 2 * 16 * 8 * 16 per mma.m16n8k16
+  double dram_read_first_touch = 0, dram_write_first_touch = 0;  // bytes, infinite L2
+  double dram_read_lru = 0, dram_write_lru = 0;                  // bytes, LRU L2 of Options::l2_bytes
+  std::vector<SiteCounts> sites;                                 // most sectors/wavefronts first
+
+  double dram_bytes_first_touch() const { return dram_read_first_touch + dram_write_first_touch; }
+  double dram_bytes_lru() const { return dram_read_lru + dram_write_lru; }
+};
+
+// True when this program's kernels were compiled with access tracing (it links libmultigrad_traced).
+bool available();
+// Starts tracing every launch made from now on, on every emulated device.
+void begin(const Options& options = Options{});
+// Waits for every emulated device, stops tracing and returns one profile per launch, in launch order.
+std::vector<LaunchProfile> end();
+
+}  // namespace mg_emu::profile

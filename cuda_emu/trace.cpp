@@ -1,0 +1,541 @@
+// The tracer: lane accesses -> warp requests -> sectors, wavefronts and DRAM bytes (profiler.h).
+//
+// How a request is formed. The emulator runs the threads of a block one after another between
+// barriers, so the 32 accesses a warp makes at once on a GPU arrive here one lane at a time, far
+// apart. What ties them together is the instruction and its dynamic instance: lane 7's 5th
+// execution of the load at pc P is the same warp instruction as lane 0's 5th execution of it (the
+// lanes of a warp run in lock step through convergent code). So each lane counts its executions
+// per call site, and (site, occurrence) names a request of its warp:
+//
+//   lane 0:  P#0  P#1  Q#0 ...        request (P,#0) <- lane 0, lane 1, ..., lane 31
+//   lane 1:  P#0  P#1  Q#0 ...        request (P,#1) <- lane 0, lane 1, ..., lane 31
+//
+// A request is complete once every lane has gone past it; all are at a __syncthreads() and at the
+// block's end, where the open ones are flushed into the counters.
+//
+//   global: sectors = distinct 32-byte sectors any lane's bytes fall in; its bytes join the
+//           block's first-touch list, which the DRAM models read in launch order at the end.
+//   shared: 32 banks of 4-byte words (bank = word % 32). A bank serves one word per wavefront, so
+//           a request needs max over banks of the distinct words it must serve; lanes reading the
+//           same word share it (a broadcast). 16-byte accesses cover 4 words each: 4 wavefronts
+//           at best, as on the hardware (ideal_wavefronts = ceil(distinct words / 32)).
+#include "cuda_emu/trace.h"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <list>
+#include <map>
+#include <mutex>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "cuda_emu/runtime_internal.h"
+
+namespace mg_emu {
+
+using profile::AccessCounts;
+using profile::Op;
+using profile::Space;
+
+thread_local BlockTrace* t_block_trace __attribute__((tls_model("initial-exec"))) = nullptr;
+
+namespace {
+
+constexpr uint64_t kSector = 32;
+constexpr uintptr_t kEmulatedSite = uintptr_t(1) << 63;  // file:line sites; pcs are below
+
+// A site's identity in the counters: its kind of access and where it is.
+struct SiteTotals {
+  Space space = Space::none;
+  Op op = Op::load;
+  AccessCounts counts;
+};
+
+struct BlockSectors {  // one traced block's global sectors in first-touch order
+  uint64_t block = 0;
+  std::vector<uint64_t> sectors;  // sector << 2 | 1 (first touch a read) | 2 (written)
+};
+
+// file:line of the emulated instructions, interned (ids stable for the process).
+std::mutex g_sites_mutex;
+std::map<std::pair<const char*, int>, uintptr_t> g_site_ids;
+std::vector<std::pair<const char*, int>> g_site_names;
+
+uintptr_t emulated_site(const char* file, int line, int part) {
+  std::lock_guard<std::mutex> lock(g_sites_mutex);
+  auto [it, fresh] = g_site_ids.try_emplace({file, line}, g_site_names.size());
+  if (fresh) g_site_names.emplace_back(file, line);
+  return kEmulatedSite | (it->second << 1) | uintptr_t(part & 1);
+}
+
+struct Profiling {
+  std::mutex mutex;
+  bool active = false;
+  bool instrumented = false;
+  profile::Options options;
+  std::vector<std::shared_ptr<LaunchTrace>> launches;
+};
+Profiling& profiling() {
+  static Profiling* p = new Profiling;  // never destroyed: block workers may outlive main
+  return *p;
+}
+
+}  // namespace
+
+struct LaunchTrace {
+  profile::LaunchProfile result;
+  profile::Options options;
+  std::vector<std::pair<uintptr_t, uintptr_t>> global;  // device allocations at the launch
+  std::mutex mutex;                                     // guards what blocks merge in below
+  std::unordered_map<uintptr_t, SiteTotals> sites;
+  std::vector<BlockSectors> blocks;
+  uint64_t static_shared_bytes = 0;
+
+  bool is_global(uintptr_t a) const {
+    auto it = std::upper_bound(global.begin(), global.end(), std::make_pair(a, UINTPTR_MAX));
+    return it != global.begin() && a < std::prev(it)->second;
+  }
+};
+
+class BlockTrace {
+ public:
+  BlockTrace(LaunchTrace* launch, uint64_t linear, int threads, const void* dynamic_shared, size_t dynamic_bytes)
+      : launch_(launch), linear_(linear), occurrences_(static_cast<size_t>(threads)),
+        pending_(static_cast<size_t>((threads + 31) / 32)) {
+    if (dynamic_bytes > 0) {
+      const uintptr_t d = reinterpret_cast<uintptr_t>(dynamic_shared);
+      shared_.emplace_back(d, d + dynamic_bytes);
+    }
+  }
+
+  void set_thread(int linear) { current_ = linear; }
+  void add_shared(const void* p, size_t bytes) {
+    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+    shared_.emplace_back(a, a + bytes);
+  }
+
+  void access(uintptr_t address, unsigned bytes, Op op, uintptr_t site, bool emulated_op) {
+    Space space = Space::none;
+    if (!emulated_op || bytes > 0) {
+      if (is_shared(address)) {
+        space = Space::shared;
+      } else if (launch_->is_global(address)) {
+        space = Space::global;
+      } else {
+        return;  // a register spill, the stack, the kernel's arguments: not memory a GPU kernel sees
+      }
+    }
+    const uint32_t occurrence = occurrences_[static_cast<size_t>(current_)][site]++;
+    Pending& p = pending_[static_cast<size_t>(current_ / 32)][Key{site, occurrence}];
+    p.space = space;
+    p.op = op;
+    p.lanes.push_back(LaneAccess{address, bytes});
+  }
+
+  // Every request so far is complete (a barrier, or the block's end). Counted in a fixed order
+  // (warp, occurrence, site), so that the first-touch order the LRU model sees is reproducible.
+  void flush() {
+    std::vector<std::pair<Key, Pending*>> open;
+    for (auto& warp : pending_) {
+      open.clear();
+      for (auto& [key, p] : warp) open.emplace_back(key, &p);
+      std::sort(open.begin(), open.end(), [](const auto& a, const auto& b) {
+        return a.first.occurrence != b.first.occurrence ? a.first.occurrence < b.first.occurrence
+                                                        : a.first.site < b.first.site;
+      });
+      for (auto& [key, p] : open) count(key.site, *p);
+      warp.clear();
+    }
+  }
+
+  void finish(size_t static_shared_bytes) {
+    flush();
+    std::lock_guard<std::mutex> lock(launch_->mutex);
+    for (auto& [site, t] : sites_) {
+      SiteTotals& into = launch_->sites[site];
+      into.space = t.space;
+      into.op = t.op;
+      into.counts.add(t.counts);
+    }
+    launch_->blocks.push_back(BlockSectors{linear_, std::move(sectors_)});
+    launch_->static_shared_bytes = std::max<uint64_t>(launch_->static_shared_bytes, static_shared_bytes);
+  }
+
+ private:
+  struct Key {
+    uintptr_t site;
+    uint32_t occurrence;
+    bool operator==(const Key& o) const { return site == o.site && occurrence == o.occurrence; }
+  };
+  struct KeyHash {
+    size_t operator()(const Key& k) const { return std::hash<uintptr_t>()(k.site * 31 + k.occurrence); }
+  };
+  struct LaneAccess {
+    uintptr_t address;
+    unsigned bytes;
+  };
+  struct Pending {
+    Space space = Space::none;
+    Op op = Op::load;
+    std::vector<LaneAccess> lanes;
+  };
+
+  bool is_shared(uintptr_t a) const {
+    for (const auto& [begin, end] : shared_)
+      if (a >= begin && a < end) return true;
+    return false;
+  }
+
+  // Distinct bytes the lanes asked for (overlaps, as in a broadcast, counted once).
+  static uint64_t distinct_bytes(std::vector<LaneAccess>& lanes) {
+    std::sort(lanes.begin(), lanes.end(),
+              [](const LaneAccess& a, const LaneAccess& b) { return a.address < b.address; });
+    uint64_t total = 0;
+    uintptr_t covered = 0;  // bytes below this address are counted
+    for (const LaneAccess& l : lanes) {
+      const uintptr_t begin = std::max(l.address, covered), end = l.address + l.bytes;
+      if (end > begin) total += end - begin;
+      covered = std::max(covered, end);
+    }
+    return total;
+  }
+
+  void count(uintptr_t site, Pending& p) {
+    SiteTotals& t = sites_[site];
+    t.space = p.space;
+    t.op = p.op;
+    AccessCounts& c = t.counts;
+    c.requests += 1;
+    c.lanes += static_cast<double>(p.lanes.size());
+    if (p.space == Space::none) return;  // mma: an instruction, no memory
+    c.bytes += static_cast<double>(distinct_bytes(p.lanes));
+    if (p.space == Space::global) {
+      std::vector<uint64_t> sectors;
+      for (const LaneAccess& l : p.lanes)
+        for (uint64_t s = l.address / kSector; s <= (l.address + std::max(l.bytes, 1u) - 1) / kSector; ++s)
+          sectors.push_back(s);
+      std::sort(sectors.begin(), sectors.end());
+      sectors.erase(std::unique(sectors.begin(), sectors.end()), sectors.end());
+      c.sectors += static_cast<double>(sectors.size());
+      const bool reads = p.op != Op::store, writes = p.op == Op::store || p.op == Op::atomic;
+      for (uint64_t s : sectors) {
+        auto [it, fresh] = sector_index_.try_emplace(s, sectors_.size());
+        if (fresh) sectors_.push_back(s << 2 | (reads ? 1 : 0));
+        if (writes) sectors_[it->second] |= 2;
+      }
+    } else {
+      std::vector<uint64_t> words;
+      for (const LaneAccess& l : p.lanes)
+        for (uint64_t w = l.address / 4; w <= (l.address + std::max(l.bytes, 1u) - 1) / 4; ++w)
+          words.push_back(w);
+      std::sort(words.begin(), words.end());
+      words.erase(std::unique(words.begin(), words.end()), words.end());
+      int per_bank[32] = {};
+      for (uint64_t w : words) ++per_bank[w % 32];
+      c.wavefronts += *std::max_element(per_bank, per_bank + 32);
+      c.ideal_wavefronts += static_cast<double>((words.size() + 31) / 32);
+    }
+  }
+
+  LaunchTrace* launch_;
+  uint64_t linear_;
+  int current_ = 0;
+  std::vector<std::pair<uintptr_t, uintptr_t>> shared_;
+  std::vector<std::unordered_map<uintptr_t, uint32_t>> occurrences_;  // per thread: site -> executions
+  std::vector<std::unordered_map<Key, Pending, KeyHash>> pending_;     // per warp: open requests
+  std::unordered_map<uintptr_t, SiteTotals> sites_;
+  std::unordered_map<uint64_t, size_t> sector_index_;
+  std::vector<uint64_t> sectors_;
+};
+
+// ---- the launch path -----------------------------------------------------------------------------
+std::shared_ptr<LaunchTrace> trace_new_launch(const Launch& launch) {
+  Profiling& p = profiling();
+  std::lock_guard<std::mutex> lock(p.mutex);
+  if (!p.active) return nullptr;
+  auto t = std::make_shared<LaunchTrace>();
+  t->options = p.options;
+  t->global = device_ranges();
+  profile::LaunchProfile& r = t->result;
+  r.kernel = launch.kernel_name;
+  r.grid = launch.grid;
+  r.block = launch.block;
+  r.blocks = uint64_t(launch.grid.x) * launch.grid.y * launch.grid.z;
+  r.traced_blocks = p.options.max_traced_blocks == 0 ? r.blocks : std::min(r.blocks, p.options.max_traced_blocks);
+  r.shared_bytes_per_block = launch.dynamic_shared_bytes;
+  p.launches.push_back(t);
+  return t;
+}
+
+bool trace_block_is_traced(const LaunchTrace& trace, uint64_t linear_block) {
+  return linear_block < trace.result.traced_blocks;
+}
+bool trace_skips_untraced_blocks(const LaunchTrace& trace) { return trace.options.skip_untraced_blocks; }
+
+namespace {
+
+// The DRAM traffic of the traced blocks, run in launch order through an L2 of `capacity` sectors
+// (0: unbounded). A sector is read from DRAM when its first touch is a read and it is not in L2;
+// a written (dirty) sector goes back once, when evicted or at the end.
+std::pair<double, double> dram_traffic(const std::vector<BlockSectors>& blocks, uint64_t capacity) {
+  struct Line {
+    std::list<uint64_t>::iterator lru;
+    bool dirty;
+  };
+  std::list<uint64_t> lru;  // most recent first
+  std::unordered_map<uint64_t, Line> lines;
+  double read = 0, written = 0;
+  for (const BlockSectors& b : blocks) {
+    for (uint64_t entry : b.sectors) {
+      const uint64_t s = entry >> 2;
+      const bool first_read = entry & 1, writes = entry & 2;
+      auto it = lines.find(s);
+      if (it != lines.end()) {
+        lru.splice(lru.begin(), lru, it->second.lru);
+        it->second.dirty |= writes;
+        continue;
+      }
+      if (first_read) read += kSector;
+      lru.push_front(s);
+      lines.emplace(s, Line{lru.begin(), writes});
+      if (capacity > 0 && lines.size() > capacity) {
+        auto victim = lines.find(lru.back());
+        if (victim->second.dirty) written += kSector;
+        lines.erase(victim);
+        lru.pop_back();
+      }
+    }
+  }
+  for (const auto& [s, line] : lines)
+    if (line.dirty) written += kSector;
+  return {read, written};
+}
+
+}  // namespace
+
+void trace_launch_done(LaunchTrace& t) {
+  std::lock_guard<std::mutex> lock(t.mutex);
+  profile::LaunchProfile& r = t.result;
+  std::sort(t.blocks.begin(), t.blocks.end(),
+            [](const BlockSectors& a, const BlockSectors& b) { return a.block < b.block; });
+  r.traced_blocks = t.blocks.size();
+  r.scale = r.traced_blocks > 0 ? double(r.blocks) / double(r.traced_blocks) : 0;
+  r.shared_bytes_per_block += t.static_shared_bytes;
+  const auto [first_read, first_write] = dram_traffic(t.blocks, 0);
+  const auto [lru_read, lru_write] = dram_traffic(t.blocks, t.options.l2_bytes / kSector);
+  r.dram_read_first_touch = first_read * r.scale;
+  r.dram_write_first_touch = first_write * r.scale;
+  r.dram_read_lru = lru_read * r.scale;
+  r.dram_write_lru = lru_write * r.scale;
+  t.blocks.clear();
+  t.blocks.shrink_to_fit();
+  for (const auto& [site, s] : t.sites) {
+    profile::SiteCounts sc;
+    sc.space = s.space;
+    sc.op = s.op;
+    sc.counts = s.counts;
+    sc.where = std::to_string(site);  // resolved in profile::end()
+    r.sites.push_back(sc);
+    AccessCounts scaled = s.counts;
+    for (double* v : {&scaled.requests, &scaled.lanes, &scaled.bytes, &scaled.sectors, &scaled.wavefronts,
+                      &scaled.ideal_wavefronts})
+      *v *= r.scale;
+    if (s.op == Op::mma) {
+      r.mma += scaled.requests;
+      r.tensor_flops += scaled.requests * 2.0 * 16 * 8 * 16;
+    } else if (s.op == Op::ldmatrix) {
+      r.ldmatrix += scaled.requests;
+      r.shared_load.add(scaled);
+    } else if (s.op == Op::cp_async) {
+      if (s.space == Space::global) {
+        r.cp_async += scaled.requests;
+        r.global_load.add(scaled);
+      } else {
+        r.shared_store.add(scaled);
+      }
+    } else {
+      const bool global = s.space == Space::global;
+      AccessCounts& into = s.op == Op::load    ? (global ? r.global_load : r.shared_load)
+                           : s.op == Op::store ? (global ? r.global_store : r.shared_store)
+                                               : (global ? r.global_atomic : r.shared_atomic);
+      into.add(scaled);
+    }
+  }
+}
+
+// ---- the block scheduler ----------------------------------------------------------------------------
+BlockTraceScope::BlockTraceScope(LaunchTrace* trace, uint64_t linear_block, int threads,
+                                 const void* dynamic_shared, size_t dynamic_shared_bytes) {
+  outer_ = t_block_trace;
+  if (trace == nullptr || !trace_block_is_traced(*trace, linear_block)) {
+    t_block_trace = nullptr;
+    return;
+  }
+  block_ = std::make_unique<BlockTrace>(trace, linear_block, threads, dynamic_shared, dynamic_shared_bytes);
+  t_block_trace = block_.get();
+}
+BlockTraceScope::~BlockTraceScope() { t_block_trace = outer_; }
+void BlockTraceScope::finish(size_t static_shared_bytes) {
+  if (block_) block_->finish(static_shared_bytes);
+}
+
+void trace_switch_thread(int linear_thread) {
+  if (t_block_trace != nullptr) t_block_trace->set_thread(linear_thread);
+}
+void trace_barrier_opened() {
+  if (t_block_trace != nullptr) t_block_trace->flush();
+}
+void trace_static_shared(const void* storage, size_t bytes) {
+  if (t_block_trace != nullptr) t_block_trace->add_shared(storage, bytes);
+}
+
+void trace_access(const void* address, unsigned bytes, Op op, uintptr_t site) {
+  if (t_block_trace != nullptr)
+    t_block_trace->access(reinterpret_cast<uintptr_t>(address), bytes, op, site, false);
+}
+
+void trace_emulated(const void* address, unsigned bytes, Op op, const char* file, int line, int part) {
+  if (t_block_trace != nullptr)
+    t_block_trace->access(reinterpret_cast<uintptr_t>(address), bytes, op, emulated_site(file, line, part), true);
+}
+
+void trace_note_instrumented_code() {
+  Profiling& p = profiling();
+  std::lock_guard<std::mutex> lock(p.mutex);
+  p.instrumented = true;
+}
+
+// ---- the public side ----------------------------------------------------------------------------------
+namespace profile {
+
+const char* name_of(Op op) {
+  switch (op) {
+    case Op::load: return "load";
+    case Op::store: return "store";
+    case Op::atomic: return "atomic";
+    case Op::ldmatrix: return "ldmatrix";
+    case Op::mma: return "mma";
+    case Op::cp_async: return "cp.async";
+  }
+  return "?";
+}
+
+void AccessCounts::add(const AccessCounts& o) {
+  requests += o.requests;
+  lanes += o.lanes;
+  bytes += o.bytes;
+  sectors += o.sectors;
+  wavefronts += o.wavefronts;
+  ideal_wavefronts += o.ideal_wavefronts;
+}
+
+bool available() {
+  Profiling& p = profiling();
+  std::lock_guard<std::mutex> lock(p.mutex);
+  return p.instrumented;
+}
+
+void begin(const Options& options) {
+  Profiling& p = profiling();
+  std::lock_guard<std::mutex> lock(p.mutex);
+  p.active = true;
+  p.options = options;
+  p.launches.clear();
+}
+
+namespace {
+
+std::string basename_line(const char* file, int line) {
+  const char* slash = std::strrchr(file, '/');
+  return std::string(slash ? slash + 1 : file) + ":" + std::to_string(line);
+}
+
+// Call sites (return addresses of the instrumentation calls) -> "file.cu:line", through addr2line
+// over each shared object's line table (libmultigrad_traced is built with -g1).
+std::map<uintptr_t, std::string> resolve(const std::vector<uintptr_t>& pcs) {
+  std::map<std::string, std::vector<std::pair<uintptr_t, uintptr_t>>> by_object;  // object -> (pc, offset)
+  for (uintptr_t pc : pcs) {
+    Dl_info info{};
+    if (dladdr(reinterpret_cast<void*>(pc), &info) == 0 || info.dli_fname == nullptr) continue;
+    by_object[info.dli_fname].emplace_back(pc, pc - 1 - reinterpret_cast<uintptr_t>(info.dli_fbase));
+  }
+  std::map<uintptr_t, std::string> names;
+  for (const auto& [object, list] : by_object) {
+    for (size_t first = 0; first < list.size(); first += 200) {
+      std::string command = "addr2line -e '" + object + "'";
+      const size_t last = std::min(list.size(), first + 200);
+      for (size_t i = first; i < last; ++i) {
+        char hex[32];
+        std::snprintf(hex, sizeof hex, " 0x%zx", static_cast<size_t>(list[i].second));
+        command += hex;
+      }
+      FILE* pipe = popen(command.c_str(), "r");
+      if (pipe == nullptr) continue;
+      char text[4096];
+      for (size_t i = first; i < last && std::fgets(text, sizeof text, pipe) != nullptr; ++i) {
+        std::string line(text);
+        line = line.substr(0, line.find_first_of(" \n"));
+        const size_t slash = line.rfind('/');
+        names[list[i].first] = slash == std::string::npos ? line : line.substr(slash + 1);
+      }
+      pclose(pipe);
+    }
+  }
+  return names;
+}
+
+}  // namespace
+
+std::vector<LaunchProfile> end() {
+  cudaDeviceSynchronize();
+  int devices = 0;
+  cudaGetDeviceCount(&devices);
+  int current = 0;
+  cudaGetDevice(&current);
+  for (int d = 0; d < devices; ++d) {
+    cudaSetDevice(d);
+    cudaDeviceSynchronize();
+  }
+  cudaSetDevice(current);
+  std::vector<std::shared_ptr<LaunchTrace>> launches;
+  {
+    Profiling& p = profiling();
+    std::lock_guard<std::mutex> lock(p.mutex);
+    p.active = false;
+    launches.swap(p.launches);
+  }
+  std::vector<uintptr_t> pcs;
+  for (const auto& t : launches)
+    for (const SiteCounts& s : t->result.sites) {
+      const uintptr_t site = std::stoull(s.where);
+      if (!(site & kEmulatedSite)) pcs.push_back(site);
+    }
+  const std::map<uintptr_t, std::string> names = resolve(pcs);
+  std::vector<LaunchProfile> out;
+  for (const auto& t : launches) {
+    LaunchProfile r = std::move(t->result);
+    for (SiteCounts& s : r.sites) {
+      const uintptr_t site = std::stoull(s.where);
+      if (site & kEmulatedSite) {
+        std::lock_guard<std::mutex> lock(g_sites_mutex);
+        const auto& [file, line] = g_site_names[(site & ~kEmulatedSite) >> 1];
+        s.where = basename_line(file, line);
+      } else {
+        auto it = names.find(site);
+        s.where = it != names.end() ? it->second : "?";
+      }
+    }
+    std::sort(r.sites.begin(), r.sites.end(), [](const SiteCounts& a, const SiteCounts& b) {
+      return a.counts.sectors + a.counts.wavefronts > b.counts.sectors + b.counts.wavefronts;
+    });
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+}  // namespace profile
+}  // namespace mg_emu

@@ -1,0 +1,59 @@
+// What the launch path, the block scheduler and the emulated PTX tell the tracer (trace.cpp);
+// the public side is cuda_emu/profiler.h. Internal to cuda_emu/.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "cuda_emu/emulator.h"
+#include "cuda_emu/profiler.h"
+
+namespace mg_emu {
+
+struct LaunchTrace;  // one launch being traced (trace.cpp)
+class BlockTrace;    // one block of it, on the OS thread that runs the block
+
+// ---- the launch path (streams.cpp) -----------------------------------------------------------
+// A trace for a launch made now, or nullptr when no profile is running.
+std::shared_ptr<LaunchTrace> trace_new_launch(const Launch& launch);
+bool trace_block_is_traced(const LaunchTrace& trace, uint64_t linear_block);
+bool trace_skips_untraced_blocks(const LaunchTrace& trace);
+// Every block has run: the DRAM models see the traced blocks in launch order.
+void trace_launch_done(LaunchTrace& trace);
+
+// ---- the block scheduler (block_scheduler.cpp) -------------------------------------------------
+// Traces one block on the calling OS thread from construction to finish().
+class BlockTraceScope {
+ public:
+  BlockTraceScope(LaunchTrace* trace, uint64_t linear_block, int threads, const void* dynamic_shared,
+                  size_t dynamic_shared_bytes);
+  ~BlockTraceScope();
+  BlockTraceScope(const BlockTraceScope&) = delete;
+  BlockTraceScope& operator=(const BlockTraceScope&) = delete;
+  void finish(size_t static_shared_bytes);  // the block ran to its end without a fault
+
+ private:
+  std::unique_ptr<BlockTrace> block_;
+  BlockTrace* outer_ = nullptr;
+};
+
+// The block being traced on this OS thread, or nullptr (the hot check of every callback).
+extern thread_local BlockTrace* t_block_trace __attribute__((tls_model("initial-exec")));
+
+void trace_switch_thread(int linear_thread);                     // the scheduler resumed this thread
+void trace_barrier_opened();                                     // every request before it is complete
+void trace_static_shared(const void* storage, size_t bytes);     // a shared_array() of this block
+
+// ---- accesses ------------------------------------------------------------------------------------
+// From the compiler's instrumentation (trace_hooks.cpp): `site` is the call's return address.
+void trace_access(const void* address, unsigned bytes, profile::Op op, uintptr_t site);
+// From the emulated PTX (cp.async, ldmatrix, mma; ptx.cpp, block_scheduler.cpp), named by file:line.
+// `part` tells apart the two accesses one instruction makes (cp.async: global read 0, shared write 1).
+void trace_emulated(const void* address, unsigned bytes, profile::Op op, const char* file, int line,
+                    int part = 0);
+
+// The instrumented translation units announce themselves (their constructors call __tsan_init).
+void trace_note_instrumented_code();
+
+}  // namespace mg_emu
