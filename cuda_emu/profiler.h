@@ -20,7 +20,8 @@
 //                  launch order (the L2 starts cold at each launch);
 //   tensor cores   mma.m16n8k16, ldmatrix.x4 and cp.async instructions (warp-level).
 // Tracing every block of a big grid is slow: Options::max_traced_blocks traces the first blocks
-// in launch order and scales the totals by blocks / traced_blocks (LaunchProfile::scale).
+// in launch order and scales the request counts by blocks / traced_blocks (LaunchProfile::scale);
+// DRAM bytes are extrapolated from the steady state of the traced blocks (trace.cpp says how).
 //
 // These are counts of what the kernel asks for, not of a GPU: no L1 hits, no latency, no timing.
 // Turning them into an H200 time is cuda_emu/h200_model.h. docs/performance-model.md explains both.
@@ -36,6 +37,8 @@ namespace mg_emu::profile {
 
 struct Options {
   uint64_t max_traced_blocks = 0;     // per launch: trace the first N blocks; 0 = every block
+  uint64_t min_traced_rows = 0;       // but at least this many whole rows (grid.x blocks each) of a
+                                      // 2-D grid: blocks of different rows share inputs (a GEMM's B)
   bool skip_untraced_blocks = false;  // run only the traced blocks (the outputs are then wrong:
                                       // for counting shapes too big to emulate whole)
   uint64_t l2_bytes = 50ull * 1000 * 1000;  // the LRU model's capacity (H200: 50 MB of L2)
@@ -69,7 +72,7 @@ struct LaunchProfile {
   dim3 grid, block;
   uint64_t blocks = 0, traced_blocks = 0;
   uint64_t shared_bytes_per_block = 0;  // dynamic + static shared_array()s
-  double scale = 1;                     // blocks / traced_blocks: every total below is scaled
+  double scale = 1;                     // blocks / traced_blocks: the counts below are scaled
   AccessCounts global_load, global_store, global_atomic, shared_load, shared_store, shared_atomic;
   double mma = 0, ldmatrix = 0, cp_async = 0;  // warp-level instructions
   double tensor_flops = 0;                     // 2 * 16 * 8 * 16 per mma.m16n8k16

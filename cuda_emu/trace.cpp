@@ -266,6 +266,8 @@ std::shared_ptr<LaunchTrace> trace_new_launch(const Launch& launch) {
   r.block = launch.block;
   r.blocks = uint64_t(launch.grid.x) * launch.grid.y * launch.grid.z;
   r.traced_blocks = p.options.max_traced_blocks == 0 ? r.blocks : std::min(r.blocks, p.options.max_traced_blocks);
+  if (r.traced_blocks < r.blocks && r.blocks > launch.grid.x)
+    r.traced_blocks = std::min(r.blocks, std::max(r.traced_blocks, p.options.min_traced_rows * launch.grid.x));
   r.shared_bytes_per_block = launch.dynamic_shared_bytes;
   p.launches.push_back(t);
   return t;
@@ -280,39 +282,55 @@ namespace {
 
 // The DRAM traffic of the traced blocks, run in launch order through an L2 of `capacity` sectors
 // (0: unbounded). A sector is read from DRAM when its first touch is a read and it is not in L2;
-// a written (dirty) sector goes back once, when evicted or at the end.
-std::pair<double, double> dram_traffic(const std::vector<BlockSectors>& blocks, uint64_t capacity) {
+// a sector that becomes dirty in L2 is written back once (counted when it becomes dirty: the
+// write-back comes at its eviction or at the end).
+//
+// When only the first blocks were traced, the untraced ones are extrapolated from the steady
+// state: the traffic the second half of the traced blocks added (with the first half already in
+// L2) per block, times the untraced blocks. Blocks that share inputs (a GEMM's row of tiles
+// shares its A panel) then cost only what is new to them, as they would on the GPU, where the
+// blocks of one wave run together over one L2. With every block traced it is exact.
+struct Traffic {
+  double read = 0, written = 0;
+};
+Traffic dram_traffic(const std::vector<BlockSectors>& blocks, uint64_t capacity, uint64_t all_blocks) {
   struct Line {
     std::list<uint64_t>::iterator lru;
     bool dirty;
   };
   std::list<uint64_t> lru;  // most recent first
   std::unordered_map<uint64_t, Line> lines;
-  double read = 0, written = 0;
-  for (const BlockSectors& b : blocks) {
-    for (uint64_t entry : b.sectors) {
+  Traffic total, at_half;
+  const size_t half = blocks.size() / 2;
+  for (size_t b = 0; b < blocks.size(); ++b) {
+    if (b == half) at_half = total;
+    for (uint64_t entry : blocks[b].sectors) {
       const uint64_t s = entry >> 2;
       const bool first_read = entry & 1, writes = entry & 2;
       auto it = lines.find(s);
       if (it != lines.end()) {
         lru.splice(lru.begin(), lru, it->second.lru);
+        if (writes && !it->second.dirty) total.written += kSector;
         it->second.dirty |= writes;
         continue;
       }
-      if (first_read) read += kSector;
+      if (first_read) total.read += kSector;
+      if (writes) total.written += kSector;
       lru.push_front(s);
       lines.emplace(s, Line{lru.begin(), writes});
       if (capacity > 0 && lines.size() > capacity) {
-        auto victim = lines.find(lru.back());
-        if (victim->second.dirty) written += kSector;
-        lines.erase(victim);
+        lines.erase(lru.back());
         lru.pop_back();
       }
     }
   }
-  for (const auto& [s, line] : lines)
-    if (line.dirty) written += kSector;
-  return {read, written};
+  const double untraced = static_cast<double>(all_blocks - blocks.size());
+  const double steady_blocks = static_cast<double>(blocks.size() - half);
+  if (untraced > 0 && steady_blocks > 0) {
+    total.read += (total.read - at_half.read) / steady_blocks * untraced;
+    total.written += (total.written - at_half.written) / steady_blocks * untraced;
+  }
+  return total;
 }
 
 }  // namespace
@@ -325,12 +343,12 @@ void trace_launch_done(LaunchTrace& t) {
   r.traced_blocks = t.blocks.size();
   r.scale = r.traced_blocks > 0 ? double(r.blocks) / double(r.traced_blocks) : 0;
   r.shared_bytes_per_block += t.static_shared_bytes;
-  const auto [first_read, first_write] = dram_traffic(t.blocks, 0);
-  const auto [lru_read, lru_write] = dram_traffic(t.blocks, t.options.l2_bytes / kSector);
-  r.dram_read_first_touch = first_read * r.scale;
-  r.dram_write_first_touch = first_write * r.scale;
-  r.dram_read_lru = lru_read * r.scale;
-  r.dram_write_lru = lru_write * r.scale;
+  const Traffic unbounded = dram_traffic(t.blocks, 0, r.blocks);
+  const Traffic lru = dram_traffic(t.blocks, std::max<uint64_t>(1, t.options.l2_bytes / kSector), r.blocks);
+  r.dram_read_first_touch = unbounded.read;
+  r.dram_write_first_touch = unbounded.written;
+  r.dram_read_lru = lru.read;
+  r.dram_write_lru = lru.written;
   t.blocks.clear();
   t.blocks.shrink_to_fit();
   for (const auto& [site, s] : t.sites) {

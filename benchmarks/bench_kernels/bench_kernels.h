@@ -8,6 +8,7 @@
 //   gemm_ladder.cpp   the hand-written GEMM ladder against cuBLAS at the same shapes (TFLOP/s)
 //   conv.cpp          cuDNN against im2col + GEMM for conv2d forward and backward
 //   allocator.cpp     the caching allocator against raw cudaMalloc/cudaFree
+//   profile.cpp       --profile: the tracer's counters and the H200 model's predictions
 // This header is the contract between them: each family returns rows, main prints them.
 #pragma once
 
@@ -30,6 +31,29 @@ struct BenchOptions {
   int device = 0;      // physical CUDA device
   int warmup = 3;
   int repeats = 20;
+  // --profile (the CUDA emulation build only): no timing; each timed call runs once under the
+  // emulator's access tracer (cuda_emu/profiler.h) and its time is the H200 model's PREDICTION.
+  bool profile = false;
+  int profile_blocks = 132;  // blocks traced per launch (the first ones; the rest are skipped)
+};
+
+// What --profile counted for one row's call and what the H200 model predicts (profile.cpp).
+struct ProfileRow {
+  bool valid = false;
+  int launches = 0;
+  double blocks = 0, traced_blocks = 0;
+  double load_requests = 0, load_sectors = 0, load_bytes = 0;  // global loads (cp.async included)
+  double store_requests = 0, store_sectors = 0, store_bytes = 0;
+  double atomic_lanes = 0;
+  double shared_requests = 0, shared_wavefronts = 0, shared_ideal_wavefronts = 0;
+  double mma = 0;
+  double dram_bytes = 0;             // LRU L2 model (the first-touch figure is below)
+  double dram_bytes_first_touch = 0; // unbounded L2
+  double ideal_bytes = 0;            // declared: every input read once, every output written once
+  double fp32_flops = 0, tensor_flops = 0;
+  double predicted_seconds = 0, roofline_fraction = 0;
+  std::string binding;
+  std::vector<std::string> worst_sites;  // the instructions with the most sectors / wavefronts
 };
 
 // One measured line of the table. `achieved` and `ceiling` share `unit` ("GB/s", "TFLOP/s",
@@ -54,7 +78,14 @@ struct KernelResult {
   double floor = 0;       // the ratio the issue asks of this row (e.g. 0.8); 0: none. A ratio below
                           // it is reported ("below"), not an error
   std::string note;       // optional remark printed under the table (e.g. "includes a stream sync")
+  ProfileRow profile;     // --profile only
 };
+
+// --profile: runs fn once under the tracer; returns the predicted seconds (profile.cpp).
+double profiled_seconds(const std::function<void()>& fn, const BenchOptions& o);
+// The counters of the last profiled call with the row's declared ideal bytes and CUDA-core FLOPs
+// (profile.cpp). The prediction includes them.
+ProfileRow take_profile(double ideal_bytes, double fp32_flops);
 
 // Ceilings measured once by main.cpp before the families run.
 struct Ceilings {
@@ -65,6 +96,7 @@ struct Ceilings {
 // device (fn must enqueue its work there: the legacy default stream 0 unless it says otherwise).
 inline double median_seconds(const std::function<void()>& fn, const BenchOptions& o,
                              cudaStream_t stream = nullptr) {
+  if (o.profile) return profiled_seconds(fn, o);
   auto ok = [](cudaError_t e) { check(e == cudaSuccess, "bench_kernels: ", cudaGetErrorString(e)); };
   for (int i = 0; i < o.warmup; ++i) fn();
   ok(cudaStreamSynchronize(stream));

@@ -88,10 +88,12 @@ struct Flags {
 
 const char* usage =
     "usage: bench_kernels [--quick|--check] [--device N] [--family NAME[,NAME...]]... [--list]\n"
-    "                     [-w|--warmup N] [-n|--repeats N] [--json PATH]\n"
+    "                     [-w|--warmup N] [-n|--repeats N] [--json PATH] [--profile [--profile-blocks N]]\n"
     "  defaults: device 0, every family, -w 3 -n 20, a 256 MiB copy ceiling;\n"
     "  --quick: -w 2 -n 10, a 64 MiB ceiling and each family's short list of sizes;\n"
-    "  JSON: --json PATH, else $MG_BENCH_OUT_DIR/bench_kernels.json, else ./bench_kernels.json\n";
+    "  JSON: --json PATH, else $MG_BENCH_OUT_DIR/bench_kernels.json, else ./bench_kernels.json\n"
+    "  --profile (CUDA emulation build): the families memory and gemm traced, one call per row, and\n"
+    "    predicted on an H200 (profile.cpp); --profile-blocks N: blocks traced per launch (132)\n";
 
 int parse_int(const std::string& text, const std::string& flag, int lo) {
   char* end = nullptr;
@@ -127,6 +129,10 @@ Flags parse_flags(int argc, char** argv) {
     } else if (arg == "--repeats" || arg == "-n" || arg == "--iters") {
       f.options.repeats = parse_int(value(), arg, 1);
       repeats_set = true;
+    } else if (arg == "--profile") {
+      f.options.profile = true;
+    } else if (arg == "--profile-blocks") {
+      f.options.profile_blocks = parse_int(value(), arg, 1);
     } else if (arg == "--json") {
       f.json_path = value();
     } else if (arg == "--list") {
@@ -137,6 +143,11 @@ Flags parse_flags(int argc, char** argv) {
     } else {
       throw mg::Error(mg::str_cat("unknown flag '", arg, "'\n", usage));
     }
+  }
+  if (f.options.profile) {  // one traced call per row: nothing to warm up or repeat
+    f.options.warmup = 0;
+    f.options.repeats = 1;
+    if (f.families.empty()) f.families = {"memory", "gemm"};
   }
   if (f.options.quick) {
     if (!warmup_set) f.options.warmup = f.options.check ? 0 : 2;
@@ -473,6 +484,77 @@ std::vector<bench::Family> selected_families(const Flags& f) {
   return picked;
 }
 
+// ---- --profile: the tracer's counters and the H200 predictions, one table ---------------------------
+std::string pct(double part, double whole) { return whole > 0 ? num(100.0 * part / whole, 0) + "%" : "-"; }
+std::string per(double a, double b) { return b > 0 ? num(a / b, 2) : "-"; }
+
+void print_profile_header() {
+  std::printf("%-7s %-26s %-5s %-16s %5s %6s %5s %6s %5s %7s %7s %8s %9s %10s %-26s %6s\n", "family", "kernel",
+              "dtype", "shape", "ld", "ld", "st", "st", "smem", "smem", "DRAM", "FLOPs", "traced", "pred.", "bound by",
+              "pred.");
+  std::printf("%-7s %-26s %-5s %-16s %5s %6s %5s %6s %5s %7s %7s %8s %9s %10s %-26s %6s\n", "", "", "", "",
+              "sec/r", "eff", "sec/r", "eff", "wf/r", "wf/idl", "/ideal", "", "blocks", "H200 us", "(prediction)",
+              "%roof");
+  std::printf("%s\n", std::string(176, '-').c_str());
+}
+
+void print_profile_row(const bench::KernelResult& r) {
+  const bench::ProfileRow& p = r.profile;
+  if (!p.valid) {
+    std::printf("%-7s %-26s %-5s %-16s (not profiled%s)\n", r.family.c_str(), r.kernel.c_str(), r.dtype.c_str(),
+                r.shape.c_str(), r.note.empty() ? "" : (": " + r.note).c_str());
+    return;
+  }
+  char flops[32];
+  std::snprintf(flops, sizeof flops, "%.2g", p.fp32_flops + p.tensor_flops);
+  std::printf("%-7s %-26s %-5s %-16s %5s %6s %5s %6s %5s %7s %7s %8s %9s %10s %-26s %6s\n", r.family.c_str(),
+              r.kernel.c_str(), r.dtype.c_str(), r.shape.c_str(), per(p.load_sectors, p.load_requests).c_str(),
+              pct(p.load_bytes, 32 * p.load_sectors).c_str(), per(p.store_sectors, p.store_requests).c_str(),
+              pct(p.store_bytes, 32 * p.store_sectors).c_str(), per(p.shared_wavefronts, p.shared_requests).c_str(),
+              per(p.shared_wavefronts, p.shared_ideal_wavefronts).c_str(), per(p.dram_bytes, p.ideal_bytes).c_str(),
+              flops, (sig(p.traced_blocks) + "/" + sig(p.blocks)).c_str(), sig(p.predicted_seconds * 1e6).c_str(),
+              p.binding.c_str(), num(100 * p.roofline_fraction, 0).c_str());
+  for (const std::string& site : p.worst_sites) std::printf("%-58s   %s\n", "", site.c_str());
+}
+
+int run_profile(const Flags& flags, const std::vector<bench::Family>& families, Report& rep) {
+  std::printf(
+      "# PREDICTIONS for an NVIDIA H200 SXM from the CUDA emulator's access counts (docs/performance-model.md):\n"
+      "# nothing here ran on a GPU. One traced call per row; the first %d blocks of each launch traced (at least\n"
+      "# two rows of a 2-D grid), the rest skipped and their counts scaled.\n"
+      "#   ld/st sec/r  global 32-byte sectors per warp request (4 = 4-byte lanes, coalesced; 16 = 16-byte lanes)\n"
+      "#   ld/st eff    bytes the lanes asked for / sector bytes (100%% = no byte fetched in vain)\n"
+      "#   smem wf/r    shared-memory wavefronts per request; wf/idl = wavefronts / the fewest the bytes need\n"
+      "#                (1.00 = no bank conflict)\n"
+      "#   DRAM/ideal   DRAM bytes of an LRU 50 MB L2 / every input read once and every output written once\n"
+      "#   pred. H200 us, bound by, %%roof   the model's time, its binding limit, ideal roofline time / time\n#\n",
+      flags.options.profile_blocks);
+  print_profile_header();
+  int errors = 0;
+  for (const bench::Family& fam : families) {
+    FamilyRun run;
+    run.name = fam.name;
+    run.order = fam.order;
+    run.ran = true;
+    try {
+      run.rows = fam.run(flags.options, rep.ceilings);
+    } catch (const std::exception& e) {
+      run.error = e.what();
+      ++errors;
+    }
+    for (bench::KernelResult& r : run.rows) {
+      if (r.family.empty()) r.family = run.name;
+      print_profile_row(r);
+    }
+    if (!run.error.empty()) std::printf("%-7s FAILED: %s\n", run.name.c_str(), run.error.c_str());
+    std::fflush(stdout);
+    rep.families.push_back(std::move(run));
+  }
+  write_json(flags.json_path, rep);
+  std::printf("# JSON written to %s\n", flags.json_path.c_str());
+  return errors == 0 ? 0 : 1;
+}
+
 int run(int argc, char** argv) {
   const Flags flags = parse_flags(argc, argv);
   if (flags.list) {
@@ -509,6 +591,7 @@ int run(int argc, char** argv) {
               : flags.options.quick ? "quick"
                                     : "full",
               flags.options.warmup, flags.options.repeats);
+  if (flags.options.profile) return run_profile(flags, families, rep);
   rep.ceilings.copy_gbps = measure_copy_gbps(rep.copy_bytes, flags.options, stream);
   std::printf("# ceiling: device-to-device cudaMemcpyAsync of %zu MiB: %.1f GB/s (bytes read + written)",
               rep.copy_bytes >> 20, rep.ceilings.copy_gbps);

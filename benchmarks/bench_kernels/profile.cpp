@@ -1,0 +1,143 @@
+// bench_kernels --profile: every row's call traced by the CUDA emulator and predicted on an H200.
+//
+// In the emulation build bench_kernels links libmultigrad_traced, whose kernels report every
+// access to the emulator (cuda_emu/profiler.h). With --profile, median_seconds() (bench_kernels.h)
+// does not time: it runs the call once between profile::begin() and profile::end(), tracing the
+// first --profile-blocks blocks of each launch (at least two whole rows of a 2-D grid) and
+// skipping the rest, and returns the H200 model's predicted time (cuda_emu/h200_model.h). The
+// family then attaches the counters to its row with take_profile(ideal bytes, CUDA-core FLOPs),
+// and main.cpp prints them as the profile table. Every time here is a PREDICTION.
+#include <algorithm>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "bench_kernels.h"
+#include "core/base/error.h"
+
+#if defined(MG_CUDA_EMULATE)
+#include "cuda_emu/h200_model.h"
+#include "cuda_emu/profiler.h"
+#endif
+
+namespace mg::bench {
+
+#if defined(MG_CUDA_EMULATE)
+namespace {
+
+namespace profile = mg_emu::profile;
+
+std::vector<profile::LaunchProfile>& last_launches() {
+  static std::vector<profile::LaunchProfile> launches;
+  return launches;
+}
+
+// The model's input for one launch; `fp32_flops` is this launch's share of the row's declared FLOPs.
+mg_emu::KernelWork work_of(const profile::LaunchProfile& l, double fp32_flops) {
+  mg_emu::KernelWork w;
+  w.blocks = l.blocks;
+  w.threads_per_block = static_cast<int>(l.block.x * l.block.y * l.block.z);
+  w.shared_bytes_per_block = l.shared_bytes_per_block;
+  w.dram_bytes = l.dram_bytes_lru();
+  w.l2_sectors = l.global_load.sectors + l.global_store.sectors + l.global_atomic.sectors;
+  w.global_load_requests = l.global_load.requests;
+  w.global_load_sectors = l.global_load.sectors;
+  w.shared_wavefronts = l.shared_load.wavefronts + l.shared_store.wavefronts + l.shared_atomic.wavefronts;
+  w.fp32_flops = fp32_flops;
+  w.tensor_flops = l.tensor_flops;
+  w.atomics = l.global_atomic.lanes;
+  return w;
+}
+
+double threads_of(const profile::LaunchProfile& l) {
+  return static_cast<double>(l.blocks) * l.block.x * l.block.y * l.block.z;
+}
+
+}  // namespace
+
+double profiled_seconds(const std::function<void()>& fn, const BenchOptions& o) {
+  check(profile::available(),
+        "bench_kernels --profile: this binary's kernels are not instrumented (it must link "
+        "libmultigrad_traced: the emulation build's bench_kernels does)");
+  profile::Options options;
+  options.max_traced_blocks = static_cast<uint64_t>(o.profile_blocks);
+  options.min_traced_rows = 2;
+  options.skip_untraced_blocks = true;
+  profile::begin(options);
+  try {
+    fn();
+  } catch (...) {
+    profile::end();
+    throw;
+  }
+  last_launches() = profile::end();
+  return take_profile(0, 0).predicted_seconds;
+}
+
+ProfileRow take_profile(double ideal_bytes, double fp32_flops) {
+  ProfileRow p;
+  const std::vector<profile::LaunchProfile>& launches = last_launches();
+  p.valid = true;
+  p.launches = static_cast<int>(launches.size());
+  p.ideal_bytes = ideal_bytes;
+  p.fp32_flops = fp32_flops;
+  double all_threads = 0;
+  for (const auto& l : launches) all_threads += threads_of(l);
+  double ideal_seconds = 0, slowest = -1;
+  std::vector<std::pair<double, std::string>> sites;
+  for (const auto& l : launches) {
+    p.blocks += static_cast<double>(l.blocks);
+    p.traced_blocks += static_cast<double>(l.traced_blocks);
+    p.load_requests += l.global_load.requests;
+    p.load_sectors += l.global_load.sectors;
+    p.load_bytes += l.global_load.bytes;
+    p.store_requests += l.global_store.requests;
+    p.store_sectors += l.global_store.sectors;
+    p.store_bytes += l.global_store.bytes;
+    p.atomic_lanes += l.global_atomic.lanes;
+    for (const profile::AccessCounts* c : {&l.shared_load, &l.shared_store, &l.shared_atomic}) {
+      p.shared_requests += c->requests;
+      p.shared_wavefronts += c->wavefronts;
+      p.shared_ideal_wavefronts += c->ideal_wavefronts;
+    }
+    p.mma += l.mma;
+    p.tensor_flops += l.tensor_flops;
+    p.dram_bytes += l.dram_bytes_lru();
+    p.dram_bytes_first_touch += l.dram_bytes_first_touch();
+    const double share = all_threads > 0 ? fp32_flops * threads_of(l) / all_threads : 0;
+    const mg_emu::Prediction pred = mg_emu::predict_h200(work_of(l, share));
+    p.predicted_seconds += pred.seconds;
+    ideal_seconds += pred.ideal_seconds;
+    if (pred.seconds > slowest) {
+      slowest = pred.seconds;
+      p.binding = pred.binding;
+    }
+    for (const profile::SiteCounts& s : l.sites) {
+      const profile::AccessCounts& c = s.counts;
+      if (c.requests == 0 || s.space == profile::Space::none) continue;
+      const std::string text =
+          s.where + " " + (s.space == profile::Space::global ? "global " : "shared ") + profile::name_of(s.op) +
+          (s.space == profile::Space::global
+               ? ": " + std::to_string(c.sectors / c.requests).substr(0, 4) + " sectors/req"
+               : ": " + std::to_string(c.wavefronts / c.requests).substr(0, 4) + " wavefronts/req");
+      sites.emplace_back((c.sectors + c.wavefronts) * l.scale, text);
+    }
+  }
+  p.roofline_fraction = p.predicted_seconds > 0 ? ideal_seconds / p.predicted_seconds : 0;
+  std::sort(sites.begin(), sites.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (size_t i = 0; i < sites.size() && i < 3; ++i) p.worst_sites.push_back(sites[i].second);
+  return p;
+}
+
+#else  // a real GPU build: nothing is traced
+
+double profiled_seconds(const std::function<void()>&, const BenchOptions&) {
+  throw Error(
+      "bench_kernels --profile counts accesses under the CUDA emulator: run the emulation build's "
+      "build-emu/benchmarks/bench_kernels --profile");
+}
+ProfileRow take_profile(double, double) { return ProfileRow{}; }
+
+#endif
+
+}  // namespace mg::bench

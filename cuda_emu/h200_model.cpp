@@ -1,0 +1,171 @@
+// The H200 roofline (cuda_emu/h200_model.h): predicted times, never measured ones.
+// docs/performance-model.md derives each step and cites every constant.
+#include "cuda_emu/h200_model.h"
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstdio>
+#include <stdexcept>
+#include <string>
+
+namespace mg_emu {
+
+namespace {
+
+uint64_t round_up(uint64_t x, uint64_t unit) { return (x + unit - 1) / unit * unit; }
+
+[[noreturn]] void invalid(const std::string& what) { throw std::invalid_argument("predict_h200: " + what); }
+
+void check_count(const char* name, double v) {
+  if (!(v >= 0) || std::isinf(v)) invalid(std::string(name) + " must be a finite count >= 0");
+}
+
+// "2.43 us", "447.4 us", "3.82 ms".
+std::string format_seconds(double s) {
+  char buf[32];
+  if (s < 1e-6)
+    std::snprintf(buf, sizeof buf, "%.0f ns", s * 1e9);
+  else if (s < 1e-3)
+    std::snprintf(buf, sizeof buf, "%.2f us", s * 1e6);
+  else if (s < 1)
+    std::snprintf(buf, sizeof buf, "%.3f ms", s * 1e3);
+  else
+    std::snprintf(buf, sizeof buf, "%.3f s", s);
+  return buf;
+}
+
+}  // namespace
+
+int blocks_per_sm_h200(int threads_per_block, uint64_t shared_bytes_per_block, int registers_per_thread,
+                       const H200& gpu) {
+  if (threads_per_block < 1 || threads_per_block > gpu.max_threads_per_block)
+    invalid("threads_per_block " + std::to_string(threads_per_block) + " is outside 1.." +
+            std::to_string(gpu.max_threads_per_block));
+  if (shared_bytes_per_block > gpu.shared_max_per_block)
+    invalid("shared_bytes_per_block " + std::to_string(shared_bytes_per_block) + " is over the " +
+            std::to_string(gpu.shared_max_per_block) + " bytes a block may have");
+  if (registers_per_thread < 0 || registers_per_thread > gpu.max_registers_per_thread)
+    invalid("registers_per_thread " + std::to_string(registers_per_thread) + " is outside 0.." +
+            std::to_string(gpu.max_registers_per_thread));
+
+  // Warps: a block takes whole warps; an SM holds max_threads_per_sm / 32 of them.
+  const int warps_per_block = (threads_per_block + gpu.warp_size - 1) / gpu.warp_size;
+  const int by_warps = gpu.max_threads_per_sm / gpu.warp_size / warps_per_block;
+
+  // Shared memory: the block's bytes plus the driver's reserved 1 KB, in 128-byte units, out of the
+  // SM's 228 KB (cuda_occupancy.h: cudaOccMaxBlocksPerSMSmemLimit with the largest carveout).
+  const uint64_t shared_allocated =
+      round_up(shared_bytes_per_block + gpu.shared_reserved_per_block, gpu.shared_alloc_unit);
+  const int by_shared = static_cast<int>(gpu.shared_per_sm / shared_allocated);
+
+  // Registers: allocated per warp in 256-register units, in each of the 4 sub-partitions of the
+  // register file (cuda_occupancy.h: cudaOccMaxBlocksPerSMRegsLimit). 0 = unknown: no limit.
+  int by_registers = INT_MAX;
+  if (registers_per_thread > 0) {
+    const int per_warp = static_cast<int>(
+        round_up(static_cast<uint64_t>(registers_per_thread) * gpu.warp_size, gpu.register_alloc_unit));
+    const int warps_rounded = static_cast<int>(round_up(warps_per_block, gpu.sub_partitions));
+    const int warps_per_sub_partition = gpu.registers_per_sm / gpu.sub_partitions / per_warp;
+    by_registers = warps_per_sub_partition * gpu.sub_partitions / warps_per_block;
+    if (static_cast<int64_t>(per_warp) * warps_rounded > gpu.registers_per_block || by_registers == 0)
+      invalid(std::to_string(threads_per_block) + " threads of " + std::to_string(registers_per_thread) +
+              " registers do not fit in one SM's " + std::to_string(gpu.registers_per_sm) + " registers");
+  }
+  return std::min({by_warps, by_shared, by_registers, gpu.max_blocks_per_sm});
+}
+
+Prediction predict_h200(const KernelWork& w, const H200& gpu) {
+  if (w.blocks == 0) invalid("a launch needs at least one block");
+  check_count("dram_bytes", w.dram_bytes);
+  check_count("l2_sectors", w.l2_sectors);
+  check_count("global_load_requests", w.global_load_requests);
+  check_count("global_load_sectors", w.global_load_sectors);
+  check_count("shared_wavefronts", w.shared_wavefronts);
+  check_count("fp32_flops", w.fp32_flops);
+  check_count("tensor_flops", w.tensor_flops);
+  check_count("atomics", w.atomics);
+
+  Prediction p;
+  const int k =
+      blocks_per_sm_h200(w.threads_per_block, w.shared_bytes_per_block, w.registers_per_thread, gpu);
+  const uint64_t sms = static_cast<uint64_t>(gpu.sms);
+  const uint64_t wave_blocks = sms * static_cast<uint64_t>(k);  // blocks resident at once, GPU-wide
+  const double blocks = static_cast<double>(w.blocks);
+  const int warps_per_block = (w.threads_per_block + gpu.warp_size - 1) / gpu.warp_size;
+  p.blocks_per_sm = k;
+  p.active_sms = static_cast<int>(std::min<uint64_t>(sms, w.blocks));
+  p.waves = blocks / static_cast<double>(wave_blocks);
+
+  // ---- throughput limits at full-GPU rates: the ideal roofline ----------------------------------
+  const double dram = w.dram_bytes / gpu.hbm_bytes_per_s;
+  const double l2 = w.l2_sectors * gpu.sector_bytes / gpu.l2_bytes_per_s;
+  const double shared_ideal =
+      w.shared_wavefronts / (gpu.sms * gpu.clock_hz * gpu.shared_wavefronts_per_sm_per_clock);
+  const double fp32_ideal = w.fp32_flops / gpu.fp32_flops_per_s;
+  const double tensor_ideal = w.tensor_flops / gpu.tensor_flops_per_s;
+  p.ideal_seconds = std::max({dram, l2, shared_ideal, fp32_ideal, tensor_ideal});
+
+  // ---- per-SM units, quantised: the busiest SM runs ceil(blocks / 132) blocks, each with
+  // blocks-th of the work, at one SM's share of the peak. A grid of fewer than 132 blocks thus gets
+  // active_sms / 132 of the GPU; 133 blocks take as long as 264. ---------------------------------
+  const double busiest_sm_blocks = static_cast<double>((w.blocks + sms - 1) / sms);
+  const double quantisation = busiest_sm_blocks * gpu.sms / blocks;  // >= 1
+  const double shared = shared_ideal * quantisation;
+  const double fp32 = fp32_ideal * quantisation;
+  const double tensor = tensor_ideal * quantisation;
+
+  // ---- latency (Little's law) -----------------------------------------------------------------
+  // Resident warps: the blocks present at once (capped by the grid) times their warps. ASSUMPTION:
+  // each keeps ONE global load request in flight, so a warp's loads are round trips one after the
+  // other, and a block lasts (its warps' requests each) x latency; blocks run in whole waves.
+  const uint64_t resident_blocks = std::min<uint64_t>(w.blocks, wave_blocks);
+  p.resident_warps = static_cast<int>(resident_blocks * static_cast<uint64_t>(warps_per_block));
+  const double load_bytes = w.global_load_sectors * gpu.sector_bytes;
+  p.bytes_per_request = w.global_load_requests > 0 ? load_bytes / w.global_load_requests : 0;
+  p.bytes_in_flight = p.resident_warps * p.bytes_per_request;
+  // A request that misses L2 waits for DRAM, one that hits waits for L2: the DRAM share of the
+  // loaded bytes is taken from the L2 model's DRAM bytes (which include the writes: an upper bound).
+  const double dram_share = load_bytes > 0 ? std::min(1.0, w.dram_bytes / load_bytes) : 1.0;
+  p.load_latency_seconds = dram_share * gpu.dram_latency_s + (1 - dram_share) * gpu.l2_latency_s;
+  const double round_trips_per_warp = w.global_load_requests / (blocks * warps_per_block);
+  const double whole_waves = static_cast<double>((w.blocks + wave_blocks - 1) / wave_blocks);
+  const double latency = round_trips_per_warp * p.load_latency_seconds * whole_waves;
+  p.achievable_bytes_per_s =
+      p.bytes_in_flight > 0 ? std::min(gpu.hbm_bytes_per_s, p.bytes_in_flight / p.load_latency_seconds) : 0;
+
+  p.limits = {{"DRAM", dram},
+              {"L2", l2},
+              {"shared", shared},
+              {"fp32", fp32},
+              {"tensor", tensor},
+              {"latency (bytes in flight)", latency},
+              {"launch", gpu.launch_latency_s}};
+  const Limit* largest = &p.limits[0];
+  double work = 0;  // the largest limit but the launch: the launch adds to it
+  for (const Limit& l : p.limits) {
+    if (l.seconds > largest->seconds) largest = &l;
+    if (&l != &p.limits.back()) work = std::max(work, l.seconds);
+  }
+  p.binding = largest->name;
+  p.seconds = gpu.launch_latency_s + work;
+  p.roofline_fraction = p.seconds > 0 ? p.ideal_seconds / p.seconds : 0;
+  return p;
+}
+
+double predict_step_seconds(const std::vector<Prediction>& launches, uint64_t host_syncs, const H200& gpu) {
+  double s = 0;
+  for (const Prediction& p : launches) s += p.seconds;
+  return s + static_cast<double>(host_syncs) * gpu.host_sync_s;
+}
+
+std::string describe(const Prediction& p) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "predicted %s on an H200 (bound by %s; %.2f of the roofline; %d blocks/SM, %.2f waves)",
+                format_seconds(p.seconds).c_str(), p.binding.c_str(), p.roofline_fraction, p.blocks_per_sm,
+                p.waves);
+  return buf;
+}
+
+}  // namespace mg_emu

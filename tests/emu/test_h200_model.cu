@@ -1,0 +1,312 @@
+// The H200 roofline (cuda_emu/h200_model.h): PREDICTED times for work the tracer counts.
+//
+// The expected values below are worked by hand from the published figures (the arithmetic is in
+// each comment), not by calling the model's formulas; the rest are properties every prediction
+// must have. docs/performance-model.md explains the model. Pure arithmetic: runs in milliseconds.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cuda_emu/h200_model.h"
+
+using mg_emu::blocks_per_sm_h200;
+using mg_emu::H200;
+using mg_emu::KernelWork;
+using mg_emu::predict_h200;
+using mg_emu::Prediction;
+
+namespace {
+
+constexpr double GiB = 1024.0 * 1024.0 * 1024.0;
+constexpr double kLaunch = 2.433e-6;  // H200::launch_latency_s (RRZE gpu-small-kernels fit)
+
+// A copy of `bytes`: every byte loaded once and stored once, `load_width` bytes per thread per
+// load, coalesced (a warp's request is 32 x load_width bytes), 256-thread blocks.
+KernelWork copy_work(double bytes, int load_width, uint64_t blocks) {
+  KernelWork w;
+  w.blocks = blocks;
+  w.threads_per_block = 256;
+  w.dram_bytes = 2 * bytes;                              // read + write, nothing reused
+  w.l2_sectors = 2 * bytes / 32;                         // loads + stores
+  w.global_load_requests = bytes / (32.0 * load_width);  // one request per warp-wide load
+  w.global_load_sectors = bytes / 32;
+  return w;
+}
+
+// A read-only pass (a reduction) over `bytes`, one load per thread.
+KernelWork read_work(double bytes, int load_width) {
+  KernelWork w;
+  w.threads_per_block = 256;
+  w.blocks = static_cast<uint64_t>(bytes / load_width / 256);
+  w.dram_bytes = bytes;
+  w.l2_sectors = bytes / 32;
+  w.global_load_requests = bytes / (32.0 * load_width);
+  w.global_load_sectors = bytes / 32;
+  return w;
+}
+
+double limit(const Prediction& p, const std::string& name) {
+  for (const mg_emu::Limit& l : p.limits)
+    if (name == l.name) return l.seconds;
+  FAIL("no limit named " << name);
+  return 0;
+}
+
+}  // namespace
+
+TEST_CASE("h200 model: occupancy as the occupancy calculator computes it", "[h200_model]") {
+  // Warps: 64 per SM. 1024 threads = 32 warps -> 2 blocks; 256 threads = 8 warps -> 8 blocks.
+  CHECK(blocks_per_sm_h200(1024, 0, 0) == 2);
+  CHECK(blocks_per_sm_h200(256, 0, 0) == 8);
+  // 100 threads still take 4 whole warps: 64 / 4 = 16 blocks.
+  CHECK(blocks_per_sm_h200(100, 0, 0) == 16);
+  // 32-thread blocks: 64 by warps, but at most 32 blocks per SM.
+  CHECK(blocks_per_sm_h200(32, 0, 0) == 32);
+  // Shared memory: 64 KB + 1 KB reserved = 65 KB a block; 228 KB / 65 KB = 3.5 -> 3.
+  CHECK(blocks_per_sm_h200(256, 64 * 1024, 0) == 3);
+  // 100 KB + 1 KB = 101 KB -> 2; 113 KB + 1 KB = 114 KB -> exactly 2; 114 KB + 1 KB -> 1.
+  CHECK(blocks_per_sm_h200(128, 100 * 1024, 0) == 2);
+  CHECK(blocks_per_sm_h200(128, 113 * 1024, 0) == 2);
+  CHECK(blocks_per_sm_h200(128, 114 * 1024, 0) == 1);
+  // The largest opt-in block: 227 KB (+ 1 KB reserved = the SM's 228 KB).
+  CHECK(blocks_per_sm_h200(128, 227 * 1024, 0) == 1);
+  // Registers: 64 a thread = 2048 a warp; a sub-partition's 16384 hold 8 warps, the SM 32:
+  // 256-thread blocks (8 warps) -> 4, 1024-thread blocks (32 warps) -> 1.
+  CHECK(blocks_per_sm_h200(256, 0, 64) == 4);
+  CHECK(blocks_per_sm_h200(1024, 0, 64) == 1);
+  // 32 registers: 1024 a warp, 16 warps a sub-partition, 64 an SM: no longer the limit.
+  CHECK(blocks_per_sm_h200(256, 0, 32) == 8);
+  // 40 registers: 1280 a warp, 12 warps a sub-partition, 48 an SM -> 6 blocks of 8 warps.
+  CHECK(blocks_per_sm_h200(256, 0, 40) == 6);
+}
+
+TEST_CASE("h200 model: launches that cannot run are refused", "[h200_model]") {
+  CHECK_THROWS_AS(blocks_per_sm_h200(0, 0, 0), std::invalid_argument);
+  CHECK_THROWS_AS(blocks_per_sm_h200(1025, 0, 0), std::invalid_argument);
+  CHECK_THROWS_AS(blocks_per_sm_h200(128, 227 * 1024 + 1, 0), std::invalid_argument);
+  CHECK_THROWS_AS(blocks_per_sm_h200(128, 0, 256), std::invalid_argument);
+  // 1024 threads need <= 64 registers: 72 x 32 = 2304 a warp, x 32 warps = 73728 > 65536.
+  CHECK_THROWS_AS(blocks_per_sm_h200(1024, 0, 72), std::invalid_argument);
+  KernelWork none;
+  none.threads_per_block = 128;  // 0 blocks
+  CHECK_THROWS_AS(predict_h200(none), std::invalid_argument);
+  KernelWork negative;
+  negative.blocks = 1;
+  negative.threads_per_block = 32;
+  negative.dram_bytes = -1;
+  CHECK_THROWS_AS(predict_h200(negative), std::invalid_argument);
+}
+
+TEST_CASE("h200 model: a 1 GiB copy with 16-byte loads at full occupancy is DRAM-bound", "[h200_model]") {
+  // 2^30 / 16 bytes a thread / 256 threads = 262144 blocks.
+  const Prediction p = predict_h200(copy_work(GiB, 16, 262144));
+  CHECK(p.binding == "DRAM");
+  CHECK(p.blocks_per_sm == 8);
+  CHECK(p.active_sms == 132);
+  CHECK(p.waves == Approx(248.24).epsilon(1e-4));  // 262144 / (132 x 8)
+  // 2 GiB / 4.8 TB/s = 447.39 us, plus the 2.43 us launch: 449.83 us.
+  CHECK(p.seconds == Approx(449.83e-6).epsilon(1e-4));
+  CHECK(limit(p, "DRAM") == Approx(447.39e-6).epsilon(1e-4));
+  // L2: 2 GiB / 9.78 TB/s = 219.6 us. Latency: one round trip a warp, 249 waves x 348 ns = 86.7 us.
+  CHECK(limit(p, "L2") == Approx(219.6e-6).epsilon(1e-3));
+  CHECK(limit(p, "latency (bytes in flight)") == Approx(86.65e-6).epsilon(1e-3));
+  // Little's law: 8448 warps x 512 bytes = 4.33 MB in flight / 348 ns = 12.4 TB/s -> capped at HBM.
+  CHECK(p.bytes_in_flight == Approx(8448.0 * 512));
+  CHECK(p.achievable_bytes_per_s == Approx(4.8e12));
+  CHECK(p.roofline_fraction == Approx(447.39 / 449.83).epsilon(1e-3));
+}
+
+TEST_CASE("h200 model: the same copy in a 24-block grid is bound by bytes in flight", "[h200_model]") {
+  const Prediction full = predict_h200(copy_work(GiB, 16, 262144));
+  const Prediction small = predict_h200(copy_work(GiB, 16, 24));
+  CHECK(small.binding == "latency (bytes in flight)");
+  CHECK(small.active_sms == 24);
+  CHECK(small.resident_warps == 24 * 8);
+  // 2^21 requests over 192 warps = 10922.7 round trips each x 348 ns = 3.801 ms (+ launch).
+  CHECK(small.seconds == Approx(3.803e-3).epsilon(1e-3));
+  // 192 warps x 512 bytes = 98 KB in flight: 98304 / 348 ns = 282 GB/s of the 4.8 TB/s.
+  CHECK(small.achievable_bytes_per_s == Approx(282.5e9).epsilon(1e-3));
+  CHECK(small.seconds >= 4 * full.seconds);
+  // Four times the warps (1024-thread blocks): four times the bytes in flight, a quarter the time.
+  KernelWork wide = copy_work(GiB, 16, 24);
+  wide.threads_per_block = 1024;
+  const Prediction w = predict_h200(wide);
+  CHECK(w.binding == "latency (bytes in flight)");
+  CHECK((w.seconds - kLaunch) == Approx((small.seconds - kLaunch) / 4).epsilon(1e-6));
+}
+
+TEST_CASE("h200 model: 4-byte loads at one request per warp cannot fill HBM; 16-byte loads can",
+          "[h200_model]") {
+  // A 1 GiB read. DRAM bound: 2^30 / 4.8 TB/s = 223.7 us.
+  const Prediction narrow = predict_h200(read_work(GiB, 4));
+  const Prediction wide = predict_h200(read_work(GiB, 16));
+  CHECK(limit(narrow, "DRAM") == Approx(223.7e-6).epsilon(1e-3));
+  // 4-byte loads: 8448 warps x 128 bytes = 1.08 MB in flight / 348 ns = 3.11 TB/s < 4.8 TB/s.
+  // 1048576 blocks / 1056 a wave = 993 waves x 1 round trip x 348 ns = 345.6 us.
+  CHECK(narrow.binding == "latency (bytes in flight)");
+  CHECK(narrow.achievable_bytes_per_s == Approx(3.107e12).epsilon(1e-3));
+  CHECK(limit(narrow, "latency (bytes in flight)") == Approx(345.6e-6).epsilon(1e-3));
+  CHECK(narrow.roofline_fraction == Approx(223.7 / (345.6 + 2.43)).epsilon(2e-3));
+  // 16-byte loads: 4 times the bytes a request: 12.4 TB/s, capped; 249 waves x 348 ns = 86.7 us.
+  CHECK(wide.binding == "DRAM");
+  CHECK(wide.seconds < narrow.seconds);
+}
+
+TEST_CASE("h200 model: a 4096^3 bf16 GEMM is tensor-bound near 139 us", "[h200_model]") {
+  KernelWork w;
+  w.blocks = 1024;  // 128 x 128 output tiles
+  w.threads_per_block = 256;
+  w.shared_bytes_per_block = 64 * 1024;       // -> 3 blocks per SM
+  w.tensor_flops = 2.0 * 4096 * 4096 * 4096;  // 137.4 GFLOP
+  w.dram_bytes = 3.0 * 4096 * 4096 * 2;       // A, B read and C written once: 100.7 MB
+  w.l2_sectors = GiB / 32;                    // tiles re-read from L2: 1 GiB (modest)
+  w.global_load_requests = GiB / 512;         // 16-byte cp.async: 512 bytes a request
+  w.global_load_sectors = GiB / 32;
+  const Prediction p = predict_h200(w);
+  CHECK(p.binding == "tensor");
+  CHECK(p.blocks_per_sm == 3);
+  // 137.44 GFLOP / 989 TFLOPS = 138.97 us; the busiest SM runs ceil(1024 / 132) = 8 blocks, not
+  // 7.76: x 1.031 = 143.31 us; + 2.43 us launch = 145.74 us.
+  CHECK(limit(p, "tensor") == Approx(143.31e-6).epsilon(1e-3));
+  CHECK(p.seconds == Approx(145.74e-6).epsilon(1e-3));
+  CHECK(p.roofline_fraction == Approx(138.97 / 145.74).epsilon(2e-3));
+  // The others stay below: DRAM 21.0 us, L2 109.8 us; latency: 9.4% of the loaded bytes from DRAM
+  // (348 ns), the rest from L2 (141.6 ns) = 161.0 ns x 256 round trips x 3 waves = 123.6 us.
+  CHECK(limit(p, "DRAM") == Approx(20.97e-6).epsilon(1e-3));
+  CHECK(limit(p, "L2") == Approx(109.8e-6).epsilon(1e-3));
+  CHECK(limit(p, "latency (bytes in flight)") == Approx(123.6e-6).epsilon(2e-3));
+}
+
+TEST_CASE("h200 model: a 1-block launch with trivial work costs the launch latency", "[h200_model]") {
+  KernelWork w;
+  w.blocks = 1;
+  w.threads_per_block = 32;
+  w.dram_bytes = 4;  // one 4-byte store
+  w.l2_sectors = 1;
+  w.fp32_flops = 64;
+  const Prediction p = predict_h200(w);
+  CHECK(p.binding == "launch");
+  CHECK(p.seconds == Approx(kLaunch).epsilon(1e-3));
+  CHECK(p.active_sms == 1);
+  CHECK(p.roofline_fraction < 1e-3);
+  // One load from DRAM as well (32 more DRAM bytes): one round trip, 348 ns, added to the launch.
+  w.global_load_requests = 1;
+  w.global_load_sectors = 1;
+  w.dram_bytes += 32;
+  CHECK(predict_h200(w).seconds == Approx(kLaunch + 348e-9).epsilon(1e-3));
+}
+
+TEST_CASE("h200 model: wave quantisation and a small grid's share of the SMs", "[h200_model]") {
+  H200 no_launch;
+  no_launch.launch_latency_s = 0;
+  // One block per SM (1024 threads, 120 KB of shared memory), 1 GFLOP of FP32 each.
+  auto grid = [&](uint64_t blocks) {
+    KernelWork w;
+    w.blocks = blocks;
+    w.threads_per_block = 1024;
+    w.shared_bytes_per_block = 120 * 1024;
+    w.fp32_flops = 1e9 * static_cast<double>(blocks);
+    return predict_h200(w, no_launch);
+  };
+  const Prediction one_wave = grid(132), tail = grid(133), two_waves = grid(264);
+  CHECK(one_wave.blocks_per_sm == 1);
+  CHECK(one_wave.binding == "fp32");
+  // 132 GFLOP / 67 TFLOPS = 1.970 ms; 133 blocks: a second wave of one block doubles it.
+  CHECK(one_wave.seconds == Approx(1.970e-3).epsilon(1e-3));
+  CHECK(tail.waves == Approx(133.0 / 132));
+  CHECK(tail.seconds == Approx(2 * one_wave.seconds));
+  CHECK(two_waves.seconds == Approx(tail.seconds));
+  CHECK(tail.roofline_fraction == Approx(133.0 / 264));
+
+  // 24 blocks doing the work of 132: only 24 SMs' share of the FP32 peak, 132 / 24 = 5.5x slower.
+  KernelWork w;
+  w.blocks = 24;
+  w.threads_per_block = 256;
+  w.fp32_flops = 132e9;
+  const Prediction few = predict_h200(w, no_launch);
+  CHECK(few.active_sms == 24);
+  CHECK(few.seconds == Approx(5.5 * one_wave.seconds));
+  // The same for shared memory: one wavefront per SM per clock. 24 SMs x 1.98 GHz for 1e9
+  // wavefronts = 21.04 ms.
+  KernelWork s;
+  s.blocks = 24;
+  s.threads_per_block = 256;
+  s.shared_wavefronts = 1e9;
+  const Prediction sp = predict_h200(s, no_launch);
+  CHECK(sp.binding == "shared");
+  CHECK(sp.seconds == Approx(1e9 / (24 * 1.98e9)).epsilon(1e-9));
+  // Latency-bound blocks quantise by whole waves too: 264 blocks of 2 per SM are one wave,
+  // 265 are two.
+  auto loads = [&](uint64_t blocks) {
+    KernelWork l;
+    l.blocks = blocks;
+    l.threads_per_block = 1024;
+    l.global_load_requests = 32.0 * 100 * static_cast<double>(blocks);  // 100 round trips a warp
+    l.global_load_sectors = 4 * l.global_load_requests;
+    l.dram_bytes = 128 * l.global_load_requests;
+    return predict_h200(l, no_launch);
+  };
+  CHECK(loads(264).binding == "latency (bytes in flight)");
+  CHECK(loads(264).seconds == Approx(100 * 348e-9));
+  CHECK(loads(265).seconds == Approx(2 * 100 * 348e-9));
+}
+
+TEST_CASE("h200 model: properties of every prediction", "[h200_model]") {
+  std::mt19937_64 rng(20261202);
+  auto uniform = [&](double lo, double hi) { return std::uniform_real_distribution<double>(lo, hi)(rng); };
+  auto log_uniform = [&](double lo, double hi) { return std::exp(uniform(std::log(lo), std::log(hi))); };
+  const int threads[] = {32, 64, 96, 128, 256, 384, 512, 1000, 1024};
+  for (int i = 0; i < 2000; ++i) {
+    KernelWork w;
+    w.blocks = static_cast<uint64_t>(log_uniform(1, 1e7));
+    w.threads_per_block = threads[i % 9];
+    w.shared_bytes_per_block = static_cast<uint64_t>(uniform(0, 227 * 1024)) * (i % 3 == 0);
+    w.registers_per_thread = (i % 4 == 0) ? 32 : 0;
+    const bool zero = i % 7 == 0;  // some launches do (almost) nothing
+    w.dram_bytes = zero ? 0 : log_uniform(1, 1e11);
+    w.l2_sectors = zero ? 0 : log_uniform(1, 1e10);
+    w.global_load_requests = zero ? 0 : log_uniform(1, 1e9);
+    w.global_load_sectors = w.global_load_requests * uniform(1, 16);
+    w.shared_wavefronts = (i % 2) ? log_uniform(1, 1e10) : 0;
+    w.fp32_flops = (i % 3) ? log_uniform(1, 1e13) : 0;
+    w.tensor_flops = (i % 5) ? 0 : log_uniform(1, 1e14);
+    const Prediction p = predict_h200(w);
+    INFO("case " << i << ": " << mg_emu::describe(p));
+    REQUIRE(p.limits.size() == 7);
+    CHECK(p.roofline_fraction >= 0);
+    CHECK(p.roofline_fraction <= 1);
+    CHECK(p.seconds >= kLaunch);
+    double largest = 0;
+    std::string largest_name;
+    for (const mg_emu::Limit& l : p.limits) {
+      CHECK(l.seconds >= 0);
+      CHECK(p.seconds >= l.seconds);
+      if (l.seconds > largest) largest = l.seconds, largest_name = l.name;
+    }
+    CHECK(p.binding == largest_name);
+    CHECK(p.blocks_per_sm >= 1);
+    CHECK(p.blocks_per_sm <= 32);
+    CHECK(p.waves * 132 * p.blocks_per_sm == Approx(static_cast<double>(w.blocks)));
+    // More DRAM bytes, or more FLOPs, never make a launch faster.
+    KernelWork more = w;
+    more.dram_bytes = 2 * w.dram_bytes + 1;
+    more.fp32_flops = 2 * w.fp32_flops + 1;
+    CHECK(predict_h200(more).seconds >= p.seconds);
+  }
+}
+
+TEST_CASE("h200 model: a step is its launches plus its host synchronisations", "[h200_model]") {
+  const Prediction a = predict_h200(copy_work(GiB, 16, 262144));
+  const Prediction b = predict_h200(copy_work(GiB, 16, 24));
+  // 449.83 us + 3.803 ms + 3 synchronisations x 10 us (the stated assumption).
+  CHECK(mg_emu::predict_step_seconds({a, b}, 3) == Approx(449.83e-6 + 3.803e-3 + 30e-6).epsilon(1e-3));
+  CHECK(mg_emu::predict_step_seconds({}, 0) == 0);
+  const std::string line = mg_emu::describe(a);
+  CHECK(line.find("predicted 449.8") == 0);
+  CHECK(line.find("bound by DRAM") != std::string::npos);
+}
