@@ -561,6 +561,9 @@ void cp_async_commit() {
 
 void cp_async_wait(int pending_groups_allowed) {
   EmuThread& t = *block().current;
+  const int in_flight = static_cast<int>(t.committed_copies.size() - t.landed_groups);
+  if (in_flight > pending_groups_allowed)  // the profiler: this wait is (landed / in flight) round trips
+    trace_async_wait(double(in_flight - std::max(pending_groups_allowed, 0)) / in_flight);
   while (static_cast<int>(t.committed_copies.size() - t.landed_groups) > pending_groups_allowed) {
     for (const PendingCopy& c : t.committed_copies[t.landed_groups]) std::memcpy(c.dst, c.bytes, 16);
     t.committed_copies[t.landed_groups++].clear();

@@ -116,19 +116,24 @@ Prediction predict_h200(const KernelWork& w, const H200& gpu) {
   const double tensor = tensor_ideal * quantisation;
 
   // ---- latency (Little's law) -----------------------------------------------------------------
-  // Resident warps: the blocks present at once (capped by the grid) times their warps. ASSUMPTION:
-  // each keeps ONE global load request in flight, so a warp's loads are round trips one after the
-  // other, and a block lasts (its warps' requests each) x latency; blocks run in whole waves.
+  // Resident warps: the blocks present at once (capped by the grid) times their warps. A warp's
+  // loads are round trips one after the other -- as the tracer counts them (loads of different
+  // instructions issued together share one; a cp.async pipeline n deep hides n - 1 of n), or,
+  // without its count, ASSUMED one per load request -- and a block lasts (its warps' round trips)
+  // x latency; blocks run in whole waves.
   const uint64_t resident_blocks = std::min<uint64_t>(w.blocks, wave_blocks);
   p.resident_warps = static_cast<int>(resident_blocks * static_cast<uint64_t>(warps_per_block));
   const double load_bytes = w.global_load_sectors * gpu.sector_bytes;
   p.bytes_per_request = w.global_load_requests > 0 ? load_bytes / w.global_load_requests : 0;
-  p.bytes_in_flight = p.resident_warps * p.bytes_per_request;
+  const double round_trips = w.load_round_trips >= 0 ? w.load_round_trips : w.global_load_requests;
+  p.bytes_in_flight = round_trips > 0 ? p.resident_warps * load_bytes / round_trips : 0;
   // A request that misses L2 waits for DRAM, one that hits waits for L2: the DRAM share of the
   // loaded bytes is taken from the L2 model's DRAM bytes (which include the writes: an upper bound).
   const double dram_share = load_bytes > 0 ? std::min(1.0, w.dram_bytes / load_bytes) : 1.0;
   p.load_latency_seconds = dram_share * gpu.dram_latency_s + (1 - dram_share) * gpu.l2_latency_s;
-  const double round_trips_per_warp = w.global_load_requests / (blocks * warps_per_block);
+  // The tracer counts round trips (loads in flight together are one; a cp.async pipeline hides
+  // most); without its count, every load request is one.
+  const double round_trips_per_warp = round_trips / (blocks * warps_per_block);
   const double whole_waves = static_cast<double>((w.blocks + wave_blocks - 1) / wave_blocks);
   const double latency = round_trips_per_warp * p.load_latency_seconds * whole_waves;
   p.achievable_bytes_per_s =

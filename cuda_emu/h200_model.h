@@ -33,6 +33,8 @@ struct KernelWork {
   double l2_sectors = 0;            // 32-byte sectors the SMs request from L2 (global loads+stores+atomics)
   double global_load_requests = 0;  // warp-level requests
   double global_load_sectors = 0;   // sectors of those requests (for bytes in flight)
+  double load_round_trips = -1;     // memory round trips summed over warps (the tracer's
+                                    // LaunchProfile::load_round_trips); < 0: one per load request
   double shared_wavefronts = 0;     // shared-memory wavefronts (loads, stores, atomics)
   double fp32_flops = 0;            // CUDA-core FLOPs (declared by the caller; an FMA = 2)
   double tensor_flops = 0;          // tensor-core FLOPs (bf16/f16 mma: counted)
@@ -59,7 +61,7 @@ struct Prediction {
   // Beyond the tracer's interface: the Little's-law inputs, for the table and the doc.
   int resident_warps = 0;           // warps resident at once: min(blocks, 132 * blocks_per_sm) * warps/block
   double bytes_per_request = 0;     // global_load_sectors * 32 / global_load_requests
-  double bytes_in_flight = 0;       // resident_warps * bytes_per_request (one request per warp)
+  double bytes_in_flight = 0;       // resident_warps * loaded bytes per round trip
   double load_latency_seconds = 0;  // the latency one load round trip is assumed to take
   double achievable_bytes_per_s = 0;  // bytes_in_flight / load latency, capped at the HBM bandwidth
   double ideal_seconds = 0;           // the ideal roofline time roofline_fraction divides

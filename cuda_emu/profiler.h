@@ -75,6 +75,13 @@ struct LaunchProfile {
   double scale = 1;                     // blocks / traced_blocks: the counts below are scaled
   AccessCounts global_load, global_store, global_atomic, shared_load, shared_store, shared_atomic;
   double mma = 0, ldmatrix = 0, cp_async = 0;  // warp-level instructions
+  // Memory round trips, summed over warps (each warp: its slowest lane). A warp's global loads
+  // are one round trip until an instruction repeats or a barrier passes: loads of different
+  // instructions between two such points (an unrolled loop, a tile's A and B) can be in flight
+  // together, while a loop's next iteration is taken to wait for the last one's data (in-order
+  // issue stalls at its first use). cp.async loads are not round trips; a cp.async.wait_group that
+  // lands g of the n groups in flight is g / n of one (a pipeline n deep hides n - 1 of n).
+  double load_round_trips = 0;
   double tensor_flops = 0;                     // 2 * 16 * 8 * 16 per mma.m16n8k16
   double dram_read_first_touch = 0, dram_write_first_touch = 0;  // bytes, infinite L2
   double dram_read_lru = 0, dram_write_lru = 0;                  // bytes, LRU L2 of Options::l2_bytes

@@ -94,6 +94,7 @@ struct LaunchTrace {
   std::unordered_map<uintptr_t, SiteTotals> sites;
   std::vector<BlockSectors> blocks;
   uint64_t static_shared_bytes = 0;
+  double round_trips = 0;
 
   bool is_global(uintptr_t a) const {
     auto it = std::upper_bound(global.begin(), global.end(), std::make_pair(a, UINTPTR_MAX));
@@ -104,7 +105,7 @@ struct LaunchTrace {
 class BlockTrace {
  public:
   BlockTrace(LaunchTrace* launch, uint64_t linear, int threads, const void* dynamic_shared, size_t dynamic_bytes)
-      : launch_(launch), linear_(linear), occurrences_(static_cast<size_t>(threads)),
+      : launch_(launch), linear_(linear), threads_(static_cast<size_t>(threads)),
         pending_(static_cast<size_t>((threads + 31) / 32)) {
     if (dynamic_bytes > 0) {
       const uintptr_t d = reinterpret_cast<uintptr_t>(dynamic_shared);
@@ -113,6 +114,12 @@ class BlockTrace {
   }
 
   void set_thread(int linear) { current_ = linear; }
+
+  // Round trips (profiler.h: LaunchProfile::load_round_trips), per thread.
+  void async_wait(double round_trips) { threads_[static_cast<size_t>(current_)].round_trips += round_trips; }
+  void barrier_passed() {
+    for (ThreadState& t : threads_) t.batch.clear();
+  }
   void add_shared(const void* p, size_t bytes) {
     const uintptr_t a = reinterpret_cast<uintptr_t>(p);
     shared_.emplace_back(a, a + bytes);
@@ -129,7 +136,16 @@ class BlockTrace {
         return;  // a register spill, the stack, the kernel's arguments: not memory a GPU kernel sees
       }
     }
-    const uint32_t occurrence = occurrences_[static_cast<size_t>(current_)][site]++;
+    ThreadState& thread = threads_[static_cast<size_t>(current_)];
+    if (space == Space::global && op == Op::load) {  // a synchronous load: a new round trip?
+      if (thread.batch.empty() ||
+          std::find(thread.batch.begin(), thread.batch.end(), site) != thread.batch.end()) {
+        thread.batch.clear();
+        thread.round_trips += 1;
+      }
+      thread.batch.push_back(site);
+    }
+    const uint32_t occurrence = thread.occurrences[site]++;
     Pending& p = pending_[static_cast<size_t>(current_ / 32)][Key{site, occurrence}];
     p.space = space;
     p.op = op;
@@ -154,7 +170,14 @@ class BlockTrace {
 
   void finish(size_t static_shared_bytes) {
     flush();
+    double round_trips = 0;  // per warp, its slowest lane
+    for (size_t w = 0; w < threads_.size(); w += 32) {
+      double slowest = 0;
+      for (size_t l = w; l < std::min(threads_.size(), w + 32); ++l) slowest = std::max(slowest, threads_[l].round_trips);
+      round_trips += slowest;
+    }
     std::lock_guard<std::mutex> lock(launch_->mutex);
+    launch_->round_trips += round_trips;
     for (auto& [site, t] : sites_) {
       SiteTotals& into = launch_->sites[site];
       into.space = t.space;
@@ -241,11 +264,17 @@ class BlockTrace {
     }
   }
 
+  struct ThreadState {
+    std::unordered_map<uintptr_t, uint32_t> occurrences;  // site -> executions so far
+    std::vector<uintptr_t> batch;                          // the load sites of the open round trip
+    double round_trips = 0;
+  };
+
   LaunchTrace* launch_;
   uint64_t linear_;
   int current_ = 0;
   std::vector<std::pair<uintptr_t, uintptr_t>> shared_;
-  std::vector<std::unordered_map<uintptr_t, uint32_t>> occurrences_;  // per thread: site -> executions
+  std::vector<ThreadState> threads_;
   std::vector<std::unordered_map<Key, Pending, KeyHash>> pending_;     // per warp: open requests
   std::unordered_map<uintptr_t, SiteTotals> sites_;
   std::unordered_map<uint64_t, size_t> sector_index_;
@@ -343,6 +372,7 @@ void trace_launch_done(LaunchTrace& t) {
   r.traced_blocks = t.blocks.size();
   r.scale = r.traced_blocks > 0 ? double(r.blocks) / double(r.traced_blocks) : 0;
   r.shared_bytes_per_block += t.static_shared_bytes;
+  r.load_round_trips = t.round_trips * r.scale;
   const Traffic unbounded = dram_traffic(t.blocks, 0, r.blocks);
   const Traffic lru = dram_traffic(t.blocks, std::max<uint64_t>(1, t.options.l2_bytes / kSector), r.blocks);
   r.dram_read_first_touch = unbounded.read;
@@ -405,7 +435,13 @@ void trace_switch_thread(int linear_thread) {
   if (t_block_trace != nullptr) t_block_trace->set_thread(linear_thread);
 }
 void trace_barrier_opened() {
-  if (t_block_trace != nullptr) t_block_trace->flush();
+  if (t_block_trace != nullptr) {
+    t_block_trace->flush();
+    t_block_trace->barrier_passed();
+  }
+}
+void trace_async_wait(double round_trips) {
+  if (t_block_trace != nullptr) t_block_trace->async_wait(round_trips);
 }
 void trace_static_shared(const void* storage, size_t bytes) {
   if (t_block_trace != nullptr) t_block_trace->add_shared(storage, bytes);
@@ -473,7 +509,19 @@ std::string basename_line(const char* file, int line) {
 }
 
 // Call sites (return addresses of the instrumentation calls) -> "file.cu:line", through addr2line
-// over each shared object's line table (libmultigrad_traced is built with -g1).
+// over each shared object's line table (libmultigrad_traced is built with -g1). An access inlined
+// from a helper in a header names the kernel's line too: "common.cuh:66 < softmax.cu:120".
+std::string short_location(std::string text) {
+  text = text.substr(0, text.find_first_of(" \n"));
+  const size_t slash = text.rfind('/');
+  return slash == std::string::npos ? text : text.substr(slash + 1);
+}
+bool is_header(const std::string& location) {
+  const size_t colon = location.rfind(':');
+  const std::string file = location.substr(0, colon);
+  return file.size() > 2 && (file.compare(file.size() - 2, 2, ".h") == 0 || file.compare(file.size() - 4, 4, ".cuh") == 0);
+}
+
 std::map<uintptr_t, std::string> resolve(const std::vector<uintptr_t>& pcs) {
   std::map<std::string, std::vector<std::pair<uintptr_t, uintptr_t>>> by_object;  // object -> (pc, offset)
   for (uintptr_t pc : pcs) {
@@ -484,7 +532,8 @@ std::map<uintptr_t, std::string> resolve(const std::vector<uintptr_t>& pcs) {
   std::map<uintptr_t, std::string> names;
   for (const auto& [object, list] : by_object) {
     for (size_t first = 0; first < list.size(); first += 200) {
-      std::string command = "addr2line -e '" + object + "'";
+      // -a: each address first, then its inlining chain (-i), innermost first.
+      std::string command = "addr2line -a -i -e '" + object + "'";
       const size_t last = std::min(list.size(), first + 200);
       for (size_t i = first; i < last; ++i) {
         char hex[32];
@@ -493,14 +542,29 @@ std::map<uintptr_t, std::string> resolve(const std::vector<uintptr_t>& pcs) {
       }
       FILE* pipe = popen(command.c_str(), "r");
       if (pipe == nullptr) continue;
+      std::vector<std::vector<std::string>> chains;
       char text[4096];
-      for (size_t i = first; i < last && std::fgets(text, sizeof text, pipe) != nullptr; ++i) {
-        std::string line(text);
-        line = line.substr(0, line.find_first_of(" \n"));
-        const size_t slash = line.rfind('/');
-        names[list[i].first] = slash == std::string::npos ? line : line.substr(slash + 1);
+      while (std::fgets(text, sizeof text, pipe) != nullptr) {
+        if (std::strncmp(text, "0x", 2) == 0) {
+          chains.emplace_back();
+        } else if (!chains.empty()) {
+          chains.back().push_back(short_location(text));
+        }
       }
       pclose(pipe);
+      for (size_t i = first; i < last && i - first < chains.size(); ++i) {
+        const std::vector<std::string>& chain = chains[i - first];
+        if (chain.empty()) continue;
+        std::string name = chain.front();
+        if (is_header(name)) {
+          for (const std::string& outer : chain)
+            if (!is_header(outer)) {
+              name += " < " + outer;
+              break;
+            }
+        }
+        names[list[i].first] = name;
+      }
     }
   }
   return names;

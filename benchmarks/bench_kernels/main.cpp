@@ -308,6 +308,31 @@ struct Report {
   std::vector<FamilyRun> families;
 };
 
+// --profile's numbers for a row's JSON (profile.cpp; every time a PREDICTION for an H200).
+std::vector<std::pair<const char*, double>> profile_fields(const bench::ProfileRow& p) {
+  return {{"launches", p.launches},
+          {"blocks", p.blocks},
+          {"traced_blocks", p.traced_blocks},
+          {"load_requests", p.load_requests},
+          {"load_sectors", p.load_sectors},
+          {"load_bytes", p.load_bytes},
+          {"store_requests", p.store_requests},
+          {"store_sectors", p.store_sectors},
+          {"store_bytes", p.store_bytes},
+          {"atomic_lanes", p.atomic_lanes},
+          {"shared_requests", p.shared_requests},
+          {"shared_wavefronts", p.shared_wavefronts},
+          {"shared_ideal_wavefronts", p.shared_ideal_wavefronts},
+          {"mma", p.mma},
+          {"dram_bytes_lru_l2", p.dram_bytes},
+          {"dram_bytes_first_touch", p.dram_bytes_first_touch},
+          {"ideal_bytes", p.ideal_bytes},
+          {"fp32_flops", p.fp32_flops},
+          {"tensor_flops", p.tensor_flops},
+          {"predicted_seconds", p.predicted_seconds},
+          {"predicted_roofline_fraction", p.roofline_fraction}};
+}
+
 #ifdef MG_HAS_NLOHMANN_JSON
 nlohmann::json number(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
 
@@ -365,6 +390,11 @@ std::string to_json(const Report& rep) {
                            {"failed", r.failed},
                            {"check", verdict(r)},
                            {"note", r.note}});
+      if (r.profile.valid) {
+        nlohmann::json p = {{"binding", r.profile.binding}, {"worst_sites", r.profile.worst_sites}};
+        for (const auto& [key, value] : profile_fields(r.profile)) p[key] = number(value);
+        j["rows"].back()["profile"] = p;
+      }
     }
   }
   j["wrong_rows"] = wrong;
@@ -444,7 +474,15 @@ std::string to_json(const Report& rep) {
            << ", \"max_rel_error\": " << number(r.max_rel_error >= 0 ? r.max_rel_error : NAN)
            << ", \"tolerance\": " << number(r.tolerance >= 0 ? r.tolerance : NAN)
            << ", \"failed\": " << boolean(r.failed) << ", \"check\": " << quote(verdict(r))
-           << ", \"note\": " << quote(r.note) << "}";
+           << ", \"note\": " << quote(r.note);
+      if (r.profile.valid) {
+        rows << ", \"profile\": {\"binding\": " << quote(r.profile.binding) << ", \"worst_sites\": [";
+        for (size_t w = 0; w < r.profile.worst_sites.size(); ++w) rows << (w ? ", " : "") << quote(r.profile.worst_sites[w]);
+        rows << "]";
+        for (const auto& [key, value] : profile_fields(r.profile)) rows << ", " << quote(key) << ": " << number(value);
+        rows << "}";
+      }
+      rows << "}";
       first_row = false;
     }
   }

@@ -8,7 +8,9 @@
 // family then attaches the counters to its row with take_profile(ideal bytes, CUDA-core FLOPs),
 // and main.cpp prints them as the profile table. Every time here is a PREDICTION.
 #include <algorithm>
+#include <cstdio>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -42,6 +44,7 @@ mg_emu::KernelWork work_of(const profile::LaunchProfile& l, double fp32_flops) {
   w.l2_sectors = l.global_load.sectors + l.global_store.sectors + l.global_atomic.sectors;
   w.global_load_requests = l.global_load.requests;
   w.global_load_sectors = l.global_load.sectors;
+  w.load_round_trips = l.load_round_trips;
   w.shared_wavefronts = l.shared_load.wavefronts + l.shared_store.wavefronts + l.shared_atomic.wavefronts;
   w.fp32_flops = fp32_flops;
   w.tensor_flops = l.tensor_flops;
@@ -84,7 +87,7 @@ ProfileRow take_profile(double ideal_bytes, double fp32_flops) {
   double all_threads = 0;
   for (const auto& l : launches) all_threads += threads_of(l);
   double ideal_seconds = 0, slowest = -1;
-  std::vector<std::pair<double, std::string>> sites;
+  std::map<std::string, std::pair<bool, profile::AccessCounts>> sites;  // "where space op" -> counts
   for (const auto& l : launches) {
     p.blocks += static_cast<double>(l.blocks);
     p.traced_blocks += static_cast<double>(l.traced_blocks);
@@ -112,20 +115,28 @@ ProfileRow take_profile(double ideal_bytes, double fp32_flops) {
       slowest = pred.seconds;
       p.binding = pred.binding;
     }
-    for (const profile::SiteCounts& s : l.sites) {
-      const profile::AccessCounts& c = s.counts;
-      if (c.requests == 0 || s.space == profile::Space::none) continue;
-      const std::string text =
-          s.where + " " + (s.space == profile::Space::global ? "global " : "shared ") + profile::name_of(s.op) +
-          (s.space == profile::Space::global
-               ? ": " + std::to_string(c.sectors / c.requests).substr(0, 4) + " sectors/req"
-               : ": " + std::to_string(c.wavefronts / c.requests).substr(0, 4) + " wavefronts/req");
-      sites.emplace_back((c.sectors + c.wavefronts) * l.scale, text);
+    for (const profile::SiteCounts& s : l.sites) {  // one line per instruction, its instances merged
+      if (s.counts.requests == 0 || s.space == profile::Space::none) continue;
+      const std::string key = s.where + (s.space == profile::Space::global ? " global " : " shared ") +
+                              profile::name_of(s.op);
+      profile::AccessCounts scaled = s.counts;
+      for (double* v : {&scaled.requests, &scaled.sectors, &scaled.wavefronts}) *v *= l.scale;
+      auto& [global, counts] = sites[key];
+      global = s.space == profile::Space::global;
+      counts.add(scaled);
     }
   }
+  std::vector<std::pair<double, std::string>> worst;
+  for (const auto& [key, site] : sites) {
+    const auto& [global, c] = site;
+    char text[64];
+    std::snprintf(text, sizeof text, ": %.2f %s/req", (global ? c.sectors : c.wavefronts) / c.requests,
+                  global ? "sectors" : "wavefronts");
+    worst.emplace_back(c.sectors + c.wavefronts, key + text);
+  }
   p.roofline_fraction = p.predicted_seconds > 0 ? ideal_seconds / p.predicted_seconds : 0;
-  std::sort(sites.begin(), sites.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
-  for (size_t i = 0; i < sites.size() && i < 3; ++i) p.worst_sites.push_back(sites[i].second);
+  std::sort(worst.begin(), worst.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (size_t i = 0; i < worst.size() && i < 3; ++i) p.worst_sites.push_back(worst[i].second);
   return p;
 }
 

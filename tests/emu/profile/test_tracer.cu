@@ -76,6 +76,16 @@ __global__ void two_reads_kernel(const float* in, float* out, int n) {
   if (i < n) out[i] = in[i] + in[n - 1 - i];
 }
 
+// Four iterations of a loop: each waits for the last one's load (4 round trips); then two loads
+// of different instructions issued together (1 round trip).
+__global__ void round_trips_kernel(const float* in, float* out) {
+  const int i = static_cast<int>(threadIdx.x);
+  float sum = 0;
+  for (int k = 0; k < 4; ++k) sum += in[k * 32 + i] * 0.5f;
+  __syncthreads();
+  out[i] = sum + in[i] + in[32 + i];
+}
+
 __global__ void mma_kernel(float* out) {
   float d[4] = {0, 0, 0, 0};
   const uint32_t a[4] = {0x3f803f80u, 0, 0, 0};  // bf16 ones in the first register
@@ -122,6 +132,7 @@ TEST_CASE("a coalesced 4-byte copy: 4 sectors per request, DRAM bytes = the idea
   CHECK(p.dram_read_first_touch == n * 4.0);
   CHECK(p.dram_write_first_touch == n * 4.0);
   CHECK(p.dram_bytes_lru() == p.dram_bytes_first_touch());
+  CHECK(p.load_round_trips == n / 32);  // one load per warp
   // Both accesses are named by their line in this file.
   REQUIRE(p.sites.size() == 2);
   for (const profile::SiteCounts& s : p.sites) CHECK(s.where.rfind("test_tracer.cu:", 0) == 0);
@@ -261,6 +272,17 @@ TEST_CASE("mma.m16n8k16: one instruction per warp, 4096 tensor FLOPs each", "[pr
       profile_one([&] { launch_kernel<mma_kernel>(dim3(2), dim3(64), 0, nullptr, out); });
   CHECK(p.mma == 4);
   CHECK(p.tensor_flops == 4 * 4096.0);
+  cudaFree(out);
+}
+
+TEST_CASE("round trips: a loop's iterations one after another, different loads together", "[profile][tracer]") {
+  float* in = device_buffer<float>(128, std::vector<float>(128, 1.f));
+  float* out = device_buffer<float>(64);
+  const profile::LaunchProfile p =
+      profile_one([&] { launch_kernel<round_trips_kernel>(dim3(1), dim3(64), 0, nullptr, in, out); });
+  CHECK(p.global_load.requests == 2 * 6);
+  CHECK(p.load_round_trips == 2 * 5);  // two warps, 4 + 1 each
+  cudaFree(in);
   cudaFree(out);
 }
 
