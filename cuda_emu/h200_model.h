@@ -9,9 +9,9 @@
 //     tensor FLOPs / the dense BF16/FP16 tensor-core peak;
 //   * the per-SM ones (shared, FP32, tensor) are quantised over the 132 SMs: the busiest SM runs
 //     ceil(blocks / 132) blocks, so a grid of fewer than 132 blocks gets only its SMs' share;
-//   * latency (Little's law): each resident warp is ASSUMED to keep ONE global load request in
-//     flight (conservative: unrolled loops and cp.async pipelines keep several), so the loads
-//     need (requests per warp) round trips of the memory latency, wave after wave;
+//   * latency (Little's law): each resident warp's memory round trips come one after another
+//     (counted by the tracer: loads issued together share one, a cp.async pipeline n deep hides
+//     n - 1 of n; without its count, ASSUMED one per load request), wave after wave;
 //   * plus the launch latency.
 // Occupancy follows NVIDIA's occupancy calculator (cuda_occupancy.h of the CUDA toolkit) for
 // compute capability 9.0.
