@@ -55,10 +55,14 @@ Tensor cross_entropy_2d(const Tensor& logits_in, const Tensor& targets_in,
   Tensor logits = logits_in.detach().contiguous();
   Tensor targets = targets_in.detach().to(DType::i64).contiguous();
   const int64_t rows = logits.size(0), classes = logits.size(1);
+  const bool need_grad = autograd::any_requires_grad({logits_in});
   Tensor losses = new_output({rows}, logits.dtype(), logits);
   // The number of rows not ignored, the mean's divisor, stays on the logits' device (f32, exact to
   // 2^24 rows): on a GPU the step never waits for it.
   Tensor counted = new_output({}, DType::f32, logits);
+  // CUDA: each row's max and log-sum-exp, [rows, 2] in the compute type, saved for the backward
+  // (as layer_norm saves mean and rstd), which then reads the logits once.
+  Tensor row_stats;
   if (logits.device().is_cuda()) {
 #if defined(MG_HAS_CUDA)
     // The kernel's verdict on the targets lands in three device words whose copy to the host is
@@ -66,11 +70,13 @@ Tensor cross_entropy_2d(const Tensor& logits_in, const Tensor& targets_in,
     // row and the value (core/cuda_device_checks.h). The words' memory is reused only after the copy.
     const int device = logits.device().index;
     cuda::DeviceGuard guard(device);
+    if (need_grad)
+      row_stats = new_output({rows, 2}, logits.dtype() == DType::f64 ? DType::f64 : DType::f32, logits);
     Tensor words = new_output({kernels::cuda::kCrossEntropyCheckWords}, DType::i64, logits);
-    kernels::cuda::cross_entropy_forward_counted(cuda::kernel_stream(device), logits.dtype(),
-                                                 logits.data_ptr(), targets.data<int64_t>(), rows, classes,
-                                                 options.ignore_index, options.label_smoothing,
-                                                 losses.data_ptr(), counted.data<float>(), words.data_ptr());
+    kernels::cuda::cross_entropy_forward_counted(
+        cuda::kernel_stream(device), logits.dtype(), logits.data_ptr(), targets.data<int64_t>(), rows,
+        classes, options.ignore_index, options.label_smoothing, losses.data_ptr(),
+        row_stats.defined() ? row_stats.data_ptr() : nullptr, counted.data<float>(), words.data_ptr());
     const int64_t ignore_index = options.ignore_index;
     cuda::defer_device_check(
         device, words.data_ptr(), words.nbytes(), [rows, classes, ignore_index](const void* host_words) {
@@ -98,7 +104,7 @@ Tensor cross_entropy_2d(const Tensor& logits_in, const Tensor& targets_in,
       case Reduction::Mean: out = divided(sum(losses)); break;
     }
   }
-  if (autograd::any_requires_grad({logits_in})) {
+  if (need_grad) {
     autograd::SavedTensor saved_logits(logits, "cross_entropy"), saved_targets(targets, "cross_entropy");
     const CrossEntropyOptions opts = options;
     autograd::record("CrossEntropyBackward", {logits_in}, {out}, [=](const std::vector<Tensor>& g) {
@@ -112,8 +118,20 @@ Tensor cross_entropy_2d(const Tensor& logits_in, const Tensor& targets_in,
         grad_losses = scale.reshape({1}).expand({rows}).contiguous();
       }
       Tensor gx = new_output(x.shape(), x.dtype(), x);
-      MG_KERNEL(x.device(), cross_entropy_backward, x.dtype(), x.data_ptr(), t.data<int64_t>(), rows, classes,
-                opts.ignore_index, opts.label_smoothing, grad_losses.data_ptr(), gx.data_ptr());
+      if (x.device().is_cuda()) {
+#if defined(MG_HAS_CUDA)
+        // The saved stats: one read of the logits, one write of the gradient.
+        cuda::DeviceGuard guard(x.device().index);
+        kernels::cuda::cross_entropy_backward(cuda::kernel_stream(x.device().index), x.dtype(), x.data_ptr(),
+                                              t.data<int64_t>(), rows, classes, opts.ignore_index,
+                                              opts.label_smoothing, grad_losses.data_ptr(), gx.data_ptr(),
+                                              row_stats.data_ptr());
+#endif
+      } else {
+        kernels::cpu::cross_entropy_backward(x.dtype(), x.data_ptr(), t.data<int64_t>(), rows, classes,
+                                             opts.ignore_index, opts.label_smoothing, grad_losses.data_ptr(),
+                                             gx.data_ptr());
+      }
       return std::vector<Tensor>{gx};
     });
   }
@@ -193,9 +211,10 @@ Tensor layer_norm(const Tensor& x_arg, const Shape& normalized_shape, const Tens
       Tensor gx = new_output(xs.shape(), xs.dtype(), xs);
       Tensor gw = has_w ? new_output(normalized_shape, xs.dtype(), xs) : Tensor();
       Tensor gb = has_b ? new_output(normalized_shape, xs.dtype(), xs) : Tensor();
-      MG_KERNEL(xs.device(), layer_norm_backward, xs.dtype(), gy.data_ptr(), xs.data_ptr(), mean.data_ptr(),
-                rstd.data_ptr(), ws.defined() ? ws.data_ptr() : nullptr, rows, cols, gx.data_ptr(),
-                gw.defined() ? gw.data_ptr() : nullptr, gb.defined() ? gb.data_ptr() : nullptr);
+      MG_KERNEL_SCRATCH(xs.device(), layer_norm_backward, xs.dtype(), gy.data_ptr(), xs.data_ptr(),
+                        mean.data_ptr(), rstd.data_ptr(), ws.defined() ? ws.data_ptr() : nullptr, rows, cols,
+                        gx.data_ptr(), gw.defined() ? gw.data_ptr() : nullptr,
+                        gb.defined() ? gb.data_ptr() : nullptr);
       return std::vector<Tensor>{gx, need_w ? gw : Tensor(), need_b ? gb : Tensor()};
     });
   }
@@ -280,16 +299,49 @@ Tensor embedding(const Tensor& weight, const Tensor& indices_in, int64_t padding
   Shape out_shape = indices.shape();
   out_shape.push_back(dim);
   Tensor out = new_output(out_shape, w.dtype(), w);
-  MG_KERNEL_SCRATCH(w.device(), embedding_forward, w.dtype(), w.data_ptr(), num, dim, indices.data<int64_t>(),
-                    indices.numel(), out.data_ptr());
+  const int64_t count = indices.numel();
+  if (w.device().is_cuda()) {
+#if defined(MG_HAS_CUDA)
+    // As cross_entropy's targets: the gather checks the indices itself and its verdict (the first
+    // bad position and its value) is copied back without waiting, an error at the next
+    // synchronisation (core/cuda_device_checks.h). A bad index reads nothing out of bounds.
+    const int device = w.device().index;
+    cuda::DeviceGuard guard(device);
+    Tensor words = new_output({kernels::cuda::kEmbeddingCheckWords}, DType::i64, w);
+    kernels::cuda::embedding_forward_deferred(cuda::kernel_stream(device), w.dtype(), w.data_ptr(), num, dim,
+                                              indices.data<int64_t>(), count, out.data_ptr(),
+                                              words.data_ptr());
+    if (count > 0)
+      cuda::defer_device_check(device, words.data_ptr(), words.nbytes(),
+                               [count, num](const void* host_words) {
+                                 return kernels::cuda::embedding_index_error(host_words, count, num);
+                               });
+#else
+    check(false, "embedding: ", w.device(),
+          " needs the CUDA backend, and this multigrad was built without CUDA");
+#endif
+  } else {
+    kernels::cpu::embedding_forward(w.dtype(), w.data_ptr(), num, dim, indices.data<int64_t>(), count,
+                                    out.data_ptr());
+  }
   if (autograd::any_requires_grad({weight})) {
     autograd::SavedTensor saved_indices(indices, "embedding");
     const DType dtype = w.dtype();
     autograd::record("EmbeddingBackward", {weight}, {out}, [=](const std::vector<Tensor>& g) {
       Tensor idx = saved_indices.unpack(), gy = g[0].contiguous();
       Tensor gw = new_output({num, dim}, dtype, gy);
-      MG_KERNEL_SCRATCH(gy.device(), embedding_backward, dtype, gy.data_ptr(), idx.data<int64_t>(),
-                        idx.numel(), dim, num, padding_idx, gw.data_ptr());
+      if (gy.device().is_cuda()) {
+#if defined(MG_HAS_CUDA)
+        // The forward checked these indices (its verdict is pending or already reported).
+        cuda::DeviceGuard guard(gy.device().index);
+        kernels::cuda::embedding_backward_unchecked(cuda::kernel_stream(gy.device().index), dtype,
+                                                    gy.data_ptr(), idx.data<int64_t>(), idx.numel(), dim, num,
+                                                    padding_idx, gw.data_ptr());
+#endif
+      } else {
+        kernels::cpu::embedding_backward(dtype, gy.data_ptr(), idx.data<int64_t>(), idx.numel(), dim, num,
+                                         padding_idx, gw.data_ptr());
+      }
       return std::vector<Tensor>{gw};
     });
   }

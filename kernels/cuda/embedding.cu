@@ -17,14 +17,26 @@
 //     depends on timing, so those rows may differ in the last bits from run to
 //     run and from the CPU (which sums in position order, in float for halves,
 //     and rounds once; here halves round after every addition).
-//   Index check: before either, a small kernel finds the first position whose
-//     index is out of range (atomicMin), and the host reads it back -- one
-//     stream synchronisation per call -- to throw the CPU's error (position and
-//     value) before anything is written.
+//   Index check, two ways. The ops' embedding forward (embedding_forward_deferred)
+//     checks in the gather itself: a position whose index is out of range gets
+//     zeros and offers itself to a device word (atomicMin), and a one-thread
+//     kernel then stores that position's value beside it. The op queues a copy
+//     of the two words to pinned memory without waiting
+//     (core/cuda_device_checks.h, as for cross-entropy's targets), and the next
+//     host synchronisation (the loss read) throws the error naming position and
+//     value. The op's backward reuses the forward's indices and does no check
+//     of its own (embedding_backward_unchecked); its scatter skips an
+//     out-of-range index, so a bad one never writes out of bounds either. The
+//     kernel entry points embedding_forward/_backward and index_select/index_add
+//     check first instead, with a small kernel and one copy back (a stream
+//     synchronisation per call), and throw the CPU's error before anything is
+//     written.
 //
 // Cost. Gather: read and write outer*count*inner elements, no FLOPs: bandwidth
-// bound (a [4096, 768] f32 lookup moves 25 MB, ~6 us at HBM speed, plus the
-// index check's synchronisation, ~10 us). Scatter-add: read grad_out once and
+// bound (a [4096, 768] f32 lookup moves 25 MB, ~6 us at HBM speed; the deferred
+// check adds a compare per element, a 16-byte memset, a one-thread kernel and
+// a 16-byte copy back, and no wait; the waiting entry points add ~10 us for the
+// synchronisation). Scatter-add: read grad_out once and
 // do one atomic per element; atomics to distinct addresses run near bandwidth,
 // but many positions naming the same row (a frequent token) serialise on it.
 // Also runs on the CPU under the emulator (MG_CUDA=EMULATE): see docs/cuda-emulation.md.
@@ -71,24 +83,43 @@ BadIndex find_bad_index(cudaStream_t stream, ScratchAllocator& scratch, const in
 }
 
 // ---- gather ------------------------------------------------------------------------------
+// With `first_bad` (embedding's deferred check) the gather checks its own indices: a position
+// whose index lies outside [0, s.size) gets zeros, never a read out of bounds, and is offered to
+// *first_bad (atomicMin), which embedding_check_finish_kernel then pairs with its value. Without,
+// the indices were checked before the launch.
 template <class W>
-__global__ void gather_kernel(IndexShape s, const W* input, const int64_t* indices, int64_t count, W* out) {
+__global__ void gather_kernel(IndexShape s, const W* input, const int64_t* indices, int64_t count, W* out,
+                              unsigned long long* first_bad) {
   const int64_t total = s.outer * count * s.inner;
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
        e += int64_t(gridDim.x) * blockDim.x) {
     const int64_t j = e % s.inner, i = (e / s.inner) % count, o = e / (s.inner * count);
-    out[e] = input[(o * s.size + indices[i]) * s.inner + j];
+    const int64_t index = indices[i];
+    if (first_bad != nullptr && (index < 0 || index >= s.size)) {
+      out[e] = W{};  // zero bits
+      if (o == 0 && j == 0) atomicMin(first_bad, static_cast<unsigned long long>(i));
+      continue;
+    }
+    out[e] = input[(o * s.size + index) * s.inner + j];
   }
 }
 
+// After a checking gather: the bad index's value next to its position, for the deferred error
+// message (the indices may be gone by the time the host reads the words).
+__global__ void embedding_check_finish_kernel(unsigned long long* words, const int64_t* indices,
+                                              int64_t count) {
+  if (words[0] < static_cast<unsigned long long>(count))
+    words[1] = static_cast<unsigned long long>(indices[words[0]]);
+}
+
 void gather(DType dtype, const IndexShape& s, const void* input, const int64_t* indices, int64_t count,
-            void* out, cudaStream_t stream) {
+            void* out, cudaStream_t stream, unsigned long long* first_bad = nullptr) {
   const int64_t total = s.outer * count * s.inner;
   if (total == 0) return;
   auto launch = [&](auto word) {
     using W = typename decltype(word)::type;
     launch_kernel<gather_kernel<W>>(grid_for(total), kThreads, 0, stream, s, static_cast<const W*>(input),
-                                    indices, count, static_cast<W*>(out));
+                                    indices, count, static_cast<W*>(out), first_bad);
   };
   switch (dtype_size(dtype)) {
     case 1: launch(tag<raw_t<1>>{}); break;
@@ -123,7 +154,8 @@ __device__ void atomic_add(H* p, float v) {
 }
 
 // grad_input[(o*size + indices[i])*inner + j] += grad_out[e]; positions whose
-// index equals `skip` (embedding's padding_idx, or -1) add nothing.
+// index equals `skip` (embedding's padding_idx, or -1) add nothing, and neither do (defensively)
+// indices outside [0, size), which a check before, or the forward's deferred one, reports.
 template <class T>
 __global__ void scatter_add_kernel(IndexShape s, const T* grad_out, const int64_t* indices, int64_t count,
                                    int64_t skip, T* grad_input) {
@@ -132,7 +164,7 @@ __global__ void scatter_add_kernel(IndexShape s, const T* grad_out, const int64_
        e += int64_t(gridDim.x) * blockDim.x) {
     const int64_t j = e % s.inner, i = (e / s.inner) % count, o = e / (s.inner * count);
     const int64_t index = indices[i];
-    if (index == skip) continue;
+    if (index == skip || index < 0 || index >= s.size) continue;
     atomic_add(grad_input + (o * s.size + index) * s.inner + j, load(grad_out + e));
   }
 }
@@ -153,6 +185,15 @@ void check_extents(const char* what, int64_t num_embeddings, int64_t embedding_d
   check(num_embeddings >= 0 && embedding_dim >= 0 && count >= 0, what,
         " (CUDA): negative extent (num_embeddings ", num_embeddings, ", embedding_dim ", embedding_dim,
         ", count ", count, ")");
+}
+
+void check_embedding_backward_args(DType dtype, int64_t num_embeddings, int64_t embedding_dim, int64_t count,
+                                   int64_t padding_idx) {
+  const char* what = "embedding_backward";
+  check_extents(what, num_embeddings, embedding_dim, count);
+  check(padding_idx >= -1 && padding_idx < num_embeddings, what, " (CUDA): padding_idx ", padding_idx,
+        " is out of range [-1, ", num_embeddings, ")");
+  check(is_floating(dtype), what, " (CUDA): expected a floating dtype (f32, f64, f16, bf16), got ", dtype);
 }
 
 void check_embedding_indices(cudaStream_t stream, ScratchAllocator& scratch, const char* what,
@@ -184,12 +225,46 @@ void embedding_forward(cudaStream_t stream, ScratchAllocator& scratch, DType dty
 void embedding_backward(cudaStream_t stream, ScratchAllocator& scratch, DType dtype, const void* grad_out,
                         const int64_t* indices, int64_t count, int64_t embedding_dim, int64_t num_embeddings,
                         int64_t padding_idx, void* grad_weight) {
-  const char* what = "embedding_backward";
+  check_embedding_backward_args(dtype, num_embeddings, embedding_dim, count, padding_idx);
+  check_embedding_indices(stream, scratch, "embedding_backward", indices, count, num_embeddings);
+  embedding_backward_unchecked(stream, dtype, grad_out, indices, count, embedding_dim, num_embeddings,
+                               padding_idx, grad_weight);
+}
+
+void embedding_forward_deferred(cudaStream_t stream, DType dtype, const void* weight, int64_t num_embeddings,
+                                int64_t embedding_dim, const int64_t* indices, int64_t count, void* out,
+                                void* check_words) {
+  const char* what = "embedding_forward";
   check_extents(what, num_embeddings, embedding_dim, count);
-  check(padding_idx >= -1 && padding_idx < num_embeddings, what, " (CUDA): padding_idx ", padding_idx,
-        " is out of range [-1, ", num_embeddings, ")");
   check(is_floating(dtype), what, " (CUDA): expected a floating dtype (f32, f64, f16, bf16), got ", dtype);
-  check_embedding_indices(stream, scratch, what, indices, count, num_embeddings);
+  static_assert(kEmbeddingCheckWords == 2, "the first position with a bad index, its value");
+  unsigned long long* words = static_cast<unsigned long long*>(check_words);
+  // All ones: no bad position yet (any position is < 2^64 - 1).
+  MG_CUDA_CHECK(cudaMemsetAsync(words, 0xff, kEmbeddingCheckWords * sizeof(unsigned long long), stream));
+  if (count == 0) return;
+  if (embedding_dim == 0) {  // nothing to gather, but the indices are still checked
+    launch_kernel<first_bad_index_kernel>(grid_for(count), kThreads, 0, stream, indices, count,
+                                          num_embeddings, words);
+  } else {
+    gather(dtype, IndexShape{1, num_embeddings, embedding_dim}, weight, indices, count, out, stream, words);
+  }
+  launch_kernel<embedding_check_finish_kernel>(1, 1, 0, stream, words, indices, count);
+}
+
+std::string embedding_index_error(const void* host_check_words, int64_t count, int64_t num_embeddings) {
+  const auto* w = static_cast<const unsigned long long*>(host_check_words);
+  if (w[0] >= static_cast<unsigned long long>(count)) return "";
+  return str_cat("embedding: index ", static_cast<int64_t>(w[1]), " at position ", w[0],
+                 " is out of range [0, ", num_embeddings,
+                 "); found by the CUDA kernel, reported at the next synchronisation (as PyTorch's "
+                 "device-side asserts are)");
+}
+
+void embedding_backward_unchecked(cudaStream_t stream, DType dtype, const void* grad_out,
+                                  const int64_t* indices, int64_t count, int64_t embedding_dim,
+                                  int64_t num_embeddings, int64_t padding_idx, void* grad_weight) {
+  const char* what = "embedding_backward";
+  check_embedding_backward_args(dtype, num_embeddings, embedding_dim, count, padding_idx);
   const size_t bytes = static_cast<size_t>(num_embeddings * embedding_dim) * dtype_size(dtype);
   if (bytes > 0) MG_CUDA_CHECK(cudaMemsetAsync(grad_weight, 0, bytes, stream));  // zero bits: +0.0
   scatter_add(dtype, what, IndexShape{1, num_embeddings, embedding_dim}, grad_out, indices, count,

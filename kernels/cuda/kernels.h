@@ -5,8 +5,9 @@
 //
 // Common contract:
 //   - the first argument is the cudaStream_t the work is queued on (kernels/cuda/stream.h); the
-//     functions return without waiting, except where a result must reach the host (embedding's
-//     and index_select's index checks, cross_entropy_forward's count);
+//     functions return without waiting, except where a result must reach the host (the index
+//     checks of embedding_forward/_backward and index_select/index_add, cross_entropy_forward's
+//     count; the ops call the *_deferred / *_counted twins, which do not wait);
 //   - the functions that need scratch device memory take a ScratchAllocator& second
 //     (kernels/cuda/stream.h) and give it back, stream-ordered, before they return;
 //   - every pointer / StridedView points to memory of the GPU the CALLER made the runtime's
@@ -58,27 +59,32 @@ void softmax_backward(cudaStream_t stream, DType dtype, const SoftmaxShape& s, c
                       const void* output, void* grad_input, bool log);
 // `targets` is device memory. Waits for the kernel: it returns the number of
 // rows not ignored, and throws (naming the row and value) for an out-of-range
-// target, as the CPU kernel does.
+// target, as the CPU kernel does. `row_stats` (optional, acc_t of dtype: f32, or f64 for f64)
+// receives [rows, 2]: each counted row's max and log(sum(exp(x - max))), which the backward
+// takes to read the logits once.
 int64_t cross_entropy_forward(cudaStream_t stream, ScratchAllocator& scratch, DType dtype, const void* logits,
                               const int64_t* targets, int64_t rows, int64_t classes, int64_t ignore_index,
-                              double label_smoothing, void* losses);
+                              double label_smoothing, void* losses, void* row_stats = nullptr);
 // The same without waiting: the count of rows not ignored goes to `counted` (one f32 on the
 // device), and the target check's findings to `check_words` (kCrossEntropyCheckWords 64-bit words
 // of device memory). The caller copies those words to the host when it likes (core/ops registers
 // them with core/cuda_device_checks.h, so a bad target is an error at the next synchronisation)
-// and reads them with cross_entropy_target_error.
+// and reads them with cross_entropy_target_error. `row_stats` as above (may be null).
 constexpr int kCrossEntropyCheckWords = 3;
 void cross_entropy_forward_counted(cudaStream_t stream, DType dtype, const void* logits,
                                    const int64_t* targets, int64_t rows, int64_t classes,
-                                   int64_t ignore_index, double label_smoothing, void* losses, float* counted,
-                                   void* check_words);
+                                   int64_t ignore_index, double label_smoothing, void* losses,
+                                   void* row_stats, float* counted, void* check_words);
 // "" when the check words (on the host) of a cross_entropy_forward_counted call with these
 // arguments report every target valid, else the error message naming the row and the value.
 std::string cross_entropy_target_error(const void* host_check_words, int64_t rows, int64_t classes,
                                        int64_t ignore_index);
+// With the forward's `row_stats`: one read of the logits and one write of the gradient. Without
+// (null): the stats are recomputed first, in the same kernel (one more read of each row). Rows
+// with an ignored (or out-of-range) target get zeros; no target check, no wait.
 void cross_entropy_backward(cudaStream_t stream, DType dtype, const void* logits, const int64_t* targets,
                             int64_t rows, int64_t classes, int64_t ignore_index, double label_smoothing,
-                            const void* grad_losses, void* grad_logits);
+                            const void* grad_losses, void* grad_logits, const void* row_stats = nullptr);
 
 // ---- optim.cu (semantics: kernels/cpu/optim.h) ----
 void sgd_step(cudaStream_t stream, DType dtype, int64_t n, void* param, const void* grad,
@@ -125,9 +131,9 @@ void avg_pool2d_backward(cudaStream_t stream, const Pool2dGeometry& g, DType dty
 // ---- layer_norm.cu (semantics: kernels/cpu/layer_norm.h) ----
 void layer_norm_forward(cudaStream_t stream, DType dtype, const void* x, const void* weight, const void* bias,
                         int64_t rows, int64_t cols, double eps, void* y, void* mean, void* rstd);
-void layer_norm_backward(cudaStream_t stream, DType dtype, const void* grad_y, const void* x,
-                         const void* mean, const void* rstd, const void* weight, int64_t rows, int64_t cols,
-                         void* grad_x, void* grad_weight, void* grad_bias);
+void layer_norm_backward(cudaStream_t stream, ScratchAllocator& scratch, DType dtype, const void* grad_y,
+                         const void* x, const void* mean, const void* rstd, const void* weight, int64_t rows,
+                         int64_t cols, void* grad_x, void* grad_weight, void* grad_bias);
 
 // ---- embedding.cu (semantics: kernels/cpu/embedding.h, kernels/cpu/index.h) ----
 // `indices` is device memory. These wait for the stream to check the indices
@@ -140,6 +146,24 @@ void embedding_forward(cudaStream_t stream, ScratchAllocator& scratch, DType dty
 void embedding_backward(cudaStream_t stream, ScratchAllocator& scratch, DType dtype, const void* grad_out,
                         const int64_t* indices, int64_t count, int64_t embedding_dim, int64_t num_embeddings,
                         int64_t padding_idx, void* grad_weight);
+// The forward without waiting: the gather checks the indices itself (a bad one gets a row of
+// zeros, never a read out of bounds) and leaves its findings in `check_words`
+// (kEmbeddingCheckWords 64-bit words of device memory: the first bad position, its value). The
+// caller copies them to the host when it likes (core/ops registers them with
+// core/cuda_device_checks.h, as for cross_entropy's targets) and reads them with
+// embedding_index_error.
+constexpr int kEmbeddingCheckWords = 2;
+void embedding_forward_deferred(cudaStream_t stream, DType dtype, const void* weight, int64_t num_embeddings,
+                                int64_t embedding_dim, const int64_t* indices, int64_t count, void* out,
+                                void* check_words);
+// "" when the check words (on the host) of an embedding_forward_deferred call with these arguments
+// report every index valid, else the error message naming the position and the value.
+std::string embedding_index_error(const void* host_check_words, int64_t count, int64_t num_embeddings);
+// The backward of indices the forward already checked: no check and no wait; an out-of-range
+// index adds nothing.
+void embedding_backward_unchecked(cudaStream_t stream, DType dtype, const void* grad_out,
+                                  const int64_t* indices, int64_t count, int64_t embedding_dim,
+                                  int64_t num_embeddings, int64_t padding_idx, void* grad_weight);
 void index_select(cudaStream_t stream, ScratchAllocator& scratch, DType dtype, const IndexShape& shape,
                   const void* input, const int64_t* indices, int64_t count, void* out);
 void index_add(cudaStream_t stream, ScratchAllocator& scratch, DType dtype, const IndexShape& shape,

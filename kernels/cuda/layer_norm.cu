@@ -11,29 +11,55 @@
 //     (common.cuh). Thread 0 writes mean and rstd.
 //   Backward grad_x: one block per row, two sweeps: the row sums of
 //     g = gy * weight and g * xhat, then gx = rstd * (g - mean(g) - xhat * mean(g * xhat)).
-//   Backward grad_weight / grad_bias: column sums over all rows. A block of
-//     32 x 8 threads owns 32 adjacent columns; its 8 rows of threads split the
-//     rows (coalesced 32-wide reads of each row), then add their partial sums
-//     in shared memory. Every column is written by one thread: no atomics,
-//     deterministic.
+//   Backward grad_weight / grad_bias: column sums over all rows, of gy * xhat and of gy. Splitting only
+//     the columns (the first version: one block per 32 columns walking every row) gave 24 blocks for
+//     [8192, 768], 18% of an H200's 132 SMs, so the rows are split too, in two passes:
+//     pass 1 (params_partials_kernel): a grid of column tiles x row slices. A block is 32 x 8 threads;
+//       thread (tx, ty) owns V adjacent columns (V = 16 bytes / element size: 4 f32, 2 f64, 8 f16/bf16,
+//       when cols % V == 0 and gy and x are 16-byte aligned, else V = 1), and the rows ty, ty + 8, ...
+//       of the block's slice; each row is one vector load of gy and one of x, so a warp reads 32 V
+//       adjacent elements (512 contiguous bytes) of one row. The 8 row-threads' sums are added in shared
+//       memory in a fixed order and written as the slice's partial sums ([slices, cols] in the compute
+//       type, in a scratch workspace), or, with a single slice, straight to grad_weight / grad_bias.
+//     pass 2 (params_finish_kernel): a block of 32 x 8 threads per 32 columns; thread (tx, ty) adds
+//       slices ty, ty + 8, ... of its column in order (coalesced: a warp reads 32 adjacent partials),
+//       then the 8 sums are added in shared memory in a fixed order.
+//     Slices: about kTargetBlocks = 4 x 132 blocks in pass 1 (half an SM's 2048 threads each), with at
+//     least kMinSliceRows = 64 rows (8 per thread) per slice. f32 [8192, 768]: V = 4, 6 tiles x 86
+//     slices of 96 rows = 516 blocks (f64: 12 x 43 = 516; f16/bf16: 3 x 128 = 384), then 24 blocks
+//     that add 86 partials per column. Every output and every partial has exactly one writer and
+//     every sum has a fixed order: no atomics, bitwise the same run to run (the grid depends only on
+//     the shape, the dtype and the pointers' alignment).
 //
 // Cost. Forward reads the row three times (the second and third mostly from
 // L1/L2 for rows up to tens of KB) and writes it once, ~8 FLOPs per element:
 // ~2 n s bytes of HBM traffic, bandwidth bound for long rows; short rows are
 // bound by the block reductions' latency, hidden by many rows in flight.
 // Backward reads gy and x twice for grad_x and once more for the column sums.
-// The column sums use only ceil(cols/32) blocks: for narrow rows (cols <= a
-// few thousand) they do not fill the GPU, and a split over row ranges with a
-// second pass would be the next step.
+// The column sums do 4 FLOPs per element for 2 s bytes read (0.5 FLOP/byte in
+// f32): bandwidth bound. Pass 1 reads 2 rows cols s bytes (50 MB for f32
+// [8192, 768], ~11 us at the H200's ~4.8 TB/s) plus mean/rstd per row and tile
+// (from L2) and writes 2 slices cols partials (0.5 MB there, ~1% of the reads);
+// pass 2 rereads them from L2 (four slices' loads in flight per thread). What
+// limits it: DRAM bandwidth for pass 1 (a thread has up to 4 rows x 2 vector
+// loads outstanding with the unrolled loop), launch latency for pass 2. The H200
+// model (cuda_emu/h200_model.h, docs/performance-model.md; PREDICTED, not
+// measured) gives f32 [8192, 768]: pass 1 13.1 us (DRAM bound), pass 2 3.7 us
+// (launch bound), against 317 us for the columns-only kernel (24 blocks, bound
+// by bytes in flight).
 //
 // Arithmetic in float for f32/f16/bf16 and double for f64, like the CPU; the
 // summation order differs (tree instead of sequential), so results agree to
 // rounding, not bit for bit.
 // Also runs on the CPU under the emulator (MG_CUDA=EMULATE): see docs/cuda-emulation.md.
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
+#include "kernels/cuda/workspace.h"
 
 namespace mg::kernels::cuda {
 namespace {
@@ -99,39 +125,188 @@ __global__ void grad_x_kernel(const T* gy, const T* x, const acc_t<T>* mean, con
   }
 }
 
-constexpr int kColumnsPerBlock = 32, kRowThreads = 8;
-// The shared_array ids (common.cuh) of params_kernel's two static arrays: the weight's and the
+// ---- grad_weight / grad_bias: column sums over all rows, split over row slices -------------------
+// A block is kColumnThreads x kRowThreads = 32 x 8 threads. Thread (tx, ty) owns V adjacent columns
+// (one V-wide vector load per row: 16 bytes when the rows allow it) and the rows ty, ty + 8, ... of its
+// block's slice, so a warp reads 32 V adjacent elements of one row.
+constexpr int kColumnThreads = 32, kRowThreads = 8;
+// Row slices: enough blocks for about four per SM of an H200 (4 x 132), but at least kMinSliceRows
+// rows (8 per thread) per slice, so that a block's loads outweigh its start, its shared-memory combine
+// and the partials it writes.
+constexpr int64_t kTargetBlocks = 4 * 132;
+constexpr int64_t kMinSliceRows = 8 * kRowThreads;
+// The shared_array ids (common.cuh) of the params kernels' static arrays: the weight's and the
 // bias's partial sums have one type, so each needs an id of its own to be an array of its own.
 constexpr int kWeightPartialsId = 0;
 constexpr int kBiasPartialsId = 1;
 
+// Elements per vector load: 16 bytes, when every row of gy and x starts 16-byte aligned.
 template <class T>
-__global__ void params_kernel(const T* gy, const T* x, const acc_t<T>* mean, const acc_t<T>* rstd,
-                              int64_t rows, int64_t cols, T* grad_weight, T* grad_bias) {
+constexpr int vector_width() {
+  return static_cast<int>(16 / sizeof(T));
+}
+
+template <int V, class T>
+__device__ __forceinline__ void load_vector(const T* p, T (&out)[V]) {
+  if constexpr (V == 1) {
+    out[0] = *p;
+  } else {
+    using Raw = raw_t<static_cast<int>(sizeof(T)) * V>;
+    const Raw raw = *reinterpret_cast<const Raw*>(p);
+    memcpy(&out, &raw, sizeof(Raw));
+  }
+}
+
+// Pass 1: block (x, y) sums rows [y slice_rows, (y + 1) slice_rows) of columns [x 32 V, (x + 1) 32 V).
+// The 8 row-threads of each column are added in shared memory in a fixed order (ty = 0, 1, ..., 7).
+// With one slice (gridDim.y == 1) that is the answer, stored to grad_weight / grad_bias; otherwise it
+// goes to row y of partial_w / partial_b ([slices, cols] in acc_t<T>) for params_finish_kernel.
+template <class T, int V>
+__global__ void params_partials_kernel(const T* gy, const T* x, const acc_t<T>* mean, const acc_t<T>* rstd,
+                                       int64_t rows, int64_t cols, int64_t slice_rows, acc_t<T>* partial_w,
+                                       acc_t<T>* partial_b, T* grad_weight, T* grad_bias) {
   using S = acc_t<T>;
-  S(&partial_w)
-  [kRowThreads][kColumnsPerBlock] = shared_array<S[kRowThreads][kColumnsPerBlock], kWeightPartialsId>();
-  S(&partial_b)
-  [kRowThreads][kColumnsPerBlock] = shared_array<S[kRowThreads][kColumnsPerBlock], kBiasPartialsId>();
-  const int64_t c = int64_t(blockIdx.x) * kColumnsPerBlock + threadIdx.x;
-  S sum_w = 0, sum_b = 0;
+  auto& shared_w = shared_array<S[kRowThreads][V][kColumnThreads], kWeightPartialsId>();
+  auto& shared_b = shared_array<S[kRowThreads][V][kColumnThreads], kBiasPartialsId>();
+  const int64_t c = (int64_t(blockIdx.x) * kColumnThreads + threadIdx.x) * V;  // cols % V == 0
+  const int64_t first = int64_t(blockIdx.y) * slice_rows;
+  const int64_t last = first + slice_rows < rows ? first + slice_rows : rows;
+  S sum_w[V], sum_b[V];
+#pragma unroll
+  for (int j = 0; j < V; ++j) sum_w[j] = sum_b[j] = S(0);
   if (c < cols) {
-    for (int64_t r = threadIdx.y; r < rows; r += kRowThreads) {
-      const S g = S(load(gy + r * cols + c));
-      sum_w += g * (S(load(x + r * cols + c)) - mean[r]) * rstd[r];
-      sum_b += g;
+#pragma unroll 4
+    for (int64_t r = first + threadIdx.y; r < last; r += kRowThreads) {
+      T g[V], xv[V];
+      load_vector<V>(gy + r * cols + c, g);
+      load_vector<V>(x + r * cols + c, xv);
+      const S mu = mean[r], rs = rstd[r];
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const S gj = S(load(&g[j]));
+        sum_w[j] += gj * (S(load(&xv[j])) - mu) * rs;
+        sum_b[j] += gj;
+      }
     }
   }
-  partial_w[threadIdx.y][threadIdx.x] = sum_w;
-  partial_b[threadIdx.y][threadIdx.x] = sum_b;
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    shared_w[threadIdx.y][j][threadIdx.x] = sum_w[j];
+    shared_b[threadIdx.y][j][threadIdx.x] = sum_b[j];
+  }
   __syncthreads();
   if (threadIdx.y != 0 || c >= cols) return;
   for (int k = 1; k < kRowThreads; ++k) {
-    sum_w += partial_w[k][threadIdx.x];
-    sum_b += partial_b[k][threadIdx.x];
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      sum_w[j] += shared_w[k][j][threadIdx.x];
+      sum_b[j] += shared_b[k][j][threadIdx.x];
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    if (gridDim.y == 1) {
+      if (grad_weight) store(grad_weight + c + j, sum_w[j]);
+      if (grad_bias) store(grad_bias + c + j, sum_b[j]);
+    } else {
+      partial_w[int64_t(blockIdx.y) * cols + c + j] = sum_w[j];
+      partial_b[int64_t(blockIdx.y) * cols + c + j] = sum_b[j];
+    }
+  }
+}
+
+// Pass 2: block x finishes columns [32 x, 32 (x + 1)). Thread (tx, ty) adds slices ty, ty + 8, ... of its
+// column in order (a warp reads 32 adjacent partials of one slice; four slices' loads in flight at a
+// time), then the 8 row-threads are added in shared memory in a fixed order, as in pass 1.
+template <class T>
+__global__ void params_finish_kernel(const acc_t<T>* partial_w, const acc_t<T>* partial_b, int64_t slices,
+                                     int64_t cols, T* grad_weight, T* grad_bias) {
+  using S = acc_t<T>;
+  auto& shared_w = shared_array<S[kRowThreads][kColumnThreads], kWeightPartialsId>();
+  auto& shared_b = shared_array<S[kRowThreads][kColumnThreads], kBiasPartialsId>();
+  const int64_t c = int64_t(blockIdx.x) * kColumnThreads + threadIdx.x;
+  S sum_w = 0, sum_b = 0;
+  if (c < cols) {
+    // Four slices' loads issued together (one memory round trip instead of four), added in order.
+    int64_t z = threadIdx.y;
+    for (; z + 3 * kRowThreads < slices; z += 4 * kRowThreads) {
+      S w[4], b[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        w[u] = partial_w[(z + u * kRowThreads) * cols + c];
+        b[u] = partial_b[(z + u * kRowThreads) * cols + c];
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        sum_w += w[u];
+        sum_b += b[u];
+      }
+    }
+    for (; z < slices; z += kRowThreads) {
+      sum_w += partial_w[z * cols + c];
+      sum_b += partial_b[z * cols + c];
+    }
+  }
+  shared_w[threadIdx.y][threadIdx.x] = sum_w;
+  shared_b[threadIdx.y][threadIdx.x] = sum_b;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= cols) return;
+  for (int k = 1; k < kRowThreads; ++k) {
+    sum_w += shared_w[k][threadIdx.x];
+    sum_b += shared_b[k][threadIdx.x];
   }
   if (grad_weight) store(grad_weight + c, sum_w);
   if (grad_bias) store(grad_bias + c, sum_b);
+}
+
+// How the column sums of a [rows, cols] backward are cut (see the top): the column tiles and the row
+// slices, for `vector` columns per thread.
+struct ParamsPlan {
+  int64_t tiles = 1;       // blocks along the columns, 32 x vector columns each
+  int64_t slices = 1;      // blocks along the rows
+  int64_t slice_rows = 0;  // rows per slice (the last may have fewer)
+};
+
+ParamsPlan plan_params(int64_t rows, int64_t cols, int vector) {
+  ParamsPlan p;
+  p.tiles = (cols + kColumnThreads * vector - 1) / (kColumnThreads * vector);
+  if (p.tiles < kTargetBlocks && rows >= 2 * kMinSliceRows) {
+    p.slices = std::min((kTargetBlocks + p.tiles - 1) / p.tiles, rows / kMinSliceRows);
+  }
+  // Whole rows of threads per slice, then as many slices as that takes (none left empty).
+  p.slice_rows = (rows + p.slices - 1) / p.slices;
+  p.slice_rows = (p.slice_rows + kRowThreads - 1) / kRowThreads * kRowThreads;
+  if (p.slice_rows == 0) p.slice_rows = kRowThreads;
+  p.slices = (rows + p.slice_rows - 1) / p.slice_rows;
+  if (p.slices == 0) p.slices = 1;  // rows == 0: one slice that writes zeros
+  return p;
+}
+
+bool aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+template <class T, int V>
+void launch_params(cudaStream_t stream, ScratchAllocator& scratch, const ParamsPlan& p, const T* gy,
+                   const T* x, const acc_t<T>* mean, const acc_t<T>* rstd, int64_t rows, int64_t cols,
+                   T* grad_weight, T* grad_bias) {
+  using S = acc_t<T>;
+  const dim3 block(kColumnThreads, kRowThreads);
+  const dim3 grid(static_cast<unsigned>(p.tiles), static_cast<unsigned>(p.slices));
+  if (p.slices == 1) {
+    launch_kernel<params_partials_kernel<T, V>>(grid, block, 0, stream, gy, x, mean, rstd, rows, cols,
+                                                p.slice_rows, static_cast<S*>(nullptr),
+                                                static_cast<S*>(nullptr), grad_weight, grad_bias);
+    return;
+  }
+  const size_t count = static_cast<size_t>(p.slices * cols);
+  Workspace partials(scratch, 2 * count * sizeof(S));
+  S* partial_w = static_cast<S*>(partials.get());
+  S* partial_b = partial_w + count;
+  launch_kernel<params_partials_kernel<T, V>>(grid, block, 0, stream, gy, x, mean, rstd, rows, cols,
+                                              p.slice_rows, partial_w, partial_b, grad_weight, grad_bias);
+  const unsigned finish_blocks = static_cast<unsigned>((cols + kColumnThreads - 1) / kColumnThreads);
+  launch_kernel<params_finish_kernel<T>>(finish_blocks, block, 0, stream, static_cast<const S*>(partial_w),
+                                         static_cast<const S*>(partial_b), p.slices, cols, grad_weight,
+                                         grad_bias);
 }
 
 }  // namespace
@@ -150,9 +325,9 @@ void layer_norm_forward(cudaStream_t stream, DType dtype, const void* x, const v
   });
 }
 
-void layer_norm_backward(cudaStream_t stream, DType dtype, const void* grad_y, const void* x,
-                         const void* mean, const void* rstd, const void* weight, int64_t rows, int64_t cols,
-                         void* grad_x, void* grad_weight, void* grad_bias) {
+void layer_norm_backward(cudaStream_t stream, ScratchAllocator& scratch, DType dtype, const void* grad_y,
+                         const void* x, const void* mean, const void* rstd, const void* weight, int64_t rows,
+                         int64_t cols, void* grad_x, void* grad_weight, void* grad_bias) {
   check(rows >= 0 && cols >= 0, "layer_norm_backward (CUDA): negative shape [", rows, ", ", cols, "]");
   if (cols == 0) return;
   visit_float(dtype, "layer_norm_backward", [&](auto t) {
@@ -167,9 +342,16 @@ void layer_norm_backward(cudaStream_t stream, DType dtype, const void* grad_y, c
                                       static_cast<const T*>(weight), rows, cols, static_cast<T*>(grad_x));
     }
     if (grad_weight || grad_bias) {  // rows == 0 still writes zeros, like the CPU
-      const unsigned blocks = static_cast<unsigned>((cols + kColumnsPerBlock - 1) / kColumnsPerBlock);
-      launch_kernel<params_kernel<T>>(blocks, dim3(kColumnsPerBlock, kRowThreads), 0, stream, gy, xs, mu, rs,
-                                      rows, cols, static_cast<T*>(grad_weight), static_cast<T*>(grad_bias));
+      constexpr int kVector = vector_width<T>();
+      const bool vector = cols % kVector == 0 && aligned(gy, 16) && aligned(xs, 16);
+      const ParamsPlan p = plan_params(rows, cols, vector ? kVector : 1);
+      T* gw = static_cast<T*>(grad_weight);
+      T* gb = static_cast<T*>(grad_bias);
+      if (vector) {
+        launch_params<T, kVector>(stream, scratch, p, gy, xs, mu, rs, rows, cols, gw, gb);
+      } else {
+        launch_params<T, 1>(stream, scratch, p, gy, xs, mu, rs, rows, cols, gw, gb);
+      }
     }
   });
 }

@@ -14,15 +14,39 @@
 //     Neighbouring threads read neighbouring inner indices: coalesced.
 // The max and sum-of-exp sweeps are one device function (max_and_sum_exp) for
 // all of these.
-// Cross-entropy: one block per row of logits, the same three sweeps, but the
-// forward writes ONE number per row (no [rows, classes] log-probabilities in
-// memory) and the backward recomputes the softmax from the logits.
+// Cross-entropy: one block per row of logits, as above, but ONE sweep. Each
+// thread keeps the online log-sum-exp of the logits it reads -- a running max
+// m and sum(exp(x - m)), the sum multiplied by exp(m_old - m_new) whenever m
+// grows (and, with label smoothing, sum(x - m), shifted by count * (m_old -
+// m_new)) -- and the block merges the threads' states with the same rule
+// (warp shuffles, then one state per warp in shared memory): m = max(m_a,
+// m_b), s = s_a exp(m_a - m) + s_b exp(m_b - m). The forward writes ONE loss
+// per row (no [rows, classes] log-probabilities in memory) and saves the row's
+// (m, log s) in a [rows, 2] f32 (f64 for f64) tensor, as layer norm saves mean
+// and rstd: two numbers, not m + log s, because every use subtracts a logit
+// first and (x - m) - log s keeps digits that x - (m + log s) loses when |m|
+// is large (the CPU's rule). The backward then reads each logit once and
+// writes each gradient once: g * (exp((x - m) - log s) - eps/C - (1 - eps)[j == t]).
+// Its entry point still takes no stats (the stats are then recomputed first in
+// the same kernel: one more read).
 //
-// Cost. Forward reads each element twice or three times (max, sum, write pass)
-// and writes it once: ~4 n s bytes at L2/HBM speed, ~10 FLOPs and one exp per
-// element. Backward: reads y and gy twice, writes gx: ~5 n s bytes. Memory
+// Cost. Softmax forward reads each element twice or three times (max, sum, write
+// pass) and writes it once: ~4 n s bytes at L2/HBM speed, ~10 FLOPs and one exp
+// per element. Backward: reads y and gy twice, writes gx: ~5 n s bytes. Memory
 // bound for rows longer than a few hundred elements; short rows (10 classes)
 // are bound by the block reductions' latency, with many rows in flight.
+// Cross-entropy over [rows, C] (C = 50257, GPT-2's vocabulary, 201 KB per f32
+// row): forward reads the logits once from DRAM (4 C bytes per f32 row, plus 8
+// to 16 bytes of loss and stats written), one exp and ~4 FLOPs per logit (6 with
+// smoothing), and a second exp only when a thread's running max grows (about
+// ln(C / 256) ~ 5 times per thread on random logits, every element on a
+// row sorted ascending). Backward: one read and one write, 8 C bytes per f32
+// row, one exp and ~5 FLOPs per logit. Before the online sweep the forward
+// read each row twice (max, then sum) and the backward three times (max, sum,
+// write pass): 8 C -> 4 C bytes forward, 16 C -> 8 C backward. Both should be
+// memory bound (not measured on a GPU yet): at HBM speed (H200: ~4.8 TB/s, ~1.2 T
+// f32 logits/s) the expf per logit (one MUFU.EX2 and a few FMAs) stays under
+// the special-function units' ~4 T/s (132 SMs x 16 per clock).
 //
 // Arithmetic in float for f32/f16/bf16 and double for f64, like the CPU.
 // Also runs on the CPU under the emulator (MG_CUDA=EMULATE): see docs/cuda-emulation.md.
@@ -47,14 +71,15 @@ __device__ __forceinline__ A neg_inf() {
   return -INFINITY;
 }
 
-// The first two sweeps of every softmax here: the max of `count` elements x[j * stride] (NaN
-// wins, like the CPU's max), then the sum of exp(x - max) and the sum of (x - max). With Block,
-// the threads of the block share the elements (j = threadIdx.x, += blockDim.x) and every thread
-// gets the block's max and sum (`shifted` stays the thread's own part); otherwise one thread
-// walks them all. Every thread of a block must call it (block reductions).
+// The first two sweeps of softmax and log-softmax: the max of `count` elements x[j * stride] (NaN
+// wins, like the CPU's max), then the sum of exp(x - max). With Block, the threads of the block
+// share the elements (j = threadIdx.x, += blockDim.x) and every thread gets the block's max and
+// sum; otherwise one thread walks them all. Every thread of a block must call it (block
+// reductions). (The cross-entropy's single sweep, row_online_lse below, merges running maxima
+// instead.)
 template <class A>
 struct MaxSumExp {
-  A max, sum, shifted;
+  A max, sum;
 };
 template <bool Block, class T, class A = acc_t<T>>
 __device__ __forceinline__ MaxSumExp<A> max_and_sum_exp(const T* x, int64_t count, int64_t stride) {
@@ -65,14 +90,10 @@ __device__ __forceinline__ MaxSumExp<A> max_and_sum_exp(const T* x, int64_t coun
     m = (v > m || v != v) ? v : m;
   }
   if constexpr (Block) m = block_max(m);
-  A s = 0, shifted = 0;
-  for (int64_t j = first; j < count; j += step) {
-    const A z = A(load(x + j * stride)) - m;
-    s += exp_(z);
-    shifted += z;
-  }
+  A s = 0;
+  for (int64_t j = first; j < count; j += step) s += exp_(A(load(x + j * stride)) - m);
   if constexpr (Block) s = block_sum(s);
-  return MaxSumExp<A>{m, s, shifted};
+  return MaxSumExp<A>{m, s};
 }
 
 // ---- softmax, inner == 1: a block per row ----------------------------------------------------
@@ -152,13 +173,111 @@ __global__ void softmax_backward_columns_kernel(int64_t outer, int64_t dim, int6
 }
 
 // ---- cross-entropy ---------------------------------------------------------------------------
+// The forward's one sweep keeps, per thread, the online log-sum-exp state of the logits it has
+// seen: their running max m (NaN wins), the sum of exp(x - m) rescaled whenever m grows, and, for
+// label smoothing, the sum of (x - m) shifted the same way. Two states merge exactly like this
+// too, so threads, then warps, then the block combine theirs into the row's. The special values
+// give what the CPU's two sweeps give (kernels/cpu/cross_entropy.cpp): an element of -inf adds
+// exp(-inf) = 0 to the sum and -inf to the shifted sum unless the whole row is -inf; +inf makes
+// the sum NaN (exp(inf - inf)); a NaN makes everything NaN.
+template <class A>
+struct OnlineLse {
+  A max;            // of the elements seen (-inf before the first)
+  A sum;            // sum of exp(x - max)
+  A shifted;        // sum of (x - max), with label smoothing only (else 0)
+  long long count;  // elements seen (long long: a type every shuffle takes)
+};
+
+template <class A>
+__device__ __forceinline__ OnlineLse<A> online_empty() {
+  return OnlineLse<A>{neg_inf<A>(), A(0), A(0), 0};
+}
+
+// The sum and the shifted sum of `x` re-expressed against a max m >= x.max. Elements all -inf
+// against a larger max add exp(-inf) = 0 each and -inf to the shifted sum.
+template <class A>
+__device__ __forceinline__ A rescaled_sum(const OnlineLse<A>& x, A m) {
+  return x.max == neg_inf<A>() && m != neg_inf<A>() ? A(0) : x.sum * exp_(x.max - m);
+}
+template <class A>
+__device__ __forceinline__ A rescaled_shifted(const OnlineLse<A>& x, A m) {
+  if (x.count == 0) return A(0);
+  if (x.max == neg_inf<A>() && m != neg_inf<A>()) return neg_inf<A>();
+  return x.shifted + A(x.count) * (x.max - m);
+}
+
+// One more element v: one exp, two when v is a new max (then the sum is rescaled first).
+template <class A>
+__device__ __forceinline__ void online_add(OnlineLse<A>& st, A v, bool smooth) {
+  if (v > st.max || v != v) {
+    st.sum = rescaled_sum(st, v) + exp_(v - v);  // exp(v - v): 1, or NaN for an infinite v
+    if (smooth) st.shifted = rescaled_shifted(st, v) + (v - v);
+    st.max = v;
+  } else {
+    st.sum += exp_(v - st.max);
+    if (smooth) st.shifted += v - st.max;
+  }
+  ++st.count;
+}
+
+// The merge rule: both parts rescaled to the larger max. Symmetric in a and b, bit for bit, so
+// every lane of a butterfly ends with the same state.
+template <class A>
+__device__ __forceinline__ OnlineLse<A> online_merge(const OnlineLse<A>& a, const OnlineLse<A>& b,
+                                                     bool smooth) {
+  if (a.count == 0) return b;
+  if (b.count == 0) return a;
+  const A m = (b.max > a.max || b.max != b.max) ? b.max : a.max;
+  OnlineLse<A> r;
+  r.max = m;
+  r.sum = rescaled_sum(a, m) + rescaled_sum(b, m);
+  r.shifted = smooth ? rescaled_shifted(a, m) + rescaled_shifted(b, m) : A(0);
+  r.count = a.count + b.count;
+  return r;
+}
+
+template <class A>
+__device__ __forceinline__ OnlineLse<A> warp_merge(OnlineLse<A> v, bool smooth) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    OnlineLse<A> w;
+    w.max = __shfl_xor_sync(0xffffffffu, v.max, o);
+    w.sum = __shfl_xor_sync(0xffffffffu, v.sum, o);
+    w.shifted = __shfl_xor_sync(0xffffffffu, v.shifted, o);
+    w.count = __shfl_xor_sync(0xffffffffu, v.count, o);
+    v = online_merge(v, w, smooth);
+  }
+  return v;
+}
+
+// The block's partial states, one per warp (an id far from the kernels' and block_sum's).
+constexpr int kOnlineLsePartialsId = 1100;
+
+// The row's state over `classes` logits, the block's threads striding over them; every thread
+// gets it. One read of each logit. Every thread of the block must call it.
+template <class T, class A = acc_t<T>>
+__device__ OnlineLse<A> row_online_lse(const T* x, int64_t classes, bool smooth) {
+  OnlineLse<A> st = online_empty<A>();
+  for (int64_t j = threadIdx.x; j < classes; j += blockDim.x) online_add(st, A(load(x + j)), smooth);
+  OnlineLse<A>(&partial)[32] = shared_array<OnlineLse<A>[32], kOnlineLsePartialsId>();
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  st = warp_merge(st, smooth);
+  __syncthreads();  // the previous row's merge may still be reading `partial`
+  if (lane == 0) partial[warp] = st;
+  __syncthreads();
+  return warp_merge(lane < warps ? partial[lane] : online_empty<A>(), smooth);
+}
+
 // status[0]: rows counted (not ignored); status[1]: the first row with a bad
 // target (rows when none); status[2]: that row's target (cross_entropy_finish_kernel).
+// stats (may be null): per counted row, its max and log(sum(exp(x - max))), for the backward.
 template <class T>
 __global__ void cross_entropy_forward_kernel(int64_t rows, int64_t classes, const T* logits,
                                              const int64_t* targets, int64_t ignore_index, double smoothing,
-                                             T* losses, unsigned long long* status) {
+                                             T* losses, acc_t<T>* stats, unsigned long long* status) {
   using A = acc_t<T>;
+  const A eps = A(smoothing);
+  const bool smooth = eps > A(0);
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const int64_t t = targets[row];
     const bool ignored = t == ignore_index;
@@ -171,19 +290,20 @@ __global__ void cross_entropy_forward_kernel(int64_t rows, int64_t classes, cons
       continue;
     }
     const T* x = logits + row * classes;
-    const MaxSumExp<A> r = max_and_sum_exp<true>(x, classes, 1);
-    const A m = r.max, log_s = log_(r.sum);
-    // As the CPU: logsumexp kept as m + log_s and every logit shifted by m first
-    // ((m - x) + log_s, not (m + log_s) - x, which loses digits when |m| is
-    // large), and the smoothing term only when eps > 0 -- with -inf (masked)
-    // logits it is +inf, and 0 * inf would turn a finite loss into NaN.
-    const A eps = A(smoothing);
-    // mean_c(x_c - m); eps is the same in every thread, so the barrier is not divergent.
-    const A mean_shifted = eps > A(0) ? block_sum(r.shifted) / A(classes) : A(0);
+    const OnlineLse<A> r = row_online_lse(x, classes, smooth);
     if (threadIdx.x == 0) {
+      // As the CPU: logsumexp kept as m + log_s and every logit shifted by m first
+      // ((m - x) + log_s, not (m + log_s) - x, which loses digits when |m| is large), and the
+      // smoothing term only when eps > 0 -- with -inf (masked) logits it is +inf, and 0 * inf
+      // would turn a finite loss into NaN.
+      const A m = r.max, log_s = log_(r.sum);
       A loss = log_s - (A(load(x + t)) - m);
-      if (eps > A(0)) loss = (A(1) - eps) * loss + eps * (log_s - mean_shifted);
+      if (smooth) loss = (A(1) - eps) * loss + eps * (log_s - r.shifted / A(classes));
       store(losses + row, loss);
+      if (stats != nullptr) {
+        stats[2 * row] = m;
+        stats[2 * row + 1] = log_s;
+      }
       atomicAdd(status, 1ull);
     }
   }
@@ -205,11 +325,16 @@ __global__ void cross_entropy_finish_kernel(unsigned long long* status, const in
     status[2] = static_cast<unsigned long long>(targets[status[1]]);
 }
 
+// grad[j] = g * (exp((x_j - m) - log_s) - eps / classes - (1 - eps) [j == t]): one read of the
+// row and one write with the forward's stats; without them (null), the row's stats first, from
+// the same single online sweep (two reads).
 template <class T>
 __global__ void cross_entropy_backward_kernel(int64_t rows, int64_t classes, const T* logits,
                                               const int64_t* targets, int64_t ignore_index, double smoothing,
-                                              const T* grad_losses, T* grad_logits) {
+                                              const acc_t<T>* stats, const T* grad_losses, T* grad_logits) {
   using A = acc_t<T>;
+  const A eps = A(smoothing);
+  const A uniform = eps / A(classes);
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const int64_t t = targets[row];
     const T* x = logits + row * classes;
@@ -220,15 +345,20 @@ __global__ void cross_entropy_backward_kernel(int64_t rows, int64_t classes, con
       for (int64_t j = threadIdx.x; j < classes; j += blockDim.x) store(gx + j, A(0));
       continue;
     }
-    const MaxSumExp<A> r = max_and_sum_exp<true>(x, classes, 1);
-    const A m = r.max, s = r.sum;
+    A m, log_s;
+    if (stats != nullptr) {
+      m = stats[2 * row];
+      log_s = stats[2 * row + 1];
+    } else {
+      const OnlineLse<A> r = row_online_lse(x, classes, false);
+      m = r.max;
+      log_s = log_(r.sum);
+    }
     const A g = load(grad_losses + row);
-    const A eps = A(smoothing);
-    const A uniform = eps / A(classes);
     for (int64_t j = threadIdx.x; j < classes; j += blockDim.x) {
-      const A p = exp_(A(load(x + j)) - m) / s;
-      const A target_weight = j == t ? A(1) - eps : A(0);
-      store(gx + j, g * (p - target_weight - uniform));
+      A d = exp_((A(load(x + j)) - m) - log_s) - uniform;
+      if (j == t) d -= A(1) - eps;
+      store(gx + j, g * d);
     }
   }
 }
@@ -271,8 +401,8 @@ void softmax_backward(cudaStream_t stream, DType dtype, const SoftmaxShape& s, c
 
 void cross_entropy_forward_counted(cudaStream_t stream, DType dtype, const void* logits,
                                    const int64_t* targets, int64_t rows, int64_t classes,
-                                   int64_t ignore_index, double label_smoothing, void* losses, float* counted,
-                                   void* check_words) {
+                                   int64_t ignore_index, double label_smoothing, void* losses,
+                                   void* row_stats, float* counted, void* check_words) {
   check(label_smoothing >= 0.0 && label_smoothing < 1.0,
         "cross_entropy (CUDA): label_smoothing must be in [0, 1), got ", label_smoothing);
   check(classes > 0 || rows == 0, "cross_entropy (CUDA): no classes");
@@ -282,9 +412,10 @@ void cross_entropy_forward_counted(cudaStream_t stream, DType dtype, const void*
   if (rows > 0) {
     visit_float(dtype, "cross_entropy", [&](auto t) {
       using T = typename decltype(t)::type;
-      launch_kernel<cross_entropy_forward_kernel<T>>(
-          row_grid(rows), row_block(classes), 0, stream, rows, classes, static_cast<const T*>(logits),
-          targets, ignore_index, label_smoothing, static_cast<T*>(losses), status);
+      launch_kernel<cross_entropy_forward_kernel<T>>(row_grid(rows), row_block(classes), 0, stream, rows,
+                                                     classes, static_cast<const T*>(logits), targets,
+                                                     ignore_index, label_smoothing, static_cast<T*>(losses),
+                                                     static_cast<acc_t<T>*>(row_stats), status);
     });
   }
   launch_kernel<cross_entropy_finish_kernel>(1, 1, 0, stream, status, targets, rows, counted);
@@ -302,14 +433,14 @@ std::string cross_entropy_target_error(const void* host_check_words, int64_t row
 
 int64_t cross_entropy_forward(cudaStream_t stream, ScratchAllocator& scratch, DType dtype, const void* logits,
                               const int64_t* targets, int64_t rows, int64_t classes, int64_t ignore_index,
-                              double label_smoothing, void* losses) {
+                              double label_smoothing, void* losses, void* row_stats) {
   if (rows == 0) return 0;
   // The check words, then the count (a float, after the 8-byte words): one buffer, one copy back.
   constexpr size_t kWordBytes = kCrossEntropyCheckWords * sizeof(unsigned long long);
   Workspace buffer(scratch, kWordBytes + sizeof(float));
   unsigned char* device = static_cast<unsigned char*>(buffer.get());
   cross_entropy_forward_counted(stream, dtype, logits, targets, rows, classes, ignore_index, label_smoothing,
-                                losses, reinterpret_cast<float*>(device + kWordBytes), device);
+                                losses, row_stats, reinterpret_cast<float*>(device + kWordBytes), device);
   unsigned long long host[kCrossEntropyCheckWords + 1] = {};
   MG_CUDA_CHECK(cudaMemcpyAsync(host, device, kWordBytes + sizeof(float), cudaMemcpyDeviceToHost, stream));
   MG_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -322,13 +453,14 @@ int64_t cross_entropy_forward(cudaStream_t stream, ScratchAllocator& scratch, DT
 
 void cross_entropy_backward(cudaStream_t stream, DType dtype, const void* logits, const int64_t* targets,
                             int64_t rows, int64_t classes, int64_t ignore_index, double label_smoothing,
-                            const void* grad_losses, void* grad_logits) {
+                            const void* grad_losses, void* grad_logits, const void* row_stats) {
   if (rows == 0 || classes == 0) return;
   visit_float(dtype, "cross_entropy backward", [&](auto t) {
     using T = typename decltype(t)::type;
     launch_kernel<cross_entropy_backward_kernel<T>>(
         row_grid(rows), row_block(classes), 0, stream, rows, classes, static_cast<const T*>(logits), targets,
-        ignore_index, label_smoothing, static_cast<const T*>(grad_losses), static_cast<T*>(grad_logits));
+        ignore_index, label_smoothing, static_cast<const acc_t<T>*>(row_stats),
+        static_cast<const T*>(grad_losses), static_cast<T*>(grad_logits));
   });
 }
 

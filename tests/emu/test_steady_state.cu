@@ -1,9 +1,11 @@
 // What one training step costs the device, counted by the emulator (cuda_emu/emulator.h):
-// kernel launches, host synchronisations, cudaMalloc calls and bytes copied host <-> device.
-// After warm-up a step must allocate nothing (the caching allocator serves every tensor) and
-// synchronise the host only where the loop asks for it (reading the loss). The cross-entropy's
-// divisor stays on the device, and its target check is copied back without waiting (24 bytes,
-// core/cuda_device_checks.h): a bad target is reported at that same loss read.
+// kernel launches, host synchronisations, cudaMalloc calls and bytes copied host <-> device,
+// for every model of the zoo (nn/zoo.h: MLP, FashionCNN, ResNetSmall, TinyGPT), each an AdamW
+// step at small shapes. After warm-up a step must allocate nothing (the caching allocator serves
+// every tensor) and synchronise the host only where the loop asks for it (reading the loss). The
+// cross-entropy's divisor stays on the device, and its target check is copied back without
+// waiting (24 bytes, core/cuda_device_checks.h), as are the embeddings' index checks (16 bytes
+// per lookup): a bad target or index is reported at that same loss read.
 // Runs on the CPU under the emulator only (MG_CUDA=EMULATE): see docs/cuda-emulation.md.
 #include <catch2/catch.hpp>
 
@@ -41,6 +43,36 @@ PerStep count_steps(Step&& step, int warmup, int steps) {
   return p;
 }
 
+// One AdamW training step of `model` on cuda:0: forward, cross-entropy (logits flattened to
+// [rows, classes]), backward, step, and the loss read.
+template <class Model>
+PerStep count_training_steps(Model& model, const Tensor& x, const Tensor& y) {
+  optim::AdamWOptions adamw;
+  adamw.lr = 1e-3;
+  adamw.weight_decay = 0.01;
+  optim::AdamW opt(model.parameters(), adamw);
+  return count_steps(
+      [&] {
+        opt.zero_grad();
+        Tensor logits = model(x);
+        Tensor loss = nn::cross_entropy(logits.reshape({-1, logits.size(-1)}), y.reshape({-1}));
+        loss.backward();
+        opt.step();
+        return loss.item<double>();  // the one read the loop asks for
+      },
+      3, 5);
+}
+
+// What every model's step must satisfy: nothing allocated, the host waits once (the loss read), and
+// the only bytes copied back are the loss and the deferred checks' words, copied without waiting:
+// the cross-entropy's three, and two (first bad position, its value) per embedding lookup.
+void check_steady(const PerStep& p, int embedding_lookups = 0) {
+  CHECK(p.mallocs == 0);
+  CHECK(p.syncs == 1);  // the loss read
+  CHECK(p.d2h == sizeof(float) + (3 + 2 * embedding_lookups) * sizeof(unsigned long long));
+  CHECK(p.launches > 0);
+}
+
 }  // namespace
 
 TEST_CASE("a steady-state training step on cuda:0 makes no cudaMalloc and syncs only to read the loss",
@@ -49,24 +81,66 @@ TEST_CASE("a steady-state training step on cuda:0 makes no cudaMalloc and syncs 
   manual_seed(3);
   nn::MLP model(32, std::vector<int64_t>{64, 64}, 10);
   model.to(dev);
-  optim::AdamWOptions adamw;
-  adamw.lr = 1e-3;
-  adamw.weight_decay = 0.01;
-  optim::AdamW opt(model.parameters(), adamw);
   manual_seed(4);
   const Tensor x = randn({16, 32}).to(dev);
   const Tensor y = randint(0, 10, {16}).to(dev);
-  const PerStep p = count_steps(
-      [&] {
-        opt.zero_grad();
-        Tensor loss = nn::cross_entropy(model(x), y);
-        loss.backward();
-        opt.step();
-        return loss.item<double>();  // the one read the loop asks for
-      },
-      3, 5);
-  CHECK(p.mallocs == 0);
-  CHECK(p.syncs == 1);                                             // the loss read
-  CHECK(p.d2h == sizeof(float) + 3 * sizeof(unsigned long long));  // the loss and the check's words
-  CHECK(p.launches > 0);
+  check_steady(count_training_steps(model, x, y));
+}
+
+TEST_CASE("zoo steady state: FashionCNN (conv, BatchNorm, max pool, dropout) on cuda:0", "[emu][counters]") {
+  const Device dev = Device::cuda(0);
+  manual_seed(3);
+  nn::FashionCNNOptions options;
+  options.channels1 = 4;
+  options.channels2 = 8;
+  options.hidden = 16;
+  nn::FashionCNN model(options);
+  model.to(dev);
+  manual_seed(4);
+  const Tensor x = randn({4, 1, 28, 28}).to(dev);
+  const Tensor y = randint(0, 10, {4}).to(dev);
+  check_steady(count_training_steps(model, x, y));
+}
+
+TEST_CASE("zoo steady state: ResNetSmall (BasicBlocks, downsample shortcuts, average pool) on cuda:0",
+          "[emu][counters]") {
+  const Device dev = Device::cuda(0);
+  manual_seed(3);
+  nn::ResNetOptions options;
+  options.widths = {4, 8, 8};
+  nn::ResNetSmall model(options);
+  model.to(dev);
+  manual_seed(4);
+  const Tensor x = randn({2, 1, 16, 16}).to(dev);
+  const Tensor y = randint(0, 10, {2}).to(dev);
+  check_steady(count_training_steps(model, x, y));
+}
+
+TEST_CASE("zoo steady state: TinyGPT (embeddings, attention, layer norm, GELU) on cuda:0",
+          "[emu][counters]") {
+  const Device dev = Device::cuda(0);
+  manual_seed(3);
+  nn::GPTConfig config;
+  config.vocab_size = 65;
+  config.block_size = 16;
+  config.n_layer = 1;
+  config.n_head = 2;
+  config.n_embd = 32;
+  nn::TinyGPT model(config);
+  model.to(dev);
+  manual_seed(4);
+  const Tensor idx = randint(0, config.vocab_size, {2, 8}).to(dev);
+  const Tensor targets = randint(0, config.vocab_size, {2, 8}).to(dev);
+  check_steady(count_training_steps(model, idx, targets), /*embedding_lookups=*/2);  // wte, wpe
+
+  // A token id past the vocabulary: the step runs on without waiting, and the loss read reports it.
+  const Tensor bad =
+      tensor<int64_t>({3, 1, 65, 2, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8}).reshape({2, 8}).to(dev);
+  const mg_emu::Counters before = mg_emu::counters();
+  Tensor logits = model(bad);
+  Tensor loss = nn::cross_entropy(logits.reshape({-1, config.vocab_size}), targets.reshape({-1}));
+  loss.backward();
+  CHECK(mg_emu::counters().host_syncs == before.host_syncs);
+  CHECK_THROWS_WITH(loss.item<double>(), Catch::Contains("embedding: index 65 at position 2") &&
+                                             Catch::Contains("next synchronisation"));
 }

@@ -10,6 +10,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -78,6 +79,46 @@ inline double tolerance(DType dtype) {
     const double mg_err_ = ::mg::gpu_test::rel_error((out), (ref));       \
     INFO("relative error " << mg_err_ << " (tolerance " << (tol) << ")"); \
     CHECK(mg_err_ <= (tol));                                              \
+  } while (0)
+
+// Element by element: the largest |out[i] - ref[i]| / max(|ref[i]|, rms(ref)) (the rms keeps a sum
+// that happens to be near 0 from failing on an error that is small next to its neighbours), with
+// `worst` set to its index; +inf where exactly one of the two is NaN, or an infinity differs.
+inline double max_elementwise_error(const Tensor& out, const Tensor& ref, size_t* worst = nullptr) {
+  REQUIRE(out.shape() == ref.shape());
+  const std::vector<double> o = out.to_vector<double>(), r = ref.to_vector<double>();
+  double sum_squares = 0.0;
+  for (double v : r)
+    if (std::isfinite(v)) sum_squares += v * v;
+  const double rms = r.empty() ? 0.0 : std::sqrt(sum_squares / static_cast<double>(r.size()));
+  double max_err = 0.0;
+  if (worst) *worst = 0;
+  for (size_t i = 0; i < o.size(); ++i) {
+    const bool on = std::isnan(o[i]), rn = std::isnan(r[i]);
+    double err = 0.0;
+    if (on || rn) {
+      err = on == rn ? 0.0 : INFINITY;
+    } else if (std::isinf(o[i]) || std::isinf(r[i])) {
+      err = o[i] == r[i] ? 0.0 : INFINITY;
+    } else {
+      const double scale = std::max(std::fabs(r[i]), rms);
+      err = scale > 0 ? std::fabs(o[i] - r[i]) / scale : std::fabs(o[i] - r[i]);
+    }
+    if (err > max_err) {
+      max_err = err;
+      if (worst) *worst = i;
+    }
+  }
+  return max_err;
+}
+
+#define MG_REQUIRE_EACH_CLOSE(out, ref, tol)                                                              \
+  do {                                                                                                    \
+    size_t mg_worst_ = 0;                                                                                 \
+    const double mg_err_ = ::mg::gpu_test::max_elementwise_error((out), (ref), &mg_worst_);               \
+    INFO("largest element error " << mg_err_ << " at flat index " << mg_worst_ << " (tolerance " << (tol) \
+                                  << ")");                                                                \
+    CHECK(mg_err_ <= (tol));                                                                              \
   } while (0)
 
 }  // namespace mg::gpu_test

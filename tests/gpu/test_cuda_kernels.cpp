@@ -7,6 +7,7 @@
 
 #if defined(MG_HAS_CUDA)
 
+#include <cmath>
 #include <vector>
 
 #include "core/cuda_device_checks.h"
@@ -290,6 +291,57 @@ TEST_CASE("cuda reductions match the CPU", "[gpu][reduce]") {
   CHECK(idx.item<int64_t>() == 1);
 }
 
+// Column reductions (a bias gradient: sum_to of [rows, cols] to [cols]) and var of a long axis take the
+// split reduce (kernels/cuda/reduce.cu: about 4 x 132 blocks in pass 1, then a second pass over the
+// slices' partials); var's split path merges per-slice moments with Chan's formula. Each output must
+// match the CPU, and a second run must give the same bits (the emulator orders a block's threads
+// differently at each launch, so an order-dependent sum would show).
+TEST_CASE("cuda split column reductions and var match the CPU element by element, reproducibly",
+          "[gpu][reduce][split]") {
+  manual_seed(55);
+  struct Case {
+    kernels::ReduceShape shape;
+    double shift;  // added to every value: |mean| >> std tests var's shifted sums
+  };
+  const Case cases[] = {{{1, 5000, 7}, 0.0},   {{1, 70000, 3}, 0.0}, {{1, 70000, 3}, 1000.0},
+                        {{1, 8192, 768}, 0.0}, {{3, 4099, 33}, 0.0}, {{1, 1 << 24, 1}, 0.0},
+                        {{2, 100000, 1}, 50.0}};
+  const ReduceOp ops[] = {ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Var, ReduceOp::Max, ReduceOp::Argmax};
+  for (DType dt : {DType::f32, DType::f64, DType::bf16}) {
+    for (const Case& c : cases) {
+      const auto& s = c.shape;
+      const bool huge = s.outer * s.reduce * s.inner >= (int64_t(1) << 24);
+      if (huge && dt != DType::f32) continue;  // 16M elements: f32 only, to keep the emulator quick
+      const Tensor x = random_cpu({s.outer, s.reduce, s.inner}, dt, 1.0, c.shift), xg = x.to(gpu());
+      for (ReduceOp op : ops) {
+        if (huge && op != ReduceOp::Sum && op != ReduceOp::Var) continue;
+        if (c.shift != 0.0 && op != ReduceOp::Var && op != ReduceOp::Mean) continue;
+        const bool arg = op == ReduceOp::Argmax;
+        const DType out_dt = arg ? DType::i64 : dt;
+        INFO("op " << kernels::reduce_op_name(op) << " dtype " << dt << " shape [" << s.outer << ", "
+                   << s.reduce << ", " << s.inner << "] shift " << c.shift);
+        Tensor ref = empty({s.outer, s.inner}, TensorOptions{out_dt});
+        kernels::cpu::reduce(op, s, x.data_ptr(), dt, ref.data_ptr(), out_dt, 1);
+        Tensor out = poisoned({s.outer, s.inner}, out_dt, gpu()),
+               again = poisoned({s.outer, s.inner}, out_dt, gpu());
+        for (Tensor* t : {&out, &again}) {
+          on_gpu([&] {
+            kernels::cuda::reduce(mg::cuda::current_kernel_stream(), mg::cuda::current_scratch(), op, s,
+                                  xg.data_ptr(), dt, t->data_ptr(), out_dt, 1);
+          });
+        }
+        if (arg || op == ReduceOp::Max) {
+          CHECK(out.to_vector<double>() == ref.to_vector<double>());
+        } else {
+          // The tolerance of the reductions test above ("cuda reductions match the CPU").
+          MG_REQUIRE_EACH_CLOSE(out, ref, dt == DType::bf16 ? 2e-2 : 50 * tolerance(dt));
+        }
+        CHECK(out.to_vector<double>() == again.to_vector<double>());
+      }
+    }
+  }
+}
+
 TEST_CASE("cuda softmax / log_softmax forward and backward match the CPU", "[gpu][softmax]") {
   manual_seed(6);
   const kernels::SoftmaxShape shapes[] = {{16, 10, 1}, {3, 1000, 1}, {4, 7, 33}, {1, 3000, 2}};
@@ -381,6 +433,83 @@ TEST_CASE("cuda fused cross-entropy matches the CPU, and refuses bad targets", "
                           x.data_ptr(), bad.data<int64_t>(), 4, 5, -100, 0.0, out.data_ptr()),
                       Catch::Contains("target 9 of row 2"));
   });
+}
+
+// A GPT-2 vocabulary: the forward's single online sweep (running max, rescaled sum) and the
+// backward's one read with the saved per-row stats, against the CPU's two sweeps. Rows: plain,
+// ignored, shifted by 1000 (the max dominates: precision), ascending (a new max at every element
+// of every thread: the rescaling path), and one with -inf (masked) logits.
+TEST_CASE("cuda cross-entropy over a 50257-class vocabulary matches the CPU", "[gpu][cross_entropy]") {
+  manual_seed(71);
+  const int64_t rows = 5, classes = 50257;
+  std::vector<double> v = random_cpu({rows, classes}, DType::f64, 2.0).to_vector<double>();
+  for (int64_t j = 0; j < classes; ++j) {
+    v[2 * classes + j] += 1000.0;
+    v[3 * classes + j] = -8.0 + 16.0 * static_cast<double>(j) / static_cast<double>(classes);
+    if (j % 97 == 5) v[4 * classes + j] = -INFINITY;
+  }
+  const Tensor x64 = tensor<double>(v).reshape({rows, classes});
+  const std::vector<int64_t> t{17, -100, 50256, 40000, 1};
+  const Tensor targets = tensor<int64_t>(t), tg = targets.to(gpu());
+  for (DType dt : {DType::f32, DType::f64, DType::bf16}) {
+    for (double smoothing : {0.0, 0.1}) {
+      INFO("dtype " << dt << " label_smoothing " << smoothing);
+      const Tensor x = x64.to(dt), xg = x.to(gpu());
+      Tensor ref = empty({rows}, TensorOptions{dt}), out = poisoned({rows}, dt, gpu());
+      const DType stats_dtype = dt == DType::f64 ? DType::f64 : DType::f32;
+      Tensor stats = poisoned({rows, 2}, stats_dtype, gpu());
+      const int64_t n_cpu = kernels::cpu::cross_entropy_forward(
+          dt, x.data_ptr(), targets.data<int64_t>(), rows, classes, -100, smoothing, ref.data_ptr());
+      int64_t n_gpu = -1;
+      on_gpu([&] {
+        n_gpu = kernels::cuda::cross_entropy_forward(
+            mg::cuda::current_kernel_stream(), mg::cuda::current_scratch(), dt, xg.data_ptr(),
+            tg.data<int64_t>(), rows, classes, -100, smoothing, out.data_ptr(), stats.data_ptr());
+      });
+      CHECK(n_gpu == n_cpu);
+      MG_REQUIRE_CLOSE(out, ref, 4 * tolerance(dt));
+      if (smoothing > 0) CHECK(std::isinf(out.to_vector<double>()[4]));  // the CPU's +inf with -inf logits
+      // The stats of a plain row: its max and log(sum(exp(x - max))).
+      const Tensor row0 = x.narrow(0, 0, 1).to(DType::f64);
+      const double m = max(row0).item<double>();
+      const double log_s = std::log(sum(exp(sub(row0, m))).item<double>());
+      const std::vector<double> s = stats.to_vector<double>();
+      CHECK(s[0] == Approx(m).epsilon(1e-12));
+      CHECK(s[1] == Approx(log_s).epsilon(1e-5));
+
+      const Tensor gl = random_cpu({rows}, dt), glg = gl.to(gpu());
+      Tensor gref = empty({rows, classes}, TensorOptions{dt});
+      kernels::cpu::cross_entropy_backward(dt, x.data_ptr(), targets.data<int64_t>(), rows, classes, -100,
+                                           smoothing, gl.data_ptr(), gref.data_ptr());
+      for (bool with_stats : {true, false}) {
+        INFO("backward with the forward's stats: " << with_stats);
+        Tensor gout = poisoned({rows, classes}, dt, gpu());
+        on_gpu([&] {
+          kernels::cuda::cross_entropy_backward(
+              mg::cuda::current_kernel_stream(), dt, xg.data_ptr(), tg.data<int64_t>(), rows, classes, -100,
+              smoothing, glg.data_ptr(), gout.data_ptr(), with_stats ? stats.data_ptr() : nullptr);
+        });
+        MG_REQUIRE_CLOSE(gout, gref, 4 * tolerance(dt));
+      }
+    }
+  }
+  // The op with autograd on [3, 50257], every reduction: the loss and the logits' gradient.
+  for (Reduction reduction : {Reduction::Mean, Reduction::Sum, Reduction::None}) {
+    CrossEntropyOptions options;
+    options.reduction = reduction;
+    options.label_smoothing = 0.05;
+    options.ignore_index = 7;
+    INFO("reduction " << static_cast<int>(reduction));
+    const Tensor x = x64.narrow(0, 0, 3).to(DType::f32);
+    const Tensor t3 = tensor<int64_t>({123, 7, 50000});
+    Tensor x_cpu = x.detach().set_requires_grad(true), x_gpu = x.to(gpu()).set_requires_grad(true);
+    Tensor l_cpu = cross_entropy(x_cpu, t3, options), l_gpu = cross_entropy(x_gpu, t3.to(gpu()), options);
+    MG_REQUIRE_CLOSE(l_gpu, l_cpu, 4 * tolerance(DType::f32));
+    sum(l_cpu).backward();
+    sum(l_gpu).backward();
+    REQUIRE(x_gpu.grad().defined());
+    MG_REQUIRE_CLOSE(x_gpu.grad(), x_cpu.grad(), 4 * tolerance(DType::f32));
+  }
 }
 
 TEST_CASE("cuda optimizer steps match the CPU over several steps", "[gpu][optim]") {

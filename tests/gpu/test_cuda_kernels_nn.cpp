@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "core/cuda_device_checks.h"
 #include "core/cuda_scratch.h"
 #include "core/cuda_stream.h"
 #include "kernels/cpu/conv.h"
@@ -213,14 +214,77 @@ TEST_CASE("cuda layer norm forward and backward match the CPU", "[gpu][layer_nor
         Tensor gx = poisoned({rows, cols}, dt, gpu());
         Tensor gw = poisoned({cols}, dt, gpu()), gb = poisoned({cols}, dt, gpu());
         on_gpu([&] {
-          kernels::cuda::layer_norm_backward(mg::cuda::current_kernel_stream(), dt, gyg.data_ptr(),
-                                             xg.data_ptr(), mean_in.data_ptr(), rstd_in.data_ptr(), wgp, rows,
-                                             cols, gx.data_ptr(), gw.data_ptr(), gb.data_ptr());
+          kernels::cuda::layer_norm_backward(mg::cuda::current_kernel_stream(), mg::cuda::current_scratch(),
+                                             dt, gyg.data_ptr(), xg.data_ptr(), mean_in.data_ptr(),
+                                             rstd_in.data_ptr(), wgp, rows, cols, gx.data_ptr(),
+                                             gw.data_ptr(), gb.data_ptr());
         });
         // cols == 1: x - mean is rounding noise and gx ~ 0, so compare absolutely there.
         if (cols > 1) MG_REQUIRE_CLOSE(gx, ref_gx, 8 * tolerance(dt));
         MG_REQUIRE_CLOSE(gw, ref_gw, cols > 1 ? 4 * tolerance(dt) : 1e-2);
         MG_REQUIRE_CLOSE(gb, ref_gb, 4 * tolerance(dt));
+      }
+    }
+  }
+}
+
+// Shapes whose weight/bias gradient splits the rows into slices (kernels/cuda/layer_norm.cu: pass 1 over
+// column tiles x row slices, pass 2 adding each column's partials in order): 16-byte vector loads
+// ([2048, 96], [300, 40] with an uneven last slice, [2048, 768]: GPT-2 small's width), a width that is no
+// multiple of the vector ([513, 37]: one column per thread), and a few rows more than one slice
+// ([130, 768]). The reference is the CPU kernel in f64 on the same values and statistics: at [8192, 768]
+// the CPU's f32 column sums (one sequential float sum per column) are themselves up to 6e-6 off, close
+// to the tolerance, while the sliced GPU sums are within 1e-6. gw and gb must match element by element,
+// and (in f32) a second run (only the bias, then only the weight) the first bit for bit.
+TEST_CASE("cuda layer norm backward splits the rows, matches the CPU, and is reproducible",
+          "[gpu][layer_norm][split]") {
+  manual_seed(26);
+  const std::pair<int64_t, int64_t> shapes[] = {{2048, 96}, {300, 40}, {513, 37}, {130, 768}, {2048, 768}};
+  const auto f64 = TensorOptions{DType::f64};
+  for (const auto& [rows, cols] : shapes) {
+    const bool big = rows * cols > 1000000;  // f32 only: the emulator runs grad_x's rows x 256 threads slowly
+    for (DType dt : kFloatDtypes) {
+      if (big && dt != DType::f32) continue;
+      const bool rerun = !big && dt == DType::f32;  // the bitwise check: one dtype is enough
+      INFO("rows " << rows << " cols " << cols << " dtype " << dt);
+      const DType st = dt == DType::f64 ? DType::f64 : DType::f32;
+      const Tensor x = random_cpu({rows, cols}, dt, 1.0, 3.0), xg = x.to(gpu());
+      const Tensor w = random_cpu({cols}, dt, 0.5, 1.0), wg = w.to(gpu());
+      const Tensor gy = random_cpu({rows, cols}, dt), gyg = gy.to(gpu());
+      Tensor y = empty({rows, cols}, TensorOptions{dt});
+      Tensor mean = empty({rows}, TensorOptions{st}), rstd = empty({rows}, TensorOptions{st});
+      kernels::cpu::layer_norm_forward(dt, x.data_ptr(), w.data_ptr(), nullptr, rows, cols, 1e-5,
+                                       y.data_ptr(), mean.data_ptr(), rstd.data_ptr());
+      const Tensor x64 = x.to(DType::f64), gy64 = gy.to(DType::f64), w64 = w.to(DType::f64);
+      const Tensor mean64 = mean.to(DType::f64), rstd64 = rstd.to(DType::f64);
+      Tensor ref_gx = empty({rows, cols}, f64), ref_gw = empty({cols}, f64), ref_gb = empty({cols}, f64);
+      kernels::cpu::layer_norm_backward(DType::f64, gy64.data_ptr(), x64.data_ptr(), mean64.data_ptr(),
+                                        rstd64.data_ptr(), w64.data_ptr(), rows, cols, ref_gx.data_ptr(),
+                                        ref_gw.data_ptr(), ref_gb.data_ptr());
+      const Tensor mean_g = mean.to(gpu()), rstd_g = rstd.to(gpu());
+      Tensor gx = poisoned({rows, cols}, dt, gpu());
+      Tensor gw = poisoned({cols}, dt, gpu()), gb = poisoned({cols}, dt, gpu());
+      Tensor gw2 = poisoned({cols}, dt, gpu()), gb2 = poisoned({cols}, dt, gpu());
+      const auto backward = [&](void* grad_weight, void* grad_bias) {
+        kernels::cuda::layer_norm_backward(mg::cuda::current_kernel_stream(), mg::cuda::current_scratch(), dt,
+                                           gyg.data_ptr(), xg.data_ptr(), mean_g.data_ptr(),
+                                           rstd_g.data_ptr(), wg.data_ptr(), rows, cols, gx.data_ptr(),
+                                           grad_weight, grad_bias);
+      };
+      on_gpu([&] {
+        backward(gw.data_ptr(), gb.data_ptr());
+        if (rerun) {
+          backward(nullptr, gb2.data_ptr());
+          backward(gw2.data_ptr(), nullptr);
+        }
+      });
+      // The tolerances of "cuda layer norm forward and backward match the CPU" above.
+      MG_REQUIRE_CLOSE(gx, ref_gx, 8 * tolerance(dt));
+      MG_REQUIRE_EACH_CLOSE(gw, ref_gw, 4 * tolerance(dt));
+      MG_REQUIRE_EACH_CLOSE(gb, ref_gb, 4 * tolerance(dt));
+      if (rerun) {
+        CHECK(gw2.to_vector<double>() == gw.to_vector<double>());
+        CHECK(gb2.to_vector<double>() == gb.to_vector<double>());
       }
     }
   }
@@ -283,6 +347,50 @@ TEST_CASE("cuda embedding forward and backward match the CPU, and refuse bad ind
     CHECK(msg.find("index 50 at position 2") != std::string::npos);
   }
   CHECK(std::isnan(out.to_vector<float>()[0]));  // nothing was written
+}
+
+// The op's deferred index check (as cross_entropy's target check): the gather checks its own
+// indices without the host waiting, a bad one gets zeros (nothing read out of bounds), and the
+// error -- naming the op, the position and the value -- comes at the next synchronisation, once.
+TEST_CASE("cuda embedding op: a bad index is reported at the next synchronisation", "[gpu][embedding]") {
+  manual_seed(26);
+  const int64_t num = 50, dim = 33;
+  const Tensor w_cpu = random_cpu({num, dim}, DType::f32);
+  const Tensor w = w_cpu.to(gpu()).set_requires_grad(true);
+  const Tensor bad = tensor<int64_t>({1, 4, 50, 2, -3}).to(gpu());
+  CHECK(cuda::pending_device_checks() == 0);
+  Tensor out;
+  REQUIRE_NOTHROW(out = embedding(w, bad));  // no wait, no throw at the call
+  CHECK(cuda::pending_device_checks() == 1);
+  REQUIRE_NOTHROW(sum(out).backward());  // the backward skips the bad positions
+  try {
+    sum(out).item<float>();
+    FAIL("no error for index 50 with 50 embeddings");
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    INFO(msg);
+    CHECK(msg.find("embedding") != std::string::npos);
+    CHECK(msg.find("index 50 at position 2") != std::string::npos);  // the first bad position
+    CHECK(msg.find("next synchronisation") != std::string::npos);
+  }
+  CHECK(cuda::pending_device_checks() == 0);
+  // Reported once; the good rows were gathered, the bad ones are zeros.
+  const std::vector<float> o = out.detach().to(Device::cpu()).to_vector<float>();
+  const std::vector<float> ref = w_cpu.to_vector<float>();
+  for (int64_t j = 0; j < dim; ++j) {
+    CHECK(o[0 * dim + j] == ref[1 * dim + j]);
+    CHECK(o[3 * dim + j] == ref[2 * dim + j]);
+    CHECK(o[2 * dim + j] == 0.0f);
+    CHECK(o[4 * dim + j] == 0.0f);
+  }
+  // The gradient: ones on rows 1, 4 and 2, nothing from the bad positions.
+  const std::vector<float> g = w.grad().to(Device::cpu()).to_vector<float>();
+  double total = 0;
+  for (float x : g) total += x;
+  CHECK(total == 3.0 * dim);
+  CHECK(g[4 * dim] == 1.0f);
+  // A valid lookup afterwards: no error.
+  CHECK_NOTHROW(sum(embedding(w.detach(), tensor<int64_t>({0, 49}).to(gpu()))).item<float>());
 }
 
 TEST_CASE("cuda index_select (every dtype) and index_add match the CPU", "[gpu][index]") {
