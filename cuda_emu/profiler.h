@@ -86,6 +86,11 @@ struct LaunchProfile {
   double dram_read_first_touch = 0, dram_write_first_touch = 0;  // bytes, infinite L2
   double dram_read_lru = 0, dram_write_lru = 0;                  // bytes, LRU L2 of Options::l2_bytes
   std::vector<SiteCounts> sites;                                 // most sectors/wavefronts first
+  // A cuBLAS or cuDNN call rather than a kernel (the emulator runs reference loops for those, not
+  // traced): `kernel` is its name, nothing above is counted but the DRAM bytes, which are the
+  // call's ideal bytes, and the FLOPs below. The H200 model prices it at its roofline.
+  bool library = false;
+  double fp32_flops = 0;
 
   double dram_bytes_first_touch() const { return dram_read_first_touch + dram_write_first_touch; }
   double dram_bytes_lru() const { return dram_read_lru + dram_write_lru; }

@@ -457,6 +457,19 @@ void trace_emulated(const void* address, unsigned bytes, Op op, const char* file
     t_block_trace->access(reinterpret_cast<uintptr_t>(address), bytes, op, emulated_site(file, line, part), true);
 }
 
+void trace_library_call(const char* name, double flops, bool tensor_cores, double ideal_bytes) {
+  Profiling& p = profiling();
+  std::lock_guard<std::mutex> lock(p.mutex);
+  if (!p.active) return;
+  auto t = std::make_shared<LaunchTrace>();
+  profile::LaunchProfile& r = t->result;
+  r.kernel = name;
+  r.library = true;
+  (tensor_cores ? r.tensor_flops : r.fp32_flops) = flops;
+  r.dram_read_first_touch = r.dram_read_lru = ideal_bytes;
+  p.launches.push_back(t);
+}
+
 void trace_note_instrumented_code() {
   Profiling& p = profiling();
   std::lock_guard<std::mutex> lock(p.mutex);

@@ -54,6 +54,11 @@ void trace_access(const void* address, unsigned bytes, profile::Op op, uintptr_t
 void trace_emulated(const void* address, unsigned bytes, profile::Op op, const char* file, int line,
                     int part = 0);
 
+// A library call (cuBLAS, cuDNN: reference loops here, not traced kernels) made now, while a
+// profile runs: recorded as a launch with the FLOPs and the bytes it must move (read each input,
+// write each output once), which the H200 model prices at its roofline.
+void trace_library_call(const char* name, double flops, bool tensor_cores, double ideal_bytes);
+
 // The instrumented translation units announce themselves (their constructors call __tsan_init).
 void trace_note_instrumented_code();
 

@@ -53,6 +53,11 @@ struct ProfileRow {
   double fp32_flops = 0, tensor_flops = 0;
   double predicted_seconds = 0, roofline_fraction = 0;
   std::string binding;
+  // A training step (profile_step): what the prediction adds up, beside the launches.
+  double library_calls = 0;        // cuBLAS / cuDNN calls, priced at their roofline
+  double host_syncs = 0;           // the host waited for the device
+  double launch_seconds = 0;       // the launches' latency, part of predicted_seconds
+  double sync_seconds = 0;         // the host synchronisations', part of predicted_seconds
   std::vector<std::string> worst_sites;  // the instructions with the most sectors / wavefronts
 };
 
@@ -83,6 +88,9 @@ struct KernelResult {
 
 // --profile: runs fn once under the tracer; returns the predicted seconds (profile.cpp).
 double profiled_seconds(const std::function<void()>& fn, const BenchOptions& o);
+// --profile: one training step (fn) traced whole, every block, with the host synchronisations it
+// makes; its predicted time (kernels + library calls + launches + syncs) in `predicted_seconds`.
+ProfileRow profile_step(const std::function<void()>& fn);
 // The counters of the last profiled call with the row's declared ideal bytes and CUDA-core FLOPs
 // (profile.cpp). The prediction includes them.
 ProfileRow take_profile(double ideal_bytes, double fp32_flops);

@@ -92,7 +92,7 @@ const char* usage =
     "  defaults: device 0, every family, -w 3 -n 20, a 256 MiB copy ceiling;\n"
     "  --quick: -w 2 -n 10, a 64 MiB ceiling and each family's short list of sizes;\n"
     "  JSON: --json PATH, else $MG_BENCH_OUT_DIR/bench_kernels.json, else ./bench_kernels.json\n"
-    "  --profile (CUDA emulation build): the families memory and gemm traced, one call per row, and\n"
+    "  --profile (CUDA emulation build): the families memory, gemm and step traced, one call per row, and\n"
     "    predicted on an H200 (profile.cpp); --profile-blocks N: blocks traced per launch (132)\n";
 
 int parse_int(const std::string& text, const std::string& flag, int lo) {
@@ -147,7 +147,7 @@ Flags parse_flags(int argc, char** argv) {
   if (f.options.profile) {  // one traced call per row: nothing to warm up or repeat
     f.options.warmup = 0;
     f.options.repeats = 1;
-    if (f.families.empty()) f.families = {"memory", "gemm"};
+    if (f.families.empty()) f.families = {"memory", "gemm", "step"};
   }
   if (f.options.quick) {
     if (!warmup_set) f.options.warmup = f.options.check ? 0 : 2;
@@ -553,6 +553,10 @@ void print_profile_row(const bench::KernelResult& r) {
               flops, (sig(p.traced_blocks) + "/" + sig(p.blocks)).c_str(), sig(p.predicted_seconds * 1e6).c_str(),
               p.binding.c_str(), num(100 * p.roofline_fraction, 0).c_str());
   for (const std::string& site : p.worst_sites) std::printf("%-58s   %s\n", "", site.c_str());
+  if (p.host_syncs > 0 || p.library_calls > 0)
+    std::printf("%-58s   %d launches (%.0f cuBLAS/cuDNN calls at their roofline): %.1f us of launch latency; "
+                "%.0f host syncs: %.1f us\n",
+                "", p.launches, p.library_calls, p.launch_seconds * 1e6, p.host_syncs, p.sync_seconds * 1e6);
 }
 
 int run_profile(const Flags& flags, const std::vector<bench::Family>& families, Report& rep) {

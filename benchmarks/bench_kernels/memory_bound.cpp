@@ -19,7 +19,8 @@
 //   layer_norm forward, rows of 768 and 4096   f32 (weight, bias; saves mean and rstd)
 //                                                            reads 4n, writes 4n + 8 rows
 //   cross_entropy forward and backward, 50257 classes, f32 logits [n/50257, 50257]
-//                              forward reads 4n + 8 rows, writes 4 rows; backward reads 4n,
+//                              forward reads 4n + 8 rows, writes 12 rows (loss, max, log-sum);
+//                              backward reads 4n + 16 rows (with the forward's row statistics),
 //                              writes 4n
 //
 // Bytes are the compulsory traffic: each operand read once and each result written once, as a
@@ -517,12 +518,14 @@ void cross_entropy_rows(int64_t n, const Env& env, std::vector<bench::KernelResu
   HostArray losses(DType::f32, nrows);
   kcpu::cross_entropy_forward(DType::f32, logits.data(), t_host, nrows, classes, -100, 0.0, losses.data());
   DeviceBuffer lossd(losses.size());
+  DeviceBuffer statsd(static_cast<size_t>(nrows) * 2 * sizeof(float));  // max and log-sum per row
   rows.push_back(measure(
-      {"cross_entropy fwd", "f32", shape, 4.0 * nrows * classes + 12.0 * nrows, kRowwiseFloor, 1e-5,
+      {"cross_entropy fwd", "f32", shape, 4.0 * nrows * classes + 20.0 * nrows, kRowwiseFloor, 1e-5,
        "the time includes the stream synchronisation the API does to return its count"},
       [&] {
         kcuda::cross_entropy_forward(mg::cuda::current_kernel_stream(), mg::cuda::current_scratch(),
-                                     DType::f32, ld.ptr, t_dev, nrows, classes, -100, 0.0, lossd.ptr);
+                                     DType::f32, ld.ptr, t_dev, nrows, classes, -100, 0.0, lossd.ptr,
+                                     statsd.ptr);
       },
       {{&lossd, &losses}}, env));
 
@@ -531,10 +534,11 @@ void cross_entropy_rows(int64_t n, const Env& env, std::vector<bench::KernelResu
                                grad_losses.data(), grad.data());
   DeviceBuffer gradd(grad.size());
   rows.push_back(measure(
-      {"cross_entropy bwd", "f32", shape, 8.0 * nrows * classes + 12.0 * nrows, kRowwiseFloor, 1e-5},
+      {"cross_entropy bwd", "f32", shape, 8.0 * nrows * classes + 20.0 * nrows, kRowwiseFloor, 1e-5,
+       "with the forward's saved row statistics (max, log-sum): one read of the logits"},
       [&] {
         kcuda::cross_entropy_backward(mg::cuda::current_kernel_stream(), DType::f32, ld.ptr, t_dev, nrows,
-                                      classes, -100, 0.0, gd.ptr, gradd.ptr);
+                                      classes, -100, 0.0, gd.ptr, gradd.ptr, statsd.ptr);
       },
       {{&gradd, &grad}}, env));
 }

@@ -18,6 +18,7 @@
 #include "core/base/error.h"
 
 #if defined(MG_CUDA_EMULATE)
+#include "cuda_emu/emulator.h"
 #include "cuda_emu/h200_model.h"
 #include "cuda_emu/profiler.h"
 #endif
@@ -37,6 +38,16 @@ std::vector<profile::LaunchProfile>& last_launches() {
 // The model's input for one launch; `fp32_flops` is this launch's share of the row's declared FLOPs.
 mg_emu::KernelWork work_of(const profile::LaunchProfile& l, double fp32_flops) {
   mg_emu::KernelWork w;
+  if (l.library) {  // a cuBLAS/cuDNN call: its FLOPs and ideal bytes over a full GPU
+    w.blocks = 132;
+    w.threads_per_block = 256;
+    w.dram_bytes = l.dram_bytes_lru();
+    w.l2_sectors = w.dram_bytes / 32;
+    w.fp32_flops = l.fp32_flops;
+    w.tensor_flops = l.tensor_flops;
+    w.load_round_trips = 0;
+    return w;
+  }
   w.blocks = l.blocks;
   w.threads_per_block = static_cast<int>(l.block.x * l.block.y * l.block.z);
   w.shared_bytes_per_block = l.shared_bytes_per_block;
@@ -75,6 +86,32 @@ double profiled_seconds(const std::function<void()>& fn, const BenchOptions& o) 
   }
   last_launches() = profile::end();
   return take_profile(0, 0).predicted_seconds;
+}
+
+ProfileRow profile_step(const std::function<void()>& fn) {
+  check(profile::available(), "bench_kernels --profile: this binary's kernels are not instrumented");
+  cudaDeviceSynchronize();
+  const mg_emu::Counters before = mg_emu::counters();
+  profile::begin(profile::Options{});  // every block traced and run: the step must compute right
+  try {
+    fn();
+  } catch (...) {
+    profile::end();
+    throw;
+  }
+  last_launches() = profile::end();
+  const mg_emu::Counters after = mg_emu::counters();
+  ProfileRow p = take_profile(0, 0);
+  std::vector<mg_emu::Prediction> predictions;
+  for (const auto& l : last_launches()) {
+    predictions.push_back(mg_emu::predict_h200(work_of(l, 0)));
+    p.library_calls += l.library ? 1 : 0;
+    p.launch_seconds += mg_emu::H200{}.launch_latency_s;
+  }
+  p.host_syncs = static_cast<double>(after.host_syncs - before.host_syncs);
+  p.sync_seconds = p.host_syncs * mg_emu::H200{}.host_sync_s;
+  p.predicted_seconds = mg_emu::predict_step_seconds(predictions, after.host_syncs - before.host_syncs);
+  return p;
 }
 
 ProfileRow take_profile(double ideal_bytes, double fp32_flops) {
@@ -148,6 +185,7 @@ double profiled_seconds(const std::function<void()>&, const BenchOptions&) {
       "build-emu/benchmarks/bench_kernels --profile");
 }
 ProfileRow take_profile(double, double) { return ProfileRow{}; }
+ProfileRow profile_step(const std::function<void()>&) { return ProfileRow{}; }
 
 #endif
 
