@@ -35,6 +35,7 @@ struct BenchOptions {
   // emulator's access tracer (cuda_emu/profiler.h) and its time is the H200 model's PREDICTION.
   bool profile = false;
   int profile_blocks = 132;  // blocks traced per launch (the first ones; the rest are skipped)
+  bool profile_sites = false;  // --profile-sites: every launch and every instruction it traced
 };
 
 // What --profile counted for one row's call and what the H200 model predicts (profile.cpp).
@@ -90,7 +91,7 @@ struct KernelResult {
 double profiled_seconds(const std::function<void()>& fn, const BenchOptions& o);
 // --profile: one training step (fn) traced whole, every block, with the host synchronisations it
 // makes; its predicted time (kernels + library calls + launches + syncs) in `predicted_seconds`.
-ProfileRow profile_step(const std::function<void()>& fn);
+ProfileRow profile_step(const std::function<void()>& fn, bool print_sites = false);
 // The counters of the last profiled call with the row's declared ideal bytes and CUDA-core FLOPs
 // (profile.cpp). The prediction includes them.
 ProfileRow take_profile(double ideal_bytes, double fp32_flops);

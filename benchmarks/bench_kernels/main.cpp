@@ -88,12 +88,13 @@ struct Flags {
 
 const char* usage =
     "usage: bench_kernels [--quick|--check] [--device N] [--family NAME[,NAME...]]... [--list]\n"
-    "                     [-w|--warmup N] [-n|--repeats N] [--json PATH] [--profile [--profile-blocks N]]\n"
+    "                     [-w|--warmup N] [-n|--repeats N] [--json PATH] [--profile [--profile-blocks N] [--profile-sites]]\n"
     "  defaults: device 0, every family, -w 3 -n 20, a 256 MiB copy ceiling;\n"
     "  --quick: -w 2 -n 10, a 64 MiB ceiling and each family's short list of sizes;\n"
     "  JSON: --json PATH, else $MG_BENCH_OUT_DIR/bench_kernels.json, else ./bench_kernels.json\n"
     "  --profile (CUDA emulation build): the families memory, gemm and step traced, one call per row, and\n"
-    "    predicted on an H200 (profile.cpp); --profile-blocks N: blocks traced per launch (132)\n";
+    "    predicted on an H200 (profile.cpp); --profile-blocks N: blocks traced per launch (132);\n"
+    "    --profile-sites: also every launch and every instruction it traced, before its row\n";
 
 int parse_int(const std::string& text, const std::string& flag, int lo) {
   char* end = nullptr;
@@ -131,6 +132,8 @@ Flags parse_flags(int argc, char** argv) {
       repeats_set = true;
     } else if (arg == "--profile") {
       f.options.profile = true;
+    } else if (arg == "--profile-sites") {
+      f.options.profile = f.options.profile_sites = true;
     } else if (arg == "--profile-blocks") {
       f.options.profile_blocks = parse_int(value(), arg, 1);
     } else if (arg == "--json") {

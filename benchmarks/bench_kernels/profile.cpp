@@ -63,6 +63,34 @@ mg_emu::KernelWork work_of(const profile::LaunchProfile& l, double fp32_flops) {
   return w;
 }
 
+// --profile-sites: each launch of the call, then each of its instructions with its counts.
+void print_sites(const std::vector<profile::LaunchProfile>& launches) {
+  for (const auto& l : launches) {
+    if (l.library) {
+      std::printf("    launch %s (library call: %.3g FLOPs, %.3g bytes)\n", l.kernel.c_str(),
+                  l.fp32_flops + l.tensor_flops, l.dram_bytes_lru());
+      continue;
+    }
+    std::printf("    launch %s grid %ux%ux%u block %ux%ux%u, %llu of %llu blocks traced, DRAM %.3g bytes\n",
+                l.kernel.c_str(), l.grid.x, l.grid.y, l.grid.z, l.block.x, l.block.y, l.block.z,
+                static_cast<unsigned long long>(l.traced_blocks), static_cast<unsigned long long>(l.blocks),
+                l.dram_bytes_lru());
+    for (const profile::SiteCounts& s : l.sites) {
+      const profile::AccessCounts& c = s.counts;
+      if (s.space == profile::Space::global)
+        std::printf("      %-44s global %-8s %10.0f requests %6.2f sectors/req %4.0f%% efficiency\n",
+                    s.where.c_str(), profile::name_of(s.op), c.requests, c.sectors / c.requests,
+                    c.sectors > 0 ? 100 * c.bytes / (32 * c.sectors) : 0.0);
+      else if (s.space == profile::Space::shared)
+        std::printf("      %-44s shared %-8s %10.0f requests %6.2f wavefronts/req (%.2f of ideal)\n",
+                    s.where.c_str(), profile::name_of(s.op), c.requests, c.wavefronts / c.requests,
+                    c.ideal_wavefronts > 0 ? c.wavefronts / c.ideal_wavefronts : 0.0);
+      else
+        std::printf("      %-44s %-15s %10.0f instructions\n", s.where.c_str(), profile::name_of(s.op), c.requests);
+    }
+  }
+}
+
 double threads_of(const profile::LaunchProfile& l) {
   return static_cast<double>(l.blocks) * l.block.x * l.block.y * l.block.z;
 }
@@ -85,10 +113,11 @@ double profiled_seconds(const std::function<void()>& fn, const BenchOptions& o) 
     throw;
   }
   last_launches() = profile::end();
+  if (o.profile_sites) print_sites(last_launches());
   return take_profile(0, 0).predicted_seconds;
 }
 
-ProfileRow profile_step(const std::function<void()>& fn) {
+ProfileRow profile_step(const std::function<void()>& fn, bool sites) {
   check(profile::available(), "bench_kernels --profile: this binary's kernels are not instrumented");
   cudaDeviceSynchronize();
   const mg_emu::Counters before = mg_emu::counters();
@@ -101,6 +130,7 @@ ProfileRow profile_step(const std::function<void()>& fn) {
   }
   last_launches() = profile::end();
   const mg_emu::Counters after = mg_emu::counters();
+  if (sites) print_sites(last_launches());
   ProfileRow p = take_profile(0, 0);
   std::vector<mg_emu::Prediction> predictions;
   for (const auto& l : last_launches()) {
@@ -185,7 +215,7 @@ double profiled_seconds(const std::function<void()>&, const BenchOptions&) {
       "build-emu/benchmarks/bench_kernels --profile");
 }
 ProfileRow take_profile(double, double) { return ProfileRow{}; }
-ProfileRow profile_step(const std::function<void()>&) { return ProfileRow{}; }
+ProfileRow profile_step(const std::function<void()>&, bool) { return ProfileRow{}; }
 
 #endif
 

@@ -90,7 +90,7 @@ std::vector<KernelResult> bench_step(const BenchOptions& o, const Ceilings&) {
     r.unit = "us";
     r.reference = "-";
     if (o.profile) {
-      r.profile = profile_step(step);
+      r.profile = profile_step(step, o.profile_sites);
       r.seconds = r.profile.predicted_seconds;
     } else {
       r.seconds = median_seconds(step, o);
