@@ -9,8 +9,9 @@
 //   smem_tiled      f32   32 x 32 tiles of A and B staged in shared memory, one output per thread
 //   register_tiled  f32   128 x 128 block tile, 8 x 8 outputs per thread, float4 loads,
 //                         double-buffered shared memory
-//   tensor_core     bf16, f16 (f32 accumulation)  mma.sync m16n8k16 on 128 x 128 x 32 tiles fed
-//                         by ldmatrix from swizzled shared memory, 4-stage cp.async pipeline
+//   tensor_core     bf16, f16 (f32 accumulation)  mma.sync m16n8k16 on 128 x 128 x 32 tiles
+//                         (128 x 256 for large problems) fed by ldmatrix from swizzled shared
+//                         memory, 4-stage cp.async pipeline, C staged through shared memory
 //
 // gemm_ladder.cu explains each step and what it costs. They exist to be read and measured
 // (benchmarks/bench_kernels/gemm_ladder.cpp prints each against cuBLAS); cuBLAS stays the default.
@@ -106,5 +107,11 @@ void set_matmul_kernel(GemmKernel kernel);
 // (1/true/on or 0/false/off) read on the first call. Process-wide; safe from any thread.
 bool allow_tf32();
 void set_allow_tf32(bool allow);
+
+// The tensor_core step's block tile: 0 (the default) chooses per call, 128 x 256 when the grid is
+// big enough that the wider tile costs no wave (it moves less through L2 per FLOP), else 128 x 128;
+// 128 or 256 forces 128 x 128 or 128 x 256 (for tests and benchmarks). Anything else throws
+// mg::Error. Process-wide; safe from any thread.
+void set_tensor_core_tile_n(int tile_n);
 
 }  // namespace mg::kernels::cuda

@@ -55,6 +55,7 @@ struct LadderStateGuard {
   ~LadderStateGuard() {
     kernels::cuda::set_matmul_kernel(kernel);
     kernels::cuda::set_allow_tf32(tf32);
+    kernels::cuda::set_tensor_core_tile_n(0);  // tests only ever force it
   }
 };
 
@@ -144,13 +145,15 @@ struct Config {
 
 // tight: the plain case; aligned pad: non-tight leading dims that keep the fast paths (8 elements
 // is 32 bytes of f32, 16 bytes of bf16); odd pad + offset 1: every operand misaligned, so the steps
-// take their per-element paths everywhere.
+// take their per-element paths everywhere; pad 4: where n is 4 more than a multiple of 8 (n = 300
+// below), ld is a multiple of 8 with n not, so C's 16-byte stores meet a chunk that crosses the edge.
 const Config kConfigs[] = {
     {"tight, alpha 1, beta 0", 1, false, false, 1.0, 0.0, 0, 0},
     {"aligned padded ld, batch 3 with B broadcast, alpha 0.5, beta 0", 3, false, true, 0.5, 0.0, 8, 0},
     {"odd ld, misaligned pointers, batch 2 with A broadcast, alpha 0.5, beta 1", 2, true, false, 0.5, 1.0, 3,
      1},
     {"aligned padded ld, batch 2, alpha 0.5, beta 1", 2, false, false, 0.5, 1.0, 8, 0},
+    {"pad 4, alpha 1, beta 1", 1, false, false, 1.0, 1.0, 4, 0},
 };
 
 struct Shape3 {
@@ -158,16 +161,18 @@ struct Shape3 {
 };
 // 1x1x1; odd sizes (edges everywhere, k not a multiple of any tile depth); exactly one 128-tile;
 // one past a tile in m and n with k = 2*32 + 1; multiples of 8 that are not of 128 (the fast paths
-// at partial tiles); and a larger one of many full tiles. Under the CPU emulation (cuda_emu/) the
-// larger one is smaller (a 1024x768x512 product takes the emulator minutes per step): still 4 x 3
-// full 128-tiles with partial edges, and k deeper than the tensor-core pipeline's four stages.
+// at partial tiles); odd m and k with n past one 256-wide tile; and a larger one of many full tiles.
+// The tensor-core step runs each with both of its block tiles, 128 x 128 and 128 x 256. Under the CPU
+// emulation (cuda_emu/) the larger one is smaller (a 1024x768x512 product takes the emulator minutes per
+// step): still 4 x 3 full 128-tiles with partial edges, and k deeper than the tensor-core pipeline's four
+// stages.
 #if defined(MG_CUDA_EMULATE)
 constexpr Shape3 kLargeShape = {520, 392, 136};
 #else
 constexpr Shape3 kLargeShape = {1024, 768, 512};
 #endif
-const Shape3 kShapes[] = {{1, 1, 1},      {37, 53, 71},    {128, 128, 128},
-                          {257, 129, 65}, {200, 264, 136}, kLargeShape};
+const Shape3 kShapes[] = {{1, 1, 1},       {37, 53, 71},  {128, 128, 128}, {257, 129, 65},
+                          {200, 264, 136}, {45, 300, 77}, kLargeShape};
 
 TEST_CASE("every GEMM ladder step matches cuBLAS and the CPU", "[gpu][gemm][ladder]") {
   LadderStateGuard state;
@@ -179,7 +184,7 @@ TEST_CASE("every GEMM ladder step matches cuBLAS and the CPU", "[gpu][gemm][ladd
         // The misaligned configuration's per-element paths are covered by the smaller shapes (which
         // have interior tiles too); skipping it at the large shape keeps the test quick under
         // compute-sanitizer.
-        if (cfg.offset != 0 && s.m == kLargeShape.m) continue;
+        if ((cfg.offset != 0 || cfg.pad == 4) && s.m == kLargeShape.m) continue;
         const int64_t batch_a = cfg.broadcast_a ? 1 : cfg.batch, batch_b = cfg.broadcast_b ? 1 : cfg.batch;
         const Tensor a = random_cpu({batch_a, s.m, s.k}, dt), b = random_cpu({batch_b, s.k, s.n}, dt);
         const Tensor c0 = cfg.beta != 0.0 ? random_cpu({cfg.batch, s.m, s.n}, dt)
@@ -214,10 +219,16 @@ TEST_CASE("every GEMM ladder step matches cuBLAS and the CPU", "[gpu][gemm][ladd
             const Tensor by_cublas = run(GemmKernel::cublas);
             MG_REQUIRE_CLOSE(by_cublas, ref, tol);
             for (GemmKernel kernel : steps_for(dt)) {
-              INFO("kernel " << kernels::cuda::gemm_kernel_name(kernel));
-              const Tensor out = run(kernel);
-              MG_REQUIRE_CLOSE(out, ref, tol);
-              MG_REQUIRE_CLOSE(out, by_cublas, 2 * tol);
+              // The tensor-core step with each of its block tiles (the f32 steps have one).
+              for (int tile_n :
+                   kernel == GemmKernel::tensor_core ? std::vector<int>{128, 256} : std::vector<int>{0}) {
+                INFO("kernel " << kernels::cuda::gemm_kernel_name(kernel) << ", tile n " << tile_n);
+                kernels::cuda::set_tensor_core_tile_n(tile_n);
+                const Tensor out = run(kernel);
+                kernels::cuda::set_tensor_core_tile_n(0);
+                MG_REQUIRE_CLOSE(out, ref, tol);
+                MG_REQUIRE_CLOSE(out, by_cublas, 2 * tol);
+              }
             }
           }
         }
@@ -330,6 +341,9 @@ TEST_CASE("the GEMM ladder refuses dtypes its steps do not take, naming the choi
       CHECK(msg.find(dtype_name(dt)) != std::string::npos);
     }
   }
+  // The tensor-core tile override takes 0 (automatic), 128 or 256 only.
+  CHECK_THROWS_AS(kernels::cuda::set_tensor_core_tile_n(64), Error);
+  CHECK_NOTHROW(kernels::cuda::set_tensor_core_tile_n(0));
   // Names round-trip; an unknown one lists the choices.
   for (GemmKernel kernel : kernels::cuda::kAllGemmKernels)
     CHECK(kernels::cuda::parse_gemm_kernel(kernels::cuda::gemm_kernel_name(kernel)) == kernel);
