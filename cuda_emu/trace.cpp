@@ -147,21 +147,24 @@ class BlockTrace {
     }
     const uint32_t occurrence = thread.occurrences[site]++;
     Pending& p = pending_[static_cast<size_t>(current_ / 32)][Key{site, occurrence}];
+    if (p.lanes.empty()) p.order = thread.accesses;  // program order, as the first lane saw it
+    ++thread.accesses;
     p.space = space;
     p.op = op;
     p.lanes.push_back(LaneAccess{address, bytes});
   }
 
-  // Every request so far is complete (a barrier, or the block's end). Counted in a fixed order
-  // (warp, occurrence, site), so that the first-touch order the LRU model sees is reproducible.
+  // Every request so far is complete (a barrier, or the block's end). Counted warp by warp in
+  // program order (a load of a sector before the store to it is a DRAM read; the other way round
+  // it is not), which also makes the first-touch order the LRU model sees reproducible.
   void flush() {
     std::vector<std::pair<Key, Pending*>> open;
     for (auto& warp : pending_) {
       open.clear();
       for (auto& [key, p] : warp) open.emplace_back(key, &p);
       std::sort(open.begin(), open.end(), [](const auto& a, const auto& b) {
-        return a.first.occurrence != b.first.occurrence ? a.first.occurrence < b.first.occurrence
-                                                        : a.first.site < b.first.site;
+        return a.second->order != b.second->order ? a.second->order < b.second->order
+                                                  : a.first.site < b.first.site;
       });
       for (auto& [key, p] : open) count(key.site, *p);
       warp.clear();
@@ -202,6 +205,7 @@ class BlockTrace {
     unsigned bytes;
   };
   struct Pending {
+    uint64_t order = 0;  // the first lane's count of its accesses before this one
     Space space = Space::none;
     Op op = Op::load;
     std::vector<LaneAccess> lanes;
@@ -268,6 +272,7 @@ class BlockTrace {
     std::unordered_map<uintptr_t, uint32_t> occurrences;  // site -> executions so far
     std::vector<uintptr_t> batch;                          // the load sites of the open round trip
     double round_trips = 0;
+    uint64_t accesses = 0;  // made so far: program order
   };
 
   LaunchTrace* launch_;

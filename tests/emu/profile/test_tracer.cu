@@ -86,6 +86,16 @@ __global__ void round_trips_kernel(const float* in, float* out) {
   out[i] = sum + in[i] + in[32 + i];
 }
 
+// x = 2 x + y in place, y then zeroed: every sector of x and of y is read before it is written.
+__global__ void in_place_kernel(float* x, float* y, int n) {
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i < n) {
+    const float v = y[i];
+    y[i] = 0.f;
+    x[i] = 2.f * x[i] + v;
+  }
+}
+
 __global__ void mma_kernel(float* out) {
   float d[4] = {0, 0, 0, 0};
   const uint32_t a[4] = {0x3f803f80u, 0, 0, 0};  // bf16 ones in the first register
@@ -264,6 +274,19 @@ TEST_CASE("an LRU L2 smaller than the data re-reads it; the unbounded one does n
   CHECK(p.dram_write_lru == n * 4.0);
   cudaFree(in);
   cudaFree(out);
+}
+
+TEST_CASE("an update in place reads each sector from DRAM before writing it back", "[profile][tracer]") {
+  const int n = 1 << 12;
+  float* x = device_buffer<float>(n, std::vector<float>(n, 1.f));
+  float* y = device_buffer<float>(n, std::vector<float>(n, 1.f));
+  const profile::LaunchProfile p =
+      profile_one([&] { launch_kernel<in_place_kernel>(dim3(n / 256), dim3(256), 0, nullptr, x, y, n); });
+  CHECK(p.dram_read_first_touch == 2.0 * n * 4);
+  CHECK(p.dram_write_first_touch == 2.0 * n * 4);
+  CHECK(p.dram_read_lru == 2.0 * n * 4);
+  cudaFree(x);
+  cudaFree(y);
 }
 
 TEST_CASE("mma.m16n8k16: one instruction per warp, 4096 tensor FLOPs each", "[profile][tracer]") {
