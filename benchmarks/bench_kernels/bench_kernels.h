@@ -60,6 +60,7 @@ struct ProfileRow {
   double launch_seconds = 0;       // the launches' latency, part of predicted_seconds
   double sync_seconds = 0;         // the host synchronisations', part of predicted_seconds
   std::vector<std::string> worst_sites;  // the instructions with the most sectors / wavefronts
+  std::vector<std::string> kernels;      // the launches' kernel (or library call) names, in order, once each
 };
 
 // One measured line of the table. `achieved` and `ceiling` share `unit` ("GB/s", "TFLOP/s",

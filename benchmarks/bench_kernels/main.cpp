@@ -394,7 +394,8 @@ std::string to_json(const Report& rep) {
                            {"check", verdict(r)},
                            {"note", r.note}});
       if (r.profile.valid) {
-        nlohmann::json p = {{"binding", r.profile.binding}, {"worst_sites", r.profile.worst_sites}};
+        nlohmann::json p = {
+            {"binding", r.profile.binding}, {"worst_sites", r.profile.worst_sites}, {"kernels", r.profile.kernels}};
         for (const auto& [key, value] : profile_fields(r.profile)) p[key] = number(value);
         j["rows"].back()["profile"] = p;
       }
@@ -481,6 +482,8 @@ std::string to_json(const Report& rep) {
       if (r.profile.valid) {
         rows << ", \"profile\": {\"binding\": " << quote(r.profile.binding) << ", \"worst_sites\": [";
         for (size_t w = 0; w < r.profile.worst_sites.size(); ++w) rows << (w ? ", " : "") << quote(r.profile.worst_sites[w]);
+        rows << "], \"kernels\": [";
+        for (size_t k = 0; k < r.profile.kernels.size(); ++k) rows << (k ? ", " : "") << quote(r.profile.kernels[k]);
         rows << "]";
         for (const auto& [key, value] : profile_fields(r.profile)) rows << ", " << quote(key) << ": " << number(value);
         rows << "}";

@@ -170,6 +170,7 @@ ProfileRow take_profile(double ideal_bytes, double fp32_flops) {
       p.shared_wavefronts += c->wavefronts;
       p.shared_ideal_wavefronts += c->ideal_wavefronts;
     }
+    if (std::find(p.kernels.begin(), p.kernels.end(), l.kernel) == p.kernels.end()) p.kernels.push_back(l.kernel);
     p.mma += l.mma;
     p.tensor_flops += l.tensor_flops;
     p.dram_bytes += l.dram_bytes_lru();
