@@ -9,50 +9,107 @@
 // computed on the host in double and applied in the compute type (float for
 // halves and f32, double for f64), as on the CPU.
 //
-// Decomposition: one thread per element in a grid-stride loop; each thread
-// runs Philox for its own counter, so no generator state is shared and the
-// result does not depend on the launch shape.
+// Decomposition: the pack loop of vectorized.cuh. A thread takes a pack of
+// V = 16 / sizeof(T) consecutive elements (4 f32, 8 bf16/f16, 2 f64): x as one
+// 16-byte load, y as one 16-byte store, the V mask bytes as one V-byte store
+// (backward: gy and the mask loaded the same way), so a warp request moves
+// 512 bytes of x or y and 64-256 bytes of mask instead of 64-256 and 32. The
+// (< V) elements before the first aligned pack and after the last go one by
+// one. Each element still runs Philox for its own counter, so no generator
+// state is shared and the result does not depend on the launch shape.
 //
 // Cost per element: forward reads x and writes y (sizeof(T) each) and the
 // 1-byte mask: 9 bytes for f32, so 16M elements move 151 MB, ~30 us at an
-// H200's ~4.8 TB/s. It also runs ten Philox rounds, ~70 integer instructions
-// (two 32x32->64-bit multiplies, two 3-input xors and two key adds per round).
-// At roughly 15-20 T integer instructions per second that is ~60-80 us for
-// the same 16M elements, so the forward is probably bound by integer
-// throughput, not by memory (an estimate: nothing here has run on a GPU). The
-// cause is the counter convention: each element uses one 32-bit word of its
-// 128-bit Philox block and throws three away. Drawing 4 elements from one
-// block would cut the arithmetic 4x, but it would change the masks on the CPU
-// too. Backward reads gy and the mask and writes gx, draws no random numbers,
-// and is bandwidth bound.
+// H200's ~4.8 TB/s (the tracer: 16 sectors per request for x and y, 4 for the
+// f32 mask, all 100% used; predicted 34 us, DRAM bound). It also runs ten
+// Philox rounds per element, ~70 integer instructions (two 32x32->64-bit
+// multiplies, two 3-input xors and two key adds per round). At roughly 15-20 T
+// integer instructions per second that is ~60-80 us for the same 16M
+// elements, so the forward is probably bound by integer throughput, not by
+// memory (an estimate: the tracer sees memory, not arithmetic, and nothing
+// here has run on a GPU). The cause is the counter convention: each element
+// uses word 0 of its own 128-bit Philox block and throws three words away.
+// Drawing 4 elements from one block (element i from word i % 4 of block i / 4)
+// would cut the arithmetic 4x, but the convention is shared with the CPU
+// kernel (kernels/cpu/dropout.cpp), its test (tests/kernels/
+// test_dropout_kernel.cpp, which recomputes the mask from word 0) and the
+// docs, and changing it changes every mask drawn for a given seed: it must
+// change on both sides at once. Backward reads gy and the mask and writes gx,
+// draws no random numbers, and is bandwidth bound.
 // Also runs on the CPU under the emulator (MG_CUDA=EMULATE): see docs/cuda-emulation.md.
 #include "core/base/philox.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
+#include "kernels/cuda/vectorized.cuh"
 
 namespace mg::kernels::cuda {
 namespace {
 
+// A pack of V elements: x as one 16-byte load, y as one 16-byte store, the V mask bytes as one
+// V-byte store. Element i's draw is word 0 of its own Philox block, as on the CPU.
 template <class T>
-__global__ void forward_kernel(const T* x, T* y, bool* mask, int64_t count, float threshold, double scale,
-                               uint64_t seed, uint64_t call_offset) {
+__global__ void forward_kernel(PackPlan plan, const T* x, T* y, bool* mask, int64_t count, float threshold,
+                               double scale, uint64_t seed, uint64_t call_offset) {
   using A = acc_t<T>;
   const A s = static_cast<A>(scale);
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const bool keep = philox_uniform(seed, static_cast<uint64_t>(i), call_offset) >= threshold;
-    mask[i] = keep;
-    store(y + i, keep ? A(load(x + i)) * s : A(0));
-  }
+  auto keep = [&](int64_t i) {
+    return philox_uniform(seed, static_cast<uint64_t>(i), call_offset) >= threshold;
+  };
+  constexpr int V = pack_width<T>();
+  run_elements<V>(
+      count, plan,
+      [&](int64_t i) {
+        const bool k = keep(i);
+        mask[i] = k;
+        store(y + i, k ? A(load(x + i)) * s : A(0));
+      },
+      [&](int64_t i) {
+        const Pack<T, V> xp = load_pack<V>(x + i);
+        Pack<T, V> yp;
+        Pack<bool, V> mp;
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          mp.v[j] = keep(i + j);
+          store(&yp.v[j], mp.v[j] ? A(load(&xp.v[j])) * s : A(0));
+        }
+        store_pack(y + i, yp);
+        store_pack(mask + i, mp);
+      });
 }
 
 template <class T>
-__global__ void backward_kernel(const T* gy, const bool* mask, T* gx, int64_t count, double scale) {
+__global__ void backward_kernel(PackPlan plan, const T* gy, const bool* mask, T* gx, int64_t count,
+                                double scale) {
   using A = acc_t<T>;
   const A s = static_cast<A>(scale);
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
-       i += int64_t(gridDim.x) * blockDim.x)
-    store(gx + i, mask[i] ? A(load(gy + i)) * s : A(0));
+  constexpr int V = pack_width<T>();
+  run_elements<V>(
+      count, plan, [&](int64_t i) { store(gx + i, mask[i] ? A(load(gy + i)) * s : A(0)); },
+      [&](int64_t i) {
+        const Pack<T, V> gp = load_pack<V>(gy + i);
+        const Pack<bool, V> mp = load_pack<V>(mask + i);
+        Pack<T, V> o;
+#pragma unroll
+        for (int j = 0; j < V; ++j) store(&o.v[j], mp.v[j] ? A(load(&gp.v[j])) * s : A(0));
+        store_pack(gx + i, o);
+      });
+}
+
+// The pack plan for flat arrays of `count` elements: a 1-d view per operand (data and mask).
+template <int N>
+PackPlan plan_flat(const void* const (&data)[N], const DType (&dtypes)[N], int64_t count, int vec) {
+  StridedView v[N];
+  const StridedView* views[N];
+  for (int k = 0; k < N; ++k) {
+    v[k].data = const_cast<void*>(data[k]);
+    v[k].dtype = dtypes[k];
+    v[k].ndim = 1;
+    v[k].shape[0] = count;
+    v[k].strides[0] = 1;
+    views[k] = &v[k];
+  }
+  bool contiguous = false;
+  return plan_packs<N>(make_offset_calc<N>(views, &contiguous), views, count, vec);
 }
 
 // 1 / (1 - p), or 0 when p == 1 (every element is dropped, nothing to scale).
@@ -71,9 +128,11 @@ void dropout_forward(cudaStream_t stream, DType dtype, const void* x, void* y, b
   visit_float(dtype, "dropout_forward", [&](auto t) {
     using T = typename decltype(t)::type;
     if (count == 0) return;
-    launch_kernel<forward_kernel<T>>(grid_for(count), kThreads, 0, stream, static_cast<const T*>(x),
-                                     static_cast<T*>(y), mask, count, static_cast<float>(p), keep_scale(p),
-                                     seed, call_offset);
+    constexpr int V = pack_width<T>();
+    const PackPlan plan = plan_flat<3>({y, x, mask}, {dtype, dtype, DType::boolean}, count, V);
+    launch_kernel<forward_kernel<T>>(grid_of(count, plan, V), kThreads, 0, stream, plan,
+                                     static_cast<const T*>(x), static_cast<T*>(y), mask, count,
+                                     static_cast<float>(p), keep_scale(p), seed, call_offset);
   });
 }
 
@@ -83,8 +142,11 @@ void dropout_backward(cudaStream_t stream, DType dtype, const void* grad_y, cons
   visit_float(dtype, "dropout_backward", [&](auto t) {
     using T = typename decltype(t)::type;
     if (count == 0) return;
-    launch_kernel<backward_kernel<T>>(grid_for(count), kThreads, 0, stream, static_cast<const T*>(grad_y),
-                                      mask, static_cast<T*>(grad_x), count, keep_scale(p));
+    constexpr int V = pack_width<T>();
+    const PackPlan plan = plan_flat<3>({grad_x, grad_y, mask}, {dtype, dtype, DType::boolean}, count, V);
+    launch_kernel<backward_kernel<T>>(grid_of(count, plan, V), kThreads, 0, stream, plan,
+                                      static_cast<const T*>(grad_y), mask, static_cast<T*>(grad_x), count,
+                                      keep_scale(p));
   });
 }
 

@@ -1,50 +1,57 @@
 // Elementwise CUDA kernels: unary math and its fused backward, binary arithmetic
 // and comparisons (broadcast inputs arrive with stride 0), axpby, where, clamp,
-// fill, arange and the dtype-converting strided copy. Semantics are those of
-// kernels/cpu/elementwise.h; this file only says how the GPU does them.
+// fill, arange and the dtype-converting copy. Semantics are those of
+// kernels/cpu/elementwise.h; this file only says how the GPU does them. A
+// same-dtype copy that is not one block of bytes (transposes, permutations,
+// slices) is transpose.cu's; the pack machinery is vectorized.cuh's.
 //
 // Decomposition. A grid-stride loop (a fixed grid of at most 65536 blocks x 256
 // threads walks tensors of any size). Consecutive threads take consecutive
 // elements (or packs of them), so a warp's loads of a contiguous operand are
 // coalesced into a few full 128-byte lines. Three paths, chosen on the host:
-//   - Pack path (unary; binary and binary_scalar, except on bool inputs and for
-//     integer-vs-scalar comparisons; axpby; fill; same-dtype strided copies; the
-//     casts between f32, f64, f16 and bf16): each thread moves 16 bytes per
-//     load: a "pack" of V = 16 / sizeof(widest dtype) consecutive elements
-//     (4 f32, 8 bf16/f16, 2 f64; a cast f32 -> bf16 reads 4 floats, 16 B, and
-//     writes 4 halves, 8 B), with one ld/st.global.v4 (or v2) per operand
-//     instead of V scalar ones. It needs every operand whose innermost
-//     (merged) dim has stride 1 to start each pack aligned to the pack's size
-//     (V elements of its own dtype): when all operands are 1-d the first
-//     `head` (< V) elements are done one by one until they do (possible when
-//     every operand is misaligned by the same number of elements, e.g. views
-//     at offset 1 of aligned tensors), and so are the (n - head) mod V after
-//     the last pack. With more dims (broadcasting, slices) the inner size and
-//     the outer strides must be multiples of V. An operand whose inner stride
-//     is 0 (a scalar, or a column broadcast along rows) is read once per pack.
-//     The per-pack offsets cost one div/mod per merged dim, shared by the V
-//     elements.
-//   - Contiguous scalar path (misaligned views, the other ops): element i is at
-//     offset i in every operand; each thread handles 4 elements spaced one grid
-//     apart, so 4 independent loads are in flight per thread.
-//   - Strided path (transposes, non-multiple-of-V rows): each thread turns its
-//     linear index into per-operand offsets with one div/mod per (merged) dim.
-//     Reads of a stride-0 operand hit the same address across the warp and are
-//     served by one transaction.
+//   - Pack path (every kernel here but arange; binary and binary_scalar except
+//     on bool inputs and for integer-vs-scalar comparisons): each thread moves
+//     16 bytes per load: a "pack" of V = 16 / sizeof(widest dtype) consecutive
+//     elements (4 f32, 8 bf16/f16, 2 f64; a cast f32 -> bf16 reads 4 floats,
+//     16 B, and writes 4 halves, 8 B; where reads V condition bytes with one
+//     V-byte load), with one ld/st.global.v4 (or v2) per operand instead of V
+//     scalar ones. It needs every operand whose innermost (merged) dim has
+//     stride 1 to start each pack aligned to the pack's size (V elements of its
+//     own dtype): when all operands are 1-d the first `head` (< V) elements are
+//     done one by one until they do (possible when every operand is misaligned
+//     by the same number of elements, e.g. views at offset 1 of aligned
+//     tensors), and so are the (n - head) mod V after the last pack. With more
+//     dims (broadcasting, slices) the inner size and the outer strides must be
+//     multiples of V. An operand whose inner stride is 0 (a scalar, or a
+//     column broadcast along rows) is read once per pack. The per-pack offsets
+//     cost one div/mod per merged dim, shared by the V elements.
+//   - Contiguous scalar path (misaligned views): element i is at offset i in
+//     every operand; each thread handles 4 elements spaced one grid apart, so 4
+//     independent loads are in flight per thread.
+//   - Strided path (rows that are not a multiple of V, operands misaligned
+//     differently, transposed operands): each thread turns its linear index
+//     into per-operand offsets with one div/mod per (merged) dim. Reads of a
+//     stride-0 operand hit the same address across the warp and are served by
+//     one transaction.
 //
 // Why packs matter. An H200 streams ~4.8 TB/s from HBM3e. With ~600-800 ns
-// of DRAM latency, Little's law says ~3-4 MB must be in flight at all times,
-// ~25-30 KB per SM. An SM holds at most 2048 threads: with 4-byte loads each
-// thread must keep 3-4 loads outstanding to get there, and with the 2-byte
-// loads of bf16/f16 even the 4-way unrolled scalar path (16 KB per SM) falls
-// short. One 16-byte load per thread gives 32 KB per SM by itself, and moves
-// the same bytes with a quarter (f32) or an eighth (16-bit) of the load/store
+// of DRAM latency under load, Little's law says ~3-4 MB must be in flight at
+// all times, ~25-30 KB per SM. An SM holds at most 2048 threads: with 4-byte
+// loads each thread must keep 3-4 loads outstanding to get there, and with the
+// 2-byte loads of bf16/f16 (64 bytes, 2 sectors per warp request) even the
+// 4-way unrolled scalar path (16 KB per SM) falls short. One 16-byte load per
+// thread (512 bytes, 16 sectors per warp request) gives 32 KB per SM by itself, and moves the
+// same bytes with a quarter (f32) or an eighth (16-bit) of the load/store
 // instructions, address computations and loop iterations, each of which also
 // passes through the SM's load/store units and L1 tag stage once per warp.
+// The emulator's access tracer shows it: a bf16 where, clamp or unary
+// backward on 16M elements went from 2 sectors per request (predicted latency
+// bound, 25-47 us on an H200) to 16 (DRAM bound, 16-27 us).
 //
-// Cost. A unary op on n elements of s bytes moves 2 n s bytes, a binary op 3 n s
-// (less when an operand is broadcast), a cast n (s_in + s_out), and does 1-20
-// FLOPs per element: every kernel here is memory-bandwidth bound. On an H200 a
+// Cost. A unary op on n elements of s bytes moves 2 n s bytes, its backward 3 n s
+// (2 n s for neg/sign), a binary op 3 n s (less when an operand is broadcast),
+// where 3 n s + n, a cast n (s_in + s_out), and each does 1-20 FLOPs per
+// element: every kernel here is memory-bandwidth bound. On an H200 a
 // contiguous f32 add of 16M elements (192 MB) should take ~45 us at ~90% of
 // peak. Small tensors (< ~100K elements) are bound by the ~3-5 us launch cost.
 // benchmarks/bench_kernels (family "memory") measures these against a
@@ -52,8 +59,9 @@
 //
 // The operation is a kernel argument switched on per element (see common.cuh):
 // one instantiation per dtype keeps compile time small. The pack path adds no
-// instantiations except the floating casts (12 (from, to) pairs; every other
-// pair keeps the one runtime-switched kernel).
+// instantiations except the floating casts (12 (from, to) pairs); every other
+// pair keeps the one runtime-switched kernel, instantiated once per pack width
+// (2, 4 or 8), whose packs are raw bytes converted element by element.
 // Also runs on the CPU under the emulator (MG_CUDA=EMULATE): see docs/cuda-emulation.md.
 #include <algorithm>
 #include <cmath>
@@ -62,6 +70,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
+#include "kernels/cuda/vectorized.cuh"
 
 namespace mg::kernels::cuda {
 namespace {
@@ -188,116 +197,6 @@ __device__ __forceinline__ C binary_math(int op, C x, C y) {
 }
 
 // ---- kernels -----------------------------------------------------------------------------------
-// Visits every element index of an n-element iteration: `body(i)` is called once
-// per index; on the contiguous path each thread does 4 indices one grid apart.
-template <class Body>
-__device__ __forceinline__ void for_each_index(int64_t n, Body body) {
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  for (; i + 3 * stride < n; i += 4 * stride) {
-#pragma unroll
-    for (int u = 0; u < 4; ++u) body(i + u * stride);
-  }
-  for (; i < n; i += stride) body(i);
-}
-
-// ---- packs: V elements moved by one 16-byte (or narrower) load/store ------------------------------
-
-template <class T, int V>
-struct Pack {
-  T v[V];
-};
-
-// Elements per pack: 16 bytes of the widest dtype the kernel touches.
-template <class T>
-constexpr int pack_width() {
-  return static_cast<int>(16 / sizeof(T));
-}
-
-// p must be aligned to V * sizeof(T) bytes (the host's plan_packs checked it).
-template <int V, class T>
-__device__ __forceinline__ Pack<T, V> load_pack(const T* p) {
-  using Raw = raw_t<static_cast<int>(sizeof(T)) * V>;
-  const Raw raw = *reinterpret_cast<const Raw*>(p);
-  Pack<T, V> out;
-  memcpy(&out, &raw, sizeof(Raw));
-  return out;
-}
-template <int V, class T>
-__device__ __forceinline__ void store_pack(T* p, const Pack<T, V>& pack) {
-  using Raw = raw_t<static_cast<int>(sizeof(T)) * V>;
-  Raw raw;
-  memcpy(&raw, &pack, sizeof(Raw));
-  *reinterpret_cast<Raw*>(p) = raw;
-}
-// An operand with inner stride 1 is loaded as a pack; one with inner stride 0
-// has the same element all along the pack: one scalar load, copied V times.
-template <int V, class T>
-__device__ __forceinline__ Pack<T, V> load_pack_or_splat(const T* p, bool unit) {
-  if (unit) return load_pack<V>(p);
-  const T x = *p;
-  Pack<T, V> out;
-#pragma unroll
-  for (int j = 0; j < V; ++j) out.v[j] = x;
-  return out;
-}
-
-// What the host decided about the pack path (plan_packs below).
-struct PackPlan {
-  int64_t head = -1;  // elements done one by one before the first pack; -1: no pack path
-  unsigned unit = 0;  // bit k: operand k steps by 1 along the inner dim (else by 0)
-};
-
-// A kernel's loop over its n elements. Without a pack plan, element(i) runs for
-// every i (for_each_index). With one, packed(start) runs for each pack, whose
-// starts are head + p * V, in a grid-stride loop (one pack per thread per
-// iteration: V elements are enough independent work, and not unrolling keeps
-// the code small); then the `head` elements before the first pack and the < V
-// after the last go to element(i) through the same for_each_index, so the
-// per-element code is compiled once either way. kPacks = false compiles the
-// pack branch out (for instantiations nobody needs it for).
-template <int V, bool kPacks = true, class Element, class Packed>
-__device__ __forceinline__ void run_elements(int64_t n, const PackPlan& plan, Element element,
-                                             Packed packed) {
-  int64_t count = n, head = n, body_end = n;
-  if (kPacks && plan.head >= 0) {
-    const int64_t packs = (n - plan.head) / V;
-    head = plan.head;
-    body_end = head + packs * V;
-    count = head + (n - body_end);
-    const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-#pragma unroll 1
-    for (int64_t p = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; p < packs; p += stride)
-      packed(head + p * V);
-  }
-  for_each_index(count, [&](int64_t i) { element(i < head ? i : body_end + (i - head)); });
-}
-
-// run_elements for kernels launched only with a pack plan: the < 2V loose
-// elements take one thread each of the first block (every grid has >= 256
-// threads), so the per-element code is compiled once, not unrolled.
-template <int V, class Element, class Packed>
-__device__ __forceinline__ void run_packs(int64_t n, const PackPlan& plan, Element element, Packed packed) {
-  const int64_t packs = (n - plan.head) / V;
-  const int64_t head = plan.head, body_end = head + packs * V;
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-#pragma unroll 1
-  for (int64_t p = tid; p < packs; p += stride) packed(head + p * V);
-  if (tid < head + (n - body_end)) element(tid < head ? tid : body_end + (tid - head));
-}
-
-// Where each operand's pack starts (its first element's offset).
-template <int N>
-__device__ __forceinline__ void pack_offsets(const OffsetCalc<N>& oc, bool contiguous, int64_t i,
-                                             int64_t (&off)[N]) {
-  if (contiguous) {
-#pragma unroll
-    for (int k = 0; k < N; ++k) off[k] = i;
-  } else {
-    oc.get(i, off);
-  }
-}
 
 template <class T>
 __global__ void unary_kernel(int op, OffsetCalc<2> oc, bool contiguous, PackPlan plan, int64_t n, const T* in,
@@ -320,14 +219,29 @@ __global__ void unary_kernel(int op, OffsetCalc<2> oc, bool contiguous, PackPlan
   });
 }
 
+// v == nullptr: the formula reads no saved tensor (neg, sign).
 template <class T>
-__global__ void unary_backward_kernel(int op, OffsetCalc<3> oc, bool contiguous, int64_t n, const T* g,
-                                      const T* v, bool v_is_output, T* grad_in, acc_t<T> p) {
-  for_each_index(n, [&](int64_t i) {
+__global__ void unary_backward_kernel(int op, OffsetCalc<3> oc, bool contiguous, PackPlan plan, int64_t n,
+                                      const T* g, const T* v, bool v_is_output, T* grad_in, acc_t<T> p) {
+  using C = acc_t<T>;
+  auto element = [&](int64_t i) {
     int64_t off[3] = {i, i, i};
     if (!contiguous) oc.get(i, off);
-    const acc_t<T> value = v ? load(v + off[2]) : acc_t<T>(0);
-    store(grad_in + off[0], unary_grad<acc_t<T>>(op, load(g + off[1]), value, v_is_output, p));
+    const C value = v ? load(v + off[2]) : C(0);
+    store(grad_in + off[0], unary_grad<C>(op, load(g + off[1]), value, v_is_output, p));
+  };
+  constexpr int V = pack_width<T>();
+  run_elements<V>(n, plan, element, [&](int64_t i) {
+    int64_t off[3];
+    pack_offsets(oc, contiguous, i, off);
+    const Pack<T, V> gp = load_pack_or_splat<V>(g + off[1], plan.unit & 2u);
+    Pack<T, V> vp = gp;
+    if (v) vp = load_pack_or_splat<V>(v + off[2], plan.unit & 4u);
+    Pack<T, V> o;
+#pragma unroll
+    for (int j = 0; j < V; ++j)
+      store(&o.v[j], unary_grad<C>(op, load(&gp.v[j]), v ? load(&vp.v[j]) : C(0), v_is_output, p));
+    store_pack(grad_in + off[0], o);
   });
 }
 
@@ -400,46 +314,54 @@ __global__ void axpby_kernel(OffsetCalc<3> oc, bool contiguous, PackPlan plan, i
   });
 }
 
-// where / same-dtype copy only move bytes: one instantiation per element size.
+// where only moves bytes: one instantiation per element size. A pack of V elements
+// reads V condition bytes with one load (16 bytes of bf16 values: 8 bytes of bools).
 template <class W>
-__global__ void where_kernel(OffsetCalc<4> oc, bool contiguous, int64_t n, const bool* c, const W* a,
-                             const W* b, W* out) {
-  for_each_index(n, [&](int64_t i) {
+__global__ void where_kernel(OffsetCalc<4> oc, bool contiguous, PackPlan plan, int64_t n, const bool* c,
+                             const W* a, const W* b, W* out) {
+  auto element = [&](int64_t i) {
     int64_t off[4] = {i, i, i, i};
     if (!contiguous) oc.get(i, off);
     out[off[0]] = c[off[1]] ? a[off[2]] : b[off[3]];
-  });
-}
-
-template <class W>
-__global__ void move_kernel(OffsetCalc<2> oc, PackPlan plan, int64_t n, const W* in, W* out) {
-  auto element = [&](int64_t i) {
-    int64_t off[2];
-    oc.get(i, off);
-    out[off[0]] = in[off[1]];
   };
   constexpr int V = pack_width<W>();
   run_elements<V>(n, plan, element, [&](int64_t i) {
-    int64_t off[2];
-    oc.get(i, off);
-    store_pack(out + off[0], load_pack_or_splat<V>(in + off[1], plan.unit & 2u));
+    int64_t off[4];
+    pack_offsets(oc, contiguous, i, off);
+    const Pack<bool, V> cp = load_pack_or_splat<V>(c + off[1], plan.unit & 2u);
+    const Pack<W, V> ap = load_pack_or_splat<V>(a + off[2], plan.unit & 4u);
+    const Pack<W, V> bp = load_pack_or_splat<V>(b + off[3], plan.unit & 8u);
+    Pack<W, V> o;
+#pragma unroll
+    for (int j = 0; j < V; ++j) o.v[j] = cp.v[j] ? ap.v[j] : bp.v[j];
+    store_pack(out + off[0], o);
   });
 }
 
+template <class C>
+__device__ __forceinline__ C clamp_value(C x, C lo, C hi, bool lo_above_hi) {
+  if (lo_above_hi) return isnan_(x) ? x : hi;
+  if (isnan_(x)) return x;
+  return x < lo ? lo : (x > hi ? hi : x);
+}
+
 template <class T>
-__global__ void clamp_kernel(OffsetCalc<2> oc, bool contiguous, int64_t n, const T* in, T* out, acc_t<T> lo,
-                             acc_t<T> hi, bool lo_above_hi) {
-  using C = acc_t<T>;
-  for_each_index(n, [&](int64_t i) {
+__global__ void clamp_kernel(OffsetCalc<2> oc, bool contiguous, PackPlan plan, int64_t n, const T* in, T* out,
+                             acc_t<T> lo, acc_t<T> hi, bool lo_above_hi) {
+  auto element = [&](int64_t i) {
     int64_t off[2] = {i, i};
     if (!contiguous) oc.get(i, off);
-    C x = load(in + off[1]);
-    if (lo_above_hi) {
-      x = isnan_(x) ? x : hi;
-    } else if (!isnan_(x)) {
-      x = x < lo ? lo : (x > hi ? hi : x);
-    }
-    store(out + off[0], x);
+    store(out + off[0], clamp_value(load(in + off[1]), lo, hi, lo_above_hi));
+  };
+  constexpr int V = pack_width<T>();
+  run_elements<V>(n, plan, element, [&](int64_t i) {
+    int64_t off[2];
+    pack_offsets(oc, contiguous, i, off);
+    const Pack<T, V> x = load_pack_or_splat<V>(in + off[1], plan.unit & 2u);
+    Pack<T, V> y;
+#pragma unroll
+    for (int j = 0; j < V; ++j) store(&y.v[j], clamp_value(load(&x.v[j]), lo, hi, lo_above_hi));
+    store_pack(out + off[0], y);
   });
 }
 
@@ -523,13 +445,49 @@ __device__ __forceinline__ void store_any(void* p, int64_t off, DType t, Value v
   }
 }
 
-__global__ void convert_kernel(OffsetCalc<2> oc, bool contiguous, int64_t n, const void* in, DType from,
-                               void* out, DType to) {
-  for_each_index(n, [&](int64_t i) {
-    int64_t off[2] = {i, i};
-    if (!contiguous) oc.get(i, off);
-    store_any(out, off[0], to, load_any(in, off[1], from), from);
-  });
+// Copies Bytes bytes between two addresses aligned to Bytes (one load and one store).
+template <int Bytes>
+__device__ __forceinline__ void move_raw(const void* from, void* to) {
+  *static_cast<raw_t<Bytes>*>(to) = *static_cast<const raw_t<Bytes>*>(from);
+}
+// move_raw of `bytes` (2, 4, 8 or 16) known only at run time.
+__device__ __forceinline__ void move_raw_any(int bytes, const void* from, void* to) {
+  switch (bytes) {
+    case 2: return move_raw<2>(from, to);
+    case 4: return move_raw<4>(from, to);
+    case 8: return move_raw<8>(from, to);
+    default: return move_raw<16>(from, to);
+  }
+}
+
+// V = 16 / the wider element size (2, 4 or 8): one instantiation per pack width. A pack reads V
+// source elements (V * in_size bytes, one load), converts them one by one through registers with
+// the runtime-switched load_any / store_any, and writes V * out_size bytes with one store.
+template <int V>
+__global__ void convert_kernel(OffsetCalc<2> oc, bool contiguous, PackPlan plan, int64_t n, const void* in,
+                               DType from, int in_size, void* out, DType to, int out_size) {
+  run_elements<V>(
+      n, plan,
+      [&](int64_t i) {
+        int64_t off[2] = {i, i};
+        if (!contiguous) oc.get(i, off);
+        store_any(out, off[0], to, load_any(in, off[1], from), from);
+      },
+      [&](int64_t i) {
+        int64_t off[2];
+        pack_offsets(oc, contiguous, i, off);
+        alignas(16) unsigned char src[16], dst[16];
+        if (plan.unit & 2u) {
+          move_raw_any(V * in_size, static_cast<const char*>(in) + off[1] * in_size, src);
+#pragma unroll
+          for (int j = 0; j < V; ++j) store_any(dst, j, to, load_any(src, j, from), from);
+        } else {  // a broadcast source: one element, converted once
+          store_any(dst, 0, to, load_any(in, off[1], from), from);
+#pragma unroll
+          for (int j = 1; j < V; ++j) memcpy(dst + j * out_size, dst, static_cast<size_t>(out_size));
+        }
+        move_raw_any(V * out_size, dst, static_cast<char*>(out) + off[0] * out_size);
+      });
 }
 
 // The pack path of the casts between floating dtypes, one instantiation per
@@ -566,60 +524,6 @@ void check_dtype(const char* what, const StridedView& v, DType expected) {
   check(v.dtype == expected, what, " (CUDA): operand dtype ", dtype_name(v.dtype), ", expected ",
         dtype_name(expected));
 }
-
-// Raw element type of a given size, for kernels that only move bytes.
-template <class F>
-void visit_width(size_t bytes, F&& f) {
-  switch (bytes) {
-    case 1: return f(tag<uint8_t>{});
-    case 2: return f(tag<uint16_t>{});
-    case 4: return f(tag<uint32_t>{});
-    case 8: return f(tag<uint64_t>{});
-  }
-  throw Error(str_cat("cuda copy: unsupported element size ", bytes));
-}
-
-// Whether the pack path applies (see the top of the file), for packs of `vec`
-// elements: every operand walks the innermost merged dim with stride 1 or 0
-// (the output with 1); each stride-1 operand is naturally aligned and, in the
-// 1-d case, misaligned from a pack boundary by the same number of elements as
-// the others (peeled off as `head`), or, with more dims, starts aligned, has
-// outer strides that are multiples of `vec`, and rows of a multiple of `vec`.
-template <int N>
-PackPlan plan_packs(const OffsetCalc<N>& oc, const StridedView* const (&views)[N], int64_t n, int vec) {
-  PackPlan plan;
-  const int inner = oc.ndim - 1;
-  int64_t misalign = -1;
-  for (int k = 0; k < N; ++k) {
-    const int64_t s = oc.strides[k][inner];
-    if (s == 0 && k > 0) continue;  // read once per pack: any address will do
-    if (s != 1) return PackPlan{};
-    plan.unit |= 1u << k;
-    const uintptr_t size = dtype_size(views[k]->dtype);
-    const uintptr_t addr = reinterpret_cast<uintptr_t>(views[k]->data);
-    if (addr % size != 0) return PackPlan{};
-    const int64_t e = static_cast<int64_t>(addr % (size * static_cast<uintptr_t>(vec)) / size);
-    if (oc.ndim == 1) {
-      if (misalign >= 0 && e != misalign) return PackPlan{};
-      misalign = e;
-    } else {
-      if (e != 0) return PackPlan{};
-      for (int d = 0; d < inner; ++d) {
-        if (oc.strides[k][d] % vec != 0) return PackPlan{};
-      }
-    }
-  }
-  if (oc.ndim == 1) {
-    plan.head = std::min<int64_t>((vec - misalign) % vec, n);
-  } else {
-    if (oc.shape[inner] % vec != 0) return PackPlan{};
-    plan.head = 0;
-  }
-  return plan;
-}
-
-// Threads for a launch: one per pack on the pack path, else one per 4 elements.
-unsigned grid_of(int64_t n, const PackPlan& plan, int vec) { return grid_for(n, plan.head >= 0 ? vec : 4); }
 
 }  // namespace
 
@@ -669,9 +573,12 @@ void unary_backward(cudaStream_t stream, UnaryOp op, const StridedView& grad_out
   const OffsetCalc<3> oc = make_offset_calc<3>(views, &contiguous);
   visit_float(grad_out.dtype, name, [&](auto t) {
     using T = typename decltype(t)::type;
-    launch_kernel<unary_backward_kernel<T>>(
-        grid_for(n, 4), kThreads, 0, stream, static_cast<int>(op), oc, contiguous, n, grad_out.ptr<const T>(),
-        saved ? saved->ptr<const T>() : nullptr, use_output, grad_in.ptr<T>(), static_cast<acc_t<T>>(scalar));
+    constexpr int V = pack_width<T>();
+    const PackPlan plan = plan_packs<3>(oc, views, n, V);
+    launch_kernel<unary_backward_kernel<T>>(grid_of(n, plan, V), kThreads, 0, stream, static_cast<int>(op),
+                                            oc, contiguous, plan, n, grad_out.ptr<const T>(),
+                                            saved ? saved->ptr<const T>() : nullptr, use_output,
+                                            grad_in.ptr<T>(), static_cast<acc_t<T>>(scalar));
   });
 }
 
@@ -762,7 +669,9 @@ void where(cudaStream_t stream, const StridedView& condition, const StridedView&
   const OffsetCalc<4> oc = make_offset_calc<4>(views, &contiguous);
   visit_width(dtype_size(a.dtype), [&](auto t) {
     using W = typename decltype(t)::type;
-    launch_kernel<where_kernel<W>>(grid_for(n, 4), kThreads, 0, stream, oc, contiguous, n,
+    constexpr int V = pack_width<W>();
+    const PackPlan plan = plan_packs<4>(oc, views, n, V);
+    launch_kernel<where_kernel<W>>(grid_of(n, plan, V), kThreads, 0, stream, oc, contiguous, plan, n,
                                    condition.ptr<const bool>(), a.ptr<const W>(), b.ptr<const W>(),
                                    out.ptr<W>());
   });
@@ -793,7 +702,9 @@ void clamp(cudaStream_t stream, const StridedView& in, const StridedView& out, d
         h = hi_in <= min_v ? std::numeric_limits<C>::lowest()
                            : (hi_in >= -min_v ? std::numeric_limits<C>::max() : static_cast<C>(hi_in));
       }
-      launch_kernel<clamp_kernel<T>>(grid_for(n, 4), kThreads, 0, stream, oc, contiguous, n,
+      constexpr int V = pack_width<T>();
+      const PackPlan plan = plan_packs<2>(oc, views, n, V);
+      launch_kernel<clamp_kernel<T>>(grid_of(n, plan, V), kThreads, 0, stream, oc, contiguous, plan, n,
                                      in.ptr<const T>(), out.ptr<T>(), l, h, lo > hi);
     }
   });
@@ -857,21 +768,15 @@ void copy(cudaStream_t stream, const StridedView& in, const StridedView& out) {
                                     cudaMemcpyDeviceToDevice, stream));
       return;
     }
-    visit_width(dtype_size(in.dtype), [&](auto t) {
-      using W = typename decltype(t)::type;
-      constexpr int V = pack_width<W>();
-      const PackPlan plan = plan_packs<2>(oc, views, n, V);
-      launch_kernel<move_kernel<W>>(grid_of(n, plan, V), kThreads, 0, stream, oc, plan, n, in.ptr<const W>(),
-                                    out.ptr<W>());
-    });
+    copy_same_dtype(stream, in, out, oc);  // transpose.cu
     return;
   }
-  // Casts between floating dtypes take the pack path when they can; every other
-  // pair (and every cast that cannot) goes through the one runtime-switched kernel.
+  // Casts between floating dtypes take their own kernel's pack path when they can; every
+  // other pair goes through the one runtime-switched kernel (with packs when it can).
   const int V = static_cast<int>(16 / std::max(dtype_size(in.dtype), dtype_size(out.dtype)));
-  const PackPlan plan =
-      is_floating(in.dtype) && is_floating(out.dtype) ? plan_packs<2>(oc, views, n, V) : PackPlan{};
-  if (plan.head >= 0) {
+  const PackPlan plan = plan_packs<2>(oc, views, n, V);
+  const bool both_floating = is_floating(in.dtype) && is_floating(out.dtype);
+  if (both_floating && plan.head >= 0) {
     visit_float(in.dtype, "copy", [&](auto from) {
       visit_float(out.dtype, "copy", [&](auto to) {
         using From = typename decltype(from)::type;
@@ -883,9 +788,20 @@ void copy(cudaStream_t stream, const StridedView& in, const StridedView& out) {
         }
       });
     });
-  } else {
-    launch_kernel<convert_kernel>(grid_for(n, 4), kThreads, 0, stream, oc, contiguous, n, in.data, in.dtype,
-                                  out.data, out.dtype);
+    return;
+  }
+  const PackPlan any_plan = both_floating ? PackPlan{} : plan;
+  const int in_size = static_cast<int>(dtype_size(in.dtype)),
+            out_size = static_cast<int>(dtype_size(out.dtype));
+  auto launch = [&](auto kernel_tag) {
+    constexpr int kV = decltype(kernel_tag)::value;
+    launch_kernel<convert_kernel<kV>>(grid_of(n, any_plan, kV), kThreads, 0, stream, oc, contiguous, any_plan,
+                                      n, in.data, in.dtype, in_size, out.data, out.dtype, out_size);
+  };
+  switch (V) {
+    case 2: return launch(std::integral_constant<int, 2>{});
+    case 4: return launch(std::integral_constant<int, 4>{});
+    default: return launch(std::integral_constant<int, 8>{});
   }
 }
 

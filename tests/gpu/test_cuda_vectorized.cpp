@@ -10,17 +10,23 @@
 // poison, so a pack that starts one element early or a tail written twice past
 // the end fails. 2-d cases cover the multi-dim pack path: row and column
 // broadcasting, and row slices whose rows are (or are not) a multiple of the
-// pack width. Runs only with a GPU (gpu_main.cpp exits 77 otherwise).
+// pack width. The kernels that took packs later (unary_backward, where, clamp,
+// the runtime-switched casts with an integer or bool side, dropout) run on
+// lengths around every pack width, the same way, with an operand at another
+// offset for their scalar fallback; dropout's mask must stay the CPU's bit for
+// bit. Runs only with a GPU (gpu_main.cpp exits 77 otherwise).
 #include <catch2/catch.hpp>
 
 #if defined(MG_HAS_CUDA)
 
 #include <cmath>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "core/cuda_scratch.h"
 #include "core/cuda_stream.h"
+#include "kernels/cpu/dropout.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cuda/kernels.h"
 #include "tests/gpu/gpu_compare.h"
@@ -476,6 +482,220 @@ TEST_CASE("vectorized: 2-d slices through unary, axpby, fill, casts and strided 
             CHECK(out.view.to_vector<double>() == ref.to_vector<double>());
             check_slab_margins(out);
           }
+        }
+      }
+    }
+  }
+}
+
+// ---- the 16-bit (and every other) scalar paths that now take packs ------------------------------
+// Lengths around every pack width (2, 4, 8, 16 elements) and a multi-block one; the 2^20 sweeps
+// above already cover the grid-stride loop, which these kernels share.
+const int64_t kPackLengths[] = {0, 1, 3, 7, 8, 9, 15, 16, 17, 33, 1023, 65543};
+
+TEST_CASE("vectorized: unary_backward at every length and misalignment", "[gpu][vectorized][elementwise]") {
+  manual_seed(18);
+  struct Case {
+    UnaryOp op;
+    bool saved_is_output;  // the formula reads y (else x); Neg reads neither
+  };
+  for (DType dt : kFloating) {
+    for (const Case& c : {Case{UnaryOp::Tanh, true}, Case{UnaryOp::Relu, false}, Case{UnaryOp::Neg, false}}) {
+      for (int64_t n : kPackLengths) {
+        const Tensor g = random_base(n, dt), v = random_base(n, dt, 0.5);
+        const Tensor g_g = g.to(gpu()), v_g = v.to(gpu());
+        for (int64_t o = 0; o < 4; ++o) {
+          for (int64_t o_v : {o, (o + 1) % 4}) {  // same offset: packs; different: the scalar path
+            INFO("unary_backward " << kernels::unary_op_name(c.op) << " " << dt << " n " << n << " offset "
+                                   << o << " saved offset " << o_v);
+            const bool reads = c.op != UnaryOp::Neg;
+            auto saved = [&](const Tensor& t) {
+              return reads ? at(t, o_v, n).view_for_kernel() : StridedView{};
+            };
+            const StridedView none{};
+            Tensor ref = empty({n}, TensorOptions{dt});
+            kernels::cpu::unary_backward(c.op, at(g, o, n).view_for_kernel(),
+                                         c.saved_is_output ? none : saved(v),
+                                         c.saved_is_output ? saved(v) : none, ref.view_for_kernel());
+            Tensor out_base = poison_buffer(n + kMargin, dt);
+            Tensor out = at(out_base, o, n);
+            on_gpu([&] {
+              kernels::cuda::unary_backward(mg::cuda::current_kernel_stream(), c.op,
+                                            at(g_g, o, n).view_for_kernel(),
+                                            c.saved_is_output ? none : saved(v_g),
+                                            c.saved_is_output ? saved(v_g) : none, out.view_for_kernel());
+            });
+            check_result(out, ref, tolerance(dt));
+            check_margins(out_base, o, n);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("vectorized: where and clamp at every length and misalignment, all dtypes",
+          "[gpu][vectorized][elementwise]") {
+  manual_seed(19);
+  const DType all[] = {DType::f32, DType::f64, DType::bf16,   DType::f16,
+                       DType::i32, DType::i64, DType::boolean};
+  for (DType dt : all) {
+    for (int64_t n : kPackLengths) {
+      const Tensor a = random_base(n, dt), b = random_base(n, dt, 0.5), c = random_base(n, DType::boolean);
+      const Tensor a_g = a.to(gpu()), b_g = b.to(gpu()), c_g = c.to(gpu());
+      for (int64_t o = 0; o < 4; ++o) {
+        for (int64_t o_c : {o, (o + 3) % 4}) {  // the condition at the same offset (packs) or not
+          INFO("where " << dt << " n " << n << " offset " << o << " condition offset " << o_c);
+          Tensor ref = empty({n}, TensorOptions{dt});
+          kernels::cpu::where(at(c, o_c, n).view_for_kernel(), at(a, o, n).view_for_kernel(),
+                              at(b, o, n).view_for_kernel(), ref.view_for_kernel());
+          Tensor out_base = poison_buffer(n + kMargin, dt);
+          Tensor out = at(out_base, o, n);
+          if (dt == DType::boolean) out.copy_(eq(ref, 0.0).to(gpu()));
+          on_gpu([&] {
+            kernels::cuda::where(mg::cuda::current_kernel_stream(), at(c_g, o_c, n).view_for_kernel(),
+                                 at(a_g, o, n).view_for_kernel(), at(b_g, o, n).view_for_kernel(),
+                                 out.view_for_kernel());
+          });
+          CHECK(out.to_vector<double>() == ref.to_vector<double>());
+          check_margins(out_base, o, n);
+        }
+        if (dt == DType::boolean) continue;
+        for (int64_t o_out : {o, (o + 1) % 4}) {
+          for (const std::pair<double, double>& bounds :
+               {std::pair<double, double>{-0.4, 0.3}, {2.5, -1.0}}) {
+            const double scale = is_floating(dt) ? 1.0 : 40.0;
+            const double lo = bounds.first * scale, hi = bounds.second * scale;
+            INFO("clamp " << dt << " n " << n << " in offset " << o << " out offset " << o_out << " [" << lo
+                          << ", " << hi << "]");
+            Tensor ref = empty({n}, TensorOptions{dt});
+            kernels::cpu::clamp(at(a, o, n).view_for_kernel(), ref.view_for_kernel(), lo, hi);
+            Tensor out_base = poison_buffer(n + kMargin, dt);
+            Tensor out = at(out_base, o_out, n);
+            on_gpu([&] {
+              kernels::cuda::clamp(mg::cuda::current_kernel_stream(), at(a_g, o, n).view_for_kernel(),
+                                   out.view_for_kernel(), lo, hi);
+            });
+            CHECK(out.to_vector<double>() == ref.to_vector<double>());
+            check_margins(out_base, o_out, n);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("vectorized: where with broadcast operands, 2-d", "[gpu][vectorized][elementwise]") {
+  manual_seed(20);
+  const int64_t rows = 9, cols = 48;
+  for (DType dt : {DType::bf16, DType::f32, DType::f64}) {
+    const Tensor a = random_cpu({rows, cols}, dt), a_g = a.to(gpu());
+    const Tensor c_row = gt(random_cpu({cols}), 0.0), c_col = gt(random_cpu({rows, 1}), 0.0);
+    const Tensor b_scalar = random_cpu({1}, dt), b_row = random_cpu({cols}, dt);
+    const Tensor c_row_g = c_row.to(gpu()), c_col_g = c_col.to(gpu()), b_scalar_g = b_scalar.to(gpu()),
+                 b_row_g = b_row.to(gpu());
+    const Shape shape{rows, cols};
+    for (int which = 0; which < 2; ++which) {
+      // 0: a row condition and a scalar b (stride 0 in both dims); 1: a column condition and a row b.
+      const Tensor c = which == 0 ? c_row.expand(shape) : c_col.expand(shape);
+      const Tensor c_g = which == 0 ? c_row_g.expand(shape) : c_col_g.expand(shape);
+      const Tensor b = which == 0 ? b_scalar.expand(shape) : b_row.expand(shape);
+      const Tensor b_g = which == 0 ? b_scalar_g.expand(shape) : b_row_g.expand(shape);
+      INFO("where 2-d " << dt << " case " << which);
+      Tensor ref = empty(shape, TensorOptions{dt});
+      kernels::cpu::where(c.view_for_kernel(), a.view_for_kernel(), b.view_for_kernel(),
+                          ref.view_for_kernel());
+      Tensor out = poisoned(shape, dt, gpu());
+      on_gpu([&] {
+        kernels::cuda::where(mg::cuda::current_kernel_stream(), c_g.view_for_kernel(), a_g.view_for_kernel(),
+                             b_g.view_for_kernel(), out.view_for_kernel());
+      });
+      CHECK(out.to_vector<double>() == ref.to_vector<double>());
+    }
+  }
+}
+
+TEST_CASE("vectorized: casts with an integer or bool side, including a broadcast source",
+          "[gpu][vectorized][copy]") {
+  manual_seed(21);
+  // The runtime-switched kernel's pack path (the pairs above cover its 1-d edges): every pack
+  // width (2: an 8-byte side, 4, 8), and a column broadcast along rows (inner stride 0: one
+  // element converted per pack).
+  const std::pair<DType, DType> pairs[] = {{DType::boolean, DType::bf16}, {DType::i64, DType::f16},
+                                           {DType::f16, DType::i64},      {DType::i32, DType::boolean},
+                                           {DType::boolean, DType::i64},  {DType::bf16, DType::i32}};
+  for (const auto& [from, to] : pairs) {
+    for (int64_t n : kPackLengths) {
+      Tensor src = mul(random_cpu({n + kMargin}, DType::f64), 40.0);
+      src = where(lt(abs(src), 10.0), zeros_like(src), src).to(from);
+      const Tensor src_g = src.to(gpu());
+      for (int64_t o = 0; o < 4; ++o) {
+        INFO("copy " << from << " -> " << to << " n " << n << " offset " << o);
+        Tensor ref = empty({n}, TensorOptions{to});
+        kernels::cpu::copy(at(src, o, n).view_for_kernel(), ref.view_for_kernel());
+        Tensor out_base = poison_buffer(n + kMargin, to);
+        Tensor out = at(out_base, o, n);
+        if (to == DType::boolean) out.copy_(eq(ref, 0.0).to(gpu()));
+        on_gpu([&] {
+          kernels::cuda::copy(mg::cuda::current_kernel_stream(), at(src_g, o, n).view_for_kernel(),
+                              out.view_for_kernel());
+        });
+        CHECK(out.to_vector<double>() == ref.to_vector<double>());
+        check_margins(out_base, o, n);
+      }
+    }
+    const int64_t rows = 7, cols = 32;
+    Tensor col = mul(random_cpu({rows, 1}, DType::f64), 40.0).to(from);
+    const Tensor src = col.expand({rows, cols}), src_g = col.to(gpu()).expand({rows, cols});
+    INFO("copy " << from << " -> " << to << " of a broadcast column");
+    Tensor ref = empty({rows, cols}, TensorOptions{to});
+    kernels::cpu::copy(src.view_for_kernel(), ref.view_for_kernel());
+    Tensor out = poisoned({rows, cols}, to, gpu());
+    on_gpu([&] {
+      kernels::cuda::copy(mg::cuda::current_kernel_stream(), src_g.view_for_kernel(), out.view_for_kernel());
+    });
+    CHECK(out.to_vector<double>() == ref.to_vector<double>());
+  }
+}
+
+TEST_CASE("vectorized: dropout at every length and misalignment, the CPU's mask bit for bit",
+          "[gpu][vectorized][dropout]") {
+  manual_seed(22);
+  const uint64_t seed = 0x0123456789abcdefull, call_offset = 11;
+  const double p = 0.3;
+  for (DType dt : kFloating) {
+    for (int64_t n : kPackLengths) {
+      const Tensor x = random_base(n, dt), x_g = x.to(gpu());
+      for (int64_t o = 0; o < 4; ++o) {
+        for (int64_t o_mask : {o, (o + 1) % 4}) {  // the mask at the same offset (packs) or not
+          INFO("dropout " << dt << " n " << n << " offset " << o << " mask offset " << o_mask);
+          Tensor ref = empty({n}, TensorOptions{dt}), ref_mask = empty({n}, TensorOptions{DType::boolean});
+          kernels::cpu::dropout_forward(dt, at(x, o, n).data_ptr(), ref.data_ptr(), ref_mask.data<bool>(), n,
+                                        p, seed, call_offset);
+          Tensor y_base = poison_buffer(n + kMargin, dt),
+                 mask_base = poison_buffer(n + kMargin, DType::boolean);
+          Tensor y = at(y_base, o, n), mask = at(mask_base, o_mask, n);
+          mask.copy_(eq(ref_mask, 0.0).to(gpu()));  // the complement of the expected mask
+          on_gpu([&] {
+            kernels::cuda::dropout_forward(mg::cuda::current_kernel_stream(), dt, at(x_g, o, n).data_ptr(),
+                                           y.data_ptr(), mask.data<bool>(), n, p, seed, call_offset);
+          });
+          CHECK(mask.to_vector<double>() == ref_mask.to_vector<double>());
+          CHECK(y.to_vector<double>() == ref.to_vector<double>());
+          check_margins(y_base, o, n);
+          check_margins(mask_base, o_mask, n);
+
+          Tensor ref_gx = empty({n}, TensorOptions{dt});
+          kernels::cpu::dropout_backward(dt, at(x, o, n).data_ptr(), ref_mask.data<bool>(), ref_gx.data_ptr(),
+                                         n, p);
+          Tensor gx_base = poison_buffer(n + kMargin, dt);
+          Tensor gx = at(gx_base, o, n);
+          on_gpu([&] {
+            kernels::cuda::dropout_backward(mg::cuda::current_kernel_stream(), dt, at(x_g, o, n).data_ptr(),
+                                            mask.data<bool>(), gx.data_ptr(), n, p);
+          });
+          CHECK(gx.to_vector<double>() == ref_gx.to_vector<double>());
+          check_margins(gx_base, o, n);
         }
       }
     }
