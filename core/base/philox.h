@@ -58,6 +58,18 @@ MG_HOST_DEVICE float philox_uniform(uint64_t seed, uint64_t element, uint64_t ca
   return static_cast<float>(philox4x32_10(seed, element, call_offset).word[0] >> 8) * (1.0f / 16777216.0f);
 }
 
+// 24 random bits of one 32-bit Philox word as a uniform float in [0, 1).
+MG_HOST_DEVICE float philox_word_uniform(uint32_t word) {
+  return static_cast<float>(word >> 8) * (1.0f / 16777216.0f);
+}
+
+// Dropout's draw for element i: word i % 4 of block i / 4, so one Philox call serves four
+// elements (the CPU and CUDA kernels both take a block per four elements; this is the same
+// number for any one of them).
+MG_HOST_DEVICE float philox_dropout_uniform(uint64_t seed, uint64_t element, uint64_t call_offset) {
+  return philox_word_uniform(philox4x32_10(seed, element / 4, call_offset).word[element % 4]);
+}
+
 // Standard normal by Box-Muller from words 0 and 1 of the element's block.
 MG_HOST_DEVICE float philox_normal(uint64_t seed, uint64_t element, uint64_t call_offset) {
   PhiloxBlock b = philox4x32_10(seed, element, call_offset);

@@ -7,15 +7,17 @@
 // split.
 //
 // Cost per element: forward reads x (sizeof(T)), writes y (sizeof(T)) and the
-// mask (1 byte); the random number is ten Philox rounds (two 32x32->64-bit
-// multiplies and a few xors each, ~60 integer ops), which on CPU outweighs the
-// memory traffic. Backward reads gy and the mask, writes gx, and draws no
+// mask (1 byte); the random numbers are ten Philox rounds (two 32x32->64-bit
+// multiplies and a few xors each, ~60 integer ops) per four elements: element i
+// takes word i % 4 of block i / 4, all four words of every block are used. Backward reads gy and the mask, writes gx, and draws no
 // random numbers: it never needs the seed, only the saved mask.
 //
 // Scaling by 1 / (1 - p) ("inverted dropout") keeps E[y] = x, so evaluation
 // mode is the identity. The scale is computed once in double and applied in
 // the compute type (float for halves and f32, double for f64).
 #include "kernels/cpu/dropout.h"
+
+#include <algorithm>
 
 #include "core/base/philox.h"
 
@@ -34,13 +36,19 @@ void forward_elements(const T* x, T* y, bool* mask, int64_t count, double p, uin
   using Acc = acc_t<T>;
   const float threshold = static_cast<float>(p);
   const Acc scale = static_cast<Acc>(keep_scale(p));
+  // One Philox block (four 32-bit words) per group of four elements: element i takes word i % 4
+  // of block i / 4 (philox_dropout_uniform).
+  const int64_t groups = (count + 3) / 4;
 #if defined(_OPENMP)
 #pragma omp parallel for schedule(static) if (count >= kMinParallelWork)
 #endif
-  for (int64_t i = 0; i < count; ++i) {
-    const bool keep = philox_uniform(seed, static_cast<uint64_t>(i), call_offset) >= threshold;
-    mask[i] = keep;
-    y[i] = static_cast<T>(keep ? static_cast<Acc>(x[i]) * scale : Acc(0));
+  for (int64_t g = 0; g < groups; ++g) {
+    const PhiloxBlock block = philox4x32_10(seed, static_cast<uint64_t>(g), call_offset);
+    for (int64_t i = 4 * g; i < std::min(count, 4 * g + 4); ++i) {
+      const bool keep = philox_word_uniform(block.word[i - 4 * g]) >= threshold;
+      mask[i] = keep;
+      y[i] = static_cast<T>(keep ? static_cast<Acc>(x[i]) * scale : Acc(0));
+    }
   }
 }
 

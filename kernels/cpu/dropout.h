@@ -1,6 +1,7 @@
 // Dropout (CPU) driven by the counter-based Philox generator (core/base/philox.h).
 //
-// Element i is kept iff philox_uniform(seed, i, call_offset) >= float(p): the
+// Element i is kept iff philox_dropout_uniform(seed, i, call_offset) >= float(p)
+// (word i % 4 of Philox block i / 4: one block serves four elements): the
 // mask is a pure function of (seed, call_offset, i), so the CUDA kernel, any
 // thread count, and a later recomputation all produce the same mask bit for
 // bit. The comparison is float against float(p), exactly as a GPU kernel that

@@ -2,11 +2,10 @@
 // Semantics: kernels/cpu/dropout.h.
 //
 // Same mask as the CPU, bit for bit. Element i is kept iff
-// philox_uniform(seed, i, call_offset) >= float(p). philox_uniform is the same
-// __host__ __device__ function on both sides: integer rounds, then 24 random
-// bits scaled by an exact power of two, so the float it returns -- and hence
-// the comparison -- is identical on CPU and GPU. The scale 1/(1 - p) is
-// computed on the host in double and applied in the compute type (float for
+// philox_dropout_uniform(seed, i, call_offset) >= float(p): word i % 4 of Philox block i / 4,
+// whose 24 top bits scaled by an exact power of two give the same float on CPU and GPU (the
+// rounds are the same __host__ __device__ function, integer arithmetic only). The scale
+// 1/(1 - p) is computed on the host in double and applied in the compute type (float for
 // halves and f32, double for f64), as on the CPU.
 //
 // Decomposition: the pack loop of vectorized.cuh. A thread takes a pack of
@@ -15,27 +14,21 @@
 // (backward: gy and the mask loaded the same way), so a warp request moves
 // 512 bytes of x or y and 64-256 bytes of mask instead of 64-256 and 32. The
 // (< V) elements before the first aligned pack and after the last go one by
-// one. Each element still runs Philox for its own counter, so no generator
-// state is shared and the result does not depend on the launch shape.
+// one. The pack computes each Philox block it covers once: all four words of a
+// block are used (one block per aligned f32 pack, two per bf16/f16 pack). No
+// generator state is shared and the result does not depend on the launch shape.
 //
 // Cost per element: forward reads x and writes y (sizeof(T) each) and the
 // 1-byte mask: 9 bytes for f32, so 16M elements move 151 MB, ~30 us at an
 // H200's ~4.8 TB/s (the tracer: 16 sectors per request for x and y, 4 for the
-// f32 mask, all 100% used; predicted 34 us, DRAM bound). It also runs ten
-// Philox rounds per element, ~70 integer instructions (two 32x32->64-bit
-// multiplies, two 3-input xors and two key adds per round). At roughly 15-20 T
-// integer instructions per second that is ~60-80 us for the same 16M
-// elements, so the forward is probably bound by integer throughput, not by
-// memory (an estimate: the tracer sees memory, not arithmetic, and nothing
-// here has run on a GPU). The cause is the counter convention: each element
-// uses word 0 of its own 128-bit Philox block and throws three words away.
-// Drawing 4 elements from one block (element i from word i % 4 of block i / 4)
-// would cut the arithmetic 4x, but the convention is shared with the CPU
-// kernel (kernels/cpu/dropout.cpp), its test (tests/kernels/
-// test_dropout_kernel.cpp, which recomputes the mask from word 0) and the
-// docs, and changing it changes every mask drawn for a given seed: it must
-// change on both sides at once. Backward reads gy and the mask and writes gx,
-// draws no random numbers, and is bandwidth bound.
+// f32 mask, all 100% used; predicted 34 us, DRAM bound). Ten Philox rounds
+// (~70 integer instructions: two 32x32->64-bit multiplies, two 3-input xors and
+// two key adds per round) now serve four elements, ~18 per element: at roughly
+// 15-20 T integer instructions per second ~15-20 us for the same 16M elements,
+// under the memory time (an estimate: the tracer sees memory, not arithmetic).
+// Drawing word 0 of a block per element, as this kernel did before, cost four
+// times that and made the forward integer-bound. Backward reads gy and the mask
+// and writes gx, draws no random numbers, and is bandwidth bound.
 // Also runs on the CPU under the emulator (MG_CUDA=EMULATE): see docs/cuda-emulation.md.
 #include "core/base/philox.h"
 #include "kernels/cuda/common.cuh"
@@ -46,14 +39,15 @@ namespace mg::kernels::cuda {
 namespace {
 
 // A pack of V elements: x as one 16-byte load, y as one 16-byte store, the V mask bytes as one
-// V-byte store. Element i's draw is word 0 of its own Philox block, as on the CPU.
+// V-byte store. Element i's draw is word i % 4 of Philox block i / 4, as on the CPU: a pack
+// computes each block it covers once (one for an aligned f32 pack, two for bf16/f16).
 template <class T>
 __global__ void forward_kernel(PackPlan plan, const T* x, T* y, bool* mask, int64_t count, float threshold,
                                double scale, uint64_t seed, uint64_t call_offset) {
   using A = acc_t<T>;
   const A s = static_cast<A>(scale);
   auto keep = [&](int64_t i) {
-    return philox_uniform(seed, static_cast<uint64_t>(i), call_offset) >= threshold;
+    return philox_dropout_uniform(seed, static_cast<uint64_t>(i), call_offset) >= threshold;
   };
   constexpr int V = pack_width<T>();
   run_elements<V>(
@@ -67,9 +61,16 @@ __global__ void forward_kernel(PackPlan plan, const T* x, T* y, bool* mask, int6
         const Pack<T, V> xp = load_pack<V>(x + i);
         Pack<T, V> yp;
         Pack<bool, V> mp;
+        uint64_t group = static_cast<uint64_t>(i) / 4;
+        PhiloxBlock block = philox4x32_10(seed, group, call_offset);
 #pragma unroll
         for (int j = 0; j < V; ++j) {
-          mp.v[j] = keep(i + j);
+          const uint64_t e = static_cast<uint64_t>(i + j);
+          if (e / 4 != group) {
+            group = e / 4;
+            block = philox4x32_10(seed, group, call_offset);
+          }
+          mp.v[j] = philox_word_uniform(block.word[e % 4]) >= threshold;
           store(&yp.v[j], mp.v[j] ? A(load(&xp.v[j])) * s : A(0));
         }
         store_pack(y + i, yp);

@@ -61,7 +61,11 @@ TEST_CASE("dropout mask is a pure function of seed, offset and element", "[kerne
     differ_offset += a.mask[i] != other_offset.mask[i];
     differ_seed += a.mask[i] != other_seed.mask[i];
     // Exactly what any other implementation (e.g. the CUDA kernel) computes per element.
-    mismatches += a.mask[i] != (mg::philox_uniform(42, static_cast<uint64_t>(i), 7) >= static_cast<float>(p));
+    mismatches +=
+        a.mask[i] != (mg::philox_dropout_uniform(42, static_cast<uint64_t>(i), 7) >= static_cast<float>(p));
+    // ... which is word i % 4 of Philox block i / 4: all four words used.
+    mismatches += mg::philox_dropout_uniform(42, static_cast<uint64_t>(i), 7) !=
+                  mg::philox_word_uniform(mg::philox4x32_10(42, static_cast<uint64_t>(i) / 4, 7).word[i % 4]);
   }
   CHECK(mismatches == 0);
   // Independent masks disagree on about half the elements.
