@@ -5,14 +5,25 @@
 //
 // Decomposition. The input is seen as [outer, size, inner] and an index picks
 // a run of `inner` consecutive elements.
-//   Gather: one thread per output element (o, i, j) in a grid-stride loop:
-//     out[(o*count + i)*inner + j] = in[(o*size + indices[i])*inner + j].
-//     Neighbouring threads copy neighbouring j: coalesced reads and writes.
-//     The copy moves raw bytes, with one kernel per element size (1, 2, 4,
-//     8 bytes), so index_select serves every dtype with four instantiations.
-//   Scatter-add: one thread per grad_out element, adding it into its row with
-//     an atomic add (f32/f64: the hardware's atomicAdd; f16/bf16: a
-//     compare-and-swap loop on the aligned 32-bit word that holds the value).
+//   Gather: one thread per output WORD (o, i, j) in a grid-stride loop:
+//     out[(o*count + i)*inner + j] = in[(o*size + indices[i])*inner + j], with
+//     inner and j counted in words: the widest of 16, 8 and 4 bytes (else the
+//     element) that divides a run's bytes and both base addresses, so every run
+//     starts on a word boundary. Rows of 4k f32 (8k halves, 2k f64) at aligned
+//     bases copy 16 bytes a thread: one 16-byte vector load and store, 16
+//     sectors a warp request. Neighbouring threads copy neighbouring words:
+//     coalesced reads and writes. The copy moves raw bytes, one kernel per word
+//     size (1, 2, 4, 8, 16 bytes), so index_select serves every dtype.
+//   Scatter-add: a warp per tile of 32 * 4 consecutive grad_out elements, lane
+//     l adding elements l, l + 32, l + 64, l + 96 into their rows with atomic
+//     adds (f32/f64: the hardware's atomicAdd; f16/bf16: a compare-and-swap
+//     loop on the aligned 32-bit word that holds the value). Every access is a
+//     coalesced warp request (f32: 4-byte lanes, 4 sectors, all bytes used); a lane
+//     reads its run's index once and again only where its next element starts
+//     another run, so along an embedding row one index load (a broadcast, one
+//     sector) serves 4 grad_out loads, and the 4 loads go out together before
+//     the 4 atomics. Atomics stay 4 bytes a lane (16-byte vector atomics would
+//     need sm_90's float4 atomicAdd, and strided scalar ones waste sectors).
 //     The order of the additions to a row that several positions share
 //     depends on timing, so those rows may differ in the last bits from run to
 //     run and from the CPU (which sums in position order, in float for halves,
@@ -34,11 +45,16 @@
 //
 // Cost. Gather: read and write outer*count*inner elements, no FLOPs: bandwidth
 // bound (a [4096, 768] f32 lookup moves 25 MB, ~6 us at HBM speed; the deferred
-// check adds a compare per element, a 16-byte memset, a one-thread kernel and
+// check adds a compare per word, a 16-byte memset, a one-thread kernel and
 // a 16-byte copy back, and no wait; the waiting entry points add ~10 us for the
-// synchronisation). Scatter-add: read grad_out once and
-// do one atomic per element; atomics to distinct addresses run near bandwidth,
-// but many positions naming the same row (a frequent token) serialise on it.
+// synchronisation). Each word also reads its position's 8-byte index, the same
+// for the warp along a row: one sector per request beside the row's 16 (sector
+// efficiency 0.96 with 16-byte words, 0.85 with 4-byte ones). Scatter-add: read
+// grad_out once and do one atomic per element; atomics to distinct addresses
+// run near bandwidth, but many positions naming the same row (a frequent token)
+// serialise on it. At the bench_kernels TinyGPT shapes ([256, 128] f32, 512
+// positions) both are launch-bound in the emulator's H200 model (a prediction:
+// ~2.8 us each, the launch latency 2.4 us of it).
 // Also runs on the CPU under the emulator (MG_CUDA=EMULATE): see docs/cuda-emulation.md.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
@@ -83,9 +99,10 @@ BadIndex find_bad_index(cudaStream_t stream, ScratchAllocator& scratch, const in
 }
 
 // ---- gather ------------------------------------------------------------------------------
-// With `first_bad` (embedding's deferred check) the gather checks its own indices: a position
-// whose index lies outside [0, s.size) gets zeros, never a read out of bounds, and is offered to
-// *first_bad (atomicMin), which embedding_check_finish_kernel then pairs with its value. Without,
+// W is the word (see gather_word) and s.inner counts words. With `first_bad` (embedding's deferred
+// check) the gather checks its own indices: a position whose index lies outside [0, s.size) gets
+// zeros, never a read out of bounds, and is offered to *first_bad (atomicMin, by the thread of the
+// position's first word), which embedding_check_finish_kernel then pairs with its value. Without,
 // the indices were checked before the launch.
 template <class W>
 __global__ void gather_kernel(IndexShape s, const W* input, const int64_t* indices, int64_t count, W* out,
@@ -112,20 +129,38 @@ __global__ void embedding_check_finish_kernel(unsigned long long* words, const i
     words[1] = static_cast<unsigned long long>(indices[words[0]]);
 }
 
+// The widest word (16, 8 or 4 bytes, else the element) that divides a run's bytes and both base
+// addresses, so that every run of both tensors starts on a word boundary: a run of `inner`
+// elements is then inner * size / word words, each copied whole (16 bytes: a 16-byte vector load
+// and store per thread, 16 sectors a warp request).
+int gather_word(size_t element, int64_t run_bytes, const void* input, const void* out) {
+  const uintptr_t in = reinterpret_cast<uintptr_t>(input), o = reinterpret_cast<uintptr_t>(out);
+  size_t word = 16;
+  while (word > element && (run_bytes % int64_t(word) != 0 || in % word != 0 || o % word != 0)) word /= 2;
+  return static_cast<int>(word > element ? word : element);
+}
+
 void gather(DType dtype, const IndexShape& s, const void* input, const int64_t* indices, int64_t count,
             void* out, cudaStream_t stream, unsigned long long* first_bad = nullptr) {
   const int64_t total = s.outer * count * s.inner;
   if (total == 0) return;
-  auto launch = [&](auto word) {
-    using W = typename decltype(word)::type;
-    launch_kernel<gather_kernel<W>>(grid_for(total), kThreads, 0, stream, s, static_cast<const W*>(input),
-                                    indices, count, static_cast<W*>(out), first_bad);
+  const size_t element = dtype_size(dtype);
+  const int64_t run_bytes = s.inner * int64_t(element);
+  const int word = gather_word(element, run_bytes, input, out);
+  const IndexShape words{s.outer, s.size, run_bytes / word};  // runs of whole words
+  const int64_t total_words = s.outer * count * words.inner;
+  auto launch = [&](auto w) {
+    using W = typename decltype(w)::type;
+    launch_kernel<gather_kernel<W>>(grid_for(total_words), kThreads, 0, stream, words,
+                                    static_cast<const W*>(input), indices, count, static_cast<W*>(out),
+                                    first_bad);
   };
-  switch (dtype_size(dtype)) {
+  switch (word) {
     case 1: launch(tag<raw_t<1>>{}); break;
     case 2: launch(tag<raw_t<2>>{}); break;
     case 4: launch(tag<raw_t<4>>{}); break;
     case 8: launch(tag<raw_t<8>>{}); break;
+    case 16: launch(tag<raw_t<16>>{}); break;
     default: throw Error(str_cat("gather (CUDA): unsupported element size ", dtype_size(dtype)));
   }
 }
@@ -153,19 +188,72 @@ __device__ void atomic_add(H* p, float v) {
   } while (old != assumed);
 }
 
+// A loop with a constant trip count unrolled whole: nvcc's `#pragma unroll`, and under the CUDA
+// emulation g++'s, so that the emulator's access tracer sees kScatterPerLane different load
+// instructions (in flight together, one round trip), as the GPU would.
+#if defined(__CUDACC__)
+#define MG_SCATTER_UNROLL _Pragma("unroll")
+#else
+#define MG_SCATTER_UNROLL _Pragma("GCC unroll 4")
+#endif
+
+// Elements of grad_out per lane: a warp adds a tile of 32 * kScatterPerLane consecutive elements,
+// lane l the elements l, l + 32, l + 64, ... of it (each access a coalesced warp request).
+constexpr int kScatterPerLane = 4;
+
+// Where run `row` (= o*count + i) of grad_out goes in grad_input: (o*size + indices[i])*inner, or
+// -1 when it adds nothing (see scatter_add_kernel).
+__device__ __forceinline__ int64_t scatter_destination(const IndexShape& s, const int64_t* indices,
+                                                       int64_t count, int64_t skip, int64_t row) {
+  const int64_t o = row / count, index = indices[row - o * count];
+  if (index == skip || index < 0 || index >= s.size) return -1;
+  return (o * s.size + index) * s.inner;
+}
+
 // grad_input[(o*size + indices[i])*inner + j] += grad_out[e]; positions whose
 // index equals `skip` (embedding's padding_idx, or -1) add nothing, and neither do (defensively)
 // indices outside [0, size), which a check before, or the forward's deferred one, reports.
+// A lane reads the index of its run once and again only where its next element starts another
+// run: for runs of >= 32 * kScatterPerLane elements (an embedding row) that is one index load (a
+// broadcast: one sector) per kScatterPerLane coalesced grad_out loads. The loads of a tile are
+// issued together, then its atomics.
 template <class T>
 __global__ void scatter_add_kernel(IndexShape s, const T* grad_out, const int64_t* indices, int64_t count,
                                    int64_t skip, T* grad_input) {
+  using A = acc_t<T>;
+  constexpr int U = kScatterPerLane;
   const int64_t total = s.outer * count * s.inner;
-  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
-       e += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t j = e % s.inner, i = (e / s.inner) % count, o = e / (s.inner * count);
-    const int64_t index = indices[i];
-    if (index == skip || index < 0 || index >= s.size) continue;
-    atomic_add(grad_input + (o * s.size + index) * s.inner + j, load(grad_out + e));
+  const int lane = threadIdx.x % 32;
+  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
+  for (int64_t tile = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32; tile * (32 * U) < total;
+       tile += warps) {
+    const int64_t first = tile * (32 * U) + lane;
+    if (first >= total) continue;
+    int64_t row = first / s.inner, j = first - row * s.inner;
+    int64_t dest = scatter_destination(s, indices, count, skip, row);
+    T* target[U];
+    A value[U];
+    MG_SCATTER_UNROLL
+    for (int u = 0; u < U; ++u) {
+      const int64_t e = first + 32 * u;
+      target[u] = nullptr;
+      value[u] = A(0);
+      if (e < total) {
+        if (j >= s.inner) {  // the run ended: the next one (or a later one, for runs under 32 elements)
+          row += j / s.inner;
+          j %= s.inner;
+          dest = scatter_destination(s, indices, count, skip, row);
+        }
+        if (dest >= 0) {
+          target[u] = grad_input + dest + j;
+          value[u] = load(grad_out + e);
+        }
+      }
+      j += 32;
+    }
+    MG_SCATTER_UNROLL
+    for (int u = 0; u < U; ++u)
+      if (target[u] != nullptr) atomic_add(target[u], value[u]);
   }
 }
 
@@ -175,7 +263,7 @@ void scatter_add(DType dtype, const char* what, const IndexShape& s, const void*
   visit_float(dtype, what, [&](auto t) {
     using T = typename decltype(t)::type;
     if (total == 0) return;
-    launch_kernel<scatter_add_kernel<T>>(grid_for(total), kThreads, 0, stream, s,
+    launch_kernel<scatter_add_kernel<T>>(grid_for(total, kScatterPerLane), kThreads, 0, stream, s,
                                          static_cast<const T*>(grad_out), indices, count, skip,
                                          static_cast<T*>(grad_input));
   });

@@ -12,6 +12,7 @@
 
 #if defined(MG_HAS_CUDA)
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -108,6 +109,88 @@ Pool2dGeometry pool_geometry(int64_t planes, int64_t h, int64_t w, int64_t kh, i
   return g;
 }
 
+// `t` copied to cuda:0, `offset` elements into a larger buffer: a view whose address is
+// misaligned for any vector access when the offset is odd.
+Tensor gpu_at(const Tensor& t, int64_t offset) {
+  Tensor base = poisoned({t.numel() + offset}, t.dtype(), gpu());
+  Tensor view = base.narrow(0, offset, t.numel()).view(t.shape());
+  view.copy_(t);
+  return view;
+}
+// A poisoned cuda:0 output `offset` elements into a larger buffer.
+Tensor poisoned_at(const Shape& shape, DType dtype, int64_t offset) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return poisoned({n + offset}, dtype, gpu()).narrow(0, offset, n).view(shape);
+}
+
+// Each element's sign bit (-0.0 and +0.0 differ), read on the host.
+std::vector<bool> sign_bits(const Tensor& t) {
+  std::vector<bool> bits;
+  for (double v : t.to_vector<double>()) bits.push_back(std::signbit(v));
+  return bits;
+}
+
+// Max (values, argmax, backward) and avg (both count_include_pad, forward and backward) pooling
+// of `g` in `dt` against the CPU, exactly; the input and grad_input `offset` elements into their
+// buffers (an odd offset keeps the 2x2 kernels off their pair path).
+void check_pooling(const Pool2dGeometry& g, DType dt, int64_t offset) {
+  INFO("planes=" << g.planes << " H=" << g.height << " W=" << g.width << " k=" << g.kernel_h << "x"
+                 << g.kernel_w << " s=" << g.stride_h << "x" << g.stride_w << " dtype " << dt << " offset "
+                 << offset);
+  const Shape in_shape{g.planes, g.height, g.width}, out_shape{g.planes, g.out_h(), g.out_w()};
+  // Small integers: many ties, which must resolve to the same (first) element as on the CPU.
+  Tensor x = random_cpu(in_shape, DType::f64, 2.0).to(DType::i64).to(dt);
+  x.view({-1}).narrow(0, 7, 1).fill_(NAN);  // a NaN wins its window(s)
+  if (x.numel() > 40) x.view({-1}).narrow(0, 40, 1).fill_(-INFINITY);
+  const Tensor xg = gpu_at(x, offset);
+
+  Tensor ref = empty(out_shape, TensorOptions{dt}), ref_index = empty(out_shape, TensorOptions{DType::i64});
+  kernels::cpu::max_pool2d_forward(g, dt, x.data_ptr(), ref.data_ptr(), ref_index.data<int64_t>());
+  Tensor out = poisoned(out_shape, dt, gpu()), index = poisoned(out_shape, DType::i64, gpu());
+  on_gpu([&] {
+    kernels::cuda::max_pool2d_forward(mg::cuda::current_kernel_stream(), g, dt, xg.data_ptr(), out.data_ptr(),
+                                      index.data<int64_t>());
+  });
+  CHECK(rel_error(out, ref) == 0.0);
+  CHECK(index.to_vector<int64_t>() == ref_index.to_vector<int64_t>());
+
+  Tensor gy = random_cpu(out_shape, dt);
+  gy.view({-1}).narrow(0, 0, 1).fill_(-0.0);  // -0.0 stays -0.0 only where the CPU keeps it
+  const Tensor gyg = gy.to(gpu());
+  Tensor ref_gx = empty(in_shape, TensorOptions{dt});
+  kernels::cpu::max_pool2d_backward(g, dt, gy.data_ptr(), ref_index.data<int64_t>(), ref_gx.data_ptr());
+  Tensor gx = poisoned_at(in_shape, dt, offset);
+  on_gpu([&] {
+    kernels::cuda::max_pool2d_backward(mg::cuda::current_kernel_stream(), g, dt, gyg.data_ptr(),
+                                       index.data<int64_t>(), gx.data_ptr());
+  });
+  CHECK(rel_error(gx, ref_gx) == 0.0);  // gathered in the CPU's order
+  CHECK(sign_bits(gx) == sign_bits(ref_gx));
+
+  const Tensor xa = random_cpu(in_shape, dt), xag = gpu_at(xa, offset);
+  for (bool include_pad : {true, false}) {
+    INFO("count_include_pad " << include_pad);
+    Tensor ref_avg = empty(out_shape, TensorOptions{dt});
+    kernels::cpu::avg_pool2d_forward(g, dt, xa.data_ptr(), ref_avg.data_ptr(), include_pad);
+    Tensor avg = poisoned(out_shape, dt, gpu());
+    on_gpu([&] {
+      kernels::cuda::avg_pool2d_forward(mg::cuda::current_kernel_stream(), g, dt, xag.data_ptr(),
+                                        avg.data_ptr(), include_pad);
+    });
+    CHECK(rel_error(avg, ref_avg) == 0.0);
+    Tensor ref_avg_gx = empty(in_shape, TensorOptions{dt});
+    kernels::cpu::avg_pool2d_backward(g, dt, gy.data_ptr(), ref_avg_gx.data_ptr(), include_pad);
+    Tensor avg_gx = poisoned_at(in_shape, dt, offset);
+    on_gpu([&] {
+      kernels::cuda::avg_pool2d_backward(mg::cuda::current_kernel_stream(), g, dt, gyg.data_ptr(),
+                                         avg_gx.data_ptr(), include_pad);
+    });
+    CHECK(rel_error(avg_gx, ref_avg_gx) == 0.0);
+    CHECK(sign_bits(avg_gx) == sign_bits(ref_avg_gx));
+  }
+}
+
 TEST_CASE("cuda max and avg pooling match the CPU, ties and NaN included", "[gpu][pool]") {
   manual_seed(22);
   const Pool2dGeometry cases[] = {
@@ -116,59 +199,31 @@ TEST_CASE("cuda max and avg pooling match the CPU, ties and NaN included", "[gpu
       pool_geometry(4, 6, 5, 3, 2, 1, 1, 1, 1),  // overlapping windows (stride < kernel)
       pool_geometry(3, 9, 9, 3, 3, 3, 3, 0, 0),  // 9x9 -> 3x3, an input row left over at no edge
   };
-  for (const Pool2dGeometry& g : cases) {
-    for (DType dt : kFloatDtypes) {
-      INFO("planes=" << g.planes << " H=" << g.height << " W=" << g.width << " k=" << g.kernel_h << "x"
-                     << g.kernel_w << " s=" << g.stride_h << "x" << g.stride_w << " dtype " << dt);
-      const Shape in_shape{g.planes, g.height, g.width}, out_shape{g.planes, g.out_h(), g.out_w()};
-      // Small integers: many ties, which must resolve to the same (first) element as on the CPU.
-      Tensor x = random_cpu(in_shape, DType::f64, 2.0).to(DType::i64).to(dt);
-      x.view({-1}).narrow(0, 7, 1).fill_(NAN);  // a NaN wins its window(s)
-      const Tensor xg = x.to(gpu());
+  for (const Pool2dGeometry& g : cases)
+    for (DType dt : kFloatDtypes) check_pooling(g, dt, 0);
+}
 
-      Tensor ref = empty(out_shape, TensorOptions{dt}),
-             ref_index = empty(out_shape, TensorOptions{DType::i64});
-      kernels::cpu::max_pool2d_forward(g, dt, x.data_ptr(), ref.data_ptr(), ref_index.data<int64_t>());
-      Tensor out = poisoned(out_shape, dt, gpu()), index = poisoned(out_shape, DType::i64, gpu());
-      on_gpu([&] {
-        kernels::cuda::max_pool2d_forward(mg::cuda::current_kernel_stream(), g, dt, xg.data_ptr(),
-                                          out.data_ptr(), index.data<int64_t>());
-      });
-      CHECK(rel_error(out, ref) == 0.0);
-      CHECK(index.to_vector<int64_t>() == ref_index.to_vector<int64_t>());
-
-      const Tensor gy = random_cpu(out_shape, dt), gyg = gy.to(gpu());
-      Tensor ref_gx = empty(in_shape, TensorOptions{dt});
-      kernels::cpu::max_pool2d_backward(g, dt, gy.data_ptr(), ref_index.data<int64_t>(), ref_gx.data_ptr());
-      Tensor gx = poisoned(in_shape, dt, gpu());
-      on_gpu([&] {
-        kernels::cuda::max_pool2d_backward(mg::cuda::current_kernel_stream(), g, dt, gyg.data_ptr(),
-                                           index.data<int64_t>(), gx.data_ptr());
-      });
-      CHECK(rel_error(gx, ref_gx) == 0.0);  // gathered in the CPU's order
-
-      const Tensor xa = random_cpu(in_shape, dt), xag = xa.to(gpu());
-      for (bool include_pad : {true, false}) {
-        INFO("count_include_pad " << include_pad);
-        Tensor ref_avg = empty(out_shape, TensorOptions{dt});
-        kernels::cpu::avg_pool2d_forward(g, dt, xa.data_ptr(), ref_avg.data_ptr(), include_pad);
-        Tensor avg = poisoned(out_shape, dt, gpu());
-        on_gpu([&] {
-          kernels::cuda::avg_pool2d_forward(mg::cuda::current_kernel_stream(), g, dt, xag.data_ptr(),
-                                            avg.data_ptr(), include_pad);
-        });
-        CHECK(rel_error(avg, ref_avg) == 0.0);
-        Tensor ref_avg_gx = empty(in_shape, TensorOptions{dt});
-        kernels::cpu::avg_pool2d_backward(g, dt, gy.data_ptr(), ref_avg_gx.data_ptr(), include_pad);
-        Tensor avg_gx = poisoned(in_shape, dt, gpu());
-        on_gpu([&] {
-          kernels::cuda::avg_pool2d_backward(mg::cuda::current_kernel_stream(), g, dt, gyg.data_ptr(),
-                                             avg_gx.data_ptr(), include_pad);
-        });
-        CHECK(rel_error(avg_gx, ref_avg_gx) == 0.0);
-      }
-    }
-  }
+// The 2x2, stride-2 pair paths (window rows moved as 2-element pairs; the backward writing each
+// output's window) and where they must not apply. Rows of up to 32 outputs take the row-pair path
+// (a warp per 32 / out_w row pairs, shuffles), longer ones a thread per output; an odd height
+// leaves an input row in no window (zeros), an odd width, padding or a misaligned buffer take the
+// general path. Plane counts leave a warp's last row pairs past the end.
+TEST_CASE("cuda 2x2 pooling's pair paths match the CPU exactly", "[gpu][pool]") {
+  manual_seed(23);
+  const Pool2dGeometry cases[] = {
+      pool_geometry(3, 7, 8, 2, 2, 2, 2, 0, 0),    // odd height; out_w 4: 8 row pairs a warp
+      pool_geometry(9, 6, 10, 2, 2, 2, 2, 0, 0),   // out_w 5: 6 row pairs a warp, 27 in all
+      pool_geometry(4, 5, 7, 2, 2, 2, 2, 0, 0),    // odd width: the general path
+      pool_geometry(5, 2, 2, 2, 2, 2, 2, 0, 0),    // one window a plane: 32 row pairs a warp
+      pool_geometry(2, 28, 28, 2, 2, 2, 2, 0, 0),  // the CNN's first pool (out_w 14)
+      pool_geometry(3, 14, 14, 2, 2, 2, 2, 0, 0),  // and its second (out_w 7)
+      pool_geometry(3, 5, 64, 2, 2, 2, 2, 0, 0),   // out_w 32: one row pair a warp; odd height
+      pool_geometry(2, 5, 70, 2, 2, 2, 2, 0, 0),   // out_w 35: a thread per output; odd height
+      pool_geometry(3, 6, 6, 2, 2, 2, 2, 1, 1),    // padded: the general path
+  };
+  for (const Pool2dGeometry& g : cases)
+    for (DType dt : kFloatDtypes)
+      for (int64_t offset : {0, 1}) check_pooling(g, dt, offset);
 }
 
 // ---- layer norm ------------------------------------------------------------------------------
@@ -391,6 +446,108 @@ TEST_CASE("cuda embedding op: a bad index is reported at the next synchronisatio
   CHECK(g[4 * dim] == 1.0f);
   // A valid lookup afterwards: no error.
   CHECK_NOTHROW(sum(embedding(w.detach(), tensor<int64_t>({0, 49}).to(gpu()))).item<float>());
+}
+
+// The gather copies whole words -- 16 bytes where a row's bytes and both bases allow, else 8, 4 or
+// the element -- and the scatter-add reads each run's index once per tile of a warp: every row
+// length around those widths (and the 128-element tile), every float dtype, the weight and the
+// output `offset` elements into their buffers; then the deferred check with 16-byte words.
+TEST_CASE("cuda embedding: whole-word gathers and tiled scatters for every row length", "[gpu][embedding]") {
+  manual_seed(27);
+  const int64_t num = 23, count = 41;
+  const Tensor idx = index_tensor(count, num, 5), idxg = idx.to(gpu());
+  for (DType dt : kFloatDtypes) {
+    for (int64_t dim : {1, 2, 3, 4, 6, 8, 12, 16, 100, 128, 129, 260}) {
+      for (int64_t offset : {0, 1, 2}) {
+        INFO("dtype " << dt << " dim " << dim << " offset " << offset);
+        const Tensor w = random_cpu({num, dim}, dt), wg = gpu_at(w, offset);
+        Tensor ref = empty({count, dim}, TensorOptions{dt});
+        kernels::cpu::embedding_forward(dt, w.data_ptr(), num, dim, idx.data<int64_t>(), count,
+                                        ref.data_ptr());
+        Tensor out = poisoned_at({count, dim}, dt, offset);
+        on_gpu([&] {
+          kernels::cuda::embedding_forward(mg::cuda::current_kernel_stream(), mg::cuda::current_scratch(), dt,
+                                           wg.data_ptr(), num, dim, idxg.data<int64_t>(), count,
+                                           out.data_ptr());
+        });
+        CHECK(out.to_vector<double>() == ref.to_vector<double>());
+
+        const Tensor gy = random_cpu({count, dim}, dt), gyg = gpu_at(gy, offset);
+        Tensor ref_gw = empty({num, dim}, TensorOptions{dt});
+        kernels::cpu::embedding_backward(dt, gy.data_ptr(), idx.data<int64_t>(), count, dim, num, 3,
+                                         ref_gw.data_ptr());
+        Tensor gw = poisoned_at({num, dim}, dt, offset);
+        on_gpu([&] {
+          kernels::cuda::embedding_backward(mg::cuda::current_kernel_stream(), mg::cuda::current_scratch(),
+                                            dt, gyg.data_ptr(), idxg.data<int64_t>(), count, dim, num, 3,
+                                            gw.data_ptr());
+        });
+        MG_REQUIRE_CLOSE(gw, ref_gw, 4 * tolerance(dt));
+        CHECK(sum(abs(gw.narrow(0, 3, 1))).item<double>() == 0.0);  // padding_idx 3
+      }
+    }
+  }
+  // The deferred check with 16-byte words (dim 64 f32 = 256-byte rows): bad positions get zeros,
+  // the good ones their rows, and the words name the first bad position and its value.
+  const int64_t dim = 64;
+  const Tensor w = random_cpu({num, dim}, DType::f32), wg = w.to(gpu());
+  const Tensor bad = tensor<int64_t>({5, 22, 23, 0, -7, 23}), badg = bad.to(gpu());
+  Tensor out = poisoned({6, dim}, DType::f32, gpu());
+  Tensor words = empty({kernels::cuda::kEmbeddingCheckWords}, TensorOptions{DType::i64, gpu()});
+  on_gpu([&] {
+    kernels::cuda::embedding_forward_deferred(mg::cuda::current_kernel_stream(), DType::f32, wg.data_ptr(),
+                                              num, dim, badg.data<int64_t>(), 6, out.data_ptr(),
+                                              words.data_ptr());
+  });
+  const std::vector<int64_t> host_words = words.to_vector<int64_t>();
+  CHECK(host_words == std::vector<int64_t>{2, 23});
+  CHECK(kernels::cuda::embedding_index_error(host_words.data(), 6, num).find("index 23 at position 2") !=
+        std::string::npos);
+  const std::vector<float> o = out.to_vector<float>(), ref = w.to_vector<float>();
+  for (int64_t j = 0; j < dim; ++j) {
+    CHECK(o[0 * dim + j] == ref[5 * dim + j]);
+    CHECK(o[1 * dim + j] == ref[22 * dim + j]);
+    CHECK(o[3 * dim + j] == ref[0 * dim + j]);
+    CHECK(o[2 * dim + j] == 0.0f);
+    CHECK(o[4 * dim + j] == 0.0f);
+    CHECK(o[5 * dim + j] == 0.0f);
+  }
+}
+
+// index_select and index_add with an outer dim and runs of whole 16- and 8-byte words.
+TEST_CASE("cuda index_select and index_add with word-sized runs match the CPU", "[gpu][index]") {
+  manual_seed(28);
+  for (int64_t inner : {2, 4, 8, 64}) {
+    const IndexShape shape{3, 11, inner};
+    const int64_t count = 9;
+    const Tensor idx = index_tensor(count, shape.size, 4), idxg = idx.to(gpu());
+    for (DType dt :
+         {DType::f32, DType::f64, DType::f16, DType::bf16, DType::i32, DType::i64, DType::boolean}) {
+      INFO("inner " << inner << " dtype " << dt);
+      const Tensor x = random_cpu({shape.outer, shape.size, shape.inner}, DType::f32, 10.0).to(dt),
+                   xg = x.to(gpu());
+      const Shape out_shape{shape.outer, count, shape.inner};
+      Tensor ref = empty(out_shape, TensorOptions{dt});
+      kernels::cpu::index_select(dt, shape, x.data_ptr(), idx.data<int64_t>(), count, ref.data_ptr());
+      Tensor out = poisoned(out_shape, dt, gpu());
+      if (dt == DType::boolean) out.copy_(eq(ref, 0.0).to(gpu()));  // poison: the complement of ref
+      on_gpu([&] {
+        kernels::cuda::index_select(mg::cuda::current_kernel_stream(), mg::cuda::current_scratch(), dt, shape,
+                                    xg.data_ptr(), idxg.data<int64_t>(), count, out.data_ptr());
+      });
+      CHECK(out.to_vector<double>() == ref.to_vector<double>());
+      if (!is_floating(dt)) continue;
+      const Tensor gy = random_cpu(out_shape, dt), gyg = gy.to(gpu());
+      Tensor ref_gx = zeros({shape.outer, shape.size, shape.inner}, TensorOptions{dt});
+      kernels::cpu::index_add(dt, shape, gy.data_ptr(), idx.data<int64_t>(), count, ref_gx.data_ptr());
+      Tensor gx = zeros({shape.outer, shape.size, shape.inner}, TensorOptions{dt, gpu()});
+      on_gpu([&] {
+        kernels::cuda::index_add(mg::cuda::current_kernel_stream(), mg::cuda::current_scratch(), dt, shape,
+                                 gyg.data_ptr(), idxg.data<int64_t>(), count, gx.data_ptr());
+      });
+      MG_REQUIRE_CLOSE(gx, ref_gx, 2 * tolerance(dt));
+    }
+  }
 }
 
 TEST_CASE("cuda index_select (every dtype) and index_add match the CPU", "[gpu][index]") {

@@ -2,9 +2,12 @@
 // one launch over a list of tensors of odd sizes (0 and 1 element, a chunk
 // exactly, a chunk plus one, several chunks) must give bit for bit what one
 // per-tensor launch each gives, and the CPU's result within rounding, over
-// several steps with per-tensor first_step / step counts. Then Optimizer::step
-// on CUDA parameters (which takes this path) against the same optimizer on the
-// CPU. Runs only with a GPU (exit 77 otherwise); not yet run on one.
+// several steps with per-tensor first_step / step counts. The 16-byte pack path
+// (operands equally far from a 16-byte boundary: a scalar head, packs, a scalar
+// tail) must give bit for bit what the element path gives (operands at different
+// distances). Then Optimizer::step on CUDA parameters (which takes this path)
+// against the same optimizer on the CPU. Runs on a GPU or under the emulator
+// (exit 77 otherwise).
 #include <catch2/catch.hpp>
 
 #if defined(MG_HAS_CUDA)
@@ -24,8 +27,9 @@ namespace {
 using namespace gpu_test;
 using Catch::Matchers::Contains;
 
-// 16384 is the kernel's chunk (elements per block).
-const std::vector<int64_t> kSizes = {0, 1, 7, 16384, 16385, 40000};
+// Chunks (elements per block) are 1024 to 16384, the largest that still gives ~1024 blocks: 1024
+// for this list, so it has a chunk exactly, a chunk plus one and several chunks of each size.
+const std::vector<int64_t> kSizes = {0, 1, 7, 1024, 1025, 16384, 16385, 40000};
 
 template <class F>
 void on_gpu(F&& gpu_call) {
@@ -56,8 +60,8 @@ enum class Rule { Sgd, Adam, AdamW };
 
 // Step `step` (1, 2, 3) of `rule` on every tensor of `b`: per tensor (one launch
 // each) or multi (one launch), on the device of `b`.
-void take_step(Rule rule, DType dt, Buffers& b, const std::vector<Tensor>& grads, int step, bool multi,
-               bool on_cuda) {
+void take_step_over(const std::vector<int64_t>& sizes, Rule rule, DType dt, Buffers& b,
+                    const std::vector<Tensor>& grads, int step, bool multi, bool on_cuda) {
   kernels::SgdHyper sgd{0.1, 0.9, 0.0, 0.01, true};
   kernels::AdamHyper adam;
   adam.lr = 1e-2;
@@ -65,13 +69,13 @@ void take_step(Rule rule, DType dt, Buffers& b, const std::vector<Tensor>& grads
   adam.amsgrad = rule == Rule::AdamW;
   std::vector<kernels::SgdTensor> sgd_list;
   std::vector<kernels::AdamTensor> adam_list;
-  for (size_t t = 0; t < kSizes.size(); ++t) {
+  for (size_t t = 0; t < sizes.size(); ++t) {
     // Tensor t is t % 2 steps behind: the per-tensor state a group can have.
     const int64_t own_step = std::max<int64_t>(1, step - int64_t(t % 2));
     sgd_list.push_back(
-        {b.p[t].data_ptr(), grads[t].data_ptr(), b.buf[t].data_ptr(), kSizes[t], own_step == 1});
+        {b.p[t].data_ptr(), grads[t].data_ptr(), b.buf[t].data_ptr(), sizes[t], own_step == 1});
     adam_list.push_back({b.p[t].data_ptr(), grads[t].data_ptr(), b.m[t].data_ptr(), b.v[t].data_ptr(),
-                         b.vmax[t].data_ptr(), kSizes[t], own_step});
+                         b.vmax[t].data_ptr(), sizes[t], own_step});
   }
   auto run = [&](auto sgd_one, auto adam_one, auto adamw_one, auto sgd_many, auto adam_many,
                  auto adamw_many) {
@@ -81,7 +85,7 @@ void take_step(Rule rule, DType dt, Buffers& b, const std::vector<Tensor>& grads
       if (rule == Rule::AdamW) adamw_many(dt, adam_list, adam);
       return;
     }
-    for (size_t t = 0; t < kSizes.size(); ++t) {
+    for (size_t t = 0; t < sizes.size(); ++t) {
       const auto& s = sgd_list[t];
       const auto& a = adam_list[t];
       kernels::AdamHyper h = adam;
@@ -110,6 +114,11 @@ void take_step(Rule rule, DType dt, Buffers& b, const std::vector<Tensor>& grads
     run(kernels::cpu::sgd_step, kernels::cpu::adam_step, kernels::cpu::adamw_step,
         kernels::cpu::sgd_step_multi, kernels::cpu::adam_step_multi, kernels::cpu::adamw_step_multi);
   }
+}
+
+void take_step(Rule rule, DType dt, Buffers& b, const std::vector<Tensor>& grads, int step, bool multi,
+               bool on_cuda) {
+  take_step_over(kSizes, rule, dt, b, grads, step, multi, on_cuda);
 }
 
 TEST_CASE("cuda multi-tensor optimizer steps equal the per-tensor launches bit for bit and the CPU",
@@ -144,12 +153,102 @@ TEST_CASE("cuda multi-tensor optimizer steps equal the per-tensor launches bit f
         MG_REQUIRE_CLOSE(many.m[t], cpu.m[t], tol);
         MG_REQUIRE_CLOSE(many.v[t], cpu.v[t], tol);
         MG_REQUIRE_CLOSE(many.vmax[t], cpu.vmax[t], tol);
-        // Every element was updated (an element the launch skipped keeps its start value).
+        // Every element was updated (an element the launch skipped keeps its start value), unless
+        // the CPU's update left it unchanged too (an update below half an ulp of p: it happens).
         if (kSizes[t] > 0) {
           const std::vector<double> before = start.p[t].to_vector<double>(),
-                                    after = many.p[t].to_vector<double>();
+                                    after = many.p[t].to_vector<double>(), ref = cpu.p[t].to_vector<double>();
           for (size_t i = 0; i < before.size(); ++i)
-            if (before[i] == after[i]) FAIL("element " << i << " was not updated");
+            if (before[i] == after[i] && ref[i] != before[i]) FAIL("element " << i << " was not updated");
+        }
+      }
+    }
+  }
+}
+
+// Values of every operand of one tensor, on the CPU (the same on every call for the same seed).
+struct Operands {
+  Tensor p, g, buf, m, v, vmax;
+};
+Operands operand_values(DType dt, int64_t n, uint64_t seed) {
+  manual_seed(seed);
+  return {random_cpu({n}, dt),
+          random_cpu({n}, dt),
+          random_cpu({n}, dt),
+          random_cpu({n}, dt, 0.1),
+          square(random_cpu({n}, dt, 0.1)),
+          square(random_cpu({n}, dt, 0.1))};
+}
+
+// `values` copied into a GPU buffer `offset` elements past a 16-byte boundary (a view into a
+// larger allocation).
+Tensor at_offset(const Tensor& values, int64_t offset) {
+  Tensor base = zeros({values.numel() + 4}, TensorOptions{values.dtype(), gpu()});
+  REQUIRE(reinterpret_cast<uintptr_t>(base.data_ptr()) % 16 == 0);
+  Tensor view = base.narrow(0, offset, values.numel());
+  view.copy_(values);
+  return view;
+}
+
+TEST_CASE("cuda optimizer steps: the 16-byte pack path equals the element path bit for bit",
+          "[gpu][optim][multi_tensor][packs]") {
+  // Heads of 0..V-1 elements, tails of 0..V-1, tensors shorter than a pack, several chunks.
+  const std::vector<int64_t> sizes = {1, 2, 3, 5, 6, 1023, 1025, 3001};
+  for (DType dt : {DType::f32, DType::f64}) {
+    const int64_t V = 16 / int64_t(dtype_size(dt));
+    for (Rule rule : {Rule::Sgd, Rule::Adam, Rule::AdamW}) {
+      for (bool multi : {false, true}) {
+        INFO("dtype " << dt << ", rule " << int(rule) << " (0 SGD nesterov+wd, 1 Adam+L2, 2 AdamW amsgrad)"
+                      << (multi ? ", one launch" : ", a launch per tensor"));
+        // together: every operand of tensor t at t % V elements past a 16-byte boundary (the pack
+        // path: a scalar head of (V - t % V) % V elements); apart: p there and every other operand
+        // one element further (no packs: the element path).
+        auto layout = [&](bool together) {
+          Buffers b;
+          for (size_t t = 0; t < sizes.size(); ++t) {
+            const Operands o = operand_values(dt, sizes[t], 100 + t);
+            const int64_t at = int64_t(t) % V, other = together ? at : (at + 1) % V;
+            b.p.push_back(at_offset(o.p, at));
+            b.buf.push_back(at_offset(o.buf, other));
+            b.m.push_back(at_offset(o.m, other));
+            b.v.push_back(at_offset(o.v, other));
+            b.vmax.push_back(at_offset(o.vmax, other));
+          }
+          return b;
+        };
+        Buffers together = layout(true), apart = layout(false), cpu;
+        for (size_t t = 0; t < sizes.size(); ++t) {
+          const Operands o = operand_values(dt, sizes[t], 100 + t);
+          cpu.p.push_back(o.p), cpu.buf.push_back(o.buf), cpu.m.push_back(o.m), cpu.v.push_back(o.v),
+              cpu.vmax.push_back(o.vmax);
+        }
+        for (int step = 1; step <= 3; ++step) {
+          std::vector<Tensor> g_cpu, g_together, g_apart;
+          for (size_t t = 0; t < sizes.size(); ++t) {
+            manual_seed(1000 * step + t);
+            g_cpu.push_back(random_cpu({sizes[t]}, dt));
+            const int64_t at = int64_t(t) % V;
+            g_together.push_back(at_offset(g_cpu.back(), at));
+            g_apart.push_back(at_offset(g_cpu.back(), (at + 1) % V));
+          }
+          take_step_over(sizes, rule, dt, cpu, g_cpu, step, multi, /*on_cuda=*/false);
+          take_step_over(sizes, rule, dt, together, g_together, step, multi, /*on_cuda=*/true);
+          take_step_over(sizes, rule, dt, apart, g_apart, step, multi, /*on_cuda=*/true);
+        }
+        const double tol = dt == DType::f32 ? 1e-5 : 1e-12;
+        for (size_t t = 0; t < sizes.size(); ++t) {
+          INFO("tensor " << t << " of " << sizes[t] << " elements, p " << int64_t(t) % V
+                         << " elements past a 16-byte boundary");
+          CHECK(together.p[t].to_vector<double>() == apart.p[t].to_vector<double>());
+          CHECK(together.buf[t].to_vector<double>() == apart.buf[t].to_vector<double>());
+          CHECK(together.m[t].to_vector<double>() == apart.m[t].to_vector<double>());
+          CHECK(together.v[t].to_vector<double>() == apart.v[t].to_vector<double>());
+          CHECK(together.vmax[t].to_vector<double>() == apart.vmax[t].to_vector<double>());
+          MG_REQUIRE_CLOSE(together.p[t], cpu.p[t], tol);
+          MG_REQUIRE_CLOSE(together.buf[t], cpu.buf[t], tol);
+          MG_REQUIRE_CLOSE(together.m[t], cpu.m[t], tol);
+          MG_REQUIRE_CLOSE(together.v[t], cpu.v[t], tol);
+          MG_REQUIRE_CLOSE(together.vmax[t], cpu.vmax[t], tol);
         }
       }
     }
