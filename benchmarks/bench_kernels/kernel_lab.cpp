@@ -79,7 +79,8 @@ std::vector<float> uniform(int64_t n, uint64_t seed, double lo, double hi) {
 #pragma omp parallel for schedule(static)
 #endif
   for (int64_t i = 0; i < n; ++i) {
-    const double u = static_cast<double>(mix(seed * 0x100000001b3ull ^ static_cast<uint64_t>(i)) >> 11) * 0x1p-53;
+    const double u =
+        static_cast<double>(mix(seed * 0x100000001b3ull ^ static_cast<uint64_t>(i)) >> 11) * 0x1p-53;
     v[static_cast<size_t>(i)] = static_cast<float>(lo + (hi - lo) * u);
   }
   return v;
@@ -127,7 +128,8 @@ KernelResult measure(const std::string& op, kc::RowKernel rung, const Shape& s, 
   try {
     if (!env.options.profile) {
       for (DeviceFloats* o : outputs)
-        cuda_ok(cudaMemsetAsync(o->ptr, 0xff, static_cast<size_t>(o->n) * sizeof(float), env.stream), "poison");
+        cuda_ok(cudaMemsetAsync(o->ptr, 0xff, static_cast<size_t>(o->n) * sizeof(float), env.stream),
+                "poison");
       gpu();
       cuda_ok(cudaStreamSynchronize(env.stream), "the checked call");
       r.max_rel_error = 0;
@@ -166,7 +168,9 @@ void softmax_rows(const Shape& s, const Env& env, std::vector<KernelResult>& row
   for (kc::RowKernel rung : kc::kAllRowKernels) {
     rows.push_back(measure(
         "softmax", rung, s, 8.0 * n,
-        [&] { kc::softmax_lab(mg::cuda::current_kernel_stream(), rung, s.rows, s.cols, xd.ptr, yd.ptr, false); },
+        [&] {
+          kc::softmax_lab(mg::cuda::current_kernel_stream(), rung, s.rows, s.cols, xd.ptr, yd.ptr, false);
+        },
         {&yd}, {&ref}, env));
   }
 }
@@ -180,8 +184,8 @@ void layer_norm_rows(const Shape& s, const Env& env, std::vector<KernelResult>& 
     ref.resize(x.size());
     ref_mean.resize(static_cast<size_t>(s.rows));
     ref_rstd.resize(static_cast<size_t>(s.rows));
-    kernels::cpu::layer_norm_forward(DType::f32, x.data(), w.data(), b.data(), s.rows, s.cols, 1e-5, ref.data(),
-                                     ref_mean.data(), ref_rstd.data());
+    kernels::cpu::layer_norm_forward(DType::f32, x.data(), w.data(), b.data(), s.rows, s.cols, 1e-5,
+                                     ref.data(), ref_mean.data(), ref_rstd.data());
   }
   DeviceFloats xd(n), wd(s.cols), bd(s.cols), yd(n), md(s.rows), rd(s.rows);
   xd.upload(x);
@@ -192,8 +196,8 @@ void layer_norm_rows(const Shape& s, const Env& env, std::vector<KernelResult>& 
     rows.push_back(measure(
         "layer_norm", rung, s, bytes,
         [&] {
-          kc::layer_norm_lab(mg::cuda::current_kernel_stream(), rung, s.rows, s.cols, xd.ptr, wd.ptr, bd.ptr, 1e-5,
-                             yd.ptr, md.ptr, rd.ptr);
+          kc::layer_norm_lab(mg::cuda::current_kernel_stream(), rung, s.rows, s.cols, xd.ptr, wd.ptr, bd.ptr,
+                             1e-5, yd.ptr, md.ptr, rd.ptr);
         },
         {&yd, &md, &rd}, {&ref, &ref_mean, &ref_rstd}, env));
   }
@@ -202,10 +206,10 @@ void layer_norm_rows(const Shape& s, const Env& env, std::vector<KernelResult>& 
 std::vector<KernelResult> bench_lab(const BenchOptions& options, const Ceilings& ceilings) {
   const Env env{options, ceilings,
                 static_cast<cudaStream_t>(mg::cuda::current_stream(mg::cuda::current_device()).handle)};
-  const std::vector<Shape> softmax_shapes =
-      options.check ? std::vector<Shape>{{37, 100}, {5, 3000}} : std::vector<Shape>{{65536, 1024}, {2048, 32768}};
-  const std::vector<Shape> norm_shapes =
-      options.check ? std::vector<Shape>{{37, 100}, {5, 3000}} : std::vector<Shape>{{87381, 768}, {16384, 4096}};
+  const std::vector<Shape> softmax_shapes = options.check ? std::vector<Shape>{{37, 100}, {5, 3000}}
+                                                          : std::vector<Shape>{{65536, 1024}, {2048, 32768}};
+  const std::vector<Shape> norm_shapes = options.check ? std::vector<Shape>{{37, 100}, {5, 3000}}
+                                                       : std::vector<Shape>{{87381, 768}, {16384, 4096}};
   std::vector<KernelResult> rows;
   for (const Shape& s : softmax_shapes) softmax_rows(s, env, rows);
   for (const Shape& s : norm_shapes) layer_norm_rows(s, env, rows);

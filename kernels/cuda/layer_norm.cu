@@ -3,12 +3,18 @@
 // f32 otherwise): kernels/cpu/layer_norm.h.
 //
 // Decomposition.
-//   Forward: one thread block per row (the smallest power of two >= cols,
-//     clamped to 32..256 threads: row_block in common.cuh). Threads stride over the row in coalesced sweeps,
-//     as the CPU does: (1) the sum, for a rough mean; (2) the deviations from it and their squares (their sum
-//     corrects the mean's rounding, their squares give the variance -- no E[x^2] - E[x]^2 cancellation); (3)
-//     the normalised, scaled and shifted write. Each sum is a warp-shuffle + shared-memory block reduction
-//     (common.cuh). Thread 0 writes mean and rstd.
+//   Forward: the kernel lab's top rung (kernels/cuda/layer_norm_ladder.cu climbs to it and says what
+//     each step buys). The row is held in registers as 16-byte packs (row_packs.cuh): a warp per row up to
+//     32 x 8 packs (1024 f32, 512 f64, 2048 f16/bf16), a block per row up to 1024 x 8 packs (512 x 8 for
+//     f16/bf16), each thread's packs loaded at once, so the row is read once. From the registers, as the
+//     CPU does: (1) the sum, for a rough mean; (2) the deviations from it and their squares (their sum
+//     corrects the mean's rounding, their squares give the variance -- no E[x^2] - E[x]^2 cancellation):
+//     one reduction each (shuffles; for a block, one exchange through shared memory); (3) the normalised,
+//     scaled and shifted write, stored as packs. Weight and bias are staged in shared memory once per
+//     block (up to 32 KB for both), each block looping over its rows (at most two waves of blocks). Rank 0
+//     writes mean and rstd. Rows too long for registers are streamed (the lab's rung 4): a block per row,
+//     one sweep of Welford states (count, mean, M2) merged once, then the write sweep (the row reread
+//     from L2).
 //   Backward grad_x: one block per row, two sweeps: the row sums of
 //     g = gy * weight and g * xhat, then gx = rstd * (g - mean(g) - xhat * mean(g * xhat)).
 //   Backward grad_weight / grad_bias: column sums over all rows, of gy * xhat and of gy. Splitting only
@@ -31,10 +37,10 @@
 //     every sum has a fixed order: no atomics, bitwise the same run to run (the grid depends only on
 //     the shape, the dtype and the pointers' alignment).
 //
-// Cost. Forward reads the row three times (the second and third mostly from
-// L1/L2 for rows up to tens of KB) and writes it once, ~8 FLOPs per element:
-// ~2 n s bytes of HBM traffic, bandwidth bound for long rows; short rows are
-// bound by the block reductions' latency, hidden by many rows in flight.
+// Cost. Forward reads each element once and writes it once (2 n s bytes, plus weight and bias once per
+// block), ~9 FLOPs per element. Predicted on an H200 (bench_kernels --profile: docs/performance-model.md)
+// for f32 [87381, 768] and [16384, 4096]: 114 us each, DRAM-bound, 98% of the roofline (the three-sweep
+// block-per-row kernel before it: ~167 and 175 us, bound by L2 traffic and by bytes in flight).
 // Backward reads gy and x twice for grad_x and once more for the column sums.
 // The column sums do 4 FLOPs per element for 2 s bytes read (0.5 FLOP/byte in
 // f32): bandwidth bound. Pass 1 reads 2 rows cols s bytes (50 MB for f32
@@ -58,44 +64,242 @@
 #include <cstring>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/kernel_lab.h"
 #include "kernels/cuda/kernels.h"
+#include "kernels/cuda/row_packs.cuh"
 #include "kernels/cuda/workspace.h"
 
 namespace mg::kernels::cuda {
 namespace {
 
+// ---- forward: the row held in registers (the kernel lab's top rung) ----------------------------------
+// kernels/cuda/layer_norm_ladder.cu climbs to this design and says what each step buys. A warp
+// (rows of up to 32 x 8 packs: 1024 f32) or a block (up to 1024 x 8 packs: 32768 f32) per row;
+// each thread loads its packs of the row (row_packs.cuh) in one go, 16 bytes a lane, and keeps
+// them: the row comes from DRAM once. The statistics are the CPU's corrected two-pass, over the
+// registers: the sum (one reduction), then the deviations from the rough mean and their squares
+// (one reduction of the pair). A block first copies weight and bias to shared memory (when
+// both fit in kStagedParamsBytes) and serves all its rows from there, so they cost L2 once per
+// block instead of once per row. Longer rows take the online design (below).
+
+// Weight and bias staged in dynamic shared memory: both, each rounded up to 16 bytes, at most this.
+constexpr size_t kStagedParamsBytes = 32 * 1024;
+
 template <class T>
-__global__ void forward_kernel(const T* x, const T* weight, const T* bias, int64_t rows, int64_t cols,
-                               double eps, T* y, acc_t<T>* mean_out, acc_t<T>* rstd_out) {
+size_t staged_params_bytes(int64_t cols, bool any) {
+  const size_t one = (static_cast<size_t>(cols) * sizeof(T) + 15) / 16 * 16;
+  return any && 2 * one <= kStagedParamsBytes ? 2 * one : 0;
+}
+
+// With `staged`, copies weight and bias (those not null) to the block's dynamic shared memory and
+// points them there. Every thread of the block must call it.
+template <class T>
+__device__ void stage_params(const T*& weight, const T*& bias, int64_t cols, bool staged) {
+  constexpr int V = pack_width<T>();
+  if (!staged) return;
+  T* sw = reinterpret_cast<T*>(dynamic_shared_memory());
+  T* sb = sw + (cols + V - 1) / V * V;  // 16-byte aligned
+  for (int i = 0; i < 2; ++i) {
+    const T* from = i == 0 ? weight : bias;
+    T* to = i == 0 ? sw : sb;
+    if (from == nullptr) continue;
+    if (aligned16(from) && cols % V == 0) {
+      for (int64_t q = threadIdx.x; q < cols / V; q += blockDim.x)
+        store_row_pack(to + q * V, load_row_pack(from + q * V, true), true);
+    } else {
+      for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) to[c] = from[c];
+    }
+  }
+  __syncthreads();
+  if (weight) weight = sw;
+  if (bias) bias = sb;
+}
+
+// The outputs from the row's mean and rstd: what RowRegisters::store and the online write sweep call.
+// Weight and bias are read as packs where their columns are 16-byte aligned.
+template <class T>
+struct NormOut {
   using S = acc_t<T>;
+  static constexpr int V = pack_width<T>();
+  S mean, rstd;
+  const T* weight;
+  const T* bias;
+  __device__ __forceinline__ S one(S x, int64_t c) const {
+    S v = (x - mean) * rstd;
+    if (weight) v *= S(load(weight + c));
+    if (bias) v += S(load(bias + c));
+    return v;
+  }
+  __device__ __forceinline__ Pack<T, V> pack(const Pack<T, V>& x, int64_t col) const {
+    Pack<T, V> w, b, y;
+    if (weight) w = load_row_pack(weight + col, aligned16(weight + col));
+    if (bias) b = load_row_pack(bias + col, aligned16(bias + col));
+    MG_ROW_UNROLL
+    for (int j = 0; j < V; ++j) {
+      S v = (S(load(&x.v[j])) - mean) * rstd;
+      if (weight) v *= S(load(&w.v[j]));
+      if (bias) v += S(load(&b.v[j]));
+      store(&y.v[j], v);
+    }
+    return y;
+  }
+};
+
+// Warp: a warp per row, 8 rows per 256-thread block at a time; else a block per row.
+template <class T, bool Warp>
+__global__ void __launch_bounds__(Warp ? 32 * kRowWarpsPerBlock : max_row_threads<T>())
+    forward_registers_kernel(const T* x, const T* weight, const T* bias, int64_t rows, int64_t cols,
+                             double eps, T* y, acc_t<T>* mean_out, acc_t<T>* rstd_out, bool vector,
+                             bool staged) {
+  using S = acc_t<T>;
+  stage_params(weight, bias, cols, staged);
   const S inv_cols = cols > 0 ? S(1) / S(cols) : S(0);  // 0 columns: mean 0, as on the CPU
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+  const int threads = Warp ? 32 : static_cast<int>(blockDim.x);
+  const int rank = Warp ? static_cast<int>(threadIdx.x % 32) : static_cast<int>(threadIdx.x);
+  const int64_t per_block = Warp ? blockDim.x / 32 : 1;
+  const int64_t first = int64_t(blockIdx.x) * per_block + (Warp ? threadIdx.x / 32 : 0);
+  for (int64_t r = first; r < rows; r += int64_t(gridDim.x) * per_block) {
     const T* xr = x + r * cols;
-    T* yr = y + r * cols;
+    const RowCut cut = row_cut(xr, cols, vector);
+    RowRegisters<T, kRowPacks> row;
+    row.load(xr, cut, rank, threads, vector);
     S sum = 0;
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) sum += S(load(xr + c));
-    const S rough_mean = block_sum(sum) * inv_cols;
+    row.for_each(cut, rank, threads, [&](S v) { sum += v; });
+    const S rough_mean = row_sum<Warp>(sum) * inv_cols;
     S deviations = 0, squares = 0;
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-      const S d = S(load(xr + c)) - rough_mean;
+    row.for_each(cut, rank, threads, [&](S v) {
+      const S d = v - rough_mean;
       deviations += d;
       squares += d * d;
-    }
-    const S correction = block_sum(deviations) * inv_cols;
-    squares = block_sum(squares);
+    });
+    const SumPair<S> t = row_sum_pair<Warp>(deviations, squares);
+    const S correction = t.a * inv_cols;
     const S mean = rough_mean + correction;
-    const S var = max(S(0), squares * inv_cols - correction * correction);
+    const S var = max(S(0), t.b * inv_cols - correction * correction);
     const S rstd = S(1) / sqrt(var + S(eps));
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-      S v = (S(load(xr + c)) - mean) * rstd;
-      if (weight) v *= S(load(weight + c));
-      if (bias) v += S(load(bias + c));
-      store(yr + c, v);
-    }
-    if (threadIdx.x == 0) {
+    row.store(y + r * cols, cut, rank, threads, vector, NormOut<T>{mean, rstd, weight, bias});
+    if (rank == 0) {
       mean_out[r] = mean;
       rstd_out[r] = rstd;
     }
+  }
+}
+
+// ---- forward, rows too long for registers: the online design (the lab's rung 4) --------------------
+// A block per row, two sweeps of 16-byte loads, four packs a thread in flight at a time. The first
+// keeps each thread's Welford state (count, mean, sum of squared deviations M2), merged over the
+// block once by Chan's rule; the second rereads the row (from L2) and writes it.
+template <class S>
+struct Welford {
+  S n, mean, m2;
+};
+template <class S>
+__device__ __forceinline__ void welford_add(Welford<S>& w, S v) {
+  w.n += S(1);
+  const S d = v - w.mean;
+  w.mean += d / w.n;
+  w.m2 += d * (v - w.mean);
+}
+// Chan, Golub & LeVeque's merge of two parts. Not symmetric in a and b bit for bit, so callers pass
+// the parts in a fixed order (the lower lane first) and every lane computes the same state.
+template <class S>
+__device__ __forceinline__ Welford<S> welford_merge(const Welford<S>& a, const Welford<S>& b) {
+  if (b.n == S(0)) return a;
+  if (a.n == S(0)) return b;
+  const S n = a.n + b.n, d = b.mean - a.mean, fb = b.n / n;
+  return Welford<S>{n, a.mean + d * fb, a.m2 + b.m2 + d * d * a.n * fb};
+}
+template <class S>
+__device__ __forceinline__ Welford<S> warp_welford(Welford<S> w) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const Welford<S> other{__shfl_xor_sync(0xffffffffu, w.n, o), __shfl_xor_sync(0xffffffffu, w.mean, o),
+                           __shfl_xor_sync(0xffffffffu, w.m2, o)};
+    w = (lane & o) ? welford_merge(other, w) : welford_merge(w, other);
+  }
+  return w;
+}
+constexpr int kWelfordPartialsId = 1300;
+template <class S>
+__device__ Welford<S> block_welford(Welford<S> w) {
+  Welford<S>(&partial)[32] = shared_array<Welford<S>[32], kWelfordPartialsId>();
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  w = warp_welford(w);
+  __syncthreads();  // the previous row's merge may still be reading `partial`
+  if (lane == 0) partial[warp] = w;
+  __syncthreads();
+  return warp_welford(lane < warps ? partial[lane] : Welford<S>{S(0), S(0), S(0)});
+}
+
+template <class T>
+__global__ void __launch_bounds__(512)
+    forward_online_kernel(const T* x, const T* weight, const T* bias, int64_t rows, int64_t cols, double eps,
+                          T* y, acc_t<T>* mean_out, acc_t<T>* rstd_out, bool vector, bool staged) {
+  using S = acc_t<T>;
+  constexpr int V = pack_width<T>(), U = kRowStreamUnroll;
+  stage_params(weight, bias, cols, staged);
+  const S inv_cols = cols > 0 ? S(1) / S(cols) : S(0);
+  const int threads = static_cast<int>(blockDim.x), rank = static_cast<int>(threadIdx.x);
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* xr = x + r * cols;
+    T* yr = y + r * cols;
+    const RowCut cut = row_cut(xr, cols, vector);
+    const int64_t loose = loose_column<T>(cut, rank);
+    Welford<S> st{S(0), S(0), S(0)};
+    for (int64_t q0 = rank; q0 < cut.packs; q0 += int64_t(U) * threads) {
+      Pack<T, V> p[U]{};
+      load_row_packs(p, xr, cut, q0, threads, vector);
+      MG_ROW_UNROLL
+      for (int u = 0; u < U; ++u) {
+        if (q0 + int64_t(u) * threads >= cut.packs) continue;
+        MG_ROW_UNROLL
+        for (int j = 0; j < V; ++j) welford_add(st, S(load(&p[u].v[j])));
+      }
+    }
+    if (loose >= 0) welford_add(st, S(load(xr + loose)));
+    st = block_welford(st);
+    const S var = max(S(0), st.m2 * inv_cols);
+    const NormOut<T> f{st.mean, S(1) / sqrt(var + S(eps)), weight, bias};
+    for (int64_t q0 = rank; q0 < cut.packs; q0 += int64_t(U) * threads) {
+      Pack<T, V> p[U]{};
+      load_row_packs(p, xr, cut, q0, threads, vector);
+      MG_ROW_UNROLL
+      for (int u = 0; u < U; ++u) {
+        const int64_t col = cut.head + (q0 + int64_t(u) * threads) * V;
+        if (q0 + int64_t(u) * threads < cut.packs) store_row_pack(yr + col, f.pack(p[u], col), vector);
+      }
+    }
+    if (loose >= 0) store(yr + loose, f.one(S(load(xr + loose)), loose));
+    if (rank == 0) {
+      mean_out[r] = f.mean;
+      rstd_out[r] = f.rstd;
+    }
+  }
+}
+
+// Registers (a warp or a block per row) when the row fits, else online; `online` forces the online
+// design (the kernel lab's rung 4).
+template <class T>
+void launch_forward(cudaStream_t stream, const T* x, const T* weight, const T* bias, int64_t rows,
+                    int64_t cols, double eps, T* y, acc_t<T>* mean, acc_t<T>* rstd, bool online) {
+  const bool vector = rows_vector_ok(x, y, sizeof(T));
+  const size_t shared = staged_params_bytes<T>(cols, weight != nullptr || bias != nullptr);
+  if (!online && cols <= warp_row_capacity<T>()) {
+    constexpr int kWarpBlockThreads = 32 * kRowWarpsPerBlock;
+    const int64_t groups = (rows + kRowWarpsPerBlock - 1) / kRowWarpsPerBlock;
+    launch_kernel<forward_registers_kernel<T, true>>(row_blocks(groups, kWarpBlockThreads), kWarpBlockThreads,
+                                                     shared, stream, x, weight, bias, rows, cols, eps, y,
+                                                     mean, rstd, vector, shared > 0);
+  } else if (!online && cols <= block_row_capacity<T>()) {
+    const int threads = row_register_threads<T>(cols);
+    launch_kernel<forward_registers_kernel<T, false>>(row_blocks(rows, threads), threads, shared, stream, x,
+                                                      weight, bias, rows, cols, eps, y, mean, rstd, vector,
+                                                      shared > 0);
+  } else {
+    const int threads = row_stream_threads<T>(cols);
+    launch_kernel<forward_online_kernel<T>>(row_blocks(rows, threads), threads, shared, stream, x, weight,
+                                            bias, rows, cols, eps, y, mean, rstd, vector, shared > 0);
   }
 }
 
@@ -319,9 +523,24 @@ void layer_norm_forward(cudaStream_t stream, DType dtype, const void* x, const v
   visit_float(dtype, "layer_norm_forward", [&](auto t) {
     using T = typename decltype(t)::type;
     using S = acc_t<T>;
-    launch_kernel<forward_kernel<T>>(row_grid(rows), row_block(cols), 0, stream, static_cast<const T*>(x),
-                                     static_cast<const T*>(weight), static_cast<const T*>(bias), rows, cols,
-                                     eps, static_cast<T*>(y), static_cast<S*>(mean), static_cast<S*>(rstd));
+    launch_forward(stream, static_cast<const T*>(x), static_cast<const T*>(weight),
+                   static_cast<const T*>(bias), rows, cols, eps, static_cast<T*>(y), static_cast<S*>(mean),
+                   static_cast<S*>(rstd), false);
+  });
+}
+
+void layer_norm_rows_forward(cudaStream_t stream, DType dtype, const void* x, const void* weight,
+                             const void* bias, int64_t rows, int64_t cols, double eps, void* y, void* mean,
+                             void* rstd, bool online) {
+  check(rows >= 0 && cols >= 0, "layer_norm_forward (CUDA): negative shape [", rows, ", ", cols, "]");
+  check(eps >= 0, "layer_norm_forward (CUDA): eps must be >= 0, got ", eps);
+  if (rows == 0) return;
+  visit_float(dtype, "layer_norm_forward", [&](auto t) {
+    using T = typename decltype(t)::type;
+    using S = acc_t<T>;
+    launch_forward(stream, static_cast<const T*>(x), static_cast<const T*>(weight),
+                   static_cast<const T*>(bias), rows, cols, eps, static_cast<T*>(y), static_cast<S*>(mean),
+                   static_cast<S*>(rstd), online);
   });
 }
 

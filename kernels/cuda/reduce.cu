@@ -135,8 +135,12 @@ __device__ P block_merge(P p, P* shared, Merge merge) {
   __syncthreads();
   for (int half = ty / 2; half > 0; half /= 2) {
     if (y < half) {
+      // Whole-struct copies: one 8- or 16-byte shared access per lane each. Merging straight from
+      // shared memory would read the members one by one, a lane's 4- and 8-byte reads 16 bytes
+      // apart: twice the wavefronts the bytes need.
       P mine = shared[y * tx + x];
-      merge(mine, shared[(y + half) * tx + x]);
+      const P other = shared[(y + half) * tx + x];
+      merge(mine, other);
       shared[y * tx + x] = mine;
     }
     __syncthreads();

@@ -2,18 +2,21 @@
 // Semantics: kernels/cpu/softmax.h and kernels/cpu/cross_entropy.h.
 //
 // Decomposition. The softmax axis is the middle one of [outer, dim, inner].
-//   - inner == 1 (last-axis softmax: classifiers, attention): one thread block
-//     per row. Threads stride over the row in coalesced sweeps, three times:
-//     (1) the row max, combined with a warp-shuffle + shared-memory block
-//     reduction, (2) the sum of exp(x - max), reduced the same way, (3) the
-//     outputs. The row is re-read from global memory (L2-resident for rows up
-//     to a few MB), never staged in shared memory, so any row length works.
-//     Block size: the smallest power of two >= the row length, clamped to
-//     32..256 threads (row_block in common.cuh).
+//   - inner == 1 (last-axis softmax: classifiers, attention): the kernel lab's
+//     top rung (kernels/cuda/softmax_ladder.cu climbs to it and says what each
+//     step buys). The row is held in registers as 16-byte packs
+//     (row_packs.cuh): a warp per row up to 32 x 8 packs (1024 f32, 512 f64,
+//     2048 f16/bf16), a block per row up to 1024 x 8 packs (512 x 8 for
+//     f16/bf16), each thread's packs loaded at once, so the row is read once.
+//     Each thread's max and sum of exp over its registers form an online
+//     state (OnlineLse, the cross-entropy's below), merged over the row once;
+//     the outputs come from the registers, stored as packs. Rows too long for
+//     registers are streamed (the lab's rung 4): a block per row, one sweep of
+//     online states (a running max and a rescaled sum), one merge, then the
+//     write sweep (the row reread from L2).
 //   - inner > 1: one thread per (outer, inner) column walking the dim axis.
-//     Neighbouring threads read neighbouring inner indices: coalesced.
-// The max and sum-of-exp sweeps are one device function (max_and_sum_exp) for
-// all of these.
+//     Neighbouring threads read neighbouring inner indices: coalesced. Its
+//     max and sum-of-exp sweeps are one device function (max_and_sum_exp).
 // Cross-entropy: one block per row of logits, as above, but ONE sweep. Each
 // thread keeps the online log-sum-exp of the logits it reads -- a running max
 // m and sum(exp(x - m)), the sum multiplied by exp(m_old - m_new) whenever m
@@ -30,11 +33,16 @@
 // Its entry point still takes no stats (the stats are then recomputed first in
 // the same kernel: one more read).
 //
-// Cost. Softmax forward reads each element twice or three times (max, sum, write
-// pass) and writes it once: ~4 n s bytes at L2/HBM speed, ~10 FLOPs and one exp
-// per element. Backward: reads y and gy twice, writes gx: ~5 n s bytes. Memory
-// bound for rows longer than a few hundred elements; short rows (10 classes)
-// are bound by the block reductions' latency, with many rows in flight.
+// Cost. Softmax forward over the last axis reads each element once and writes
+// it once (2 n s bytes; rows too long for registers read twice, the second time
+// from L2), ~6 FLOPs and two exps per element (as the CPU). Predicted on an H200
+// (bench_kernels --profile: docs/performance-model.md) for f32 [65536, 1024] and
+// [2048, 32768]: 114 us each, DRAM-bound, 98% of the roofline (the three-sweep
+// block-per-row kernel before it: 214 and 217 us, bound by bytes in flight).
+// Over a middle axis: the column kernel's three sweeps. Backward: reads y and gy
+// twice, writes gx: ~5 n s bytes. Memory bound for rows longer than a few
+// hundred elements; short rows (10 classes) are bound by latency, with many
+// rows in flight.
 // Cross-entropy over [rows, C] (C = 50257, GPT-2's vocabulary, 201 KB per f32
 // row): forward reads the logits once from DRAM (4 C bytes per f32 row, plus 8
 // to 16 bytes of loss and stats written), one exp and ~4 FLOPs per logit (6 with
@@ -55,7 +63,9 @@
 #include <string>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/kernel_lab.h"
 #include "kernels/cuda/kernels.h"
+#include "kernels/cuda/row_packs.cuh"
 #include "kernels/cuda/workspace.h"
 
 namespace mg::kernels::cuda {
@@ -94,22 +104,6 @@ __device__ __forceinline__ MaxSumExp<A> max_and_sum_exp(const T* x, int64_t coun
   for (int64_t j = first; j < count; j += step) s += exp_(A(load(x + j * stride)) - m);
   if constexpr (Block) s = block_sum(s);
   return MaxSumExp<A>{m, s};
-}
-
-// ---- softmax, inner == 1: a block per row ----------------------------------------------------
-template <class T>
-__global__ void softmax_rows_kernel(int64_t rows, int64_t dim, const T* in, T* out, bool log_out) {
-  using A = acc_t<T>;
-  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    const T* x = in + row * dim;
-    T* y = out + row * dim;
-    const MaxSumExp<A> r = max_and_sum_exp<true>(x, dim, 1);
-    const A m = r.max, s = r.sum, log_s = log_(s);
-    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) {
-      const A z = A(load(x + j)) - m;
-      store(y + j, log_out ? z - log_s : exp_(z) / s);
-    }
-  }
 }
 
 // ---- softmax, inner > 1: a thread per column -------------------------------------------------
@@ -268,6 +262,145 @@ __device__ OnlineLse<A> row_online_lse(const T* x, int64_t classes, bool smooth)
   return warp_merge(lane < warps ? partial[lane] : online_empty<A>(), smooth);
 }
 
+// ---- softmax, inner == 1: the row held in registers (the kernel lab's top rung) ------------------
+// kernels/cuda/softmax_ladder.cu climbs to this design and says what each step buys. A warp (rows
+// of up to 32 x 8 packs: 1024 f32) or a block (up to 1024 x 8 packs: 32768 f32) per row; each
+// thread loads its packs of the row (row_packs.cuh) in one go, 16 bytes a lane, and keeps them:
+// the row comes from DRAM once. From the registers, each thread's max m_t and sum of exp(x - m_t)
+// make an OnlineLse state (the cross-entropy's, above), and ONE merge over the row's threads
+// (shuffles, plus one exchange through shared memory for a block) gives the row's max m and sum s
+// by the online rule. Then y = exp(x - m) * (1 / s), or (x - m) - log s, as the CPU computes them,
+// stored as packs. Longer rows take the online design (below).
+
+// The block's merge of its threads' states (a warp's merged, then one per warp through shared
+// memory); every thread gets the row's. Every thread of the block must call it.
+constexpr int kSoftmaxPartialsId = 1101;
+template <class A>
+__device__ OnlineLse<A> block_merge(OnlineLse<A> st) {
+  OnlineLse<A>(&partial)[32] = shared_array<OnlineLse<A>[32], kSoftmaxPartialsId>();
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  st = warp_merge(st, false);
+  __syncthreads();  // the previous row's merge may still be reading `partial`
+  if (lane == 0) partial[warp] = st;
+  __syncthreads();
+  return warp_merge(lane < warps ? partial[lane] : online_empty<A>(), false);
+}
+template <bool Warp, class A>
+__device__ __forceinline__ OnlineLse<A> row_merge(const OnlineLse<A>& st) {
+  if constexpr (Warp) {
+    return warp_merge(st, false);
+  } else {
+    return block_merge(st);
+  }
+}
+
+// The outputs from the row's max and sum: what RowRegisters::store and the online write sweep call.
+template <class T>
+struct SoftmaxOut {
+  using A = acc_t<T>;
+  static constexpr int V = pack_width<T>();
+  A m, inv_s, log_s;
+  bool log;
+  __device__ SoftmaxOut(const OnlineLse<A>& row, bool log_out)
+      : m(row.max), inv_s(A(1) / row.sum), log_s(log_(row.sum)), log(log_out) {}
+  __device__ __forceinline__ A one(A x, int64_t) const {
+    const A z = x - m;
+    return log ? z - log_s : exp_(z) * inv_s;
+  }
+  __device__ __forceinline__ Pack<T, V> pack(const Pack<T, V>& x, int64_t col) const {
+    Pack<T, V> y;
+    MG_ROW_UNROLL
+    for (int j = 0; j < V; ++j) store(&y.v[j], one(A(load(&x.v[j])), col + j));
+    return y;
+  }
+};
+
+// Warp: a warp per row, 8 rows per 256-thread block at a time; else a block per row.
+template <class T, bool Warp>
+__global__ void __launch_bounds__(Warp ? 32 * kRowWarpsPerBlock : max_row_threads<T>())
+    softmax_registers_kernel(int64_t rows, int64_t dim, const T* in, T* out, bool log_out, bool vector) {
+  using A = acc_t<T>;
+  const int threads = Warp ? 32 : static_cast<int>(blockDim.x);
+  const int rank = Warp ? static_cast<int>(threadIdx.x % 32) : static_cast<int>(threadIdx.x);
+  const int64_t per_block = Warp ? blockDim.x / 32 : 1;
+  const int64_t first = int64_t(blockIdx.x) * per_block + (Warp ? threadIdx.x / 32 : 0);
+  for (int64_t row = first; row < rows; row += int64_t(gridDim.x) * per_block) {
+    const T* x = in + row * dim;
+    const RowCut cut = row_cut(x, dim, vector);
+    RowRegisters<T, kRowPacks> r;
+    r.load(x, cut, rank, threads, vector);
+    A m = neg_inf<A>();
+    r.for_each(cut, rank, threads, [&](A v) { m = (v > m || v != v) ? v : m; });  // NaN wins
+    A s = 0;
+    r.for_each(cut, rank, threads, [&](A v) { s += exp_(v - m); });
+    const OnlineLse<A> mine{m, s, A(0), r.count};  // count 0: the empty state
+    r.store(out + row * dim, cut, rank, threads, vector, SoftmaxOut<T>(row_merge<Warp>(mine), log_out));
+  }
+}
+
+// ---- softmax, inner == 1, rows too long for registers: the online design (the lab's rung 4) ------
+// A block per row, two sweeps of 16-byte loads, four packs a thread in flight at a time. The first
+// keeps each thread's online state (max and rescaled sum: online_add), merged over the block once;
+// the second rereads the row (from L2: a row of 32768 f32 is 128 KB) and writes it.
+template <class T>
+__global__ void __launch_bounds__(512)
+    softmax_online_kernel(int64_t rows, int64_t dim, const T* in, T* out, bool log_out, bool vector) {
+  using A = acc_t<T>;
+  constexpr int V = pack_width<T>(), U = kRowStreamUnroll;
+  const int threads = static_cast<int>(blockDim.x), rank = static_cast<int>(threadIdx.x);
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T* x = in + row * dim;
+    T* y = out + row * dim;
+    const RowCut cut = row_cut(x, dim, vector);
+    const int64_t loose = loose_column<T>(cut, rank);
+    OnlineLse<A> st = online_empty<A>();
+    for (int64_t q0 = rank; q0 < cut.packs; q0 += int64_t(U) * threads) {
+      Pack<T, V> p[U]{};
+      load_row_packs(p, x, cut, q0, threads, vector);
+      MG_ROW_UNROLL
+      for (int u = 0; u < U; ++u) {
+        if (q0 + int64_t(u) * threads >= cut.packs) continue;
+        MG_ROW_UNROLL
+        for (int j = 0; j < V; ++j) online_add(st, A(load(&p[u].v[j])), false);
+      }
+    }
+    if (loose >= 0) online_add(st, A(load(x + loose)), false);
+    const SoftmaxOut<T> f(block_merge(st), log_out);
+    for (int64_t q0 = rank; q0 < cut.packs; q0 += int64_t(U) * threads) {
+      Pack<T, V> p[U]{};
+      load_row_packs(p, x, cut, q0, threads, vector);
+      MG_ROW_UNROLL
+      for (int u = 0; u < U; ++u) {
+        const int64_t col = cut.head + (q0 + int64_t(u) * threads) * V;
+        if (q0 + int64_t(u) * threads < cut.packs) store_row_pack(y + col, f.pack(p[u], col), vector);
+      }
+    }
+    if (loose >= 0) store(y + loose, f.one(A(load(x + loose)), loose));
+  }
+}
+
+// Rows of `dim` elements: registers (a warp or a block per row) when they fit, else online.
+// `online` forces the online design (the kernel lab's rung 4).
+template <class T>
+void launch_softmax_rows(cudaStream_t stream, int64_t rows, int64_t dim, const T* x, T* y, bool log,
+                         bool online) {
+  const bool vector = rows_vector_ok(x, y, sizeof(T));
+  if (!online && dim <= warp_row_capacity<T>()) {
+    constexpr int kWarpBlockThreads = 32 * kRowWarpsPerBlock;
+    const int64_t groups = (rows + kRowWarpsPerBlock - 1) / kRowWarpsPerBlock;
+    launch_kernel<softmax_registers_kernel<T, true>>(row_blocks(groups, kWarpBlockThreads), kWarpBlockThreads,
+                                                     0, stream, rows, dim, x, y, log, vector);
+  } else if (!online && dim <= block_row_capacity<T>()) {
+    const int threads = row_register_threads<T>(dim);
+    launch_kernel<softmax_registers_kernel<T, false>>(row_blocks(rows, threads), threads, 0, stream, rows,
+                                                      dim, x, y, log, vector);
+  } else {
+    const int threads = row_stream_threads<T>(dim);
+    launch_kernel<softmax_online_kernel<T>>(row_blocks(rows, threads), threads, 0, stream, rows, dim, x, y,
+                                            log, vector);
+  }
+}
+
 // status[0]: rows counted (not ignored); status[1]: the first row with a bad
 // target (rows when none); status[2]: that row's target (cross_entropy_finish_kernel).
 // stats (may be null): per counted row, its max and log(sum(exp(x - max))), for the backward.
@@ -371,13 +504,22 @@ void softmax_forward(cudaStream_t stream, DType dtype, const SoftmaxShape& s, co
   visit_float(dtype, log ? "log_softmax" : "softmax", [&](auto t) {
     using T = typename decltype(t)::type;
     if (s.inner == 1) {
-      launch_kernel<softmax_rows_kernel<T>>(row_grid(s.outer), row_block(s.dim), 0, stream, s.outer, s.dim,
-                                            static_cast<const T*>(input), static_cast<T*>(output), log);
+      launch_softmax_rows(stream, s.outer, s.dim, static_cast<const T*>(input), static_cast<T*>(output), log,
+                          false);
     } else {
       launch_kernel<softmax_columns_kernel<T>>(grid_for(s.outer * s.inner), kThreads, 0, stream, s.outer,
                                                s.dim, s.inner, static_cast<const T*>(input),
                                                static_cast<T*>(output), log);
     }
+  });
+}
+
+void softmax_rows_forward(cudaStream_t stream, DType dtype, int64_t rows, int64_t dim, const void* x, void* y,
+                          bool log, bool online) {
+  if (rows * dim == 0) return;
+  visit_float(dtype, log ? "log_softmax" : "softmax", [&](auto t) {
+    using T = typename decltype(t)::type;
+    launch_softmax_rows(stream, rows, dim, static_cast<const T*>(x), static_cast<T*>(y), log, online);
   });
 }
 
