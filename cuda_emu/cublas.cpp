@@ -399,7 +399,8 @@ cublasStatus_t gemm(const char* fn, cublasHandle_t handle, cublasOperation_t tra
   // The profiler (cuda_emu/profiler.h) prices this call at its roofline: 2mnk FLOPs per batch
   // entry, on tensor cores for 16-bit inputs or TF32, each operand moved once.
   mg_emu::trace_library_call(
-      fn, 2.0 * m * n * double(k) * batch, g.in == Elem::bf16 || g.in == Elem::f16 || g.rounding == InputRounding::tf32,
+      fn, 2.0 * m * n * double(k) * batch,
+      g.in == Elem::bf16 || g.in == Elem::f16 || g.rounding == InputRounding::tf32,
       double(batch) * (double(in_bytes) * (double(m) * k + double(k) * n) +
                        double(elem_bytes(g.out)) * double(m) * n * (g.beta != 0 ? 2 : 1)));
   mg_emu::enqueue(handle->stream, fn, [g] {

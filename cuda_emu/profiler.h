@@ -36,11 +36,11 @@
 namespace mg_emu::profile {
 
 struct Options {
-  uint64_t max_traced_blocks = 0;     // per launch: trace the first N blocks; 0 = every block
-  uint64_t min_traced_rows = 0;       // but at least this many whole rows (grid.x blocks each) of a
-                                      // 2-D grid: blocks of different rows share inputs (a GEMM's B)
-  bool skip_untraced_blocks = false;  // run only the traced blocks (the outputs are then wrong:
-                                      // for counting shapes too big to emulate whole)
+  uint64_t max_traced_blocks = 0;           // per launch: trace the first N blocks; 0 = every block
+  uint64_t min_traced_rows = 0;             // but at least this many whole rows (grid.x blocks each) of a
+                                            // 2-D grid: blocks of different rows share inputs (a GEMM's B)
+  bool skip_untraced_blocks = false;        // run only the traced blocks (the outputs are then wrong:
+                                            // for counting shapes too big to emulate whole)
   uint64_t l2_bytes = 50ull * 1000 * 1000;  // the LRU model's capacity (H200: 50 MB of L2)
 };
 
@@ -82,7 +82,7 @@ struct LaunchProfile {
   // issue stalls at its first use). cp.async loads are not round trips; a cp.async.wait_group that
   // lands g of the n groups in flight is g / n of one (a pipeline n deep hides n - 1 of n).
   double load_round_trips = 0;
-  double tensor_flops = 0;                     // 2 * 16 * 8 * 16 per mma.m16n8k16
+  double tensor_flops = 0;                                       // 2 * 16 * 8 * 16 per mma.m16n8k16
   double dram_read_first_touch = 0, dram_write_first_touch = 0;  // bytes, infinite L2
   double dram_read_lru = 0, dram_write_lru = 0;                  // bytes, LRU L2 of Options::l2_bytes
   std::vector<SiteCounts> sites;                                 // most sectors/wavefronts first

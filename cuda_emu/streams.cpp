@@ -189,7 +189,8 @@ class BlockWorkers {
     for (;;) {
       const uint64_t b = g.next.fetch_add(1);
       if (b >= g.blocks) return;
-      const bool skipped = g.trace && trace_skips_untraced_blocks(*g.trace) && !trace_block_is_traced(*g.trace, b);
+      const bool skipped =
+          g.trace && trace_skips_untraced_blocks(*g.trace) && !trace_block_is_traced(*g.trace, b);
       if (!g.failed.load() && !skipped) {
         const uint3 index{static_cast<unsigned>(b % grid.x), static_cast<unsigned>(b / grid.x % grid.y),
                           static_cast<unsigned>(b / (uint64_t(grid.x) * grid.y))};

@@ -104,8 +104,11 @@ struct LaunchTrace {
 
 class BlockTrace {
  public:
-  BlockTrace(LaunchTrace* launch, uint64_t linear, int threads, const void* dynamic_shared, size_t dynamic_bytes)
-      : launch_(launch), linear_(linear), threads_(static_cast<size_t>(threads)),
+  BlockTrace(LaunchTrace* launch, uint64_t linear, int threads, const void* dynamic_shared,
+             size_t dynamic_bytes)
+      : launch_(launch),
+        linear_(linear),
+        threads_(static_cast<size_t>(threads)),
         pending_(static_cast<size_t>((threads + 31) / 32)) {
     if (dynamic_bytes > 0) {
       const uintptr_t d = reinterpret_cast<uintptr_t>(dynamic_shared);
@@ -176,7 +179,8 @@ class BlockTrace {
     double round_trips = 0;  // per warp, its slowest lane
     for (size_t w = 0; w < threads_.size(); w += 32) {
       double slowest = 0;
-      for (size_t l = w; l < std::min(threads_.size(), w + 32); ++l) slowest = std::max(slowest, threads_[l].round_trips);
+      for (size_t l = w; l < std::min(threads_.size(), w + 32); ++l)
+        slowest = std::max(slowest, threads_[l].round_trips);
       round_trips += slowest;
     }
     std::lock_guard<std::mutex> lock(launch_->mutex);
@@ -270,7 +274,7 @@ class BlockTrace {
 
   struct ThreadState {
     std::unordered_map<uintptr_t, uint32_t> occurrences;  // site -> executions so far
-    std::vector<uintptr_t> batch;                          // the load sites of the open round trip
+    std::vector<uintptr_t> batch;                         // the load sites of the open round trip
     double round_trips = 0;
     uint64_t accesses = 0;  // made so far: program order
   };
@@ -280,7 +284,7 @@ class BlockTrace {
   int current_ = 0;
   std::vector<std::pair<uintptr_t, uintptr_t>> shared_;
   std::vector<ThreadState> threads_;
-  std::vector<std::unordered_map<Key, Pending, KeyHash>> pending_;     // per warp: open requests
+  std::vector<std::unordered_map<Key, Pending, KeyHash>> pending_;  // per warp: open requests
   std::unordered_map<uintptr_t, SiteTotals> sites_;
   std::unordered_map<uint64_t, size_t> sector_index_;
   std::vector<uint64_t> sectors_;
@@ -299,9 +303,11 @@ std::shared_ptr<LaunchTrace> trace_new_launch(const Launch& launch) {
   r.grid = launch.grid;
   r.block = launch.block;
   r.blocks = uint64_t(launch.grid.x) * launch.grid.y * launch.grid.z;
-  r.traced_blocks = p.options.max_traced_blocks == 0 ? r.blocks : std::min(r.blocks, p.options.max_traced_blocks);
+  r.traced_blocks =
+      p.options.max_traced_blocks == 0 ? r.blocks : std::min(r.blocks, p.options.max_traced_blocks);
   if (r.traced_blocks < r.blocks && r.blocks > launch.grid.x)
-    r.traced_blocks = std::min(r.blocks, std::max(r.traced_blocks, p.options.min_traced_rows * launch.grid.x));
+    r.traced_blocks =
+        std::min(r.blocks, std::max(r.traced_blocks, p.options.min_traced_rows * launch.grid.x));
   r.shared_bytes_per_block = launch.dynamic_shared_bytes;
   p.launches.push_back(t);
   return t;
@@ -459,7 +465,8 @@ void trace_access(const void* address, unsigned bytes, Op op, uintptr_t site) {
 
 void trace_emulated(const void* address, unsigned bytes, Op op, const char* file, int line, int part) {
   if (t_block_trace != nullptr)
-    t_block_trace->access(reinterpret_cast<uintptr_t>(address), bytes, op, emulated_site(file, line, part), true);
+    t_block_trace->access(reinterpret_cast<uintptr_t>(address), bytes, op, emulated_site(file, line, part),
+                          true);
 }
 
 void trace_library_call(const char* name, double flops, bool tensor_cores, double ideal_bytes) {
@@ -537,7 +544,8 @@ std::string short_location(std::string text) {
 bool is_header(const std::string& location) {
   const size_t colon = location.rfind(':');
   const std::string file = location.substr(0, colon);
-  return file.size() > 2 && (file.compare(file.size() - 2, 2, ".h") == 0 || file.compare(file.size() - 4, 4, ".cuh") == 0);
+  return file.size() > 2 &&
+         (file.compare(file.size() - 2, 2, ".h") == 0 || file.compare(file.size() - 4, 4, ".cuh") == 0);
 }
 
 std::map<uintptr_t, std::string> resolve(const std::vector<uintptr_t>& pcs) {

@@ -41,10 +41,10 @@ class BlockTraceScope {
 // The block being traced on this OS thread, or nullptr (the hot check of every callback).
 extern thread_local BlockTrace* t_block_trace __attribute__((tls_model("initial-exec")));
 
-void trace_switch_thread(int linear_thread);                     // the scheduler resumed this thread
-void trace_barrier_opened();                                     // every request before it is complete
-void trace_static_shared(const void* storage, size_t bytes);     // a shared_array() of this block
-void trace_async_wait(double round_trips);                       // a cp.async.wait_group that waits
+void trace_switch_thread(int linear_thread);                  // the scheduler resumed this thread
+void trace_barrier_opened();                                  // every request before it is complete
+void trace_static_shared(const void* storage, size_t bytes);  // a shared_array() of this block
+void trace_async_wait(double round_trips);                    // a cp.async.wait_group that waits
 
 // ---- accesses ------------------------------------------------------------------------------------
 // From the compiler's instrumentation (trace_hooks.cpp): `site` is the call's return address.

@@ -28,63 +28,63 @@ inline void record(void* address, unsigned bytes, Op op, void* site) {
 }  // namespace
 
 #define MG_SITE __builtin_return_address(0)
-#define MG_PLAIN_ACCESS(N)                                                                      \
-  void __tsan_read##N(void* p) { record(p, N, Op::load, MG_SITE); }                             \
-  void __tsan_write##N(void* p) { record(p, N, Op::store, MG_SITE); }                           \
-  void __tsan_unaligned_read##N(void* p) { record(p, N, Op::load, MG_SITE); }                   \
-  void __tsan_unaligned_write##N(void* p) { record(p, N, Op::store, MG_SITE); }                 \
-  void __tsan_volatile_read##N(void* p) { record(p, N, Op::load, MG_SITE); }                    \
-  void __tsan_volatile_write##N(void* p) { record(p, N, Op::store, MG_SITE); }                  \
-  void __tsan_unaligned_volatile_read##N(void* p) { record(p, N, Op::load, MG_SITE); }          \
+#define MG_PLAIN_ACCESS(N)                                                             \
+  void __tsan_read##N(void* p) { record(p, N, Op::load, MG_SITE); }                    \
+  void __tsan_write##N(void* p) { record(p, N, Op::store, MG_SITE); }                  \
+  void __tsan_unaligned_read##N(void* p) { record(p, N, Op::load, MG_SITE); }          \
+  void __tsan_unaligned_write##N(void* p) { record(p, N, Op::store, MG_SITE); }        \
+  void __tsan_volatile_read##N(void* p) { record(p, N, Op::load, MG_SITE); }           \
+  void __tsan_volatile_write##N(void* p) { record(p, N, Op::store, MG_SITE); }         \
+  void __tsan_unaligned_volatile_read##N(void* p) { record(p, N, Op::load, MG_SITE); } \
   void __tsan_unaligned_volatile_write##N(void* p) { record(p, N, Op::store, MG_SITE); }
 
 // Atomics: performed (sequentially consistent: at least as strong as any order asked for) and
 // recorded as one atomic access. Plain atomic loads and stores are not recorded: in kernel code
 // they are the emulator's own compare-and-swap loops (cuda_emulated.h's atomicAdd on floats), whose
 // compare-and-swap is the one atomic the GPU would make.
-#define MG_ATOMICS(N, T)                                                                                     \
-  T __tsan_atomic##N##_load(const volatile T* a, int) { return __atomic_load_n(a, __ATOMIC_SEQ_CST); }    \
-  void __tsan_atomic##N##_store(volatile T* a, T v, int) { __atomic_store_n(a, v, __ATOMIC_SEQ_CST); }    \
-  T __tsan_atomic##N##_exchange(volatile T* a, T v, int) {                                                 \
-    record((void*)a, N / 8, Op::atomic, MG_SITE);                                                         \
-    return __atomic_exchange_n(a, v, __ATOMIC_SEQ_CST);                                                    \
-  }                                                                                                        \
-  T __tsan_atomic##N##_fetch_add(volatile T* a, T v, int) {                                                \
-    record((void*)a, N / 8, Op::atomic, MG_SITE);                                                         \
-    return __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST);                                                     \
-  }                                                                                                        \
-  T __tsan_atomic##N##_fetch_sub(volatile T* a, T v, int) {                                                \
-    record((void*)a, N / 8, Op::atomic, MG_SITE);                                                         \
-    return __atomic_fetch_sub(a, v, __ATOMIC_SEQ_CST);                                                     \
-  }                                                                                                        \
-  T __tsan_atomic##N##_fetch_and(volatile T* a, T v, int) {                                                \
-    record((void*)a, N / 8, Op::atomic, MG_SITE);                                                         \
-    return __atomic_fetch_and(a, v, __ATOMIC_SEQ_CST);                                                     \
-  }                                                                                                        \
-  T __tsan_atomic##N##_fetch_or(volatile T* a, T v, int) {                                                 \
-    record((void*)a, N / 8, Op::atomic, MG_SITE);                                                         \
-    return __atomic_fetch_or(a, v, __ATOMIC_SEQ_CST);                                                      \
-  }                                                                                                        \
-  T __tsan_atomic##N##_fetch_xor(volatile T* a, T v, int) {                                                \
-    record((void*)a, N / 8, Op::atomic, MG_SITE);                                                         \
-    return __atomic_fetch_xor(a, v, __ATOMIC_SEQ_CST);                                                     \
-  }                                                                                                        \
-  T __tsan_atomic##N##_fetch_nand(volatile T* a, T v, int) {                                               \
-    record((void*)a, N / 8, Op::atomic, MG_SITE);                                                         \
-    return __atomic_fetch_nand(a, v, __ATOMIC_SEQ_CST);                                                    \
-  }                                                                                                        \
-  bool __tsan_atomic##N##_compare_exchange_strong(volatile T* a, T* expected, T v, int, int) {            \
-    record((void*)a, N / 8, Op::atomic, MG_SITE);                                                         \
-    return __atomic_compare_exchange_n(a, expected, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);         \
-  }                                                                                                        \
-  bool __tsan_atomic##N##_compare_exchange_weak(volatile T* a, T* expected, T v, int, int) {              \
-    record((void*)a, N / 8, Op::atomic, MG_SITE);                                                         \
-    return __atomic_compare_exchange_n(a, expected, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);         \
-  }                                                                                                        \
-  T __tsan_atomic##N##_compare_exchange_val(volatile T* a, T expected, T v, int, int) {                    \
-    record((void*)a, N / 8, Op::atomic, MG_SITE);                                                         \
-    __atomic_compare_exchange_n(a, &expected, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);               \
-    return expected;                                                                                       \
+#define MG_ATOMICS(N, T)                                                                               \
+  T __tsan_atomic##N##_load(const volatile T* a, int) { return __atomic_load_n(a, __ATOMIC_SEQ_CST); } \
+  void __tsan_atomic##N##_store(volatile T* a, T v, int) { __atomic_store_n(a, v, __ATOMIC_SEQ_CST); } \
+  T __tsan_atomic##N##_exchange(volatile T* a, T v, int) {                                             \
+    record((void*)a, N / 8, Op::atomic, MG_SITE);                                                      \
+    return __atomic_exchange_n(a, v, __ATOMIC_SEQ_CST);                                                \
+  }                                                                                                    \
+  T __tsan_atomic##N##_fetch_add(volatile T* a, T v, int) {                                            \
+    record((void*)a, N / 8, Op::atomic, MG_SITE);                                                      \
+    return __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST);                                                 \
+  }                                                                                                    \
+  T __tsan_atomic##N##_fetch_sub(volatile T* a, T v, int) {                                            \
+    record((void*)a, N / 8, Op::atomic, MG_SITE);                                                      \
+    return __atomic_fetch_sub(a, v, __ATOMIC_SEQ_CST);                                                 \
+  }                                                                                                    \
+  T __tsan_atomic##N##_fetch_and(volatile T* a, T v, int) {                                            \
+    record((void*)a, N / 8, Op::atomic, MG_SITE);                                                      \
+    return __atomic_fetch_and(a, v, __ATOMIC_SEQ_CST);                                                 \
+  }                                                                                                    \
+  T __tsan_atomic##N##_fetch_or(volatile T* a, T v, int) {                                             \
+    record((void*)a, N / 8, Op::atomic, MG_SITE);                                                      \
+    return __atomic_fetch_or(a, v, __ATOMIC_SEQ_CST);                                                  \
+  }                                                                                                    \
+  T __tsan_atomic##N##_fetch_xor(volatile T* a, T v, int) {                                            \
+    record((void*)a, N / 8, Op::atomic, MG_SITE);                                                      \
+    return __atomic_fetch_xor(a, v, __ATOMIC_SEQ_CST);                                                 \
+  }                                                                                                    \
+  T __tsan_atomic##N##_fetch_nand(volatile T* a, T v, int) {                                           \
+    record((void*)a, N / 8, Op::atomic, MG_SITE);                                                      \
+    return __atomic_fetch_nand(a, v, __ATOMIC_SEQ_CST);                                                \
+  }                                                                                                    \
+  bool __tsan_atomic##N##_compare_exchange_strong(volatile T* a, T* expected, T v, int, int) {         \
+    record((void*)a, N / 8, Op::atomic, MG_SITE);                                                      \
+    return __atomic_compare_exchange_n(a, expected, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);     \
+  }                                                                                                    \
+  bool __tsan_atomic##N##_compare_exchange_weak(volatile T* a, T* expected, T v, int, int) {           \
+    record((void*)a, N / 8, Op::atomic, MG_SITE);                                                      \
+    return __atomic_compare_exchange_n(a, expected, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);     \
+  }                                                                                                    \
+  T __tsan_atomic##N##_compare_exchange_val(volatile T* a, T expected, T v, int, int) {                \
+    record((void*)a, N / 8, Op::atomic, MG_SITE);                                                      \
+    __atomic_compare_exchange_n(a, &expected, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);           \
+    return expected;                                                                                   \
   }
 
 extern "C" {
@@ -94,7 +94,9 @@ void __tsan_func_entry(void*) {}
 void __tsan_func_exit() {}
 void __tsan_vptr_update(void**, void*) {}
 void __tsan_vptr_read(void**) {}
-void __tsan_read_range(void* p, unsigned long bytes) { record(p, static_cast<unsigned>(bytes), Op::load, MG_SITE); }
+void __tsan_read_range(void* p, unsigned long bytes) {
+  record(p, static_cast<unsigned>(bytes), Op::load, MG_SITE);
+}
 void __tsan_write_range(void* p, unsigned long bytes) {
   record(p, static_cast<unsigned>(bytes), Op::store, MG_SITE);
 }

@@ -34,7 +34,7 @@ struct BenchOptions {
   // --profile (the CUDA emulation build only): no timing; each timed call runs once under the
   // emulator's access tracer (cuda_emu/profiler.h) and its time is the H200 model's PREDICTION.
   bool profile = false;
-  int profile_blocks = 132;  // blocks traced per launch (the first ones; the rest are skipped)
+  int profile_blocks = 132;    // blocks traced per launch (the first ones; the rest are skipped)
   bool profile_sites = false;  // --profile-sites: every launch and every instruction it traced
 };
 
@@ -48,17 +48,17 @@ struct ProfileRow {
   double atomic_lanes = 0;
   double shared_requests = 0, shared_wavefronts = 0, shared_ideal_wavefronts = 0;
   double mma = 0;
-  double dram_bytes = 0;             // LRU L2 model (the first-touch figure is below)
-  double dram_bytes_first_touch = 0; // unbounded L2
-  double ideal_bytes = 0;            // declared: every input read once, every output written once
+  double dram_bytes = 0;              // LRU L2 model (the first-touch figure is below)
+  double dram_bytes_first_touch = 0;  // unbounded L2
+  double ideal_bytes = 0;             // declared: every input read once, every output written once
   double fp32_flops = 0, tensor_flops = 0;
   double predicted_seconds = 0, roofline_fraction = 0;
   std::string binding;
   // A training step (profile_step): what the prediction adds up, beside the launches.
-  double library_calls = 0;        // cuBLAS / cuDNN calls, priced at their roofline
-  double host_syncs = 0;           // the host waited for the device
-  double launch_seconds = 0;       // the launches' latency, part of predicted_seconds
-  double sync_seconds = 0;         // the host synchronisations', part of predicted_seconds
+  double library_calls = 0;              // cuBLAS / cuDNN calls, priced at their roofline
+  double host_syncs = 0;                 // the host waited for the device
+  double launch_seconds = 0;             // the launches' latency, part of predicted_seconds
+  double sync_seconds = 0;               // the host synchronisations', part of predicted_seconds
   std::vector<std::string> worst_sites;  // the instructions with the most sectors / wavefronts
   std::vector<std::string> kernels;      // the launches' kernel (or library call) names, in order, once each
 };

@@ -128,9 +128,10 @@ std::vector<KernelResult> bench_gemm_ladder(const BenchOptions& o, const Ceiling
         fill_random(b.ptr, int64_t(k) * n, bf16_values, 2);
         if (o.profile && size > 1024 && !bf16_values) continue;
         const double cublas_s =
-            o.profile ? 0
-                      : median_seconds([&] { cublas_gemm(handle, bf16_values, m, n, k, a.ptr, b.ptr, c_ref.ptr); },
-                                       o, stream);
+            o.profile
+                ? 0
+                : median_seconds([&] { cublas_gemm(handle, bf16_values, m, n, k, a.ptr, b.ptr, c_ref.ptr); },
+                                 o, stream);
         const std::vector<float> ref =
             o.profile ? std::vector<float>{} : to_host(c_ref.ptr, int64_t(m) * n, bf16_values);
 

@@ -88,7 +88,8 @@ struct Flags {
 
 const char* usage =
     "usage: bench_kernels [--quick|--check] [--device N] [--family NAME[,NAME...]]... [--list]\n"
-    "                     [-w|--warmup N] [-n|--repeats N] [--json PATH] [--profile [--profile-blocks N] [--profile-sites]]\n"
+    "                     [-w|--warmup N] [-n|--repeats N] [--json PATH] [--profile [--profile-blocks N] "
+    "[--profile-sites]]\n"
     "  defaults: device 0, every family, -w 3 -n 20, a 256 MiB copy ceiling;\n"
     "  --quick: -w 2 -n 10, a 64 MiB ceiling and each family's short list of sizes;\n"
     "  JSON: --json PATH, else $MG_BENCH_OUT_DIR/bench_kernels.json, else ./bench_kernels.json\n"
@@ -395,8 +396,9 @@ std::string to_json(const Report& rep) {
                            {"check", verdict(r)},
                            {"note", r.note}});
       if (r.profile.valid) {
-        nlohmann::json p = {
-            {"binding", r.profile.binding}, {"worst_sites", r.profile.worst_sites}, {"kernels", r.profile.kernels}};
+        nlohmann::json p = {{"binding", r.profile.binding},
+                            {"worst_sites", r.profile.worst_sites},
+                            {"kernels", r.profile.kernels}};
         for (const auto& [key, value] : profile_fields(r.profile)) p[key] = number(value);
         j["rows"].back()["profile"] = p;
       }
@@ -482,11 +484,14 @@ std::string to_json(const Report& rep) {
            << ", \"note\": " << quote(r.note);
       if (r.profile.valid) {
         rows << ", \"profile\": {\"binding\": " << quote(r.profile.binding) << ", \"worst_sites\": [";
-        for (size_t w = 0; w < r.profile.worst_sites.size(); ++w) rows << (w ? ", " : "") << quote(r.profile.worst_sites[w]);
+        for (size_t w = 0; w < r.profile.worst_sites.size(); ++w)
+          rows << (w ? ", " : "") << quote(r.profile.worst_sites[w]);
         rows << "], \"kernels\": [";
-        for (size_t k = 0; k < r.profile.kernels.size(); ++k) rows << (k ? ", " : "") << quote(r.profile.kernels[k]);
+        for (size_t k = 0; k < r.profile.kernels.size(); ++k)
+          rows << (k ? ", " : "") << quote(r.profile.kernels[k]);
         rows << "]";
-        for (const auto& [key, value] : profile_fields(r.profile)) rows << ", " << quote(key) << ": " << number(value);
+        for (const auto& [key, value] : profile_fields(r.profile))
+          rows << ", " << quote(key) << ": " << number(value);
         rows << "}";
       }
       rows << "}";
@@ -534,49 +539,56 @@ std::string pct(double part, double whole) { return whole > 0 ? num(100.0 * part
 std::string per(double a, double b) { return b > 0 ? num(a / b, 2) : "-"; }
 
 void print_profile_header() {
-  std::printf("%-7s %-26s %-5s %-16s %5s %6s %5s %6s %5s %7s %7s %8s %9s %10s %-26s %6s\n", "family", "kernel",
-              "dtype", "shape", "ld", "ld", "st", "st", "smem", "smem", "DRAM", "FLOPs", "traced", "pred.", "bound by",
-              "pred.");
+  std::printf("%-7s %-26s %-5s %-16s %5s %6s %5s %6s %5s %7s %7s %8s %9s %10s %-26s %6s\n", "family",
+              "kernel", "dtype", "shape", "ld", "ld", "st", "st", "smem", "smem", "DRAM", "FLOPs", "traced",
+              "pred.", "bound by", "pred.");
   std::printf("%-7s %-26s %-5s %-16s %5s %6s %5s %6s %5s %7s %7s %8s %9s %10s %-26s %6s\n", "", "", "", "",
-              "sec/r", "eff", "sec/r", "eff", "wf/r", "wf/idl", "/ideal", "", "blocks", "H200 us", "(prediction)",
-              "%roof");
+              "sec/r", "eff", "sec/r", "eff", "wf/r", "wf/idl", "/ideal", "", "blocks", "H200 us",
+              "(prediction)", "%roof");
   std::printf("%s\n", std::string(176, '-').c_str());
 }
 
 void print_profile_row(const bench::KernelResult& r) {
   const bench::ProfileRow& p = r.profile;
   if (!p.valid) {
-    std::printf("%-7s %-26s %-5s %-16s (not profiled%s)\n", r.family.c_str(), r.kernel.c_str(), r.dtype.c_str(),
-                r.shape.c_str(), r.note.empty() ? "" : (": " + r.note).c_str());
+    std::printf("%-7s %-26s %-5s %-16s (not profiled%s)\n", r.family.c_str(), r.kernel.c_str(),
+                r.dtype.c_str(), r.shape.c_str(), r.note.empty() ? "" : (": " + r.note).c_str());
     return;
   }
   char flops[32];
   std::snprintf(flops, sizeof flops, "%.2g", p.fp32_flops + p.tensor_flops);
-  std::printf("%-7s %-26s %-5s %-16s %5s %6s %5s %6s %5s %7s %7s %8s %9s %10s %-26s %6s\n", r.family.c_str(),
-              r.kernel.c_str(), r.dtype.c_str(), r.shape.c_str(), per(p.load_sectors, p.load_requests).c_str(),
-              pct(p.load_bytes, 32 * p.load_sectors).c_str(), per(p.store_sectors, p.store_requests).c_str(),
-              pct(p.store_bytes, 32 * p.store_sectors).c_str(), per(p.shared_wavefronts, p.shared_requests).c_str(),
-              per(p.shared_wavefronts, p.shared_ideal_wavefronts).c_str(), per(p.dram_bytes, p.ideal_bytes).c_str(),
-              flops, (sig(p.traced_blocks) + "/" + sig(p.blocks)).c_str(), sig(p.predicted_seconds * 1e6).c_str(),
-              p.binding.c_str(), num(100 * p.roofline_fraction, 0).c_str());
+  std::printf(
+      "%-7s %-26s %-5s %-16s %5s %6s %5s %6s %5s %7s %7s %8s %9s %10s %-26s %6s\n", r.family.c_str(),
+      r.kernel.c_str(), r.dtype.c_str(), r.shape.c_str(), per(p.load_sectors, p.load_requests).c_str(),
+      pct(p.load_bytes, 32 * p.load_sectors).c_str(), per(p.store_sectors, p.store_requests).c_str(),
+      pct(p.store_bytes, 32 * p.store_sectors).c_str(), per(p.shared_wavefronts, p.shared_requests).c_str(),
+      per(p.shared_wavefronts, p.shared_ideal_wavefronts).c_str(), per(p.dram_bytes, p.ideal_bytes).c_str(),
+      flops, (sig(p.traced_blocks) + "/" + sig(p.blocks)).c_str(), sig(p.predicted_seconds * 1e6).c_str(),
+      p.binding.c_str(), num(100 * p.roofline_fraction, 0).c_str());
   for (const std::string& site : p.worst_sites) std::printf("%-58s   %s\n", "", site.c_str());
   if (p.host_syncs > 0 || p.library_calls > 0)
-    std::printf("%-58s   %d launches (%.0f cuBLAS/cuDNN calls at their roofline): %.1f us of launch latency; "
-                "%.0f host syncs: %.1f us\n",
-                "", p.launches, p.library_calls, p.launch_seconds * 1e6, p.host_syncs, p.sync_seconds * 1e6);
+    std::printf(
+        "%-58s   %d launches (%.0f cuBLAS/cuDNN calls at their roofline): %.1f us of launch latency; "
+        "%.0f host syncs: %.1f us\n",
+        "", p.launches, p.library_calls, p.launch_seconds * 1e6, p.host_syncs, p.sync_seconds * 1e6);
 }
 
 int run_profile(const Flags& flags, const std::vector<bench::Family>& families, Report& rep) {
   std::printf(
-      "# PREDICTIONS for an NVIDIA H200 SXM from the CUDA emulator's access counts (docs/performance-model.md):\n"
-      "# nothing here ran on a GPU. One traced call per row; the first %d blocks of each launch traced (at least\n"
+      "# PREDICTIONS for an NVIDIA H200 SXM from the CUDA emulator's access counts "
+      "(docs/performance-model.md):\n"
+      "# nothing here ran on a GPU. One traced call per row; the first %d blocks of each launch traced (at "
+      "least\n"
       "# two rows of a 2-D grid), the rest skipped and their counts scaled.\n"
-      "#   ld/st sec/r  global 32-byte sectors per warp request (4 = 4-byte lanes, coalesced; 16 = 16-byte lanes)\n"
+      "#   ld/st sec/r  global 32-byte sectors per warp request (4 = 4-byte lanes, coalesced; 16 = 16-byte "
+      "lanes)\n"
       "#   ld/st eff    bytes the lanes asked for / sector bytes (100%% = no byte fetched in vain)\n"
-      "#   smem wf/r    shared-memory wavefronts per request; wf/idl = wavefronts / the fewest the bytes need\n"
+      "#   smem wf/r    shared-memory wavefronts per request; wf/idl = wavefronts / the fewest the bytes "
+      "need\n"
       "#                (1.00 = no bank conflict)\n"
       "#   DRAM/ideal   DRAM bytes of an LRU 50 MB L2 / every input read once and every output written once\n"
-      "#   pred. H200 us, bound by, %%roof   the model's time, its binding limit, ideal roofline time / time\n#\n",
+      "#   pred. H200 us, bound by, %%roof   the model's time, its binding limit, ideal roofline time / "
+      "time\n#\n",
       flags.options.profile_blocks);
   print_profile_header();
   int errors = 0;

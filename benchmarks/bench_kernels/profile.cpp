@@ -86,9 +86,22 @@ void print_sites(const std::vector<profile::LaunchProfile>& launches) {
                     s.where.c_str(), profile::name_of(s.op), c.requests, c.wavefronts / c.requests,
                     c.ideal_wavefronts > 0 ? c.wavefronts / c.ideal_wavefronts : 0.0);
       else
-        std::printf("      %-44s %-15s %10.0f instructions\n", s.where.c_str(), profile::name_of(s.op), c.requests);
+        std::printf("      %-44s %-15s %10.0f instructions\n", s.where.c_str(), profile::name_of(s.op),
+                    c.requests);
     }
   }
+}
+
+// Runs fn between profile::begin(options) and profile::end(); its launches become last_launches().
+void run_traced(const std::function<void()>& fn, const profile::Options& options) {
+  profile::begin(options);
+  try {
+    fn();
+  } catch (...) {
+    profile::end();
+    throw;
+  }
+  last_launches() = profile::end();
 }
 
 double threads_of(const profile::LaunchProfile& l) {
@@ -105,14 +118,7 @@ double profiled_seconds(const std::function<void()>& fn, const BenchOptions& o) 
   options.max_traced_blocks = static_cast<uint64_t>(o.profile_blocks);
   options.min_traced_rows = 2;
   options.skip_untraced_blocks = true;
-  profile::begin(options);
-  try {
-    fn();
-  } catch (...) {
-    profile::end();
-    throw;
-  }
-  last_launches() = profile::end();
+  run_traced(fn, options);
   if (o.profile_sites) print_sites(last_launches());
   return take_profile(0, 0).predicted_seconds;
 }
@@ -121,14 +127,7 @@ ProfileRow profile_step(const std::function<void()>& fn, bool sites) {
   check(profile::available(), "bench_kernels --profile: this binary's kernels are not instrumented");
   cudaDeviceSynchronize();
   const mg_emu::Counters before = mg_emu::counters();
-  profile::begin(profile::Options{});  // every block traced and run: the step must compute right
-  try {
-    fn();
-  } catch (...) {
-    profile::end();
-    throw;
-  }
-  last_launches() = profile::end();
+  run_traced(fn, profile::Options{});  // every block traced and run: the step must compute right
   const mg_emu::Counters after = mg_emu::counters();
   if (sites) print_sites(last_launches());
   ProfileRow p = take_profile(0, 0);
@@ -170,7 +169,8 @@ ProfileRow take_profile(double ideal_bytes, double fp32_flops) {
       p.shared_wavefronts += c->wavefronts;
       p.shared_ideal_wavefronts += c->ideal_wavefronts;
     }
-    if (std::find(p.kernels.begin(), p.kernels.end(), l.kernel) == p.kernels.end()) p.kernels.push_back(l.kernel);
+    if (std::find(p.kernels.begin(), p.kernels.end(), l.kernel) == p.kernels.end())
+      p.kernels.push_back(l.kernel);
     p.mma += l.mma;
     p.tensor_flops += l.tensor_flops;
     p.dram_bytes += l.dram_bytes_lru();
@@ -185,8 +185,8 @@ ProfileRow take_profile(double ideal_bytes, double fp32_flops) {
     }
     for (const profile::SiteCounts& s : l.sites) {  // one line per instruction, its instances merged
       if (s.counts.requests == 0 || s.space == profile::Space::none) continue;
-      const std::string key = s.where + (s.space == profile::Space::global ? " global " : " shared ") +
-                              profile::name_of(s.op);
+      const std::string key =
+          s.where + (s.space == profile::Space::global ? " global " : " shared ") + profile::name_of(s.op);
       profile::AccessCounts scaled = s.counts;
       for (double* v : {&scaled.requests, &scaled.sectors, &scaled.wavefronts}) *v *= l.scale;
       auto& [global, counts] = sites[key];

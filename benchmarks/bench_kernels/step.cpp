@@ -54,7 +54,8 @@ std::vector<StepCase> zoo(const Device& dev) {
     config.n_head = 4;
     config.n_embd = 128;
     auto m = std::make_shared<nn::TinyGPT>(config);
-    cases.push_back({"step TinyGPT", "b8x64 L2 d128", m, randint(0, 256, {8, 64}), randint(0, 256, {8 * 64})});
+    cases.push_back(
+        {"step TinyGPT", "b8x64 L2 d128", m, randint(0, 256, {8, 64}), randint(0, 256, {8 * 64})});
   }
   for (StepCase& c : cases) {
     c.model->to(dev);

@@ -9,8 +9,8 @@
 // Cost per element: forward reads x (sizeof(T)), writes y (sizeof(T)) and the
 // mask (1 byte); the random numbers are ten Philox rounds (two 32x32->64-bit
 // multiplies and a few xors each, ~60 integer ops) per four elements: element i
-// takes word i % 4 of block i / 4, all four words of every block are used. Backward reads gy and the mask, writes gx, and draws no
-// random numbers: it never needs the seed, only the saved mask.
+// takes word i % 4 of block i / 4, all four words of every block are used. Backward reads gy and the mask,
+// writes gx, and draws no random numbers: it never needs the seed, only the saved mask.
 //
 // Scaling by 1 / (1 - p) ("inverted dropout") keeps E[y] = x, so evaluation
 // mode is the identity. The scale is computed once in double and applied in

@@ -108,7 +108,8 @@ template <class T>
 T* device_buffer(size_t n, const std::vector<T>& init = {}) {
   void* p = nullptr;
   REQUIRE(cudaMalloc(&p, n * sizeof(T)) == cudaSuccess);
-  if (!init.empty()) REQUIRE(cudaMemcpy(p, init.data(), n * sizeof(T), cudaMemcpyHostToDevice) == cudaSuccess);
+  if (!init.empty())
+    REQUIRE(cudaMemcpy(p, init.data(), n * sizeof(T), cudaMemcpyHostToDevice) == cudaSuccess);
   return static_cast<T*>(p);
 }
 
@@ -156,8 +157,8 @@ TEST_CASE("sampling the first blocks scales to the whole grid", "[profile][trace
   float* out = device_buffer<float>(n);
   profile::Options options;
   options.max_traced_blocks = 2;
-  const profile::LaunchProfile p = profile_one(
-      [&] { launch_kernel<copy_kernel>(dim3(8), dim3(256), 0, nullptr, in, out, n); }, options);
+  const profile::LaunchProfile p =
+      profile_one([&] { launch_kernel<copy_kernel>(dim3(8), dim3(256), 0, nullptr, in, out, n); }, options);
   CHECK(p.traced_blocks == 2);
   CHECK(p.scale == 4);
   CHECK(p.global_load.requests == n / 32);
@@ -298,7 +299,8 @@ TEST_CASE("mma.m16n8k16: one instruction per warp, 4096 tensor FLOPs each", "[pr
   cudaFree(out);
 }
 
-TEST_CASE("round trips: a loop's iterations one after another, different loads together", "[profile][tracer]") {
+TEST_CASE("round trips: a loop's iterations one after another, different loads together",
+          "[profile][tracer]") {
   float* in = device_buffer<float>(128, std::vector<float>(128, 1.f));
   float* out = device_buffer<float>(64);
   const profile::LaunchProfile p =
