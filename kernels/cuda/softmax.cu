@@ -23,7 +23,16 @@
 // grows (and, with label smoothing, sum(x - m), shifted by count * (m_old -
 // m_new)) -- and the block merges the threads' states with the same rule
 // (warp shuffles, then one state per warp in shared memory): m = max(m_a,
-// m_b), s = s_a exp(m_a - m) + s_b exp(m_b - m). The forward writes ONE loss
+// m_b), s = s_a exp(m_a - m) + s_b exp(m_b - m). The row is read as 16-byte
+// packs (row_packs.cuh's cut, as the online softmax: a loose head up to the
+// first 16-byte boundary -- a row of 50257 f32 starts wherever row * 50257
+// puts it --, packs of 4 f32 / 2 f64 / 8 f16,bf16 strided over the threads,
+// four in flight a thread, then a loose tail; the backward also writes packs,
+// when its gradients are misaligned like the logits, else both go element by
+// element). So each thread sums its logits in another order than the CPU
+// (and than the element-strided sweep before), within the tests' tolerances;
+// ignore_index, smoothing and the special values are unchanged (the online
+// rule is exact for them in any order). The forward writes ONE loss
 // per row (no [rows, classes] log-probabilities in memory) and saves the row's
 // (m, log s) in a [rows, 2] f32 (f64 for f64) tensor, as layer norm saves mean
 // and rstd: two numbers, not m + log s, because every use subtracts a logit
@@ -51,9 +60,14 @@
 // row sorted ascending). Backward: one read and one write, 8 C bytes per f32
 // row, one exp and ~5 FLOPs per logit. Before the online sweep the forward
 // read each row twice (max, then sum) and the backward three times (max, sum,
-// write pass): 8 C -> 4 C bytes forward, 16 C -> 8 C backward. Both should be
-// memory bound (not measured on a GPU yet): at HBM speed (H200: ~4.8 TB/s, ~1.2 T
-// f32 logits/s) the expf per logit (one MUFU.EX2 and a few FMAs) stays under
+// write pass): 8 C -> 4 C bytes forward, 16 C -> 8 C backward. With 4-byte
+// lanes over unaligned rows the H200 model (bench_kernels --profile, f32
+// [1335, 50257]) had both bound by bytes in flight, 4.87 sectors a request
+// (82% sector efficiency): forward 130 us, 43% of the roofline, backward 139
+// us, 80%. With the packs: 16.5 sectors a request (97%), DRAM-bound, forward
+// 64 us (88%), backward 114 us (98%); [333, 50257]: 69 -> 22 us and 71 -> 30
+// us. Not measured on a GPU yet: at HBM speed (H200: ~4.8 TB/s, ~1.2 T f32
+// logits/s) the expf per logit (one MUFU.EX2 and a few FMAs) stays under
 // the special-function units' ~4 T/s (132 SMs x 16 per clock).
 //
 // Arithmetic in float for f32/f16/bf16 and double for f64, like the CPU.
@@ -247,12 +261,28 @@ __device__ __forceinline__ OnlineLse<A> warp_merge(OnlineLse<A> v, bool smooth) 
 // The block's partial states, one per warp (an id far from the kernels' and block_sum's).
 constexpr int kOnlineLsePartialsId = 1100;
 
-// The row's state over `classes` logits, the block's threads striding over them; every thread
-// gets it. One read of each logit. Every thread of the block must call it.
+// The row's state over `classes` logits, every thread of the block getting it: one read of each
+// logit, as 16-byte packs (row_packs.cuh: a loose head up to the first 16-byte boundary, packs
+// rank, rank + threads, ... four in flight a thread, a loose tail; `vector` false: the same cut
+// with head 0 and each pack V element loads). Every thread of the block must call it.
 template <class T, class A = acc_t<T>>
-__device__ OnlineLse<A> row_online_lse(const T* x, int64_t classes, bool smooth) {
+__device__ OnlineLse<A> row_online_lse(const T* x, int64_t classes, bool smooth, bool vector) {
+  constexpr int V = pack_width<T>(), U = kRowStreamUnroll;
+  const int threads = static_cast<int>(blockDim.x), rank = static_cast<int>(threadIdx.x);
+  const RowCut cut = row_cut(x, classes, vector);
   OnlineLse<A> st = online_empty<A>();
-  for (int64_t j = threadIdx.x; j < classes; j += blockDim.x) online_add(st, A(load(x + j)), smooth);
+  for (int64_t q0 = rank; q0 < cut.packs; q0 += int64_t(U) * threads) {
+    Pack<T, V> p[U]{};
+    load_row_packs(p, x, cut, q0, threads, vector);
+    MG_ROW_UNROLL
+    for (int u = 0; u < U; ++u) {
+      if (q0 + int64_t(u) * threads >= cut.packs) continue;
+      MG_ROW_UNROLL
+      for (int j = 0; j < V; ++j) online_add(st, A(load(&p[u].v[j])), smooth);
+    }
+  }
+  const int64_t loose = loose_column<T>(cut, rank);
+  if (loose >= 0) online_add(st, A(load(x + loose)), smooth);
   OnlineLse<A>(&partial)[32] = shared_array<OnlineLse<A>[32], kOnlineLsePartialsId>();
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   st = warp_merge(st, smooth);
@@ -407,7 +437,8 @@ void launch_softmax_rows(cudaStream_t stream, int64_t rows, int64_t dim, const T
 template <class T>
 __global__ void cross_entropy_forward_kernel(int64_t rows, int64_t classes, const T* logits,
                                              const int64_t* targets, int64_t ignore_index, double smoothing,
-                                             T* losses, acc_t<T>* stats, unsigned long long* status) {
+                                             T* losses, acc_t<T>* stats, unsigned long long* status,
+                                             bool vector) {
   using A = acc_t<T>;
   const A eps = A(smoothing);
   const bool smooth = eps > A(0);
@@ -423,7 +454,7 @@ __global__ void cross_entropy_forward_kernel(int64_t rows, int64_t classes, cons
       continue;
     }
     const T* x = logits + row * classes;
-    const OnlineLse<A> r = row_online_lse(x, classes, smooth);
+    const OnlineLse<A> r = row_online_lse(x, classes, smooth, vector);
     if (threadIdx.x == 0) {
       // As the CPU: logsumexp kept as m + log_s and every logit shifted by m first
       // ((m - x) + log_s, not (m + log_s) - x, which loses digits when |m| is large), and the
@@ -458,24 +489,55 @@ __global__ void cross_entropy_finish_kernel(unsigned long long* status, const in
     status[2] = static_cast<unsigned long long>(targets[status[1]]);
 }
 
+// The gradients from the row's stats: what the backward's pack and loose stores take.
+template <class T>
+struct CrossEntropyGrad {
+  using A = acc_t<T>;
+  static constexpr int V = pack_width<T>();
+  A m, log_s, uniform, hit, g;  // hit: 1 - eps, taken off at the target
+  int64_t t;
+  __device__ __forceinline__ A one(A x, int64_t col) const {
+    A d = exp_((x - m) - log_s) - uniform;
+    if (col == t) d -= hit;
+    return g * d;
+  }
+  __device__ __forceinline__ Pack<T, V> pack(const Pack<T, V>& x, int64_t col) const {
+    Pack<T, V> y;
+    MG_ROW_UNROLL
+    for (int j = 0; j < V; ++j) store(&y.v[j], one(A(load(&x.v[j])), col + j));
+    return y;
+  }
+};
+
 // grad[j] = g * (exp((x_j - m) - log_s) - eps / classes - (1 - eps) [j == t]): one read of the
 // row and one write with the forward's stats; without them (null), the row's stats first, from
-// the same single online sweep (two reads).
+// the same single online sweep (two reads). Reads and writes go as 16-byte packs (the row's cut,
+// as row_online_lse's: `vector` when logits and gradients are misaligned alike), four packs a
+// thread in flight.
 template <class T>
 __global__ void cross_entropy_backward_kernel(int64_t rows, int64_t classes, const T* logits,
                                               const int64_t* targets, int64_t ignore_index, double smoothing,
-                                              const acc_t<T>* stats, const T* grad_losses, T* grad_logits) {
+                                              const acc_t<T>* stats, const T* grad_losses, T* grad_logits,
+                                              bool vector) {
   using A = acc_t<T>;
+  constexpr int V = pack_width<T>(), U = kRowStreamUnroll;
+  const int threads = static_cast<int>(blockDim.x), rank = static_cast<int>(threadIdx.x);
   const A eps = A(smoothing);
   const A uniform = eps / A(classes);
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const int64_t t = targets[row];
     const T* x = logits + row * classes;
     T* gx = grad_logits + row * classes;
+    const RowCut cut = row_cut(x, classes, vector);  // gx's too: misaligned alike when vector
+    const int64_t loose = loose_column<T>(cut, rank);
     // Ignored rows (and, defensively, out-of-range targets, which the forward
     // already refused) get a zero gradient.
     if (t == ignore_index || t < 0 || t >= classes) {
-      for (int64_t j = threadIdx.x; j < classes; j += blockDim.x) store(gx + j, A(0));
+      Pack<T, V> zero;
+      MG_ROW_UNROLL
+      for (int j = 0; j < V; ++j) store(&zero.v[j], A(0));
+      for (int64_t q = rank; q < cut.packs; q += threads) store_row_pack(gx + cut.head + q * V, zero, vector);
+      if (loose >= 0) store(gx + loose, A(0));
       continue;
     }
     A m, log_s;
@@ -483,16 +545,21 @@ __global__ void cross_entropy_backward_kernel(int64_t rows, int64_t classes, con
       m = stats[2 * row];
       log_s = stats[2 * row + 1];
     } else {
-      const OnlineLse<A> r = row_online_lse(x, classes, false);
+      const OnlineLse<A> r = row_online_lse(x, classes, false, vector);
       m = r.max;
       log_s = log_(r.sum);
     }
-    const A g = load(grad_losses + row);
-    for (int64_t j = threadIdx.x; j < classes; j += blockDim.x) {
-      A d = exp_((A(load(x + j)) - m) - log_s) - uniform;
-      if (j == t) d -= A(1) - eps;
-      store(gx + j, g * d);
+    const CrossEntropyGrad<T> f{m, log_s, uniform, A(1) - eps, A(load(grad_losses + row)), t};
+    for (int64_t q0 = rank; q0 < cut.packs; q0 += int64_t(U) * threads) {
+      Pack<T, V> p[U]{};
+      load_row_packs(p, x, cut, q0, threads, vector);
+      MG_ROW_UNROLL
+      for (int u = 0; u < U; ++u) {
+        const int64_t col = cut.head + (q0 + int64_t(u) * threads) * V;
+        if (q0 + int64_t(u) * threads < cut.packs) store_row_pack(gx + col, f.pack(p[u], col), vector);
+      }
     }
+    if (loose >= 0) store(gx + loose, f.one(A(load(x + loose)), loose));
   }
 }
 
@@ -554,10 +621,10 @@ void cross_entropy_forward_counted(cudaStream_t stream, DType dtype, const void*
   if (rows > 0) {
     visit_float(dtype, "cross_entropy", [&](auto t) {
       using T = typename decltype(t)::type;
-      launch_kernel<cross_entropy_forward_kernel<T>>(row_grid(rows), row_block(classes), 0, stream, rows,
-                                                     classes, static_cast<const T*>(logits), targets,
-                                                     ignore_index, label_smoothing, static_cast<T*>(losses),
-                                                     static_cast<acc_t<T>*>(row_stats), status);
+      launch_kernel<cross_entropy_forward_kernel<T>>(
+          row_grid(rows), row_block(classes), 0, stream, rows, classes, static_cast<const T*>(logits),
+          targets, ignore_index, label_smoothing, static_cast<T*>(losses), static_cast<acc_t<T>*>(row_stats),
+          status, rows_vector_ok(logits, logits, sizeof(T)));
     });
   }
   launch_kernel<cross_entropy_finish_kernel>(1, 1, 0, stream, status, targets, rows, counted);
@@ -602,7 +669,8 @@ void cross_entropy_backward(cudaStream_t stream, DType dtype, const void* logits
     launch_kernel<cross_entropy_backward_kernel<T>>(
         row_grid(rows), row_block(classes), 0, stream, rows, classes, static_cast<const T*>(logits), targets,
         ignore_index, label_smoothing, static_cast<const acc_t<T>*>(row_stats),
-        static_cast<const T*>(grad_losses), static_cast<T*>(grad_logits));
+        static_cast<const T*>(grad_losses), static_cast<T*>(grad_logits),
+        rows_vector_ok(logits, grad_logits, sizeof(T)));
   });
 }
 

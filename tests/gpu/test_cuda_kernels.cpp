@@ -435,6 +435,54 @@ TEST_CASE("cuda fused cross-entropy matches the CPU, and refuses bad targets", "
   });
 }
 
+// Rows as 16-byte packs after a loose head (logits and gradients misaligned alike), and element by
+// element (misaligned differently: no packs), with and without the forward's stats, against the CPU.
+TEST_CASE("cuda cross-entropy over unaligned logits and gradients matches the CPU", "[gpu][cross_entropy]") {
+  manual_seed(73);
+  const int64_t rows = 6, classes = 1001;
+  const double smoothing = 0.1;
+  const Tensor x = random_cpu({rows, classes}, DType::f32, 2.0);
+  const Tensor targets = tensor<int64_t>({3, -100, 1000, 0, 517, 999}), tg = targets.to(gpu());
+  Tensor ref = empty({rows}, TensorOptions{DType::f32});
+  kernels::cpu::cross_entropy_forward(DType::f32, x.data_ptr(), targets.data<int64_t>(), rows, classes, -100,
+                                      smoothing, ref.data_ptr());
+  const Tensor gl = random_cpu({rows}), glg = gl.to(gpu());
+  Tensor gref = empty({rows, classes}, TensorOptions{DType::f32});
+  kernels::cpu::cross_entropy_backward(DType::f32, x.data_ptr(), targets.data<int64_t>(), rows, classes, -100,
+                                       smoothing, gl.data_ptr(), gref.data_ptr());
+  const std::vector<float> xs = x.to_vector<float>();
+  for (int64_t x_off : {1, 2}) {
+    for (int64_t g_off : {1, 3}) {
+      INFO("logits " << x_off << " and gradients " << g_off << " elements past a 16-byte boundary");
+      std::vector<float> padded(static_cast<size_t>(x_off), 0.0f);
+      padded.insert(padded.end(), xs.begin(), xs.end());
+      const Tensor xg = tensor<float>(padded).to(gpu());
+      const float* xp = static_cast<const float*>(xg.data_ptr()) + x_off;
+      Tensor out = poisoned({rows}, DType::f32, gpu()), stats = poisoned({rows, 2}, DType::f32, gpu());
+      on_gpu([&] {
+        kernels::cuda::cross_entropy_forward(mg::cuda::current_kernel_stream(), mg::cuda::current_scratch(),
+                                             DType::f32, xp, tg.data<int64_t>(), rows, classes, -100,
+                                             smoothing, out.data_ptr(), stats.data_ptr());
+      });
+      MG_REQUIRE_CLOSE(out, ref, 4 * tolerance(DType::f32));
+      for (bool with_stats : {true, false}) {
+        INFO("backward with the forward's stats: " << with_stats);
+        Tensor gout = poisoned({rows * classes + g_off}, DType::f32, gpu());
+        on_gpu([&] {
+          kernels::cuda::cross_entropy_backward(mg::cuda::current_kernel_stream(), DType::f32, xp,
+                                                tg.data<int64_t>(), rows, classes, -100, smoothing,
+                                                glg.data_ptr(), static_cast<float*>(gout.data_ptr()) + g_off,
+                                                with_stats ? stats.data_ptr() : nullptr);
+        });
+        const std::vector<float> g = gout.to_vector<float>();
+        const Tensor got =
+            tensor<float>(std::vector<float>(g.begin() + g_off, g.end())).reshape({rows, classes});
+        MG_REQUIRE_CLOSE(got, gref, 4 * tolerance(DType::f32));
+      }
+    }
+  }
+}
+
 // A GPT-2 vocabulary: the forward's single online sweep (running max, rescaled sum) and the
 // backward's one read with the saved per-row stats, against the CPU's two sweeps. Rows: plain,
 // ignored, shifted by 1000 (the max dominates: precision), ascending (a new max at every element
