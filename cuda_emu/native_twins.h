@@ -5,7 +5,7 @@
 // sources have no #if for the emulator: this header is the emulated branch.
 //
 // The twins that can fault take the caller's file and line as defaulted arguments, so a fault
-// names the kernel's line (gemm_ladder.cu:734), not this header's.
+// names the kernel's line (gemm_tensor_core.cu:243), not this header's.
 #pragma once
 
 #include <cuda_fp16.h>  // the host-side conversions stand in for the cvt instructions
