@@ -261,16 +261,7 @@ __global__ void __launch_bounds__(512)
     st = block_welford(st);
     const S var = max(S(0), st.m2 * inv_cols);
     const NormOut<T> f{st.mean, S(1) / sqrt(var + S(eps)), weight, bias};
-    for (int64_t q0 = rank; q0 < cut.packs; q0 += int64_t(U) * threads) {
-      Pack<T, V> p[U]{};
-      load_row_packs(p, xr, cut, q0, threads, vector);
-      MG_ROW_UNROLL
-      for (int u = 0; u < U; ++u) {
-        const int64_t col = cut.head + (q0 + int64_t(u) * threads) * V;
-        if (q0 + int64_t(u) * threads < cut.packs) store_row_pack(yr + col, f.pack(p[u], col), vector);
-      }
-    }
-    if (loose >= 0) store(yr + loose, f.one(S(load(xr + loose)), loose));
+    map_row_packs<U, S>(yr, xr, cut, loose, rank, threads, vector, f);
     if (rank == 0) {
       mean_out[r] = f.mean;
       rstd_out[r] = f.rstd;

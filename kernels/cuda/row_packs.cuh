@@ -119,6 +119,25 @@ __device__ __forceinline__ void load_row_packs(Pack<T, pack_width<T>()> (&p)[U],
   }
 }
 
+// The streaming kernels' write sweep: out[c] = f(x[c]) over the row, U packs in flight per
+// thread, then the loose column; f.pack(pack, col) maps a pack starting at column col and
+// f.one(value, col) one element, in the accumulation type A.
+template <int U, class A, class T, class F>
+__device__ __forceinline__ void map_row_packs(T* out, const T* x, const RowCut& c, int64_t loose, int rank,
+                                              int threads, bool vector, const F& f) {
+  constexpr int V = pack_width<T>();
+  for (int64_t q0 = rank; q0 < c.packs; q0 += int64_t(U) * threads) {
+    Pack<T, V> p[U]{};
+    load_row_packs(p, x, c, q0, threads, vector);
+    MG_ROW_UNROLL
+    for (int u = 0; u < U; ++u) {
+      const int64_t col = c.head + (q0 + int64_t(u) * threads) * V;
+      if (q0 + int64_t(u) * threads < c.packs) store_row_pack(out + col, f.pack(p[u], col), vector);
+    }
+  }
+  if (loose >= 0) store(out + loose, f.one(A(load(x + loose)), loose));
+}
+
 // ---- a thread's share of a row, in registers -------------------------------------------------------
 template <class T, int P>
 struct RowRegisters {

@@ -396,16 +396,7 @@ __global__ void __launch_bounds__(512)
     }
     if (loose >= 0) online_add(st, A(load(x + loose)), false);
     const SoftmaxOut<T> f(block_merge(st), log_out);
-    for (int64_t q0 = rank; q0 < cut.packs; q0 += int64_t(U) * threads) {
-      Pack<T, V> p[U]{};
-      load_row_packs(p, x, cut, q0, threads, vector);
-      MG_ROW_UNROLL
-      for (int u = 0; u < U; ++u) {
-        const int64_t col = cut.head + (q0 + int64_t(u) * threads) * V;
-        if (q0 + int64_t(u) * threads < cut.packs) store_row_pack(y + col, f.pack(p[u], col), vector);
-      }
-    }
-    if (loose >= 0) store(y + loose, f.one(A(load(x + loose)), loose));
+    map_row_packs<U, A>(y, x, cut, loose, rank, threads, vector, f);
   }
 }
 
@@ -550,16 +541,7 @@ __global__ void cross_entropy_backward_kernel(int64_t rows, int64_t classes, con
       log_s = log_(r.sum);
     }
     const CrossEntropyGrad<T> f{m, log_s, uniform, A(1) - eps, A(load(grad_losses + row)), t};
-    for (int64_t q0 = rank; q0 < cut.packs; q0 += int64_t(U) * threads) {
-      Pack<T, V> p[U]{};
-      load_row_packs(p, x, cut, q0, threads, vector);
-      MG_ROW_UNROLL
-      for (int u = 0; u < U; ++u) {
-        const int64_t col = cut.head + (q0 + int64_t(u) * threads) * V;
-        if (q0 + int64_t(u) * threads < cut.packs) store_row_pack(gx + col, f.pack(p[u], col), vector);
-      }
-    }
-    if (loose >= 0) store(gx + loose, f.one(A(load(x + loose)), loose));
+    map_row_packs<U, A>(gx, x, cut, loose, rank, threads, vector, f);
   }
 }
 
