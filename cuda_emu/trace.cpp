@@ -24,6 +24,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <list>
@@ -74,7 +75,7 @@ uintptr_t emulated_site(const char* file, int line, int part) {
 
 struct Profiling {
   std::mutex mutex;
-  bool active = false;
+  std::atomic<bool> active{false};  // read without the mutex first: every launch asks
   bool instrumented = false;
   profile::Options options;
   std::vector<std::shared_ptr<LaunchTrace>> launches;
@@ -293,6 +294,7 @@ class BlockTrace {
 // ---- the launch path -----------------------------------------------------------------------------
 std::shared_ptr<LaunchTrace> trace_new_launch(const Launch& launch) {
   Profiling& p = profiling();
+  if (!p.active.load(std::memory_order_relaxed)) return nullptr;  // not profiling: no lock
   std::lock_guard<std::mutex> lock(p.mutex);
   if (!p.active) return nullptr;
   auto t = std::make_shared<LaunchTrace>();
@@ -471,6 +473,7 @@ void trace_emulated(const void* address, unsigned bytes, Op op, const char* file
 
 void trace_library_call(const char* name, double flops, bool tensor_cores, double ideal_bytes) {
   Profiling& p = profiling();
+  if (!p.active.load(std::memory_order_relaxed)) return;  // not profiling: no lock
   std::lock_guard<std::mutex> lock(p.mutex);
   if (!p.active) return;
   auto t = std::make_shared<LaunchTrace>();
