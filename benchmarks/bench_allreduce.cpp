@@ -61,7 +61,6 @@ using mg::bench::median;
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using mg::check;
 using mg::DType;
 using mg::Tensor;
 namespace par = mg::parallel;
@@ -89,7 +88,7 @@ const char* usage =
 int64_t parse_bytes(const std::string& text, const char* flag) {
   char* end = nullptr;
   const double value = std::strtod(text.c_str(), &end);
-  check(end != text.c_str(), flag, ": '", text, "' is not a size (e.g. 8, 1K, 64M)");
+  MG_CHECK(end != text.c_str(), flag, ": '", text, "' is not a size (e.g. 8, 1K, 64M)");
   std::string suffix(end);
   if (!suffix.empty() && (suffix.back() == 'B' || suffix.back() == 'b')) suffix.pop_back();
   double scale = 1;
@@ -100,9 +99,9 @@ int64_t parse_bytes(const std::string& text, const char* flag) {
   } else if (suffix == "G" || suffix == "g") {
     scale = 1024.0 * 1024 * 1024;
   } else {
-    check(suffix.empty(), flag, ": unknown size suffix in '", text, "' (use K, M or G)");
+    MG_CHECK(suffix.empty(), flag, ": unknown size suffix in '", text, "' (use K, M or G)");
   }
-  check(value >= 0, flag, ": '", text, "' is negative");
+  MG_CHECK(value >= 0, flag, ": '", text, "' is negative");
   return static_cast<int64_t>(value * scale);
 }
 
@@ -131,7 +130,7 @@ Flags parse_flags(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     auto value = [&]() -> std::string {
-      check(i + 1 < argc, arg, " needs a value\n", usage);
+      MG_CHECK(i + 1 < argc, arg, " needs a value\n", usage);
       return argv[++i];
     };
     if (arg == "--min-bytes" || arg == "-b") {
@@ -167,11 +166,11 @@ Flags parse_flags(int argc, char** argv) {
     if (!warmup_set) f.warmup = 2;
     if (!iters_set) f.iters = 5;
   }
-  check(f.min_bytes >= 1, "--min-bytes must be >= 1, got ", f.min_bytes);
-  check(f.max_bytes >= f.min_bytes, "--max-bytes (", f.max_bytes, ") is below --min-bytes (", f.min_bytes,
+  MG_CHECK(f.min_bytes >= 1, "--min-bytes must be >= 1, got ", f.min_bytes);
+  MG_CHECK(f.max_bytes >= f.min_bytes, "--max-bytes (", f.max_bytes, ") is below --min-bytes (", f.min_bytes,
         ")");
-  check(f.iters >= 1, "--iters must be >= 1, got ", f.iters);
-  check(f.warmup >= 0, "--warmup must be >= 0, got ", f.warmup);
+  MG_CHECK(f.iters >= 1, "--iters must be >= 1, got ", f.iters);
+  MG_CHECK(f.warmup >= 0, "--warmup must be >= 0, got ", f.warmup);
   if (f.json_path.empty()) {
     if (const char* dir = std::getenv("MG_BENCH_OUT_DIR"); dir != nullptr && *dir != '\0')
       f.json_path = std::string(dir) + "/bench_allreduce.json";
@@ -235,7 +234,7 @@ void write_json(const std::string& path, const Flags& f, int world, const std::s
                 const std::vector<Algorithm>& algorithms, const std::vector<Row>& rows,
                 const std::vector<double>& avg_busbw) {
   std::ofstream out(path);
-  check(out.good(), "--json: cannot write '", path, "'");
+  MG_CHECK(out.good(), "--json: cannot write '", path, "'");
   out << "{\n  \"benchmark\": \"bench_allreduce\",\n  \"world_size\": " << world << ",\n  \"dtype\": \""
       << mg::dtype_name(f.dtype) << "\",\n  \"op\": \"sum\",\n  \"warmup\": " << f.warmup
       << ",\n  \"iters\": " << f.iters << ",\n  \"ring_chunk_bytes\": " << f.chunk_bytes
@@ -320,7 +319,7 @@ int run(int argc, char** argv) {
                             const int code =
                                 MPI_Allreduce(MPI_IN_PLACE, t.data_ptr(), static_cast<int>(t.numel()), type,
                                               MPI_SUM, MPI_COMM_WORLD);
-                            check(code == MPI_SUCCESS, "MPI_Allreduce failed with code ", code);
+                            MG_CHECK(code == MPI_SUCCESS, "MPI_Allreduce failed with code ", code);
                           }});
   }
 #endif
@@ -331,7 +330,7 @@ int run(int argc, char** argv) {
                                            std::string::npos;
                                   }),
                    algorithms.end());
-  check(!algorithms.empty(), "--algos '", f.algorithms, "' names none of ring, native, mpi");
+  MG_CHECK(!algorithms.empty(), "--algos '", f.algorithms, "' names none of ring, native, mpi");
   const size_t n_alg = algorithms.size();
   const bool ratios = algorithms[0].name == "ring" && n_alg > 1;
 

@@ -110,10 +110,10 @@ std::vector<int> parse_counts(const std::string& text) {
   std::stringstream in(text);
   for (std::string item; std::getline(in, item, ',');) {
     const int n = std::stoi(item);
-    check(n >= 1, "--devices: counts must be at least 1, got ", n);
+    MG_CHECK(n >= 1, "--devices: counts must be at least 1, got ", n);
     counts.push_back(n);
   }
-  check(!counts.empty(), "--devices: expected a list like 1,2,4");
+  MG_CHECK(!counts.empty(), "--devices: expected a list like 1,2,4");
   return counts;
 }
 
@@ -122,7 +122,7 @@ Flags parse_flags(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     auto value = [&]() -> std::string {
-      check(i + 1 < argc, "missing value after ", arg);
+      MG_CHECK(i + 1 < argc, "missing value after ", arg);
       return argv[++i];
     };
     if (arg == "--quick") {
@@ -144,7 +144,7 @@ Flags parse_flags(int argc, char** argv) {
       throw Error("unknown flag " + arg + " (expected --quick, --devices, --batch, --rounds, --json)");
     }
   }
-  check(f.batch >= 1 && f.rounds >= 1, "--batch and --rounds must be at least 1");
+  MG_CHECK(f.batch >= 1 && f.rounds >= 1, "--batch and --rounds must be at least 1");
   return f;
 }
 
@@ -156,7 +156,7 @@ int main(int argc, char** argv) {
     const bool gpus = cuda::device_count() > 0 && cuda_backend() != nullptr;
     std::vector<Config> configs;
     for (int n : flags.device_counts) {
-      check(!gpus || n <= cuda::device_count(), "--devices: ", n, " devices asked, ", cuda::device_count(),
+      MG_CHECK(!gpus || n <= cuda::device_count(), "--devices: ", n, " devices asked, ", cuda::device_count(),
             " GPUs found");
       Config c;
       c.num_devices = n;
@@ -216,7 +216,7 @@ int main(int argc, char** argv) {
         json_path = std::string(dir) + "/bench_data_parallel.json";
     if (!json_path.empty()) {
       std::ofstream out(json_path);
-      check(static_cast<bool>(out), "cannot write ", json_path);
+      MG_CHECK(static_cast<bool>(out), "cannot write ", json_path);
       out << json.str();
       std::printf("json: %s\n", json_path.c_str());
     }

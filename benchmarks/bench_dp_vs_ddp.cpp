@@ -461,7 +461,7 @@ Result run_ddp_rank(const Config& c) {
   parallel::InitOptions init;
   if (c.device_type == "cpu") init.device = Device::cpu(0);  // cuda: cuda:<local rank>
   parallel::ProcessGroup pg = parallel::init_process_group(init);
-  check(c.global_batch % pg.size() == 0, "--global-batch ", c.global_batch, " must divide by the world size ",
+  MG_CHECK(c.global_batch % pg.size() == 0, "--global-batch ", c.global_batch, " must divide by the world size ",
         pg.size());
   const int64_t per_rank = c.global_batch / pg.size();
   Device device = pg.device();
@@ -531,7 +531,7 @@ Result launch_ddp(const Config& c, const std::vector<std::string>& forwarded_arg
   for (const auto& arg : forwarded_args) command += " '" + arg + "'";
   command += " --role ddp-worker --result-file '" + result_file + "' --work-dir '" + c.work_dir + "'";
   int status = std::system(command.c_str());
-  check(status == 0 && std::filesystem::exists(result_file), "the DDP run failed (", command,
+  MG_CHECK(status == 0 && std::filesystem::exists(result_file), "the DDP run failed (", command,
         " exited with status ", status, ")");
   std::ifstream in(result_file);
   return Result::from_json(json::parse(in));
@@ -544,7 +544,7 @@ double max_relative_difference(const std::string& a_path, const std::string& b_p
   double worst = 0;
   for (auto& [name, tb] : b) {
     auto it = a.find(name);
-    check(it != a.end(), "bench_dp_vs_ddp: '", name, "' missing from ", a_path);
+    MG_CHECK(it != a.end(), "bench_dp_vs_ddp: '", name, "' missing from ", a_path);
     auto u = it->second.to_vector<double>(), v = tb.to_vector<double>();
     double diff = 0, norm = 0;
     for (size_t i = 0; i < u.size(); ++i) {
@@ -703,7 +703,7 @@ json predict_scaling(const Config& c, const std::vector<Result>& results) {
     if (r.mode == "ddp") ddp = &r;
     if (r.mode == "dp") dp = &r;
   }
-  check(single != nullptr, "--predict needs the single mode (it measures the per-layer backward times)");
+  MG_CHECK(single != nullptr, "--predict needs the single mode (it measures the per-layer backward times)");
   bench::Workload w;
   w.forward_s = single->forward_ms / 1000;
   w.backward_s = single->backward_ms / 1000;
@@ -794,17 +794,17 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   try {
-    check(c.algo == "native" || c.algo == "ring", "--algo must be native or ring, got '", c.algo, "'");
-    check(c.precision == "f32" || c.precision == "bf16", "--precision must be f32 or bf16, got '",
+    MG_CHECK(c.algo == "native" || c.algo == "ring", "--algo must be native or ring, got '", c.algo, "'");
+    MG_CHECK(c.precision == "f32" || c.precision == "bf16", "--precision must be f32 or bf16, got '",
           c.precision, "'");
     if (c.device_type == "auto") c.device_type = cuda_backend() && cuda::device_count() > 0 ? "cuda" : "cpu";
-    check(c.device_type == "cpu" || c.device_type == "cuda", "--device-type must be auto, cpu or cuda, got '",
+    MG_CHECK(c.device_type == "cpu" || c.device_type == "cuda", "--device-type must be auto, cpu or cuda, got '",
           c.device_type, "'");
     if (c.devices == 0) c.devices = c.device_type == "cuda" ? cuda::device_count() : 2;
-    check(c.devices >= 1, "--devices must be >= 1");
-    check(c.data == "synthetic" || (c.data == "fashion" && c.model != "gpt"),
+    MG_CHECK(c.devices >= 1, "--devices must be >= 1");
+    MG_CHECK(c.data == "synthetic" || (c.data == "fashion" && c.model != "gpt"),
           "--data must be synthetic, or fashion with mlp/cnn/resnet; got '", c.data, "' with ", c.model);
-    check(c.steps >= 1 && c.warmup >= 0, "--steps must be >= 1 and --warmup >= 0");
+    MG_CHECK(c.steps >= 1 && c.warmup >= 0, "--steps must be >= 1 and --warmup >= 0");
     // One core per device: a logical CPU device is one thread of BLAS/OpenMP, or "N devices"
     // would just be N threads fighting over the same cores. The variables must be set before
     // the libraries start, so the benchmark re-executes itself once with them.

@@ -563,8 +563,8 @@ int main(int argc, char** argv) {
     init.device = Device::cpu(0);
     ProcessGroup world = init_process_group(init);
     const int n = world.size();
-    check(c.global_batch % n == 0, "--global-batch ", c.global_batch, " must divide by the ", n, " ranks");
-    check(c.steps >= 1 && c.warmup >= 0 && c.micro_batches >= 1,
+    MG_CHECK(c.global_batch % n == 0, "--global-batch ", c.global_batch, " must divide by the ", n, " ranks");
+    MG_CHECK(c.steps >= 1 && c.warmup >= 0 && c.micro_batches >= 1,
           "--steps >= 1, --warmup >= 0, --micro-batches >= 1");
     const double param_bytes = static_cast<double>(fresh_gpt(c)->num_parameters()) * 4.0;
 

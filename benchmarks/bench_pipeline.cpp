@@ -32,7 +32,7 @@ Flags parse(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     auto value = [&]() -> const char* {
-      check(i + 1 < argc, "bench_pipeline: ", arg, " needs a value");
+      MG_CHECK(i + 1 < argc, "bench_pipeline: ", arg, " needs a value");
       return argv[++i];
     };
     if (arg == "--hidden")

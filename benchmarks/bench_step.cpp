@@ -127,7 +127,7 @@ int to_int(const std::string& flag, const std::string& text, long long lo, long 
   } catch (const std::exception&) {
     used = 0;
   }
-  mg::check(used == text.size() && !text.empty() && v >= lo && v <= hi, flag, ": expected an integer in [",
+  MG_CHECK(used == text.size() && !text.empty() && v >= lo && v <= hi, flag, ": expected an integer in [",
             lo, ", ", hi, "], got '", text, "'");
   return static_cast<int>(v);
 }
@@ -140,14 +140,14 @@ double to_double(const std::string& flag, const std::string& text) {
   } catch (const std::exception&) {
     used = 0;
   }
-  mg::check(used == text.size() && !text.empty() && v >= 0, flag, ": expected a number >= 0, got '", text,
+  MG_CHECK(used == text.size() && !text.empty() && v >= 0, flag, ": expected a number >= 0, got '", text,
             "'");
   return v;
 }
 
 std::vector<FlagSpec> flag_table(Flags& f) {
   auto oneof = [](const std::string& flag, const std::string& v, std::vector<std::string> allowed) {
-    mg::check(std::find(allowed.begin(), allowed.end(), v) != allowed.end(), flag, ": unknown value '", v,
+    MG_CHECK(std::find(allowed.begin(), allowed.end(), v) != allowed.end(), flag, ": unknown value '", v,
               "'");
     return v;
   };
@@ -220,9 +220,9 @@ int parse_flags(int argc, char** argv, Flags& f) {
     const size_t eq = arg.find('=');
     if (eq != std::string::npos) name = arg.substr(0, eq), value = arg.substr(eq + 1);
     auto it = std::find_if(table.begin(), table.end(), [&](const FlagSpec& s) { return s.name == name; });
-    mg::check(it != table.end(), "unknown option '", arg, "' (--help lists them)");
+    MG_CHECK(it != table.end(), "unknown option '", arg, "' (--help lists them)");
     if (!it->is_switch && eq == std::string::npos) {
-      mg::check(i + 1 < argc, name, " needs a value");
+      MG_CHECK(i + 1 < argc, name, " needs a value");
       value = argv[++i];
     }
     it->set(value);
@@ -281,7 +281,7 @@ std::string temp_dir() {
   std::string pattern = std::string(base && *base ? base : "/tmp") + "/mg_bench_step_XXXXXX";
   std::vector<char> buf(pattern.begin(), pattern.end());
   buf.push_back('\0');
-  mg::check(::mkdtemp(buf.data()) != nullptr, "mkdtemp(", pattern, ") failed: ", std::strerror(errno));
+  MG_CHECK(::mkdtemp(buf.data()) != nullptr, "mkdtemp(", pattern, ") failed: ", std::strerror(errno));
   return buf.data();
 }
 
@@ -325,9 +325,9 @@ mg::Device pick_device(const std::string& requested) {
   if (requested == "cpu") return mg::Device::cpu(0);
   if (requested == "auto" && !(mg::cuda::built_with_cuda() && mg::cuda::device_count() > 0))
     return mg::Device::cpu(0);
-  mg::check(mg::cuda::built_with_cuda(), "--device cuda: this build has no CUDA (configure with ",
+  MG_CHECK(mg::cuda::built_with_cuda(), "--device cuda: this build has no CUDA (configure with ",
             "-DMG_CUDA=ON, as scripts/gpu-check does in build-gpu/)");
-  mg::check(mg::cuda::device_count() > 0, "--device cuda: ", mg::cuda::describe_devices());
+  MG_CHECK(mg::cuda::device_count() > 0, "--device cuda: ", mg::cuda::describe_devices());
   mg::cuda::enable_backend();
   return mg::Device::cuda(0);
 }

@@ -108,7 +108,7 @@ torch::Tensor to_torch(const mg::Tensor& t) {
   mg::Tensor c = t.detach().contiguous();
   std::vector<int64_t> sizes(c.shape().begin(), c.shape().end());
   if (c.dtype() == mg::DType::f32) return torch::from_blob(c.data<float>(), sizes, torch::kFloat32).clone();
-  mg::check(c.dtype() == mg::DType::i64, "bench_vs_torch: to_torch supports f32 and i64, got ",
+  MG_CHECK(c.dtype() == mg::DType::i64, "bench_vs_torch: to_torch supports f32 and i64, got ",
             mg::dtype_name(c.dtype()));
   return torch::from_blob(c.data<int64_t>(), sizes, torch::kInt64).clone();
 }
@@ -118,12 +118,12 @@ torch::Tensor to_torch(const mg::Tensor& t) {
 // PyTorch's order: weight, bias, running_mean, running_var, num_batches_tracked).
 void copy_weights(const mg::nn::Module& from, torch::nn::Module& to) {
   auto copy_list = [](const std::vector<mg::Tensor>& src, std::vector<torch::Tensor> dst, const char* what) {
-    mg::check(src.size() == dst.size(), "bench_vs_torch: multigrad model has ", src.size(), " ", what,
+    MG_CHECK(src.size() == dst.size(), "bench_vs_torch: multigrad model has ", src.size(), " ", what,
               ", libtorch model has ", dst.size());
     torch::NoGradGuard no_grad;
     for (size_t i = 0; i < src.size(); ++i) {
       torch::Tensor value = to_torch(src[i]);
-      mg::check(value.sizes() == dst[i].sizes(), "bench_vs_torch: ", what, " ", i, " has shape ",
+      MG_CHECK(value.sizes() == dst[i].sizes(), "bench_vs_torch: ", what, " ", i, " has shape ",
                 mg::shape_str(src[i].shape()), " in multigrad but ", dst[i].sizes(), " in libtorch");
       dst[i].copy_(value);
     }

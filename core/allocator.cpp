@@ -41,7 +41,7 @@ class CpuCachingAllocator {
       return ptr;
     }
     void* ptr = std::aligned_alloc(kAlignment, size);
-    check(ptr != nullptr, "CPU out of memory: asked for ", nbytes, " bytes; ", stats_.allocated_bytes,
+    MG_CHECK(ptr != nullptr, "CPU out of memory: asked for ", nbytes, " bytes; ", stats_.allocated_bytes,
           " bytes held by tensors and ", cached_bytes_, " bytes cached");
     ++stats_.system_allocations;
     block_sizes_[ptr] = size;
@@ -106,7 +106,7 @@ std::unique_ptr<DeviceBackend>& cuda_backend_slot() {
 
 const DeviceBackend& require_cuda_backend(Device device) {
   const DeviceBackend* backend = cuda_backend();
-  check(backend != nullptr, "cannot use ", device,
+  MG_CHECK(backend != nullptr, "cannot use ", device,
         ": this multigrad has no CUDA backend registered (built without CUDA, or no GPU was found)");
   return *backend;
 }
@@ -187,7 +187,7 @@ bool pinned_memory_available() {
 }
 
 void* pinned_allocate(size_t nbytes) {
-  check(pinned_memory_available(),
+  MG_CHECK(pinned_memory_available(),
         "pin_memory: pinned (page-locked) host memory needs the CUDA backend, and ",
         cuda_backend()
             ? "the registered backend has no pinned allocator"

@@ -10,7 +10,7 @@ thread_local AutocastState current_state;
 AutocastState autocast_state() { return current_state; }
 
 AutocastGuard::AutocastGuard(DType dtype, bool enabled) : previous_(current_state) {
-  check(dtype == DType::bf16 || dtype == DType::f16,
+  MG_CHECK(dtype == DType::bf16 || dtype == DType::f16,
         "AutocastGuard: the autocast dtype must be bf16 or f16, got ", dtype);
   current_state = AutocastState{enabled, dtype};
 }

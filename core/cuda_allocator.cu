@@ -211,7 +211,7 @@ class CudaCachingAllocator {
   void record_stream(void* ptr, int device, Stream stream) {
     std::lock_guard<std::mutex> lock(mutex_);
     auto found = live_.find(ptr);
-    check(found != live_.end(), "record_stream: the tensor's memory on cuda:", device,
+    MG_CHECK(found != live_.end(), "record_stream: the tensor's memory on cuda:", device,
           " was not handed out by the CUDA caching allocator (or is already freed)");
     Block& b = found->second;
     if (stream.handle == b.stream && physical_device(stream.device) == physical_device(b.device)) return;
@@ -541,13 +541,13 @@ bool register_at_load() {
 [[maybe_unused]] const bool g_registered_at_load = register_at_load();
 
 void check_index(int device) {
-  check(device >= 0 && device < kMaxDevices, "cuda memory stats: bad device index ", device);
+  MG_CHECK(device >= 0 && device < kMaxDevices, "cuda memory stats: bad device index ", device);
 }
 
 }  // namespace
 
 void enable_backend() {
-  check(device_count() > 0, "mg::cuda::enable_backend: ", describe_devices());
+  MG_CHECK(device_count() > 0, "mg::cuda::enable_backend: ", describe_devices());
   std::call_once(g_register_once, register_now);
 }
 
@@ -566,11 +566,11 @@ void reset_peak_memory_stats(int device) {
 void empty_cache() { allocator().empty_cache(); }
 
 void record_stream(const Tensor& t, Stream stream) {
-  check(t.defined(), "record_stream: the tensor is undefined");
-  check(t.device().is_cuda(), "record_stream: the tensor is on ", t.device(),
+  MG_CHECK(t.defined(), "record_stream: the tensor is undefined");
+  MG_CHECK(t.device().is_cuda(), "record_stream: the tensor is on ", t.device(),
         "; only CUDA tensors belong to the caching allocator");
   const int device = t.device().index;
-  check(physical_device(stream.device) == physical_device(device),
+  MG_CHECK(physical_device(stream.device) == physical_device(device),
         "record_stream: the tensor lives on cuda:", device,
         " but the stream belongs to cuda:", stream.device);
   allocator().record_stream(t.storage()->data(), device, stream);

@@ -57,8 +57,8 @@ thread_local std::array<bool, kMaxDevices> t_stream_set{};
 
 void check_device(int device) {
   const int n = device_count();
-  check(n > 0, "cuda:", device, ": no usable CUDA device (", describe_devices(), ")");
-  check(device >= 0 && device < n && device < kMaxDevices, "cuda:", device,
+  MG_CHECK(n > 0, "cuda:", device, ": no usable CUDA device (", describe_devices(), ")");
+  MG_CHECK(device >= 0 && device < n && device < kMaxDevices, "cuda:", device,
         ": no such device (this process has ", n, " CUDA device", n == 1 ? "" : "s",
         virtual_gpus() ? ", virtual" : "", ")");
 }
@@ -170,7 +170,7 @@ void Event::record(Stream stream) {
     handle_ = e;
     device_ = stream.device;
   }
-  check(physical_device(stream.device) == physical_device(device_),
+  MG_CHECK(physical_device(stream.device) == physical_device(device_),
         "Event::record: the event belongs to cuda:", device_, " but the stream to cuda:", stream.device);
   MG_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(handle_), static_cast<cudaStream_t>(stream.handle)));
 }
@@ -198,8 +198,8 @@ void Event::synchronize() const {
 }
 
 float Event::elapsed_ms(const Event& end) const {
-  check(timing_ && end.timing_, "Event::elapsed_ms: both events must be created with timing = true");
-  check(handle_ != nullptr && end.handle_ != nullptr,
+  MG_CHECK(timing_ && end.timing_, "Event::elapsed_ms: both events must be created with timing = true");
+  MG_CHECK(handle_ != nullptr && end.handle_ != nullptr,
         "Event::elapsed_ms: both events must be recorded first");
   float ms = 0.0f;
   MG_CUDA_CHECK(

@@ -12,7 +12,7 @@
 namespace mg {
 
 Tensor empty(const Shape& shape, const TensorOptions& options) {
-  for (int64_t s : shape) check(s >= 0, "empty: negative size in shape ", shape_str(shape));
+  for (int64_t s : shape) MG_CHECK(s >= 0, "empty: negative size in shape ", shape_str(shape));
   const size_t nbytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(options.dtype);
   auto storage = std::make_shared<Storage>(nbytes, options.device);
   Tensor t = make_tensor(std::move(storage), shape, contiguous_strides(shape), 0, options.dtype);
@@ -49,8 +49,8 @@ Tensor zeros(const Shape& shape, const TensorOptions& options) { return full(sha
 Tensor ones(const Shape& shape, const TensorOptions& options) { return full(shape, 1.0, options); }
 
 Tensor arange(double start, double end, double step, const TensorOptions& options) {
-  check(step != 0, "arange: step must be nonzero");
-  check((end - start) / step >= 0 || start == end, "arange: the range [", start, ", ", end,
+  MG_CHECK(step != 0, "arange: step must be nonzero");
+  MG_CHECK((end - start) / step >= 0 || start == end, "arange: the range [", start, ", ", end,
         ") is empty in the "
         "direction of step ",
         step);
@@ -84,7 +84,7 @@ Tensor randn(const Shape& shape, const TensorOptions& options) {
 }
 
 Tensor randint(int64_t low, int64_t high, const Shape& shape, const TensorOptions& options) {
-  check(high > low, "randint: high (", high, ") must be greater than low (", low, ")");
+  MG_CHECK(high > low, "randint: high (", high, ") must be greater than low (", low, ")");
   const GeneratorState call = next_random_call();
   return make_on_cpu_then_move(shape, options, [&](Tensor& t) {
     Tensor values = empty(shape, TensorOptions{DType::i64});
@@ -107,7 +107,7 @@ Tensor scalar_tensor(double value, const TensorOptions& options) { return full({
 
 template <class T>
 Tensor tensor(const std::vector<T>& values, const Shape& shape, const TensorOptions& options) {
-  check(static_cast<int64_t>(values.size()) == shape_numel(shape), "tensor: ", values.size(),
+  MG_CHECK(static_cast<int64_t>(values.size()) == shape_numel(shape), "tensor: ", values.size(),
         " values do not fill shape ", shape_str(shape), " (", shape_numel(shape), " elements)");
   using Host = std::conditional_t<std::is_same_v<T, bool>, bool, T>;
   return make_on_cpu_then_move(shape, options, [&](Tensor& t) {

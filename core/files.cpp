@@ -18,7 +18,7 @@ void write_all(int fd, const char* data, size_t size, const std::string& path) {
   while (size > 0) {
     const ssize_t written = ::write(fd, data, size);
     if (written < 0 && errno == EINTR) continue;
-    check(written > 0, "writing ", path, " failed: ", errno_text());
+    MG_CHECK(written > 0, "writing ", path, " failed: ", errno_text());
     data += written;
     size -= static_cast<size_t>(written);
   }
@@ -29,16 +29,16 @@ void write_all(int fd, const char* data, size_t size, const std::string& path) {
 void write_file_atomically(const std::string& path, const std::string& bytes) {
   const std::string temp = path + ".tmp." + std::to_string(::getpid());
   const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  check(fd >= 0, "cannot create ", temp, ": ", errno_text());
+  MG_CHECK(fd >= 0, "cannot create ", temp, ": ", errno_text());
   try {
     write_all(fd, bytes.data(), bytes.size(), temp);
-    check(::fsync(fd) == 0, "fsync of ", temp, " failed: ", errno_text());
+    MG_CHECK(::fsync(fd) == 0, "fsync of ", temp, " failed: ", errno_text());
   } catch (...) {
     ::close(fd);
     ::unlink(temp.c_str());
     throw;
   }
-  check(::close(fd) == 0, "closing ", temp, " failed: ", errno_text());
+  MG_CHECK(::close(fd) == 0, "closing ", temp, " failed: ", errno_text());
   if (::rename(temp.c_str(), path.c_str()) != 0) {
     const std::string reason = errno_text();
     ::unlink(temp.c_str());

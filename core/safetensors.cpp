@@ -41,17 +41,17 @@ void verify_checksums(SafetensorsFile& file,
     }
     const std::string name = it->first.substr(kChecksumPrefix.size());
     auto bytes = tensor_bytes.find(name);
-    check(bytes != tensor_bytes.end(), path, ": __metadata__ has a checksum for tensor '", name,
+    MG_CHECK(bytes != tensor_bytes.end(), path, ": __metadata__ has a checksum for tensor '", name,
           "', which the file does not hold");
     const auto [begin, end] = bytes->second;
     const std::string actual = checksum_text(crc32c(buffer + begin, end - begin));
-    check(actual == it->second, path, ": tensor '", name, "' is corrupt: its ", end - begin,
+    MG_CHECK(actual == it->second, path, ": tensor '", name, "' is corrupt: its ", end - begin,
           " bytes have CRC32C ", actual, " but the file recorded ", it->second);
     ++verified;
     it = file.metadata.erase(it);
   }
   // A file with checksums must have one for every tensor (else a tensor could be swapped in).
-  check(verified == 0 || verified == tensor_bytes.size(), path, ": ", tensor_bytes.size() - verified, " of ",
+  MG_CHECK(verified == 0 || verified == tensor_bytes.size(), path, ": ", tensor_bytes.size() - verified, " of ",
         tensor_bytes.size(), " tensors have no checksum in __metadata__");
 }
 
@@ -91,13 +91,13 @@ std::string encode_safetensors(const StateDict& tensors, const SafetensorsMetada
   json header = json::object();
   SafetensorsMetadata meta = metadata;
   for (const auto& [key, value] : metadata)
-    check(key.compare(0, kChecksumPrefix.size(), kChecksumPrefix) != 0, "save_safetensors: metadata key '",
+    MG_CHECK(key.compare(0, kChecksumPrefix.size(), kChecksumPrefix) != 0, "save_safetensors: metadata key '",
           key, "' uses the prefix '", kChecksumPrefix, "' reserved for the per-tensor checksums");
   std::vector<Tensor> host;
   size_t offset = 0;
   for (const auto& [name, tensor] : tensors) {
-    check(tensor.defined(), "save_safetensors: tensor '", name, "' is undefined");
-    check(name != "__metadata__", "save_safetensors: '__metadata__' is reserved and cannot name a tensor");
+    MG_CHECK(tensor.defined(), "save_safetensors: tensor '", name, "' is undefined");
+    MG_CHECK(name != "__metadata__", "save_safetensors: '__metadata__' is reserved and cannot name a tensor");
     Tensor h;
     {
       NoGradGuard no_grad;
@@ -124,19 +124,19 @@ std::string encode_safetensors(const StateDict& tensors, const SafetensorsMetada
 
 SafetensorsFile load_safetensors(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  check(in.good(), "cannot open ", path, ": ", errno_text());
+  MG_CHECK(in.good(), "cannot open ", path, ": ", errno_text());
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   return decode_safetensors(bytes, path);
 }
 
 SafetensorsFile decode_safetensors(const std::string& bytes, const std::string& path) {
-  check(bytes.size() >= 8, path, ": not a safetensors file (", bytes.size(),
+  MG_CHECK(bytes.size() >= 8, path, ": not a safetensors file (", bytes.size(),
         " bytes, shorter than the 8-byte header "
         "length)");
   uint64_t header_size = 0;
   for (int i = 0; i < 8; ++i)
     header_size |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
-  check(header_size <= bytes.size() - 8, path, ": header length ", header_size,
+  MG_CHECK(header_size <= bytes.size() - 8, path, ": header length ", header_size,
         " runs past the end of the file (", bytes.size(),
         " bytes) — the file is truncated or not safetensors");
   json header;
@@ -145,7 +145,7 @@ SafetensorsFile decode_safetensors(const std::string& bytes, const std::string& 
   } catch (const json::exception& e) {
     throw Error(str_cat(path, ": the safetensors header is not valid JSON: ", e.what()));
   }
-  check(header.is_object(), path, ": the safetensors header is not a JSON object");
+  MG_CHECK(header.is_object(), path, ": the safetensors header is not a JSON object");
   const size_t buffer_size = bytes.size() - 8 - header_size;
   const char* buffer = bytes.data() + 8 + header_size;
 
@@ -156,35 +156,35 @@ SafetensorsFile decode_safetensors(const std::string& bytes, const std::string& 
     const std::string& name = it.key();
     const json& entry = it.value();
     if (name == "__metadata__") {
-      check(entry.is_object(), path, ": __metadata__ must be an object of strings");
+      MG_CHECK(entry.is_object(), path, ": __metadata__ must be an object of strings");
       for (auto m = entry.begin(); m != entry.end(); ++m) {
-        check(m.value().is_string(), path, ": __metadata__ value for '", m.key(), "' is not a string");
+        MG_CHECK(m.value().is_string(), path, ": __metadata__ value for '", m.key(), "' is not a string");
         file.metadata[m.key()] = m.value().get<std::string>();
       }
       continue;
     }
-    check(entry.is_object() && entry.contains("dtype") && entry.contains("shape") &&
+    MG_CHECK(entry.is_object() && entry.contains("dtype") && entry.contains("shape") &&
               entry.contains("data_offsets"),
           path, ": entry '", name, "' needs dtype, shape and data_offsets");
     DType dtype;
-    check(entry["dtype"].is_string() && parse_safetensors_dtype(entry["dtype"].get<std::string>(), dtype),
+    MG_CHECK(entry["dtype"].is_string() && parse_safetensors_dtype(entry["dtype"].get<std::string>(), dtype),
           path, ": entry '", name, "' has unsupported dtype ", entry["dtype"].dump());
-    check(entry["shape"].is_array(), path, ": entry '", name, "' has a non-array shape");
+    MG_CHECK(entry["shape"].is_array(), path, ": entry '", name, "' has a non-array shape");
     Shape shape;
     for (const json& s : entry["shape"]) {
-      check(s.is_number_integer() && s.get<int64_t>() >= 0, path, ": entry '", name, "' has a bad dimension ",
+      MG_CHECK(s.is_number_integer() && s.get<int64_t>() >= 0, path, ": entry '", name, "' has a bad dimension ",
             s.dump());
       shape.push_back(s.get<int64_t>());
     }
     const json& offsets = entry["data_offsets"];
-    check(offsets.is_array() && offsets.size() == 2 && offsets[0].is_number_unsigned() &&
+    MG_CHECK(offsets.is_array() && offsets.size() == 2 && offsets[0].is_number_unsigned() &&
               offsets[1].is_number_unsigned(),
           path, ": entry '", name, "' has bad data_offsets ", offsets.dump());
     const uint64_t begin = offsets[0].get<uint64_t>(), end = offsets[1].get<uint64_t>();
     const uint64_t expected = static_cast<uint64_t>(shape_numel(shape)) * dtype_size(dtype);
-    check(begin <= end && end <= buffer_size, path, ": entry '", name, "' data [", begin, ", ", end,
+    MG_CHECK(begin <= end && end <= buffer_size, path, ": entry '", name, "' data [", begin, ", ", end,
           ") lies outside the ", buffer_size, "-byte data buffer — the file is truncated or corrupt");
-    check(end - begin == expected, path, ": entry '", name, "' of shape ", shape_str(shape), " ", dtype,
+    MG_CHECK(end - begin == expected, path, ": entry '", name, "' of shape ", shape_str(shape), " ", dtype,
           " needs ", expected, " bytes but data_offsets span ", end - begin);
     ranges.emplace_back(begin, end);
     tensor_bytes[name] = {begin, end};
@@ -197,10 +197,10 @@ SafetensorsFile decode_safetensors(const std::string& bytes, const std::string& 
   std::sort(ranges.begin(), ranges.end());
   uint64_t cursor = 0;
   for (const auto& [begin, end] : ranges) {
-    check(begin == cursor, path, ": tensor data is not contiguous (a gap or overlap at byte ", begin, ")");
+    MG_CHECK(begin == cursor, path, ": tensor data is not contiguous (a gap or overlap at byte ", begin, ")");
     cursor = end;
   }
-  check(cursor == buffer_size, path, ": ", buffer_size - cursor, " unexpected bytes after the last tensor");
+  MG_CHECK(cursor == buffer_size, path, ": ", buffer_size - cursor, " unexpected bytes after the last tensor");
   return file;
 }
 

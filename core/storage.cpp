@@ -8,7 +8,7 @@ namespace mg {
 Storage::Storage(size_t nbytes, Device device, bool pinned)
     : nbytes_(nbytes), device_(device), pinned_(pinned) {
   if (pinned) {
-    check(device.is_cpu(), "Storage: pinned memory is host memory; asked for it on ", device);
+    MG_CHECK(device.is_cpu(), "Storage: pinned memory is host memory; asked for it on ", device);
     data_ = pinned_allocate(nbytes);
   } else {
     data_ = device_allocate(nbytes, device);

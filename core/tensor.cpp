@@ -39,16 +39,16 @@ int64_t shape_numel(const Shape& shape) {
 
 int64_t wrap_dim(int64_t dim, int64_t ndim, const char* what) {
   const int64_t lo = ndim == 0 ? -1 : -ndim, hi = ndim == 0 ? 0 : ndim - 1;
-  check(dim >= lo && dim <= hi, what, ": dimension ", dim, " is out of range for a tensor with ", ndim,
+  MG_CHECK(dim >= lo && dim <= hi, what, ": dimension ", dim, " is out of range for a tensor with ", ndim,
         " dims (expected to be in [", lo, ", ", hi, "])");
   return dim < 0 ? dim + std::max<int64_t>(ndim, 1) : dim;
 }
 
 Tensor make_tensor(std::shared_ptr<Storage> storage, Shape shape, Shape strides, int64_t offset,
                    DType dtype) {
-  check(shape.size() <= static_cast<size_t>(kMaxDims), "tensors have at most ", kMaxDims, " dims, got ",
+  MG_CHECK(shape.size() <= static_cast<size_t>(kMaxDims), "tensors have at most ", kMaxDims, " dims, got ",
         shape_str(shape));
-  for (int64_t s : shape) check(s >= 0, "negative size in shape ", shape_str(shape));
+  for (int64_t s : shape) MG_CHECK(s >= 0, "negative size in shape ", shape_str(shape));
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = std::move(storage);
   impl->shape = std::move(shape);
@@ -60,7 +60,7 @@ Tensor make_tensor(std::shared_ptr<Storage> storage, Shape shape, Shape strides,
 
 namespace {
 void require_defined(const Tensor& t, const char* what) {
-  check(t.defined(), what, ": the tensor is undefined (default-constructed)");
+  MG_CHECK(t.defined(), what, ": the tensor is undefined (default-constructed)");
 }
 
 // Records a view op's backward: grad of the view -> grad of its base.
@@ -81,12 +81,12 @@ Tensor as_strided_view(const Tensor& base, Shape shape, Shape strides, int64_t o
 void check_inplace_allowed(const Tensor& self, const char* op, const std::vector<Tensor>& others = {}) {
   require_defined(self, op);
   if (!GradMode::is_enabled()) return;
-  check(!self.requires_grad(), op, ": in-place operation on a tensor that requires grad (shape ",
+  MG_CHECK(!self.requires_grad(), op, ": in-place operation on a tensor that requires grad (shape ",
         shape_str(self.shape()),
         ") is not tracked by autograd; run it under NoGradGuard (as optimizer steps do) or use the "
         "out-of-place op");
   for (const Tensor& o : others)
-    check(
+    MG_CHECK(
         !o.defined() || !o.requires_grad(), op,
         ": in-place operation whose source requires grad is not tracked by autograd; detach() the source or "
         "run under NoGradGuard");
@@ -168,7 +168,7 @@ std::vector<T> Tensor::to_vector() const {
 
 template <class T>
 T Tensor::item() const {
-  check(numel() == 1, "item(): the tensor has ", numel(), " elements (shape ", shape_str(shape()),
+  MG_CHECK(numel() == 1, "item(): the tensor has ", numel(), " elements (shape ", shape_str(shape()),
         "); only one-element tensors convert to a number");
   return to_vector<T>()[0];
 }
@@ -191,19 +191,19 @@ Shape infer_shape(const Shape& requested, int64_t numel, const Shape& from) {
   int64_t known = 1, infer_at = -1;
   for (size_t i = 0; i < shape.size(); ++i) {
     if (shape[i] == -1) {
-      check(infer_at < 0, "view: only one dimension can be -1 in ", shape_str(requested));
+      MG_CHECK(infer_at < 0, "view: only one dimension can be -1 in ", shape_str(requested));
       infer_at = static_cast<int64_t>(i);
     } else {
-      check(shape[i] >= 0, "view: invalid size in ", shape_str(requested));
+      MG_CHECK(shape[i] >= 0, "view: invalid size in ", shape_str(requested));
       known *= shape[i];
     }
   }
   if (infer_at >= 0) {
-    check(known != 0 && numel % known == 0, "view: shape ", shape_str(requested),
+    MG_CHECK(known != 0 && numel % known == 0, "view: shape ", shape_str(requested),
           " is invalid for input of shape ", shape_str(from));
     shape[infer_at] = numel / known;
   }
-  check(shape_numel(shape) == numel, "view: shape ", shape_str(requested), " is invalid for input of shape ",
+  MG_CHECK(shape_numel(shape) == numel, "view: shape ", shape_str(requested), " is invalid for input of shape ",
         shape_str(from), " (", numel, " elements)");
   return shape;
 }
@@ -246,7 +246,7 @@ bool compute_view_strides(const Shape& old_shape, const Shape& old_strides, cons
 Tensor Tensor::view(const Shape& requested) const {
   Shape shape = infer_shape(requested, numel(), this->shape());
   Shape strides;
-  check(compute_view_strides(this->shape(), this->strides(), shape, strides),
+  MG_CHECK(compute_view_strides(this->shape(), this->strides(), shape, strides),
         "view: cannot view a tensor of shape ", shape_str(this->shape()), " with strides ",
         shape_str(this->strides()), " as ", shape_str(shape), " without copying; use reshape()");
   Shape base_shape = this->shape();
@@ -265,7 +265,7 @@ Tensor Tensor::flatten(int64_t start_dim, int64_t end_dim) const {
   if (dim() == 0) return reshape({1});
   start_dim = wrap_dim(start_dim, dim(), "flatten");
   end_dim = wrap_dim(end_dim, dim(), "flatten");
-  check(start_dim <= end_dim, "flatten: start_dim ", start_dim, " must not come after end_dim ", end_dim);
+  MG_CHECK(start_dim <= end_dim, "flatten: start_dim ", start_dim, " must not come after end_dim ", end_dim);
   Shape shape(this->shape().begin(), this->shape().begin() + start_dim);
   int64_t merged = 1;
   for (int64_t d = start_dim; d <= end_dim; ++d) merged *= size(d);
@@ -285,18 +285,18 @@ Tensor Tensor::transpose(int64_t dim0, int64_t dim1) const {
 }
 
 Tensor Tensor::t() const {
-  check(dim() == 2, "t(): expects a 2-d tensor, got shape ", shape_str(shape()));
+  MG_CHECK(dim() == 2, "t(): expects a 2-d tensor, got shape ", shape_str(shape()));
   return transpose(0, 1);
 }
 
 Tensor Tensor::permute(const std::vector<int64_t>& dims) const {
-  check(static_cast<int64_t>(dims.size()) == dim(), "permute: got ", dims.size(),
+  MG_CHECK(static_cast<int64_t>(dims.size()) == dim(), "permute: got ", dims.size(),
         " dims for a tensor of shape ", shape_str(shape()));
   Shape shape(dims.size()), strides(dims.size());
   std::vector<int64_t> inverse(dims.size(), -1);
   for (size_t i = 0; i < dims.size(); ++i) {
     int64_t d = wrap_dim(dims[i], dim(), "permute");
-    check(inverse[d] < 0, "permute: dimension ", d, " repeats in the permutation");
+    MG_CHECK(inverse[d] < 0, "permute: dimension ", d, " repeats in the permutation");
     inverse[d] = static_cast<int64_t>(i);
     shape[i] = this->shape()[d];
     strides[i] = this->strides()[d];
@@ -307,7 +307,7 @@ Tensor Tensor::permute(const std::vector<int64_t>& dims) const {
 
 Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const {
   d = wrap_dim(d, dim(), "slice");
-  check(step > 0, "slice: step must be positive, got ", step);
+  MG_CHECK(step > 0, "slice: step must be positive, got ", step);
   const int64_t n = size(d);
   if (start < 0) start += n;
   if (end < 0) end += n;
@@ -330,7 +330,7 @@ Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const 
 
 Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
   d = wrap_dim(d, dim(), "narrow");
-  check(length >= 0 && start >= 0 && start + length <= size(d), "narrow: [", start, ", ", start + length,
+  MG_CHECK(length >= 0 && start >= 0 && start + length <= size(d), "narrow: [", start, ", ", start + length,
         ") is out of range for dimension ", d, " of size ", size(d), " (shape ", shape_str(shape()), ")");
   return slice(d, start, start + length);
 }
@@ -338,27 +338,27 @@ Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
 Tensor Tensor::select(int64_t d, int64_t index) const {
   d = wrap_dim(d, dim(), "select");
   const int64_t n = size(d);
-  check(index >= -n && index < n, "select: index ", index, " is out of range for dimension ", d, " of size ",
+  MG_CHECK(index >= -n && index < n, "select: index ", index, " is out of range for dimension ", d, " of size ",
         n);
   if (index < 0) index += n;
   return narrow(d, index, 1).squeeze(d);
 }
 
 Tensor Tensor::expand(const Shape& requested) const {
-  check(requested.size() >= shape().size(), "expand: the target ", shape_str(requested),
+  MG_CHECK(requested.size() >= shape().size(), "expand: the target ", shape_str(requested),
         " has fewer dims than the tensor's shape ", shape_str(shape()));
   const size_t lead = requested.size() - shape().size();
   Shape shape(requested.size()), strides(requested.size());
   for (size_t i = 0; i < requested.size(); ++i) {
     if (i < lead) {
-      check(requested[i] >= 0, "expand: -1 is not allowed for a new leading dim in ", shape_str(requested));
+      MG_CHECK(requested[i] >= 0, "expand: -1 is not allowed for a new leading dim in ", shape_str(requested));
       shape[i] = requested[i];
       strides[i] = 0;
       continue;
     }
     const int64_t have = this->shape()[i - lead];
     const int64_t want = requested[i] == -1 ? have : requested[i];
-    check(have == want || have == 1, "expand: the size ", have, " at dim ", i - lead, " of ",
+    MG_CHECK(have == want || have == 1, "expand: the size ", have, " at dim ", i - lead, " of ",
           shape_str(this->shape()), " must match ", want, " in ", shape_str(requested), " (or be 1)");
     shape[i] = want;
     strides[i] = have == want ? this->strides()[i - lead] : 0;
@@ -415,7 +415,7 @@ Tensor copy_to(const Tensor& src, Device device, DType dtype) {
 
 Tensor Tensor::pin_memory() const {
   require_defined(*this, "pin_memory");
-  check(device().is_cpu(), "pin_memory: only CPU tensors can be pinned, this one is on ", device());
+  MG_CHECK(device().is_cpu(), "pin_memory: only CPU tensors can be pinned, this one is on ", device());
   if (is_pinned()) return *this;
   auto storage = std::make_shared<Storage>(nbytes(), device(), /*pinned=*/true);
   Tensor out = make_tensor(std::move(storage), shape(), contiguous_strides(shape()), 0, dtype());
@@ -439,7 +439,7 @@ Tensor Tensor::clone() const {
 
 Tensor Tensor::to(Device device, DType dtype) const {
   if (device == this->device() && dtype == this->dtype()) return *this;
-  check(!requires_grad() || is_floating(dtype), "to(", dtype,
+  MG_CHECK(!requires_grad() || is_floating(dtype), "to(", dtype,
         "): a tensor that requires grad can only be cast to a "
         "floating dtype");
   Tensor out;
@@ -464,9 +464,9 @@ bool Tensor::requires_grad() const { return impl_ && impl_->autograd && impl_->a
 
 Tensor& Tensor::set_requires_grad(bool requires_grad) {
   require_defined(*this, "set_requires_grad");
-  check(is_leaf(), "set_requires_grad: only leaf tensors can change requires_grad (this one comes from ",
+  MG_CHECK(is_leaf(), "set_requires_grad: only leaf tensors can change requires_grad (this one comes from ",
         grad_fn() ? grad_fn()->name() : std::string("?"), "); use detach() first");
-  check(!requires_grad || is_floating(dtype()),
+  MG_CHECK(!requires_grad || is_floating(dtype()),
         "set_requires_grad: only floating tensors can require grad, this one is ", dtype());
   impl_->autograd_meta().requires_grad = requires_grad;
   return *this;
@@ -488,7 +488,7 @@ Tensor& Tensor::mutable_grad() const {
 void Tensor::set_grad(const Tensor& grad) const {
   require_defined(*this, "set_grad");
   if (grad.defined())
-    check(grad.shape() == shape() && grad.dtype() == dtype() && grad.device() == device(),
+    MG_CHECK(grad.shape() == shape() && grad.dtype() == dtype() && grad.device() == device(),
           "set_grad: gradient ", shape_str(grad.shape()), " ", grad.dtype(), " on ", grad.device(),
           " does not match the tensor ", shape_str(shape()), " ", dtype(), " on ", device());
   impl_->autograd_meta().grad = grad;
@@ -511,7 +511,7 @@ Tensor Tensor::detach() const {
 }
 
 void Tensor::retain_grad() const {
-  check(requires_grad(), "retain_grad: the tensor does not require grad");
+  MG_CHECK(requires_grad(), "retain_grad: the tensor does not require grad");
   if (is_leaf() || retains_grad()) return;
   impl_->autograd->retains_grad = true;
   std::weak_ptr<TensorImpl> weak = impl_;
@@ -527,7 +527,7 @@ void Tensor::retain_grad() const {
 bool Tensor::retains_grad() const { return impl_ && impl_->autograd && impl_->autograd->retains_grad; }
 
 void Tensor::register_hook(GradHook hook) const {
-  check(requires_grad(), "register_hook: cannot register a hook on a tensor that does not require grad");
+  MG_CHECK(requires_grad(), "register_hook: cannot register a hook on a tensor that does not require grad");
   if (is_leaf()) {
     impl_->autograd->leaf_hooks.push_back(std::move(hook));
   } else {
@@ -536,7 +536,7 @@ void Tensor::register_hook(GradHook hook) const {
 }
 
 void Tensor::register_post_accumulate_grad_hook(PostAccumulateHook hook) const {
-  check(requires_grad() && is_leaf(),
+  MG_CHECK(requires_grad() && is_leaf(),
         "register_post_accumulate_grad_hook: only leaf tensors that require grad accumulate a gradient");
   impl_->autograd->post_accumulate_hooks.push_back(std::move(hook));
 }
@@ -548,7 +548,7 @@ Tensor& Tensor::copy_(const Tensor& src) {
   check_inplace_allowed(*this, "copy_", {src});
   require_defined(src, "copy_");
   Shape target = broadcast_shapes(shape(), src.shape(), "copy_");
-  check(target == shape(), "copy_: source of shape ", shape_str(src.shape()), " cannot be broadcast to ",
+  MG_CHECK(target == shape(), "copy_: source of shape ", shape_str(src.shape()), " cannot be broadcast to ",
         shape_str(shape()));
   if ((src.device().is_cpu() && device().is_cpu()) || src.device() == device()) {
     // Logical CPU devices share host memory, and within one GPU a kernel reads
@@ -586,7 +586,7 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
   // Hot path (gradient accumulation, optimizer updates): one fused pass, no temporary.
   if (other.device() == device() && other.dtype() == dtype() && is_floating(dtype())) {
     Shape target = broadcast_shapes(shape(), other.shape(), "add_");
-    check(target == shape(), "add_: the result of shape ", shape_str(target),
+    MG_CHECK(target == shape(), "add_: the result of shape ", shape_str(target),
           " does not fit the tensor of shape ", shape_str(shape()));
     const StridedView self_view = view_for_kernel();
     MG_KERNEL(device(), axpby, self_view, alpha, other.detach().expand(shape()).view_for_kernel(), self_view);
@@ -598,7 +598,7 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
     NoGradGuard no_grad;
     result = add(*this, other, alpha);
   }
-  check(result.shape() == shape(), "add_: the result of shape ", shape_str(result.shape()),
+  MG_CHECK(result.shape() == shape(), "add_: the result of shape ", shape_str(result.shape()),
         " does not fit the tensor of shape ", shape_str(shape()));
   return copy_(result);
 }
@@ -616,7 +616,7 @@ Tensor& Tensor::mul_(const Tensor& other) {
     NoGradGuard no_grad;
     result = mul(*this, other);
   }
-  check(result.shape() == shape(), "mul_: the result of shape ", shape_str(result.shape()),
+  MG_CHECK(result.shape() == shape(), "mul_: the result of shape ", shape_str(result.shape()),
         " does not fit the tensor of shape ", shape_str(shape()));
   return copy_(result);
 }
@@ -634,7 +634,7 @@ Tensor& Tensor::div_(const Tensor& other) {
     NoGradGuard no_grad;
     result = div(*this, other);
   }
-  check(result.shape() == shape(), "div_: the result of shape ", shape_str(result.shape()),
+  MG_CHECK(result.shape() == shape(), "div_: the result of shape ", shape_str(result.shape()),
         " does not fit the tensor of shape ", shape_str(shape()));
   return copy_(result);
 }

@@ -63,7 +63,7 @@ class Tensor {
   void* data_ptr() const;
   template <class T>
   T* data() const {
-    check(dtype_of<T>() == dtype(), "Tensor::data<", dtype_name(dtype_of<T>()), ">() on a tensor of dtype ",
+    MG_CHECK(dtype_of<T>() == dtype(), "Tensor::data<", dtype_name(dtype_of<T>()), ">() on a tensor of dtype ",
           dtype());
     return static_cast<T*>(data_ptr());
   }

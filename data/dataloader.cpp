@@ -69,7 +69,7 @@ struct DataLoader::Run {
     try {
       NoGradGuard no_grad;
       result.batch = dataset.get_batch(indices);
-      check(result.batch.data.defined() && result.batch.target.defined() && result.batch.data.dim() >= 1 &&
+      MG_CHECK(result.batch.data.defined() && result.batch.target.defined() && result.batch.data.dim() >= 1 &&
                 result.batch.data.size(0) == static_cast<int64_t>(indices.size()),
             "Dataset::get_batch returned ",
             result.batch.data.defined() ? shape_str(result.batch.data.shape()) : "[]", " for ",
@@ -216,14 +216,14 @@ struct DataLoader::Run {
 
 DataLoader::DataLoader(const Dataset& dataset, DataLoaderOptions options)
     : dataset_(dataset), options_(std::move(options)) {
-  check(options_.batch_size >= 1, "DataLoader: batch_size must be >= 1, got ", options_.batch_size);
-  check(options_.workers >= 0, "DataLoader: workers must be >= 0, got ", options_.workers);
-  check(options_.prefetch >= 1, "DataLoader: prefetch must be >= 1, got ", options_.prefetch);
-  check(!(options_.sampler && options_.shuffle),
+  MG_CHECK(options_.batch_size >= 1, "DataLoader: batch_size must be >= 1, got ", options_.batch_size);
+  MG_CHECK(options_.workers >= 0, "DataLoader: workers must be >= 0, got ", options_.workers);
+  MG_CHECK(options_.prefetch >= 1, "DataLoader: prefetch must be >= 1, got ", options_.prefetch);
+  MG_CHECK(!(options_.sampler && options_.shuffle),
         "DataLoader: shuffle = true and a sampler are mutually exclusive (the sampler decides the order; "
         "give the sampler shuffling instead, e.g. RandomSampler or DistributedSampler with shuffle)");
   if (options_.device && options_.device->is_cuda()) {
-    check(options_.device->index < cuda::device_count(), "DataLoader: device ", *options_.device,
+    MG_CHECK(options_.device->index < cuda::device_count(), "DataLoader: device ", *options_.device,
           " requested, but ", cuda::describe_devices());
   }
   if (options_.sampler) {
@@ -242,7 +242,7 @@ DataLoader::~DataLoader() = default;
 DataLoader::DataLoader(DataLoader&&) noexcept = default;
 
 void DataLoader::set_start_batch(int64_t k) {
-  check(k >= 0, "DataLoader::set_start_batch: k must be >= 0, got ", k);
+  MG_CHECK(k >= 0, "DataLoader::set_start_batch: k must be >= 0, got ", k);
   start_batch_ = k;
 }
 
@@ -256,14 +256,14 @@ DataLoader::Iterator DataLoader::begin() {
   std::vector<int64_t> order = sampler_->indices(epoch);
   const int64_t n = dataset_.size();
   for (size_t p = 0; p < order.size(); ++p) {
-    check(order[p] >= 0 && order[p] < n, "DataLoader: the sampler gave index ", order[p], " (position ", p,
+    MG_CHECK(order[p] >= 0 && order[p] < n, "DataLoader: the sampler gave index ", order[p], " (position ", p,
           " of epoch ", epoch, ") for a dataset of size ", n);
   }
   if (own_sampler_) own_sampler_->set_epoch(epoch + 1);  // the next pass is the next epoch
   const int64_t first = start_batch_;
   start_batch_ = 0;
   auto run = std::make_shared<Run>(dataset_, options_, epoch, std::move(order));
-  check(first <= run->num_batches, "DataLoader: start batch ", first, " is past the ", run->num_batches,
+  MG_CHECK(first <= run->num_batches, "DataLoader: start batch ", first, " is past the ", run->num_batches,
         " batches of epoch ", epoch);
   run->next_to_start = run->next_to_deliver = first;
   run->start_workers();
@@ -278,12 +278,12 @@ DataLoader::Iterator DataLoader::end() const { return Iterator(); }
 bool DataLoader::Iterator::at_end() const { return !run_ || run_->current >= run_->num_batches; }
 
 Batch& DataLoader::Iterator::operator*() const {
-  check(!at_end(), "DataLoader::Iterator: dereferencing the end of the pass");
+  MG_CHECK(!at_end(), "DataLoader::Iterator: dereferencing the end of the pass");
   return run_->batch;
 }
 
 DataLoader::Iterator& DataLoader::Iterator::operator++() {
-  check(!at_end(), "DataLoader::Iterator: incrementing past the end of the pass");
+  MG_CHECK(!at_end(), "DataLoader::Iterator: incrementing past the end of the pass");
   run_->advance_to(run_->current + 1);
   return *this;
 }

@@ -8,23 +8,23 @@
 namespace mg::data {
 
 void check_index(const char* who, int64_t index, int64_t size) {
-  check(index >= 0 && index < size, who, ": index ", index, " is out of range [0, ", size, ")");
+  MG_CHECK(index >= 0 && index < size, who, ": index ", index, " is out of range [0, ", size, ")");
 }
 
 Batch stack_examples(const std::vector<Example>& examples) {
-  check(!examples.empty(), "stack_examples: no examples (a batch needs at least one sample)");
+  MG_CHECK(!examples.empty(), "stack_examples: no examples (a batch needs at least one sample)");
   std::vector<Tensor> data, targets;
   data.reserve(examples.size());
   targets.reserve(examples.size());
   const Example& first = examples.front();
   for (size_t i = 0; i < examples.size(); ++i) {
     const Example& e = examples[i];
-    check(e.data.defined() && e.target.defined(), "stack_examples: sample ", i, " of the batch is empty");
-    check(e.data.shape() == first.data.shape() && e.data.dtype() == first.data.dtype(),
+    MG_CHECK(e.data.defined() && e.target.defined(), "stack_examples: sample ", i, " of the batch is empty");
+    MG_CHECK(e.data.shape() == first.data.shape() && e.data.dtype() == first.data.dtype(),
           "stack_examples: sample ", i, " of the batch has data ", shape_str(e.data.shape()), " ",
           e.data.dtype(), " but sample 0 has ", shape_str(first.data.shape()), " ", first.data.dtype(),
           " (samples of a batch must match)");
-    check(e.target.shape() == first.target.shape() && e.target.dtype() == first.target.dtype(),
+    MG_CHECK(e.target.shape() == first.target.shape() && e.target.dtype() == first.target.dtype(),
           "stack_examples: sample ", i, " of the batch has target ", shape_str(e.target.shape()), " ",
           e.target.dtype(), " but sample 0 has ", shape_str(first.target.shape()), " ", first.target.dtype());
     data.push_back(e.data);
@@ -42,10 +42,10 @@ Batch Dataset::get_batch(const std::vector<int64_t>& indices) const {
 }
 
 TensorDataset::TensorDataset(Tensor data, Tensor targets) : data_(data.detach()), targets_(targets.detach()) {
-  check(data_.defined() && targets_.defined(), "TensorDataset: data and targets must be defined tensors");
-  check(data_.dim() >= 1 && targets_.dim() >= 1, "TensorDataset: data ", shape_str(data_.shape()),
+  MG_CHECK(data_.defined() && targets_.defined(), "TensorDataset: data and targets must be defined tensors");
+  MG_CHECK(data_.dim() >= 1 && targets_.dim() >= 1, "TensorDataset: data ", shape_str(data_.shape()),
         " and targets ", shape_str(targets_.shape()), " both need a leading sample dim");
-  check(data_.size(0) == targets_.size(0), "TensorDataset: data has ", data_.size(0), " samples (shape ",
+  MG_CHECK(data_.size(0) == targets_.size(0), "TensorDataset: data has ", data_.size(0), " samples (shape ",
         shape_str(data_.shape()), ") but targets has ", targets_.size(0), " (shape ",
         shape_str(targets_.shape()), ")");
 }

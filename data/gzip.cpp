@@ -24,20 +24,20 @@ bool has_gzip_support() {
 
 std::vector<uint8_t> read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary | std::ios::ate);
-  check(in.good(), "cannot open ", path, ": ", std::strerror(errno));
+  MG_CHECK(in.good(), "cannot open ", path, ": ", std::strerror(errno));
   const std::streamsize size = in.tellg();
-  check(size >= 0, "cannot determine the size of ", path);
+  MG_CHECK(size >= 0, "cannot determine the size of ", path);
   std::vector<uint8_t> bytes(static_cast<size_t>(size));
   in.seekg(0);
   if (size > 0) in.read(reinterpret_cast<char*>(bytes.data()), size);
-  check(in.good() || in.eof(), "error reading ", path, ": ", std::strerror(errno));
-  check(in.gcount() == size, "error reading ", path, ": got ", in.gcount(), " of ", size, " bytes");
+  MG_CHECK(in.good() || in.eof(), "error reading ", path, ": ", std::strerror(errno));
+  MG_CHECK(in.gcount() == size, "error reading ", path, ": got ", in.gcount(), " of ", size, " bytes");
   return bytes;
 }
 
 #if defined(MG_HAS_ZLIB)
 std::vector<uint8_t> gunzip(const std::vector<uint8_t>& compressed, const std::string& name) {
-  check(compressed.size() >= 2 && compressed[0] == 0x1f && compressed[1] == 0x8b, name,
+  MG_CHECK(compressed.size() >= 2 && compressed[0] == 0x1f && compressed[1] == 0x8b, name,
         ": not a gzip file (it does not start with the gzip magic bytes 1f 8b)");
   std::vector<uint8_t> out;
   // A gzip member ends with ISIZE, the uncompressed size mod 2^32: a good first guess for one member.
@@ -49,11 +49,11 @@ std::vector<uint8_t> gunzip(const std::vector<uint8_t>& compressed, const std::s
     out.reserve(std::min<size_t>({size_t(isize), n * 1032, size_t(1) << 30}));
   }
 
-  check(compressed.size() <= 0xFFFFFFFFu, name, ": a compressed file over 4 GiB is not supported");
+  MG_CHECK(compressed.size() <= 0xFFFFFFFFu, name, ": a compressed file over 4 GiB is not supported");
   z_stream zs;
   std::memset(&zs, 0, sizeof(zs));
   // windowBits 15 + 16: expect a gzip wrapper (header + CRC-32 + ISIZE), not raw zlib data.
-  check(inflateInit2(&zs, 15 + 16) == Z_OK, name, ": zlib inflateInit2 failed");
+  MG_CHECK(inflateInit2(&zs, 15 + 16) == Z_OK, name, ": zlib inflateInit2 failed");
   zs.next_in = const_cast<Bytef*>(compressed.data());
   zs.avail_in = static_cast<uInt>(compressed.size());
 

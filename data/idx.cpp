@@ -34,34 +34,34 @@ std::string idx_magic_hex(uint32_t magic) {
 }
 
 IdxArray parse_idx(std::vector<uint8_t> file, const std::string& name) {
-  check(file.size() >= 4, name, ": not an IDX file: ", file.size(),
+  MG_CHECK(file.size() >= 4, name, ": not an IDX file: ", file.size(),
         " bytes, too short for the 4-byte magic number");
   const uint32_t magic = read_be32(file.data());
   IdxArray out;
   out.type = file[2];
   const int ndims = file[3];
   const int element_size = idx_element_size(out.type);
-  check(file[0] == 0 && file[1] == 0 && element_size > 0 && ndims >= 1, name, ": bad IDX magic number ",
+  MG_CHECK(file[0] == 0 && file[1] == 0 && element_size > 0 && ndims >= 1, name, ": bad IDX magic number ",
         idx_magic_hex(magic),
         " (expected 0x0000TTNN: two zero bytes, a known type code TT such as 08 for u8, and NN >= 1 dims)");
 
   const size_t header = 4 + 4 * size_t(ndims);
-  check(file.size() >= header, name, ": truncated IDX header: magic ", idx_magic_hex(magic), " announces ",
+  MG_CHECK(file.size() >= header, name, ": truncated IDX header: magic ", idx_magic_hex(magic), " announces ",
         ndims, " dims, which needs ", header, " header bytes, but the file has ", file.size());
   uint64_t expected = uint64_t(element_size);
   for (int d = 0; d < ndims; ++d) {
     const uint32_t size = read_be32(file.data() + 4 + 4 * d);
     out.dims.push_back(int64_t(size));
     expected *= size;  // at most 255 dims of u32 sizes: the caller's dim checks bound this
-    check(expected < (uint64_t(1) << 40), name, ": IDX dims are implausibly large (over 1 TiB of payload)");
+    MG_CHECK(expected < (uint64_t(1) << 40), name, ": IDX dims are implausibly large (over 1 TiB of payload)");
   }
 
   const uint64_t got = file.size() - header;
   std::ostringstream dims;
   for (size_t d = 0; d < out.dims.size(); ++d) dims << (d ? " x " : "") << out.dims[d];
-  check(got >= expected, name, ": truncated IDX payload: dims ", dims.str(), " need ", expected,
+  MG_CHECK(got >= expected, name, ": truncated IDX payload: dims ", dims.str(), " need ", expected,
         " bytes after the header, got ", got, " (", expected - got, " missing)");
-  check(got == expected, name, ": IDX file has trailing bytes: dims ", dims.str(), " need ", expected,
+  MG_CHECK(got == expected, name, ": IDX file has trailing bytes: dims ", dims.str(), " need ", expected,
         " bytes after the header, got ", got, " (", got - expected, " extra)");
 
   file.erase(file.begin(), file.begin() + static_cast<std::ptrdiff_t>(header));

@@ -9,7 +9,7 @@
 namespace mg::data {
 
 std::vector<int64_t> random_permutation(int64_t n, uint64_t seed, int64_t epoch) {
-  check(n >= 0, "random_permutation: n must be >= 0, got ", n);
+  MG_CHECK(n >= 0, "random_permutation: n must be >= 0, got ", n);
   std::vector<int64_t> perm(static_cast<size_t>(n));
   std::iota(perm.begin(), perm.end(), int64_t(0));
   const uint64_t key = stream_key(seed, Stream::Shuffle);
@@ -25,7 +25,7 @@ std::vector<int64_t> random_permutation(int64_t n, uint64_t seed, int64_t epoch)
 }
 
 SequentialSampler::SequentialSampler(int64_t n) : n_(n) {
-  check(n >= 0, "SequentialSampler: n must be >= 0, got ", n);
+  MG_CHECK(n >= 0, "SequentialSampler: n must be >= 0, got ", n);
 }
 
 std::vector<int64_t> SequentialSampler::indices(int64_t) const {
@@ -35,7 +35,7 @@ std::vector<int64_t> SequentialSampler::indices(int64_t) const {
 }
 
 RandomSampler::RandomSampler(int64_t n, uint64_t seed) : n_(n), seed_(seed) {
-  check(n >= 0, "RandomSampler: n must be >= 0, got ", n);
+  MG_CHECK(n >= 0, "RandomSampler: n must be >= 0, got ", n);
 }
 
 std::vector<int64_t> RandomSampler::indices(int64_t epoch) const {

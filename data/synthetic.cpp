@@ -19,11 +19,11 @@ SyntheticClassification::SyntheticClassification(int64_t size, Shape sample_shap
       classes_(classes),
       key_(stream_key(seed, Stream::Synthetic)),
       noise_(static_cast<float>(noise)) {
-  check(size >= 0, "SyntheticClassification: size must be >= 0, got ", size);
-  check(classes >= 1, "SyntheticClassification: classes must be >= 1, got ", classes);
-  check(noise >= 0, "SyntheticClassification: noise must be >= 0, got ", noise);
+  MG_CHECK(size >= 0, "SyntheticClassification: size must be >= 0, got ", size);
+  MG_CHECK(classes >= 1, "SyntheticClassification: classes must be >= 1, got ", classes);
+  MG_CHECK(noise >= 0, "SyntheticClassification: noise must be >= 0, got ", noise);
   for (int64_t s : sample_shape_) {
-    check(s > 0, "SyntheticClassification: sample_shape ", shape_str(sample_shape_),
+    MG_CHECK(s > 0, "SyntheticClassification: sample_shape ", shape_str(sample_shape_),
           " has a non-positive size");
   }
   centroids_.resize(static_cast<size_t>(classes_ * numel_));

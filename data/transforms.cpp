@@ -16,16 +16,16 @@ struct CHW {
 };
 // [C, H, W] or [H, W] (one channel).
 CHW chw(const Shape& shape, const char* who) {
-  check(shape.size() == 2 || shape.size() == 3, who, ": expected a sample of shape [C, H, W] or [H, W], got ",
+  MG_CHECK(shape.size() == 2 || shape.size() == 3, who, ": expected a sample of shape [C, H, W] or [H, W], got ",
         shape_str(shape));
   if (shape.size() == 2) return CHW{1, shape[0], shape[1]};
   return CHW{shape[0], shape[1], shape[2]};
 }
 
 Tensor as_cpu_f32(const Tensor& t, const char* who) {
-  check(t.defined(), who, ": undefined tensor");
-  check(t.device().is_cpu(), who, ": transforms run on the CPU, got a tensor on ", t.device());
-  check(is_floating(t.dtype()), who, ": expected a floating-point sample, got ", t.dtype());
+  MG_CHECK(t.defined(), who, ": undefined tensor");
+  MG_CHECK(t.device().is_cpu(), who, ": transforms run on the CPU, got a tensor on ", t.device());
+  MG_CHECK(is_floating(t.dtype()), who, ": expected a floating-point sample, got ", t.dtype());
   return t.detach().to(DType::f32).contiguous();
 }
 }  // namespace
@@ -42,7 +42,7 @@ Tensor Transform::operator()(const Tensor& sample, const SampleKey& key) const {
 Tensor Transform::apply_batch(const Tensor& batch, const std::vector<int64_t>& indices, int64_t epoch,
                               uint64_t seed) const {
   Tensor in = as_cpu_f32(batch, "Transform::apply_batch");
-  check(in.dim() >= 1 && in.size(0) == static_cast<int64_t>(indices.size()), "Transform::apply_batch: batch ",
+  MG_CHECK(in.dim() >= 1 && in.size(0) == static_cast<int64_t>(indices.size()), "Transform::apply_batch: batch ",
         shape_str(in.shape()), " has ", in.dim() ? in.size(0) : 0, " rows but ", indices.size(),
         " indices were given");
   const Shape sample_shape(in.shape().begin() + 1, in.shape().end());
@@ -62,10 +62,10 @@ Tensor Transform::apply_batch(const Tensor& batch, const std::vector<int64_t>& i
 // ---- Normalize --------------------------------------------------------------------------------
 
 Normalize::Normalize(std::vector<double> mean, std::vector<double> std) {
-  check(!mean.empty() && mean.size() == std.size(),
+  MG_CHECK(!mean.empty() && mean.size() == std.size(),
         "Normalize: mean and std need the same, non-zero length, got ", mean.size(), " and ", std.size());
   for (size_t c = 0; c < mean.size(); ++c) {
-    check(std[c] > 0, "Normalize: std[", c, "] must be > 0, got ", std[c]);
+    MG_CHECK(std[c] > 0, "Normalize: std[", c, "] must be > 0, got ", std[c]);
     mean_.push_back(static_cast<float>(mean[c]));
     inv_std_.push_back(static_cast<float>(1.0 / std[c]));
   }
@@ -73,7 +73,7 @@ Normalize::Normalize(std::vector<double> mean, std::vector<double> std) {
 
 Shape Normalize::output_shape(const Shape& in) const {
   const CHW s = chw(in, "Normalize");
-  check(mean_.size() == 1 || static_cast<int64_t>(mean_.size()) == s.c, "Normalize: ", mean_.size(),
+  MG_CHECK(mean_.size() == 1 || static_cast<int64_t>(mean_.size()) == s.c, "Normalize: ", mean_.size(),
         " channel means/stds for a sample with ", s.c, " channels (shape ", shape_str(in), ")");
   return in;
 }
@@ -92,13 +92,13 @@ void Normalize::apply(const float* in, const Shape& in_shape, float* out, const 
 
 RandomCrop::RandomCrop(int64_t size_h, int64_t size_w, int64_t padding)
     : size_h_(size_h), size_w_(size_w), padding_(padding) {
-  check(size_h > 0 && size_w > 0, "RandomCrop: size must be positive, got ", size_h, " x ", size_w);
-  check(padding >= 0, "RandomCrop: padding must be >= 0, got ", padding);
+  MG_CHECK(size_h > 0 && size_w > 0, "RandomCrop: size must be positive, got ", size_h, " x ", size_w);
+  MG_CHECK(padding >= 0, "RandomCrop: padding must be >= 0, got ", padding);
 }
 
 Shape RandomCrop::output_shape(const Shape& in) const {
   const CHW s = chw(in, "RandomCrop");
-  check(size_h_ <= s.h + 2 * padding_ && size_w_ <= s.w + 2 * padding_, "RandomCrop: a ", size_h_, " x ",
+  MG_CHECK(size_h_ <= s.h + 2 * padding_ && size_w_ <= s.w + 2 * padding_, "RandomCrop: a ", size_h_, " x ",
         size_w_, " crop does not fit a ", s.h, " x ", s.w, " sample padded by ", padding_);
   return in.size() == 2 ? Shape{size_h_, size_w_} : Shape{s.c, size_h_, size_w_};
 }
@@ -128,7 +128,7 @@ void RandomCrop::apply(const float* in, const Shape& in_shape, float* out, const
 // ---- RandomHorizontalFlip ---------------------------------------------------------------------
 
 RandomHorizontalFlip::RandomHorizontalFlip(double p) : p_(p) {
-  check(p >= 0.0 && p <= 1.0, "RandomHorizontalFlip: p must be in [0, 1], got ", p);
+  MG_CHECK(p >= 0.0 && p <= 1.0, "RandomHorizontalFlip: p must be in [0, 1], got ", p);
 }
 
 Shape RandomHorizontalFlip::output_shape(const Shape& in) const {
@@ -160,7 +160,7 @@ void RandomHorizontalFlip::apply(const float* in, const Shape& in_shape, float* 
 // ---- Compose ----------------------------------------------------------------------------------
 
 Compose::Compose(std::vector<std::shared_ptr<const Transform>> stages) : stages_(std::move(stages)) {
-  for (size_t s = 0; s < stages_.size(); ++s) check(stages_[s] != nullptr, "Compose: stage ", s, " is null");
+  for (size_t s = 0; s < stages_.size(); ++s) MG_CHECK(stages_[s] != nullptr, "Compose: stage ", s, " is null");
 }
 
 Shape Compose::output_shape(const Shape& in) const {

@@ -252,7 +252,7 @@ double evaluate(nn::Module& model, parallel::ProcessGroup& pg, data::DataLoader&
   }
   model.train();
   const auto total = correct.all_reduce(pg);
-  check(total.count == loader.dataset().size(), "evaluate: counted ", total.count,
+  MG_CHECK(total.count == loader.dataset().size(), "evaluate: counted ", total.count,
         " test samples, the test set has ", loader.dataset().size());
   return total.mean();
 }
@@ -416,9 +416,9 @@ void train(Job& job, parallel::TrainingPosition position) {
 
 // Builds everything in the order the random draws depend on, then trains.
 void run(const Flags& f) {
-  check(f.precision == "f32" || f.precision == "bf16", "--precision must be f32 or bf16, got '", f.precision,
+  MG_CHECK(f.precision == "f32" || f.precision == "bf16", "--precision must be f32 or bf16, got '", f.precision,
         "'");
-  check(f.algo == "native" || f.algo == "ring", "--algo must be native or ring, got '", f.algo, "'");
+  MG_CHECK(f.algo == "native" || f.algo == "ring", "--algo must be native or ring, got '", f.algo, "'");
   parallel::ProcessGroup pg = init_process_group(f);
   ShardedData data(f, pg);
 

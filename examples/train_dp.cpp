@@ -43,7 +43,7 @@ std::vector<Device> pick_devices(int count) {
     for (int i = 0; i < cuda::device_count(); ++i) devices.push_back(Device::cuda(i));
     return devices;
   }
-  check(count >= 1, "--devices must be at least 1, got ", count);
+  MG_CHECK(count >= 1, "--devices must be at least 1, got ", count);
   for (int i = 0; i < count; ++i) devices.push_back(Device::cpu(i));
   return devices;
 }
@@ -75,7 +75,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   try {
-    check(precision == "f32" || precision == "bf16", "--precision must be f32 or bf16, got '", precision,
+    MG_CHECK(precision == "f32" || precision == "bf16", "--precision must be f32 or bf16, got '", precision,
           "'");
     const bool bf16 = precision == "bf16";
     const std::vector<Device> devices = pick_devices(num_devices);

@@ -72,10 +72,10 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   try {
-    check(precision == "f32" || precision == "bf16", "--precision must be f32 or bf16, got '", precision,
+    MG_CHECK(precision == "f32" || precision == "bf16", "--precision must be f32 or bf16, got '", precision,
           "'");
     const bool bf16 = precision == "bf16";
-    check(epochs >= 0, "--epochs must be >= 0 (0: the model's default), got ", epochs);
+    MG_CHECK(epochs >= 0, "--epochs must be >= 0 (0: the model's default), got ", epochs);
     if (epochs == 0) epochs = model_name == "cnn" ? 6 : 15;  // what reaches the accuracy floors (see top)
     Device device = device_name == "auto"
                         ? (cuda::device_count() > 0 && cuda_backend() ? Device::cuda(0) : Device::cpu(0))

@@ -64,11 +64,11 @@ int main(int argc, char** argv) {
     ProcessGroup world = init_process_group(init);
     const int n = world.size(), rank = world.rank();
     std::ifstream in(f.text, std::ios::binary);
-    check(in.good(), "train_gpt_parallel: cannot read --text ", f.text);
+    MG_CHECK(in.good(), "train_gpt_parallel: cannot read --text ", f.text);
     std::vector<int64_t> bytes;
     for (auto it = std::istreambuf_iterator<char>(in); it != std::istreambuf_iterator<char>(); ++it)
       bytes.push_back(static_cast<unsigned char>(*it));
-    check(static_cast<int64_t>(bytes.size()) > f.seq + 1, "train_gpt_parallel: ", f.text, " is too short");
+    MG_CHECK(static_cast<int64_t>(bytes.size()) > f.seq + 1, "train_gpt_parallel: ", f.text, " is too short");
 
     nn::GPTConfig config;
     config.vocab_size = 256;  // bytes: no tokenizer needed
@@ -87,7 +87,7 @@ int main(int argc, char** argv) {
     double loss_weight = 1.0 / n;                        // the ranks' weighted losses sum to the global loss
     std::shared_ptr<nn::Sequential> layers;              // pp: the GPT as a Sequential (views of gpt)
     std::shared_ptr<TensorParallelGPT> tensor_parallel;  // hybrid: what DDP wraps
-    check(f.batch % n == 0, "--batch ", f.batch, " must divide by the ", n, " ranks");
+    MG_CHECK(f.batch % n == 0, "--batch ", f.batch, " must divide by the ", n, " ranks");
     if (f.strategy == "ddp" || f.strategy == "zero") {
       auto ddp = std::make_shared<DistributedDataParallel>(gpt, world);
       model = ddp;
@@ -98,7 +98,7 @@ int main(int argc, char** argv) {
       model = std::make_shared<TensorParallelGPT>(gpt, world);
       params = model->parameters();
     } else if (f.strategy == "hybrid") {
-      check(n % 2 == 0, "--strategy hybrid needs an even number of ranks (pairs of tensor ranks)");
+      MG_CHECK(n % 2 == 0, "--strategy hybrid needs an even number of ranks (pairs of tensor ranks)");
       GroupGrid grid = new_group_grid(world, 2);  // tensor pairs {0,1} {2,3}..., data groups across them
       tensor_parallel = std::make_shared<TensorParallelGPT>(gpt, grid.tensor);
       model = std::make_shared<DistributedDataParallel>(*tensor_parallel, grid.data);

@@ -31,7 +31,7 @@ Flags parse_flags(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     auto value = [&]() -> std::string {
-      check(i + 1 < argc, "missing value after ", arg);
+      MG_CHECK(i + 1 < argc, "missing value after ", arg);
       return argv[++i];
     };
     if (arg == "--device")

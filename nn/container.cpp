@@ -5,7 +5,7 @@
 namespace mg::nn {
 
 Functional::Functional(Function fn, std::string name) : fn_(std::move(fn)), name_(std::move(name)) {
-  check(static_cast<bool>(fn_), "Functional: the function is empty");
+  MG_CHECK(static_cast<bool>(fn_), "Functional: the function is empty");
 }
 
 std::shared_ptr<Module> Functional::clone_empty() const { return std::make_shared<Functional>(fn_, name_); }
@@ -18,7 +18,7 @@ Sequential::Sequential(std::initializer_list<std::shared_ptr<Module>> modules) {
 Module& Sequential::operator[](size_t i) const { return *ptr(i); }
 
 const std::shared_ptr<Module>& Sequential::ptr(size_t i) const {
-  check(i < layers_.size(), "Sequential: index ", i, " is out of range (size ", layers_.size(), ")");
+  MG_CHECK(i < layers_.size(), "Sequential: index ", i, " is out of range (size ", layers_.size(), ")");
   return layers_[i];
 }
 
@@ -42,7 +42,7 @@ ModuleList::ModuleList(std::initializer_list<std::shared_ptr<Module>> modules) {
 Module& ModuleList::operator[](size_t i) const { return *ptr(i); }
 
 const std::shared_ptr<Module>& ModuleList::ptr(size_t i) const {
-  check(i < modules_.size(), "ModuleList: index ", i, " is out of range (size ", modules_.size(), ")");
+  MG_CHECK(i < modules_.size(), "ModuleList: index ", i, " is out of range (size ", modules_.size(), ")");
   return modules_[i];
 }
 

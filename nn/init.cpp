@@ -21,7 +21,7 @@ double calculate_gain(Nonlinearity nonlinearity, double param) {
 }
 
 std::pair<int64_t, int64_t> calculate_fan_in_and_fan_out(const Tensor& t) {
-  check(t.defined() && t.dim() >= 2, "init: fan in and fan out need a tensor with at least 2 dims, got ",
+  MG_CHECK(t.defined() && t.dim() >= 2, "init: fan in and fan out need a tensor with at least 2 dims, got ",
         t.defined() ? shape_str(t.shape()) : std::string("an undefined tensor"));
   int64_t receptive = 1;
   for (int64_t d = 2; d < t.dim(); ++d) receptive *= t.size(d);
@@ -32,8 +32,8 @@ namespace {
 TensorOptions like(const Tensor& t) { return TensorOptions{t.dtype(), t.device(), false}; }
 
 void require_floating(const Tensor& t, const char* name) {
-  check(t.defined(), "init::", name, ": undefined tensor");
-  check(is_floating(t.dtype()), "init::", name, ": expected a floating tensor, got ", t.dtype());
+  MG_CHECK(t.defined(), "init::", name, ": undefined tensor");
+  MG_CHECK(is_floating(t.dtype()), "init::", name, ": expected a floating tensor, got ", t.dtype());
 }
 
 int64_t fan(const Tensor& t, FanMode mode) {
@@ -44,7 +44,7 @@ int64_t fan(const Tensor& t, FanMode mode) {
 
 Tensor uniform_(Tensor t, double a, double b) {
   require_floating(t, "uniform_");
-  check(a <= b, "init::uniform_: a (", a, ") must not exceed b (", b, ")");
+  MG_CHECK(a <= b, "init::uniform_: a (", a, ") must not exceed b (", b, ")");
   NoGradGuard no_grad;
   t.copy_(add(mul(rand(t.shape(), like(t)), b - a), a));
   return t;
@@ -52,14 +52,14 @@ Tensor uniform_(Tensor t, double a, double b) {
 
 Tensor normal_(Tensor t, double mean, double std) {
   require_floating(t, "normal_");
-  check(std >= 0, "init::normal_: std must be >= 0, got ", std);
+  MG_CHECK(std >= 0, "init::normal_: std must be >= 0, got ", std);
   NoGradGuard no_grad;
   t.copy_(add(mul(randn(t.shape(), like(t)), std), mean));
   return t;
 }
 
 Tensor constant_(Tensor t, double value) {
-  check(t.defined(), "init::constant_: undefined tensor");
+  MG_CHECK(t.defined(), "init::constant_: undefined tensor");
   NoGradGuard no_grad;
   t.fill_(value);
   return t;

@@ -11,15 +11,15 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, const CrossEnt
 }
 
 Tensor nll_loss(const Tensor& log_probs, const Tensor& targets_in, const NLLLossOptions& options) {
-  check(log_probs.defined() && targets_in.defined(), "nll_loss: undefined input");
-  check(is_floating(log_probs.dtype()), "nll_loss: log_probs must be floating, got ", log_probs.dtype());
-  check(is_integral(targets_in.dtype()), "nll_loss: targets must be class indices (i64 or i32), got ",
+  MG_CHECK(log_probs.defined() && targets_in.defined(), "nll_loss: undefined input");
+  MG_CHECK(is_floating(log_probs.dtype()), "nll_loss: log_probs must be floating, got ", log_probs.dtype());
+  MG_CHECK(is_integral(targets_in.dtype()), "nll_loss: targets must be class indices (i64 or i32), got ",
         targets_in.dtype());
-  check(log_probs.dim() >= 2, "nll_loss: log_probs must be [N, C] or [N, C, d1, ...], got ",
+  MG_CHECK(log_probs.dim() >= 2, "nll_loss: log_probs must be [N, C] or [N, C, d1, ...], got ",
         shape_str(log_probs.shape()));
   Shape expected = log_probs.shape();
   expected.erase(expected.begin() + 1);
-  check(targets_in.shape() == expected, "nll_loss: log_probs of shape ", shape_str(log_probs.shape()),
+  MG_CHECK(targets_in.shape() == expected, "nll_loss: log_probs of shape ", shape_str(log_probs.shape()),
         " need targets of shape ", shape_str(expected), ", got ", shape_str(targets_in.shape()));
   const Tensor targets = targets_in.to(DType::i64);
   const int64_t C = log_probs.size(1);
@@ -27,7 +27,7 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& targets_in, const NLLLoss
   const int64_t out_of_range =
       sum(logical_and(valid, logical_or(lt(targets, 0.0), ge(targets, static_cast<double>(C)))))
           .item<int64_t>();
-  check(out_of_range == 0, "nll_loss: ", out_of_range, " target(s) outside [0, ", C,
+  MG_CHECK(out_of_range == 0, "nll_loss: ", out_of_range, " target(s) outside [0, ", C,
         ") (and not ignore_index ", options.ignore_index, ")");
 
   // one_hot[n, c, ...] = (targets[n, ...] == c)
@@ -50,8 +50,8 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& targets_in, const NLLLoss
 }
 
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
-  check(input.defined() && target.defined(), "mse_loss: undefined input");
-  check(input.shape() == target.shape(), "mse_loss: input of shape ", shape_str(input.shape()),
+  MG_CHECK(input.defined() && target.defined(), "mse_loss: undefined input");
+  MG_CHECK(input.shape() == target.shape(), "mse_loss: input of shape ", shape_str(input.shape()),
         " and target of shape ", shape_str(target.shape()), " must have the same shape");
   const Tensor squared = square(sub(input, target));
   switch (reduction) {

@@ -22,20 +22,20 @@ Tensor Module::forward(const Tensor&) {
 
 // ---- registration ------------------------------------------------------------
 void Module::check_new_name(const std::string& name, const char* what) const {
-  check(!name.empty(), type_name(), ": cannot register a ", what, " with an empty name");
-  check(name.find('.') == std::string::npos, type_name(), ": ", what, " name '", name,
+  MG_CHECK(!name.empty(), type_name(), ": cannot register a ", what, " with an empty name");
+  MG_CHECK(name.find('.') == std::string::npos, type_name(), ": ", what, " name '", name,
         "' must not contain '.' (dots separate submodule names)");
   bool taken = false;
   for (const TensorSlot& s : parameters_) taken = taken || s.name == name;
   for (const TensorSlot& s : buffers_) taken = taken || s.name == name;
   for (const auto& entry : children_) taken = taken || entry.first == name;
-  check(!taken, type_name(), ": the name '", name, "' is already registered");
+  MG_CHECK(!taken, type_name(), ": the name '", name, "' is already registered");
 }
 
 Tensor& Module::register_parameter(const std::string& name, Tensor& member, bool requires_grad) {
   check_new_name(name, "parameter");
-  check(member.defined(), type_name(), ": parameter '", name, "' is an undefined tensor");
-  check(is_floating(member.dtype()), type_name(), ": parameter '", name, "' must be floating, got ",
+  MG_CHECK(member.defined(), type_name(), ": parameter '", name, "' is an undefined tensor");
+  MG_CHECK(is_floating(member.dtype()), type_name(), ": parameter '", name, "' must be floating, got ",
         member.dtype());
   if (!member.is_leaf()) member = member.detach();  // a parameter is always a leaf
   member.set_requires_grad(requires_grad);
@@ -45,7 +45,7 @@ Tensor& Module::register_parameter(const std::string& name, Tensor& member, bool
 
 Tensor& Module::register_buffer(const std::string& name, Tensor& member) {
   check_new_name(name, "buffer");
-  check(member.defined(), type_name(), ": buffer '", name, "' is an undefined tensor");
+  MG_CHECK(member.defined(), type_name(), ": buffer '", name, "' is an undefined tensor");
   buffers_.push_back({name, &member});
   return member;
 }
@@ -77,7 +77,7 @@ Module& Module::register_module(const std::string& name, Module& member) {
 
 void Module::add_child(const std::string& name, Module* module) {
   check_new_name(name, "submodule");
-  check(module != this, type_name(), ": a module cannot be its own submodule ('", name, "')");
+  MG_CHECK(module != this, type_name(), ": a module cannot be its own submodule ('", name, "')");
   children_.emplace_back(name, module);
 }
 
@@ -207,11 +207,11 @@ void Module::convert(std::optional<Device> device, std::optional<DType> dtype) {
 
 void Module::to(Device device) { convert(device, std::nullopt); }
 void Module::to(DType dtype) {
-  check(is_floating(dtype), type_name(), ".to(", dtype, "): modules can only be cast to a floating dtype");
+  MG_CHECK(is_floating(dtype), type_name(), ".to(", dtype, "): modules can only be cast to a floating dtype");
   convert(std::nullopt, dtype);
 }
 void Module::to(Device device, DType dtype) {
-  check(is_floating(dtype), type_name(), ".to(", dtype, "): modules can only be cast to a floating dtype");
+  MG_CHECK(is_floating(dtype), type_name(), ".to(", dtype, "): modules can only be cast to a floating dtype");
   convert(device, dtype);
 }
 
@@ -298,14 +298,14 @@ std::shared_ptr<Module> Module::clone(std::optional<Device> device) const {
     } restore_rng;
     copy = clone_empty();
   }
-  check(copy != nullptr, type_name(), "::clone_empty() returned null");
+  MG_CHECK(copy != nullptr, type_name(), "::clone_empty() returned null");
 
   auto copy_slots = [&](const std::vector<std::pair<std::string, Tensor*>>& from,
                         const std::vector<std::pair<std::string, Tensor*>>& to, const char* what) {
     std::vector<std::string> from_names, to_names;
     for (const auto& entry : from) from_names.push_back(entry.first);
     for (const auto& entry : to) to_names.push_back(entry.first);
-    check(from_names == to_names, type_name(), "::clone_empty() built a module with other ", what, ": [",
+    MG_CHECK(from_names == to_names, type_name(), "::clone_empty() built a module with other ", what, ": [",
           join(to_names), "] instead of [", join(from_names), "]");
     for (size_t i = 0; i < from.size(); ++i) {
       const Tensor& src = *from[i].second;
@@ -322,7 +322,7 @@ std::shared_ptr<Module> Module::clone(std::optional<Device> device) const {
   copy_slots(named_buffer_slots(), copy->named_buffer_slots(), "buffers");
 
   const auto from_modules = named_modules(), to_modules = copy->named_modules();
-  check(from_modules.size() == to_modules.size(), type_name(), "::clone_empty() built a module with ",
+  MG_CHECK(from_modules.size() == to_modules.size(), type_name(), "::clone_empty() built a module with ",
         to_modules.size(), " submodules instead of ", from_modules.size());
   for (size_t i = 0; i < from_modules.size(); ++i)
     to_modules[i].second->training_ = from_modules[i].second->training_;

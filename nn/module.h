@@ -72,7 +72,7 @@ class Module {
   void register_buffer(const std::string& name, Tensor&& value);
   template <class M>
   std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
-    check(module != nullptr, type_name(), ": register_module(\"", name, "\") got a null module");
+    MG_CHECK(module != nullptr, type_name(), ": register_module(\"", name, "\") got a null module");
     add_child(name, module.get());
     owned_children_.push_back(module);
     return module;

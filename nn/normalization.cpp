@@ -9,8 +9,8 @@ namespace mg::nn {
 // ---- BatchNorm ----
 BatchNorm::BatchNorm(int64_t c, BatchNormOptions opts, int64_t min_dim, int64_t max_dim)
     : num_features(c), options(opts), min_dim_(min_dim), max_dim_(max_dim) {
-  check(c > 0, type_name(), ": num_features must be positive, got ", c);
-  check(opts.eps > 0 && opts.momentum >= 0 && opts.momentum <= 1, type_name(), ": eps ", opts.eps,
+  MG_CHECK(c > 0, type_name(), ": num_features must be positive, got ", c);
+  MG_CHECK(opts.eps > 0 && opts.momentum >= 0 && opts.momentum <= 1, type_name(), ": eps ", opts.eps,
         " must be positive and momentum ", opts.momentum, " in [0, 1]");
   if (opts.affine) {
     weight = ones({c});
@@ -27,10 +27,10 @@ BatchNorm::BatchNorm(int64_t c, BatchNormOptions opts, int64_t min_dim, int64_t 
 }
 
 Tensor BatchNorm::forward(const Tensor& x) {
-  check(x.defined() && x.dim() >= min_dim_ && x.dim() <= max_dim_, type_name(), ": expected ",
+  MG_CHECK(x.defined() && x.dim() >= min_dim_ && x.dim() <= max_dim_, type_name(), ": expected ",
         min_dim_ == max_dim_ ? str_cat(min_dim_, "-d") : str_cat(min_dim_, "-d or ", max_dim_, "-d"),
         " input [N, C, ...], got ", x.defined() ? shape_str(x.shape()) : std::string("an undefined tensor"));
-  check(x.size(1) == num_features, type_name(), ": input ", shape_str(x.shape()), " has ", x.size(1),
+  MG_CHECK(x.size(1) == num_features, type_name(), ": input ", shape_str(x.shape()), " has ", x.size(1),
         " channels, expected ", num_features);
   // Reduce over every dim but the channel dim; statistics broadcast as [1, C, 1, ...].
   std::vector<int64_t> dims{0};
@@ -51,7 +51,7 @@ Tensor BatchNorm::forward(const Tensor& x) {
   Tensor mu, variance;
   if (is_training()) {
     const int64_t n = x.numel() / num_features;
-    check(n > 1, type_name(), ": training needs more than one value per channel, got input ",
+    MG_CHECK(n > 1, type_name(), ": training needs more than one value per channel, got input ",
           shape_str(x.shape()));
     mu = mean(x, dims, /*keepdim=*/true);
     variance = var(x, dims, /*correction=*/0, /*keepdim=*/true);
@@ -89,9 +89,9 @@ std::shared_ptr<Module> BatchNorm2d::clone_empty() const {
 
 // ---- LayerNorm ----
 LayerNorm::LayerNorm(Shape shape, double e, bool affine) : normalized_shape(std::move(shape)), eps(e) {
-  check(!normalized_shape.empty(), "LayerNorm: normalized_shape must not be empty");
+  MG_CHECK(!normalized_shape.empty(), "LayerNorm: normalized_shape must not be empty");
   for (int64_t s : normalized_shape)
-    check(s > 0, "LayerNorm: normalized_shape ", shape_str(normalized_shape), " must be positive");
+    MG_CHECK(s > 0, "LayerNorm: normalized_shape ", shape_str(normalized_shape), " must be positive");
   if (affine) {
     weight = ones(normalized_shape);
     bias = zeros(normalized_shape);

@@ -13,7 +13,7 @@ Pool2dOptions square(int64_t kernel, int64_t stride, int64_t padding) {
   return o;
 }
 void check_pool(const char* name, int64_t kernel, int64_t stride, int64_t padding) {
-  check(kernel > 0 && stride >= 0 && padding >= 0, name, ": kernel_size ", kernel,
+  MG_CHECK(kernel > 0 && stride >= 0 && padding >= 0, name, ": kernel_size ", kernel,
         " must be positive, stride ", stride, " and padding ", padding, " non-negative");
 }
 }  // namespace
@@ -41,15 +41,15 @@ std::string AvgPool2d::extra_repr() const {
 }
 
 AdaptiveAvgPool2d::AdaptiveAvgPool2d(int64_t oh, int64_t ow) : output_h(oh), output_w(ow) {
-  check(oh > 0 && ow > 0, "AdaptiveAvgPool2d: output size must be positive, got (", oh, ", ", ow, ")");
+  MG_CHECK(oh > 0 && ow > 0, "AdaptiveAvgPool2d: output size must be positive, got (", oh, ", ", ow, ")");
 }
 
 Tensor AdaptiveAvgPool2d::forward(const Tensor& x) {
-  check(x.defined() && x.dim() == 4, "AdaptiveAvgPool2d: input must be [N, C, H, W], got ",
+  MG_CHECK(x.defined() && x.dim() == 4, "AdaptiveAvgPool2d: input must be [N, C, H, W], got ",
         x.defined() ? shape_str(x.shape()) : std::string("an undefined tensor"));
   const int64_t h = x.size(2), w = x.size(3);
   if (output_h == 1 && output_w == 1) return mean(x, {2, 3}, /*keepdim=*/true);
-  check(
+  MG_CHECK(
       h % output_h == 0 && w % output_w == 0, "AdaptiveAvgPool2d: input ", shape_str(x.shape()),
       " cannot be pooled to (", output_h, ", ", output_w,
       ") with equal windows (H and W must be multiples of the output size); overlapping adaptive windows are "

@@ -61,7 +61,7 @@ FashionCNN::FashionCNN(FashionCNNOptions o)
 }
 
 Tensor FashionCNN::forward(const Tensor& x) {
-  check(x.defined() && x.dim() == 4 && x.size(1) == 1 && x.size(2) == 28 && x.size(3) == 28,
+  MG_CHECK(x.defined() && x.dim() == 4 && x.size(1) == 1 && x.size(2) == 28 && x.size(3) == 28,
         "FashionCNN: expected [N, 1, 28, 28] images, got ",
         x.defined() ? shape_str(x.shape()) : std::string("an undefined tensor"));
   Tensor h = pool(relu(bn1(conv1(x))));  // [N, c1, 14, 14]
@@ -110,7 +110,7 @@ ResNetSmall::ResNetSmall(ResNetOptions o)
       bn1(o.widths.at(0)),
       pool(1),
       fc(o.widths.back(), o.num_classes) {
-  check(o.blocks_per_stage >= 1, "ResNetSmall: blocks_per_stage must be >= 1, got ", o.blocks_per_stage);
+  MG_CHECK(o.blocks_per_stage >= 1, "ResNetSmall: blocks_per_stage must be >= 1, got ", o.blocks_per_stage);
   register_module("conv1", conv1);
   register_module("bn1", bn1);
   int64_t width = o.widths[0];
@@ -143,7 +143,7 @@ TinyGPT::TinyGPT(GPTConfig c)
       drop(c.dropout),
       ln_f(c.n_embd),
       lm_head(c.n_embd, c.vocab_size, /*bias=*/false) {
-  check(c.vocab_size > 0 && c.block_size > 0 && c.n_layer > 0,
+  MG_CHECK(c.vocab_size > 0 && c.block_size > 0 && c.n_layer > 0,
         "TinyGPT: vocab_size, block_size and n_layer must "
         "be positive");
   register_module("wte", wte);
@@ -174,12 +174,12 @@ TinyGPT::TinyGPT(GPTConfig c)
 }
 
 Tensor TinyGPT::embed(const Tensor& idx) {
-  check(
+  MG_CHECK(
       idx.defined() && idx.dim() == 2 && is_integral(idx.dtype()),
       "TinyGPT: expected token ids [B, T] (i64), got ",
       idx.defined() ? str_cat(shape_str(idx.shape()), " ", idx.dtype()) : std::string("an undefined tensor"));
   const int64_t T = idx.size(1);
-  check(T <= config.block_size, "TinyGPT: sequence length ", T, " exceeds block_size ", config.block_size);
+  MG_CHECK(T <= config.block_size, "TinyGPT: sequence length ", T, " exceeds block_size ", config.block_size);
   const Tensor pos = arange(T, TensorOptions{DType::i64, idx.device()});
   return drop(add(wte(idx), wpe(pos)));  // [B, T, C] + [T, C]
 }

@@ -27,32 +27,32 @@ Options AdamWOptions::to_map() const { return adam_map(lr, beta1, beta2, eps, we
 Adam::Adam(Options defaults, bool decoupled) : Optimizer(std::move(defaults)), decoupled_(decoupled) {}
 
 Adam::Adam(std::vector<Tensor> params, const AdamOptions& options) : Adam(options.to_map(), false) {
-  check(!params.empty(), "Adam: got an empty parameter list");
+  MG_CHECK(!params.empty(), "Adam: got an empty parameter list");
   add_param_group(ParamGroup{std::move(params), {}});
 }
 
 Adam::Adam(std::vector<ParamGroup> groups, const AdamOptions& defaults) : Adam(defaults.to_map(), false) {
-  check(!groups.empty(), "Adam: got an empty list of parameter groups");
+  MG_CHECK(!groups.empty(), "Adam: got an empty list of parameter groups");
   for (ParamGroup& group : groups) add_param_group(std::move(group));
 }
 
 AdamW::AdamW(std::vector<Tensor> params, const AdamWOptions& options) : Adam(options.to_map(), true) {
-  check(!params.empty(), "AdamW: got an empty parameter list");
+  MG_CHECK(!params.empty(), "AdamW: got an empty parameter list");
   add_param_group(ParamGroup{std::move(params), {}});
 }
 
 AdamW::AdamW(std::vector<ParamGroup> groups, const AdamWOptions& defaults) : Adam(defaults.to_map(), true) {
-  check(!groups.empty(), "AdamW: got an empty list of parameter groups");
+  MG_CHECK(!groups.empty(), "AdamW: got an empty list of parameter groups");
   for (ParamGroup& group : groups) add_param_group(std::move(group));
 }
 
 void Adam::validate(const Options& o) const {
   const double beta1 = o.at("beta1"), beta2 = o.at("beta2");
-  check(o.at("lr") >= 0.0, name(), ": invalid learning rate ", o.at("lr"), " (must be >= 0)");
-  check(o.at("eps") >= 0.0, name(), ": invalid eps ", o.at("eps"), " (must be >= 0)");
-  check(beta1 >= 0.0 && beta1 < 1.0, name(), ": invalid beta1 ", beta1, " (must be in [0, 1))");
-  check(beta2 >= 0.0 && beta2 < 1.0, name(), ": invalid beta2 ", beta2, " (must be in [0, 1))");
-  check(o.at("weight_decay") >= 0.0, name(), ": invalid weight_decay ", o.at("weight_decay"),
+  MG_CHECK(o.at("lr") >= 0.0, name(), ": invalid learning rate ", o.at("lr"), " (must be >= 0)");
+  MG_CHECK(o.at("eps") >= 0.0, name(), ": invalid eps ", o.at("eps"), " (must be >= 0)");
+  MG_CHECK(beta1 >= 0.0 && beta1 < 1.0, name(), ": invalid beta1 ", beta1, " (must be in [0, 1))");
+  MG_CHECK(beta2 >= 0.0 && beta2 < 1.0, name(), ": invalid beta2 ", beta2, " (must be in [0, 1))");
+  MG_CHECK(o.at("weight_decay") >= 0.0, name(), ": invalid weight_decay ", o.at("weight_decay"),
         " (must be >= 0)");
 }
 

@@ -29,11 +29,11 @@ SafetensorsMetadata to_metadata(const CheckpointInfo& info) {
 template <class T>
 T parse_number(const SafetensorsMetadata& meta, const std::string& key, const std::string& file) {
   auto it = meta.find(key);
-  check(it != meta.end(), file, ": checkpoint metadata has no '", key, "'");
+  MG_CHECK(it != meta.end(), file, ": checkpoint metadata has no '", key, "'");
   try {
     size_t used = 0;
     const unsigned long long value = std::stoull(it->second, &used);
-    check(used == it->second.size(), "trailing characters");
+    MG_CHECK(used == it->second.size(), "trailing characters");
     return static_cast<T>(value);
   } catch (const std::exception&) {
     throw Error(str_cat(file, ": checkpoint metadata '", key, "' is not a number: '", it->second, "'"));
@@ -84,7 +84,7 @@ CheckpointInfo load_checkpoint(const std::string& dir, nn::Module& module,
   // Read and validate both files before changing anything.
   SafetensorsFile model_file = load_safetensors(model_path);
   SafetensorsFile optimizer_file = load_safetensors(optimizer_path);
-  check(model_file.metadata == optimizer_file.metadata, dir,
+  MG_CHECK(model_file.metadata == optimizer_file.metadata, dir,
         ": model.safetensors and optimizer.safetensors come from different checkpoints (their metadata "
         "differ)");
   CheckpointInfo info;
@@ -107,7 +107,7 @@ CheckpointInfo load_checkpoint(const std::string& dir, nn::Module& module,
       optimizer_state[key] = value;
     }
   }
-  check(!scaler || !scaler_state.empty(), optimizer_path,
+  MG_CHECK(!scaler || !scaler_state.empty(), optimizer_path,
         ": a GradScaler was given but the checkpoint has no scaler state");
 
   // Nothing may be half-loaded. The scaler state is validated on a copy first;

@@ -20,13 +20,13 @@ namespace mg::optim {
 double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type,
                        bool error_if_nonfinite) {
   NoGradGuard no_grad;
-  check(norm_type > 0.0, "clip_grad_norm_: norm_type must be > 0 (or INFINITY), got ", norm_type);
+  MG_CHECK(norm_type > 0.0, "clip_grad_norm_: norm_type must be > 0 (or INFINITY), got ", norm_type);
   std::vector<Tensor> grads;
   for (const Tensor& p : params)
     if (p.defined() && p.grad().defined()) grads.push_back(p.grad());
   if (grads.empty()) return 0.0;
   for (const Tensor& g : grads)
-    check(g.device() == grads[0].device(), "clip_grad_norm_: gradients on ", grads[0].device(), " and ",
+    MG_CHECK(g.device() == grads[0].device(), "clip_grad_norm_: gradients on ", grads[0].device(), " and ",
           g.device(), "; all gradients must be on one device");
 
   const bool inf_norm = std::isinf(norm_type);

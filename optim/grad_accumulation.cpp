@@ -8,11 +8,11 @@
 namespace mg::optim {
 
 GradAccumulator::GradAccumulator(int64_t micro_batches) : micro_batches_(micro_batches) {
-  check(micro_batches >= 1, "GradAccumulator: need at least 1 micro-batch per step, got ", micro_batches);
+  MG_CHECK(micro_batches >= 1, "GradAccumulator: need at least 1 micro-batch per step, got ", micro_batches);
 }
 
 bool GradAccumulator::backward(const Tensor& loss) {
-  check(loss.defined() && loss.numel() == 1, "GradAccumulator::backward: expected a one-element loss, got ",
+  MG_CHECK(loss.defined() && loss.numel() == 1, "GradAccumulator::backward: expected a one-element loss, got ",
         loss.defined() ? shape_str(loss.shape()) : std::string("an undefined tensor"));
   (micro_batches_ == 1 ? loss : loss / static_cast<double>(micro_batches_)).backward();
   count_ = (count_ + 1) % micro_batches_;

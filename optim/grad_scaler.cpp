@@ -8,12 +8,12 @@
 namespace mg::optim {
 
 GradScaler::GradScaler(GradScalerOptions options) : options_(options), scale_(options.init_scale) {
-  check(options.init_scale > 0 && std::isfinite(options.init_scale),
+  MG_CHECK(options.init_scale > 0 && std::isfinite(options.init_scale),
         "GradScaler: init_scale must be positive, got ", options.init_scale);
-  check(options.growth_factor > 1, "GradScaler: growth_factor must be > 1, got ", options.growth_factor);
-  check(options.backoff_factor > 0 && options.backoff_factor < 1,
+  MG_CHECK(options.growth_factor > 1, "GradScaler: growth_factor must be > 1, got ", options.growth_factor);
+  MG_CHECK(options.backoff_factor > 0 && options.backoff_factor < 1,
         "GradScaler: backoff_factor must be in (0, 1), got ", options.backoff_factor);
-  check(options.growth_interval > 0, "GradScaler: growth_interval must be positive, got ",
+  MG_CHECK(options.growth_interval > 0, "GradScaler: growth_interval must be positive, got ",
         options.growth_interval);
 }
 
@@ -53,7 +53,7 @@ bool GradScaler::step(Optimizer& optimizer) {
 
 void GradScaler::update() {
   if (!options_.enabled) return;
-  check(unscaled_, "GradScaler::update: call step() (or unscale_()) in this iteration first");
+  MG_CHECK(unscaled_, "GradScaler::update: call step() (or unscale_()) in this iteration first");
   if (found_inf_) {
     scale_ *= options_.backoff_factor;
     growth_tracker_ = 0;
@@ -76,10 +76,10 @@ StateDict GradScaler::state_dict() const {
 
 void GradScaler::load_state_dict(const StateDict& state) {
   for (const char* key : {"scale", "growth_tracker", "growth_factor", "backoff_factor", "growth_interval"})
-    check(state.count(key) && state.at(key).numel() == 1,
+    MG_CHECK(state.count(key) && state.at(key).numel() == 1,
           "GradScaler::load_state_dict: missing or non-scalar '", key, "'");
   const double scale = state.at("scale").item<double>();
-  check(scale > 0 && std::isfinite(scale), "GradScaler::load_state_dict: bad scale ", scale);
+  MG_CHECK(scale > 0 && std::isfinite(scale), "GradScaler::load_state_dict: bad scale ", scale);
   scale_ = scale;
   growth_tracker_ = static_cast<int64_t>(state.at("growth_tracker").item<double>());
   options_.growth_factor = state.at("growth_factor").item<double>();

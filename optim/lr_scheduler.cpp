@@ -15,7 +15,7 @@ constexpr double kPi = 3.14159265358979323846;
 
 // settings are doubles in the state dict; integer ones must come back whole.
 int64_t whole(double v, const char* scheduler, const char* what) {
-  check(std::isfinite(v) && v == std::floor(v), scheduler, ": ", what, " must be a whole number, got ", v);
+  MG_CHECK(std::isfinite(v) && v == std::floor(v), scheduler, ": ", what, " must be a whole number, got ", v);
   return static_cast<int64_t>(v);
 }
 
@@ -30,7 +30,7 @@ double setting(const std::vector<std::pair<std::string, double>>& values, const 
 // ---- LRScheduler ----------------------------------------------------------------------------
 
 LRScheduler::LRScheduler(Optimizer& optimizer) : optimizer_(optimizer) {
-  check(!optimizer.param_groups().empty(), "LRScheduler: the optimizer has no parameter groups");
+  MG_CHECK(!optimizer.param_groups().empty(), "LRScheduler: the optimizer has no parameter groups");
   for (const ParamGroup& group : optimizer.param_groups()) base_lrs_.push_back(group.lr());
 }
 
@@ -46,7 +46,7 @@ void LRScheduler::step() {
 
 void LRScheduler::apply() {
   auto& groups = optimizer_.param_groups();
-  check(groups.size() == base_lrs_.size(), name(), ": the optimizer has ", groups.size(),
+  MG_CHECK(groups.size() == base_lrs_.size(), name(), ": the optimizer has ", groups.size(),
         " param groups but the scheduler was built for ", base_lrs_.size(),
         " (build the scheduler after the last add_param_group)");
   last_lrs_.clear();
@@ -121,8 +121,8 @@ void LRScheduler::load_state_dict(const StateDict& sd) {
     throw Error(msg.str());
   }
   const int64_t t = whole(last_epoch, name(), "last_epoch");
-  check(t >= 0, name(), ".load_state_dict: last_epoch ", t, " is negative");
-  check(optimizer_.param_groups().size() == base.size(), name(), ".load_state_dict: the optimizer has ",
+  MG_CHECK(t >= 0, name(), ".load_state_dict: last_epoch ", t, " is negative");
+  MG_CHECK(optimizer_.param_groups().size() == base.size(), name(), ".load_state_dict: the optimizer has ",
         optimizer_.param_groups().size(), " param groups but the scheduler has ", base.size());
   set_settings(values);  // validates; throws before changing anything
   last_epoch_ = t;
@@ -138,8 +138,8 @@ void LRScheduler::load_state_dict(const StateDict& sd) {
 
 namespace {
 void check_step(const StepLROptions& o) {
-  check(o.step_size >= 1, "StepLR: step_size must be >= 1, got ", o.step_size);
-  check(o.gamma >= 0.0, "StepLR: gamma must be >= 0, got ", o.gamma);
+  MG_CHECK(o.step_size >= 1, "StepLR: step_size must be >= 1, got ", o.step_size);
+  MG_CHECK(o.gamma >= 0.0, "StepLR: gamma must be >= 0, got ", o.gamma);
 }
 }  // namespace
 
@@ -169,7 +169,7 @@ void StepLR::set_settings(const std::vector<std::pair<std::string, double>>& val
 
 namespace {
 void check_cosine(const CosineAnnealingLROptions& o) {
-  check(o.t_max >= 1, "CosineAnnealingLR: t_max must be >= 1, got ", o.t_max);
+  MG_CHECK(o.t_max >= 1, "CosineAnnealingLR: t_max must be >= 1, got ", o.t_max);
 }
 }  // namespace
 
@@ -202,10 +202,10 @@ void CosineAnnealingLR::set_settings(const std::vector<std::pair<std::string, do
 
 namespace {
 void check_warmup(const LinearWarmupCosineOptions& o) {
-  check(o.warmup_steps >= 0, "LinearWarmupCosine: warmup_steps must be >= 0, got ", o.warmup_steps);
-  check(o.total_steps > o.warmup_steps, "LinearWarmupCosine: total_steps (", o.total_steps,
+  MG_CHECK(o.warmup_steps >= 0, "LinearWarmupCosine: warmup_steps must be >= 0, got ", o.warmup_steps);
+  MG_CHECK(o.total_steps > o.warmup_steps, "LinearWarmupCosine: total_steps (", o.total_steps,
         ") must be greater than warmup_steps (", o.warmup_steps, ")");
-  check(o.min_lr >= 0.0, "LinearWarmupCosine: min_lr must be >= 0, got ", o.min_lr);
+  MG_CHECK(o.min_lr >= 0.0, "LinearWarmupCosine: min_lr must be >= 0, got ", o.min_lr);
 }
 }  // namespace
 

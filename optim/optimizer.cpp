@@ -72,7 +72,7 @@ double ParamGroup::get(const std::string& name) const {
 Optimizer::Optimizer(Options defaults) : defaults_(std::move(defaults)) {}
 
 const ParamState& Optimizer::state(int64_t i) const {
-  check(i >= 0 && i < num_params(), name(), ".state: parameter index ", i, " out of range (", num_params(),
+  MG_CHECK(i >= 0 && i < num_params(), name(), ".state: parameter index ", i, " out of range (", num_params(),
         " parameters)");
   return state_[static_cast<size_t>(i)];
 }
@@ -89,17 +89,17 @@ void Optimizer::add_param_group(ParamGroup group) {
   validate(group.options);
   for (size_t j = 0; j < group.params.size(); ++j) {
     const Tensor& p = group.params[j];
-    check(p.defined(), name(), ": parameter ", j, " of the new group is an undefined tensor");
-    check(is_floating(p.dtype()), name(), ": can only optimize floating-point tensors, got ", p.dtype(),
+    MG_CHECK(p.defined(), name(), ": parameter ", j, " of the new group is an undefined tensor");
+    MG_CHECK(is_floating(p.dtype()), name(), ": can only optimize floating-point tensors, got ", p.dtype(),
           " (parameter ", j, " of the new group)");
-    check(p.is_leaf(), name(), ": can't optimize a non-leaf tensor (parameter ", j,
+    MG_CHECK(p.is_leaf(), name(), ": can't optimize a non-leaf tensor (parameter ", j,
           " of the new group has a grad_fn); optimize the leaf it was computed from");
     for (size_t k = 0; k < j; ++k)
-      check(!group.params[k].is_same(p), name(), ": parameter ", j, " of the new group repeats parameter ",
+      MG_CHECK(!group.params[k].is_same(p), name(), ": parameter ", j, " of the new group repeats parameter ",
             k);
     for (size_t g = 0; g < groups_.size(); ++g)
       for (const Tensor& q : groups_[g].params)
-        check(!q.is_same(p), name(), ": parameter ", j, " of the new group is already in group ", g,
+        MG_CHECK(!q.is_same(p), name(), ": parameter ", j, " of the new group is already in group ", g,
               " (a parameter may belong to one group only)");
   }
   state_.resize(state_.size() + group.params.size());
@@ -118,12 +118,12 @@ void Optimizer::step() {
       const int64_t i = index++;
       const Tensor& grad = p.grad();
       if (!grad.defined()) continue;  // no gradient this step: nothing changes, not even the state
-      check(grad.device() == p.device() && grad.dtype() == p.dtype(), name(), ".step: parameter ", i, " is ",
+      MG_CHECK(grad.device() == p.device() && grad.dtype() == p.dtype(), name(), ".step: parameter ", i, " is ",
             p.dtype(), " on ", p.device(), " but its gradient is ", grad.dtype(), " on ", grad.device(),
             "; they must match");
-      check(grad.shape() == p.shape(), name(), ".step: parameter ", i, " has shape ", shape_str(p.shape()),
+      MG_CHECK(grad.shape() == p.shape(), name(), ".step: parameter ", i, " has shape ", shape_str(p.shape()),
             " but its gradient has shape ", shape_str(grad.shape()));
-      check(p.is_contiguous(), name(), ".step: parameter ", i, " (shape ", shape_str(p.shape()),
+      MG_CHECK(p.is_contiguous(), name(), ".step: parameter ", i, " (shape ", shape_str(p.shape()),
             ") is not contiguous; the fused update needs parameters that own contiguous memory");
       batches[g].push_back(ParamUpdate{p, grad.is_contiguous() ? grad : grad.contiguous(),
                                        &state_[static_cast<size_t>(i)], i});
@@ -157,7 +157,7 @@ std::vector<std::vector<const Optimizer::ParamUpdate*>> Optimizer::split_by_devi
 void Optimizer::require_cpu_kernel_support(const std::vector<ParamUpdate>& batch) const {
   for (const ParamUpdate& u : batch) {
     // Any device: CPU and CUDA both have the fused kernels (kernels/cpu/optim, kernels/cuda/optim.cu).
-    check(u.param.dtype() == DType::f32 || u.param.dtype() == DType::f64, name(), ".step: parameter ",
+    MG_CHECK(u.param.dtype() == DType::f32 || u.param.dtype() == DType::f64, name(), ".step: parameter ",
           u.index, " is ", u.param.dtype(),
           "; the optimizer kernels take f32 or f64 (keep f32 master weights)");
   }

@@ -17,21 +17,21 @@ Options SGDOptions::to_map() const {
 }
 
 SGD::SGD(std::vector<Tensor> params, const SGDOptions& options) : Optimizer(options.to_map()) {
-  check(!params.empty(), "SGD: got an empty parameter list");
+  MG_CHECK(!params.empty(), "SGD: got an empty parameter list");
   add_param_group(ParamGroup{std::move(params), {}});
 }
 
 SGD::SGD(std::vector<ParamGroup> groups, const SGDOptions& defaults) : Optimizer(defaults.to_map()) {
-  check(!groups.empty(), "SGD: got an empty list of parameter groups");
+  MG_CHECK(!groups.empty(), "SGD: got an empty list of parameter groups");
   for (ParamGroup& group : groups) add_param_group(std::move(group));
 }
 
 void SGD::validate(const Options& o) const {
   const double lr = o.at("lr"), momentum = o.at("momentum"), dampening = o.at("dampening");
-  check(lr >= 0.0, "SGD: invalid learning rate ", lr, " (must be >= 0)");
-  check(momentum >= 0.0, "SGD: invalid momentum ", momentum, " (must be >= 0)");
-  check(o.at("weight_decay") >= 0.0, "SGD: invalid weight_decay ", o.at("weight_decay"), " (must be >= 0)");
-  check(o.at("nesterov") == 0.0 || (momentum > 0.0 && dampening == 0.0),
+  MG_CHECK(lr >= 0.0, "SGD: invalid learning rate ", lr, " (must be >= 0)");
+  MG_CHECK(momentum >= 0.0, "SGD: invalid momentum ", momentum, " (must be >= 0)");
+  MG_CHECK(o.at("weight_decay") >= 0.0, "SGD: invalid weight_decay ", o.at("weight_decay"), " (must be >= 0)");
+  MG_CHECK(o.at("nesterov") == 0.0 || (momentum > 0.0 && dampening == 0.0),
         "SGD: nesterov momentum requires momentum > 0 and dampening == 0 (got momentum ", momentum,
         ", dampening ", dampening, ")");
 }

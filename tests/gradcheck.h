@@ -58,7 +58,7 @@ inline GradcheckResult gradcheck(const TensorFunction& f, std::vector<Tensor> in
                                        : std::vector<double>(static_cast<size_t>(x.numel()), 0.0);
     // Numeric side: perturb one element at a time through a contiguous alias.
     Tensor flat = x.detach();
-    check(flat.is_contiguous(), "gradcheck: inputs must be contiguous");
+    MG_CHECK(flat.is_contiguous(), "gradcheck: inputs must be contiguous");
     double* data = flat.data<double>();
     for (int64_t i = 0; i < x.numel(); ++i) {
       const double saved = data[i];

@@ -53,7 +53,7 @@ std::vector<KernelResult> bench_allocator(const BenchOptions& o, const Ceilings&
   mg::cuda::enable_backend();
   mg::cuda::DeviceGuard guard(o.device);
   const Device dev = Device::cuda(o.device);
-  auto ok = [](cudaError_t e) { check(e == cudaSuccess, "bench allocator: ", cudaGetErrorString(e)); };
+  auto ok = [](cudaError_t e) { MG_CHECK(e == cudaSuccess, "bench allocator: ", cudaGetErrorString(e)); };
   ok(cudaDeviceSynchronize());
   std::vector<KernelResult> rows;
   for (size_t bytes : {size_t(512), size_t(64) << 10, size_t(1) << 20, size_t(64) << 20}) {

@@ -107,7 +107,7 @@ struct Ceilings {
 inline double median_seconds(const std::function<void()>& fn, const BenchOptions& o,
                              cudaStream_t stream = nullptr) {
   if (o.profile) return profiled_seconds(fn, o);
-  auto ok = [](cudaError_t e) { check(e == cudaSuccess, "bench_kernels: ", cudaGetErrorString(e)); };
+  auto ok = [](cudaError_t e) { MG_CHECK(e == cudaSuccess, "bench_kernels: ", cudaGetErrorString(e)); };
   for (int i = 0; i < o.warmup; ++i) fn();
   ok(cudaStreamSynchronize(stream));
   cudaEvent_t start, stop;

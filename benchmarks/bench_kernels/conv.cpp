@@ -86,7 +86,7 @@ Timed time_direction(Direction d, const Tensor& x, const Tensor& w, const Tensor
   (d == kBackwardData ? xr : wr).set_requires_grad(true);
   const Tensor y = conv2d(xr, wr, Tensor(), conv);
   const std::shared_ptr<autograd::Node> node = y.grad_fn();
-  check(node != nullptr, "bench conv: conv2d recorded no autograd node");
+  MG_CHECK(node != nullptr, "bench conv: conv2d recorded no autograd node");
   const size_t which = d == kBackwardData ? 0 : 1;
   NoGradGuard no_grad;
   t.seconds = median_seconds([&] { t.result = node->apply(std::vector<Tensor>{gy})[which]; }, o);

@@ -42,7 +42,7 @@ namespace {
 namespace kc = kernels::cuda;
 
 void cuda_ok(cudaError_t e, const char* what) {
-  check(e == cudaSuccess, "lab family: ", what, ": ", cudaGetErrorString(e));
+  MG_CHECK(e == cudaSuccess, "lab family: ", what, ": ", cudaGetErrorString(e));
 }
 
 // A cudaMalloc'ed array of floats, freed on scope exit.

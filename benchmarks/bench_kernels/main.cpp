@@ -76,7 +76,6 @@
 
 namespace {
 
-using mg::check;
 namespace bench = mg::bench;
 
 struct Flags {
@@ -101,8 +100,8 @@ const char* usage =
 int parse_int(const std::string& text, const std::string& flag, int lo) {
   char* end = nullptr;
   const long v = std::strtol(text.c_str(), &end, 10);
-  check(end != text.c_str() && *end == '\0', flag, ": '", text, "' is not an integer\n", usage);
-  check(v >= lo && v <= 1000000, flag, ": ", v, " is out of range (", lo, "..1000000)");
+  MG_CHECK(end != text.c_str() && *end == '\0', flag, ": '", text, "' is not an integer\n", usage);
+  MG_CHECK(v >= lo && v <= 1000000, flag, ": ", v, " is out of range (", lo, "..1000000)");
   return static_cast<int>(v);
 }
 
@@ -112,7 +111,7 @@ Flags parse_flags(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     auto value = [&]() -> std::string {
-      check(i + 1 < argc, arg, " needs a value\n", usage);
+      MG_CHECK(i + 1 < argc, arg, " needs a value\n", usage);
       return argv[++i];
     };
     if (arg == "--quick") {
@@ -167,7 +166,7 @@ Flags parse_flags(int argc, char** argv) {
 }
 
 void cuda_ok(cudaError_t e, const char* what) {
-  check(e == cudaSuccess, "bench_kernels: ", what, ": ", cudaGetErrorString(e));
+  MG_CHECK(e == cudaSuccess, "bench_kernels: ", what, ": ", cudaGetErrorString(e));
 }
 
 struct DeviceInfo {
@@ -507,9 +506,9 @@ std::string to_json(const Report& rep) {
 
 void write_json(const std::string& path, const Report& rep) {
   std::ofstream out(path);
-  check(out.good(), "--json: cannot write '", path, "'");
+  MG_CHECK(out.good(), "--json: cannot write '", path, "'");
   out << to_json(rep);
-  check(out.good(), "--json: writing '", path, "' failed");
+  MG_CHECK(out.good(), "--json: writing '", path, "' failed");
 }
 
 // ---- the run -------------------------------------------------------------------------------------
@@ -525,7 +524,7 @@ std::vector<bench::Family> selected_families(const Flags& f) {
   for (const std::string& want : f.families) {
     const auto it =
         std::find_if(all.begin(), all.end(), [&](const bench::Family& fam) { return fam.name == want; });
-    check(it != all.end(), "--family: no family named '", want,
+    MG_CHECK(it != all.end(), "--family: no family named '", want,
           "' (registered: ", names.empty() ? "none" : names, ")");
   }
   for (const bench::Family& fam : all) {  // in order, each once
@@ -633,7 +632,7 @@ int run(int argc, char** argv) {
     std::printf("bench_kernels: no CUDA device: %s; nothing to measure\n", reason.c_str());
     return 0;
   }
-  check(flags.options.device < mg::cuda::device_count(), "--device ", flags.options.device, ": only ",
+  MG_CHECK(flags.options.device < mg::cuda::device_count(), "--device ", flags.options.device, ": only ",
         mg::cuda::device_count(), " CUDA device(s): ", mg::cuda::describe_devices());
   mg::cuda::enable_backend();  // families may build CUDA tensors
   mg::cuda::DeviceGuard guard(flags.options.device);

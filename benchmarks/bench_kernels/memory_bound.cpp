@@ -76,7 +76,7 @@ namespace kcpu = mg::kernels::cpu;
 namespace kcuda = mg::kernels::cuda;
 
 void cuda_ok(cudaError_t e, const char* what) {
-  mg::check(e == cudaSuccess, "memory family: ", what, ": ", cudaGetErrorString(e));
+  MG_CHECK(e == cudaSuccess, "memory family: ", what, ": ", cudaGetErrorString(e));
 }
 
 // ---- buffers ---------------------------------------------------------------------------------
@@ -183,7 +183,7 @@ std::vector<double> as_doubles(const HostArray& a) {
 
 // max |got - ref| / max |ref|; a NaN in `got` where `ref` has a number gives +inf.
 double max_rel_error(const HostArray& got, const HostArray& ref) {
-  mg::check(got.n == ref.n && got.dtype == ref.dtype,
+  MG_CHECK(got.n == ref.n && got.dtype == ref.dtype,
             "memory family: output and reference differ in size or dtype");
   const std::vector<double> g = as_doubles(got), r = as_doubles(ref);
   double diff = 0, norm = 0;

@@ -111,7 +111,7 @@ double threads_of(const profile::LaunchProfile& l) {
 }  // namespace
 
 double profiled_seconds(const std::function<void()>& fn, const BenchOptions& o) {
-  check(profile::available(),
+  MG_CHECK(profile::available(),
         "bench_kernels --profile: this binary's kernels are not instrumented (it must link "
         "libmultigrad_traced: the emulation build's bench_kernels does)");
   profile::Options options;
@@ -124,7 +124,7 @@ double profiled_seconds(const std::function<void()>& fn, const BenchOptions& o) 
 }
 
 ProfileRow profile_step(const std::function<void()>& fn, bool sites) {
-  check(profile::available(), "bench_kernels --profile: this binary's kernels are not instrumented");
+  MG_CHECK(profile::available(), "bench_kernels --profile: this binary's kernels are not instrumented");
   cudaDeviceSynchronize();
   const mg_emu::Counters before = mg_emu::counters();
   run_traced(fn, profile::Options{});  // every block traced and run: the step must compute right

@@ -101,9 +101,9 @@ bool materialize_missing_grads(const Node& node, std::vector<Tensor>& grads) {
 
 void check_gradient(const Node& node, size_t input, const Tensor& grad) {
   const TensorMeta& meta = node.input_meta.at(input);
-  check(grad.shape() == meta.shape, node.name(), " returned a gradient of shape ", shape_str(grad.shape()),
+  MG_CHECK(grad.shape() == meta.shape, node.name(), " returned a gradient of shape ", shape_str(grad.shape()),
         " for input ", input, " of shape ", shape_str(meta.shape));
-  check(grad.device() == meta.device, node.name(), " returned a gradient on ", grad.device(), " for input ",
+  MG_CHECK(grad.device() == meta.device, node.name(), " returned a gradient on ", grad.device(), " for input ",
         input, " on ", meta.device);
 }
 
@@ -123,7 +123,7 @@ std::vector<Tensor> run_node(Node& node, std::vector<Tensor> grads_in, bool reta
     if (!retain_graph) node.release_saved();
   }
   const bool is_accumulator = dynamic_cast<AccumulateGrad*>(&node) != nullptr;
-  check(is_accumulator || grads_out.empty() || grads_out.size() == node.next_edges.size(), node.name(),
+  MG_CHECK(is_accumulator || grads_out.empty() || grads_out.size() == node.next_edges.size(), node.name(),
         " returned ", grads_out.size(), " gradients for ", node.next_edges.size(), " inputs");
   for (size_t i = 0; i < node.next_edges.size() && i < grads_out.size(); ++i)
     if (node.next_edges[i].is_valid() && grads_out[i].defined()) check_gradient(node, i, grads_out[i]);
@@ -246,7 +246,7 @@ void run_on_device_threads(const std::vector<std::shared_ptr<Node>>& initial, Gr
 }  // namespace
 
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, bool retain_graph) {
-  check(roots.size() == grads.size(), "backward: ", roots.size(), " roots but ", grads.size(), " gradients");
+  MG_CHECK(roots.size() == grads.size(), "backward: ", roots.size(), " roots but ", grads.size(), " gradients");
   GraphTask task;
   GraphTask* outer_task = current_task;
   current_task = &task;
@@ -258,19 +258,19 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
   std::vector<std::shared_ptr<Node>> root_nodes;
   for (size_t i = 0; i < roots.size(); ++i) {
     const Tensor& root = roots[i];
-    check(
+    MG_CHECK(
         root.requires_grad(), "backward: element ", i,
         " of the roots does not require grad and has no grad_fn (did you forget set_requires_grad(true), or "
         "run the forward under NoGradGuard?)");
     Tensor grad = grads[i];
     if (!grad.defined()) {
-      check(root.numel() == 1,
+      MG_CHECK(root.numel() == 1,
             "backward: grad can be implicitly created only for scalar outputs, but this "
             "tensor has shape ",
             shape_str(root.shape()), "; pass a gradient of that shape to backward()");
       grad = ones(root.shape(), TensorOptions{root.dtype(), root.device(), false});
     }
-    check(grad.shape() == root.shape(), "backward: gradient shape ", shape_str(grad.shape()),
+    MG_CHECK(grad.shape() == root.shape(), "backward: gradient shape ", shape_str(grad.shape()),
           " does not match the tensor's shape ", shape_str(root.shape()));
     Edge edge = gradient_edge(root);
     accumulate_into(task.input_buffers[edge.node.get()], edge.input_nr, grad.detach());
@@ -312,7 +312,7 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
 }
 
 void queue_callback(std::function<void()> callback) {
-  check(current_task != nullptr, "queue_callback: only valid while a backward pass is running");
+  MG_CHECK(current_task != nullptr, "queue_callback: only valid while a backward pass is running");
   std::lock_guard<std::mutex> lock(current_task->callbacks_mutex);
   current_task->callbacks.push_back(std::move(callback));
 }

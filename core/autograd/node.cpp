@@ -30,7 +30,7 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grad_outputs) {
     if (replaced.defined()) grad = replaced;
   }
   Tensor leaf(leaf_);
-  check(grad.shape() == leaf.shape() && grad.dtype() == leaf.dtype() && grad.device() == leaf.device(),
+  MG_CHECK(grad.shape() == leaf.shape() && grad.dtype() == leaf.dtype() && grad.device() == leaf.device(),
         "AccumulateGrad: gradient ", shape_str(grad.shape()), " ", grad.dtype(), " on ", grad.device(),
         " does not match the leaf ", shape_str(leaf.shape()), " ", leaf.dtype(), " on ", leaf.device());
   if (!meta.grad.defined()) {
@@ -55,7 +55,7 @@ SavedTensor::SavedTensor(const Tensor& tensor, std::string saved_by) : saved_by_
 
 Tensor SavedTensor::unpack() const {
   if (!data_.defined()) return data_;
-  check(data_.version() == version_,
+  MG_CHECK(data_.version() == version_,
         "one of the tensors needed for gradient computation has been modified by an in-place operation: ",
         saved_by_, " saved a tensor of shape ", shape_str(data_.shape()), " at version ", version_,
         ", and it is now at version ", data_.version(),
@@ -65,7 +65,7 @@ Tensor SavedTensor::unpack() const {
 
 // ---------------------------------------------------------------------------
 std::vector<Tensor> FunctionNode::apply(std::vector<Tensor>&& grad_outputs) {
-  check(static_cast<bool>(backward_), "trying to run backward through ", name_,
+  MG_CHECK(static_cast<bool>(backward_), "trying to run backward through ", name_,
         " a second time (its saved tensors were freed). Pass retain_graph=true to the first backward if you "
         "need to call backward twice.");
   return backward_(grad_outputs);

@@ -37,7 +37,7 @@ inline Device Device::parse(const std::string& text) {
   if (colon != std::string::npos) {
     kind = text.substr(0, colon);
     const std::string digits = text.substr(colon + 1);
-    check(!digits.empty() && digits.find_first_not_of("0123456789") == std::string::npos,
+    MG_CHECK(!digits.empty() && digits.find_first_not_of("0123456789") == std::string::npos,
           "Device::parse: bad index in '", text, "'");
     index = std::stoi(digits);
   }

@@ -31,10 +31,22 @@ std::string str_cat(const Args&... args) {
   return os.str();
 }
 
-// Throws mg::Error with the message when `condition` is false.
+namespace detail {
+// Out of line and cold: the failure path builds the message, the passing path never reaches it.
 template <class... Args>
-void check(bool condition, const Args&... message) {
-  if (!condition) throw Error(str_cat(message...));
+[[noreturn]] __attribute__((noinline, cold)) void throw_error(const Args&... message) {
+  throw Error(str_cat(message...));
 }
+}  // namespace detail
 
 }  // namespace mg
+
+// MG_CHECK(condition, message...): throws mg::Error(str_cat(message...)) when `condition` is
+// false. A macro, not a function, so that the message's arguments -- a shape printed to a string,
+// a JSON value dumped, a name looked up -- are evaluated only when the check fails: a passing
+// check costs one branch, and an argument that would recurse on hostile input (a header nested a
+// million levels deep) is never touched unless its check has already failed.
+#define MG_CHECK(condition, ...)                                                \
+  do {                                                                          \
+    if (!static_cast<bool>(condition)) ::mg::detail::throw_error(__VA_ARGS__);  \
+  } while (0)

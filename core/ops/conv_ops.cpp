@@ -141,22 +141,22 @@ Tensor conv2d(const Tensor& x_arg, const Tensor& w_arg, const Tensor& bias_arg,
   check_defined("conv2d", {x_in, w_in});
   check_same_device("conv2d", {x_in, w_in, bias});
   check_floating("conv2d", x_in);
-  check(x_in.dim() == 4, "conv2d: input must be [N, C, H, W], got ", shape_str(x_in.shape()));
-  check(w_in.dim() == 4, "conv2d: weight must be [out_channels, in_channels, kh, kw], got ",
+  MG_CHECK(x_in.dim() == 4, "conv2d: input must be [N, C, H, W], got ", shape_str(x_in.shape()));
+  MG_CHECK(w_in.dim() == 4, "conv2d: weight must be [out_channels, in_channels, kh, kw], got ",
         shape_str(w_in.shape()));
-  check(x_in.size(1) == w_in.size(1), "conv2d: input of shape ", shape_str(x_in.shape()), " has ",
+  MG_CHECK(x_in.size(1) == w_in.size(1), "conv2d: input of shape ", shape_str(x_in.shape()), " has ",
         x_in.size(1), " channels but weight of shape ", shape_str(w_in.shape()), " expects ", w_in.size(1));
-  check(x_in.dtype() == w_in.dtype(), "conv2d: input dtype ", x_in.dtype(), " differs from weight dtype ",
+  MG_CHECK(x_in.dtype() == w_in.dtype(), "conv2d: input dtype ", x_in.dtype(), " differs from weight dtype ",
         w_in.dtype());
   if (bias.defined())
-    check(bias.dim() == 1 && bias.size(0) == w_in.size(0), "conv2d: bias of shape ", shape_str(bias.shape()),
+    MG_CHECK(bias.dim() == 1 && bias.size(0) == w_in.size(0), "conv2d: bias of shape ", shape_str(bias.shape()),
           " does not match ", w_in.size(0), " output channels");
   Tensor x = x_in.detach().contiguous(), w = w_in.detach().contiguous();
   const kernels::Conv2dGeometry geo = conv_geometry(x, w, options);
   const int64_t batch = x.size(0), out_channels = w.size(0);
   const int64_t ck = geo.column_rows(), spatial = geo.column_cols();
   const int64_t image_elems = geo.channels * geo.height * geo.width;
-  check(geo.out_h() > 0 && geo.out_w() > 0, "conv2d: kernel ", geo.kernel_h, "x", geo.kernel_w,
+  MG_CHECK(geo.out_h() > 0 && geo.out_w() > 0, "conv2d: kernel ", geo.kernel_h, "x", geo.kernel_w,
         " (dilated) is larger than the padded input of shape ", shape_str(x.shape()));
   Tensor y = new_output({batch, out_channels, geo.out_h(), geo.out_w()}, x.dtype(), x);
   const int64_t chunk = images_per_chunk(batch, ck * spatial);
@@ -240,7 +240,7 @@ Tensor conv2d(const Tensor& x_arg, const Tensor& w_arg, const Tensor& bias_arg,
 namespace {
 
 kernels::Pool2dGeometry pool_geometry(const char* name, const Tensor& x, const Pool2dOptions& o) {
-  check(x.dim() == 3 || x.dim() == 4, name, ": input must be [N, C, H, W] or [C, H, W], got ",
+  MG_CHECK(x.dim() == 3 || x.dim() == 4, name, ": input must be [N, C, H, W] or [C, H, W], got ",
         shape_str(x.shape()));
   kernels::Pool2dGeometry g;
   g.height = x.size(-2);
@@ -253,7 +253,7 @@ kernels::Pool2dGeometry pool_geometry(const char* name, const Tensor& x, const P
   g.pad_h = o.pad_h;
   g.pad_w = o.pad_w;
   kernels::check_pool2d_geometry(g);
-  check(g.out_h() > 0 && g.out_w() > 0, name, ": kernel ", g.kernel_h, "x", g.kernel_w,
+  MG_CHECK(g.out_h() > 0 && g.out_w() > 0, name, ": kernel ", g.kernel_h, "x", g.kernel_w,
         " is larger than the padded input of shape ", shape_str(x.shape()));
   return g;
 }

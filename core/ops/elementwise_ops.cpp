@@ -20,7 +20,7 @@ void check_same_device(const char* op, const std::vector<Tensor>& tensors) {
       first = &t;
       continue;
     }
-    check(t.device() == first->device(), op, ": expected all tensors on the same device, but found ",
+    MG_CHECK(t.device() == first->device(), op, ": expected all tensors on the same device, but found ",
           first->device(), " and ", t.device());
   }
 }
@@ -28,7 +28,7 @@ void check_same_device(const char* op, const std::vector<Tensor>& tensors) {
 void require_cpu(const char* op, const std::vector<Tensor>& tensors) {
   for (const Tensor& t : tensors)
     if (t.defined())  // (optional arguments such as a missing bias are undefined)
-      check(t.device().is_cpu(), op, ": got a tensor on ", t.device(), ", but ", op,
+      MG_CHECK(t.device().is_cpu(), op, ": got a tensor on ", t.device(), ", but ", op,
             " has no CUDA kernel yet (only the CPU one is written; kernels/cuda/ lists what exists)");
 }
 
@@ -38,7 +38,7 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
   for (size_t i = 0; i < n; ++i) {
     const int64_t da = i < n - a.size() ? 1 : a[i - (n - a.size())];
     const int64_t db = i < n - b.size() ? 1 : b[i - (n - b.size())];
-    check(da == db || da == 1 || db == 1, op, ": shapes ", shape_str(a), " and ", shape_str(b),
+    MG_CHECK(da == db || da == 1 || db == 1, op, ": shapes ", shape_str(a), " and ", shape_str(b),
           " cannot be broadcast together (dim ", i, ": ", da, " vs ", db, ")");
     out[i] = da == 1 ? db : da;
   }
@@ -297,7 +297,7 @@ Tensor logical_or(const Tensor& a, const Tensor& b) {
 Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b) {
   check_defined("where", {condition, a, b});
   check_same_device("where", {condition, a, b});
-  check(condition.dtype() == DType::boolean, "where: the condition must be bool, got ", condition.dtype());
+  MG_CHECK(condition.dtype() == DType::boolean, "where: the condition must be bool, got ", condition.dtype());
   const Shape shape =
       broadcast_shapes(broadcast_shapes(condition.shape(), a.shape(), "where"), b.shape(), "where");
   const DType common = promote_types(a.dtype(), b.dtype());
@@ -323,7 +323,7 @@ Tensor clamp(const Tensor& x, std::optional<double> lo, std::optional<double> hi
   check_defined("clamp", {x});
   const double low = lo.value_or(-std::numeric_limits<double>::infinity());
   const double high = hi.value_or(std::numeric_limits<double>::infinity());
-  check(!(low > high), "clamp: min (", low, ") is greater than max (", high, ")");
+  MG_CHECK(!(low > high), "clamp: min (", low, ") is greater than max (", high, ")");
   Tensor out = new_output(x.shape(), x.dtype(), x);
   MG_KERNEL(x.device(), clamp, x.view_for_kernel(), out.view_for_kernel(), low, high);
   if (autograd::any_requires_grad({x})) {

@@ -83,7 +83,7 @@ Tensor cross_entropy_2d(const Tensor& logits_in, const Tensor& targets_in,
           return kernels::cuda::cross_entropy_target_error(host_words, rows, classes, ignore_index);
         });
 #else
-    check(false, "cross_entropy: ", logits.device(),
+    MG_CHECK(false, "cross_entropy: ", logits.device(),
           " needs the CUDA backend, and this multigrad was built without CUDA");
 #endif
   } else {
@@ -152,16 +152,16 @@ Tensor cross_entropy(const Tensor& logits_arg, const Tensor& targets, const Cros
   check_defined("cross_entropy", {logits, targets});
   check_same_device("cross_entropy", {logits, targets});
   check_floating("cross_entropy", logits);
-  check(is_integral(targets.dtype()), "cross_entropy: targets must be class indices (i64 or i32), got ",
+  MG_CHECK(is_integral(targets.dtype()), "cross_entropy: targets must be class indices (i64 or i32), got ",
         targets.dtype());
-  check(options.label_smoothing >= 0 && options.label_smoothing < 1,
+  MG_CHECK(options.label_smoothing >= 0 && options.label_smoothing < 1,
         "cross_entropy: label_smoothing must be in [0, 1), got ", options.label_smoothing);
-  check(logits.dim() >= 2, "cross_entropy: logits must be [N, C] or [N, C, d1, ...], got ",
+  MG_CHECK(logits.dim() >= 2, "cross_entropy: logits must be [N, C] or [N, C, d1, ...], got ",
         shape_str(logits.shape()));
   // Expected targets shape: logits shape without the class dim.
   Shape expected = logits.shape();
   expected.erase(expected.begin() + 1);
-  check(targets.shape() == expected, "cross_entropy: logits of shape ", shape_str(logits.shape()),
+  MG_CHECK(targets.shape() == expected, "cross_entropy: logits of shape ", shape_str(logits.shape()),
         " need targets of shape ", shape_str(expected), ", got ", shape_str(targets.shape()));
   if (logits.dim() == 2) return cross_entropy_2d(logits, targets, options);
   // [N, C, d1, ...] -> [N, d1, ..., C] -> [rows, C]: the class dim goes last.
@@ -181,14 +181,14 @@ Tensor layer_norm(const Tensor& x_arg, const Shape& normalized_shape, const Tens
   check_same_device("layer_norm", {x_in, weight, bias});
   check_floating("layer_norm", x_in);
   const int64_t k = static_cast<int64_t>(normalized_shape.size());
-  check(k >= 1 && k <= x_in.dim() && Shape(x_in.shape().end() - k, x_in.shape().end()) == normalized_shape,
+  MG_CHECK(k >= 1 && k <= x_in.dim() && Shape(x_in.shape().end() - k, x_in.shape().end()) == normalized_shape,
         "layer_norm: normalized_shape ", shape_str(normalized_shape),
         " must match the trailing dims of the input ", shape_str(x_in.shape()));
   for (const Tensor* p : {&weight, &bias}) {
     if (!p->defined()) continue;
-    check(p->shape() == normalized_shape, "layer_norm: weight/bias of shape ", shape_str(p->shape()),
+    MG_CHECK(p->shape() == normalized_shape, "layer_norm: weight/bias of shape ", shape_str(p->shape()),
           " must have normalized_shape ", shape_str(normalized_shape));
-    check(p->dtype() == x_in.dtype(), "layer_norm: weight/bias dtype ", p->dtype(),
+    MG_CHECK(p->dtype() == x_in.dtype(), "layer_norm: weight/bias dtype ", p->dtype(),
           " differs from input dtype ", x_in.dtype());
   }
   const int64_t cols = shape_numel(normalized_shape), rows = cols == 0 ? 0 : x_in.numel() / cols;
@@ -226,14 +226,14 @@ Tensor batch_norm(const Tensor& x_in, const Tensor& weight, const Tensor& bias, 
                   Tensor* batch_var) {
   check_defined("batch_norm", {x_in});
   require_cpu("batch_norm", {x_in, weight, bias, running_mean, running_var});
-  check(x_in.dtype() == DType::f32 || x_in.dtype() == DType::f64,
+  MG_CHECK(x_in.dtype() == DType::f32 || x_in.dtype() == DType::f64,
         "batch_norm: the fused kernel takes f32 or f64 input, got ", x_in.dtype());
-  check(x_in.dim() >= 2, "batch_norm: expected input [N, C, ...], got ", shape_str(x_in.shape()));
+  MG_CHECK(x_in.dim() >= 2, "batch_norm: expected input [N, C, ...], got ", shape_str(x_in.shape()));
   const int64_t n = x_in.size(0), c = x_in.size(1);
   const int64_t hw = n * c == 0 ? 0 : x_in.numel() / (n * c);
   for (const Tensor* p : {&weight, &bias}) {
     if (!p->defined()) continue;
-    check(p->shape() == Shape{c} && p->dtype() == x_in.dtype(), "batch_norm: weight/bias ",
+    MG_CHECK(p->shape() == Shape{c} && p->dtype() == x_in.dtype(), "batch_norm: weight/bias ",
           shape_str(p->shape()), " ", p->dtype(), " must be [", c, "] ", x_in.dtype(), " for input ",
           shape_str(x_in.shape()));
   }
@@ -242,13 +242,13 @@ Tensor batch_norm(const Tensor& x_in, const Tensor& weight, const Tensor& bias, 
   Tensor b = bias.defined() ? bias.detach().contiguous() : Tensor();
   Tensor mean, var;
   if (training) {
-    check(n * hw > 1, "batch_norm: training needs more than one value per channel, got input ",
+    MG_CHECK(n * hw > 1, "batch_norm: training needs more than one value per channel, got input ",
           shape_str(x_in.shape()));
     mean = new_output({c}, x.dtype(), x);
     var = new_output({c}, x.dtype(), x);
     kernels::cpu::batch_norm_stats(x.dtype(), x.data_ptr(), n, c, hw, mean.data_ptr(), var.data_ptr());
   } else {
-    check(running_mean.defined() && running_var.defined() && running_mean.numel() == c &&
+    MG_CHECK(running_mean.defined() && running_var.defined() && running_mean.numel() == c &&
               running_var.numel() == c,
           "batch_norm: eval mode needs running_mean and running_var of ", c, " elements");
     // Copies: the buffers may be updated in place before this graph's backward runs.
@@ -288,11 +288,11 @@ Tensor batch_norm(const Tensor& x_in, const Tensor& weight, const Tensor& bias, 
 Tensor embedding(const Tensor& weight, const Tensor& indices_in, int64_t padding_idx) {
   check_defined("embedding", {weight, indices_in});
   check_same_device("embedding", {weight, indices_in});
-  check(weight.dim() == 2, "embedding: weight must be [num_embeddings, embedding_dim], got ",
+  MG_CHECK(weight.dim() == 2, "embedding: weight must be [num_embeddings, embedding_dim], got ",
         shape_str(weight.shape()));
-  check(is_integral(indices_in.dtype()), "embedding: indices must be i64 or i32, got ", indices_in.dtype());
+  MG_CHECK(is_integral(indices_in.dtype()), "embedding: indices must be i64 or i32, got ", indices_in.dtype());
   const int64_t num = weight.size(0), dim = weight.size(1);
-  check(padding_idx >= -1 && padding_idx < num, "embedding: padding_idx ", padding_idx, " is outside [0, ",
+  MG_CHECK(padding_idx >= -1 && padding_idx < num, "embedding: padding_idx ", padding_idx, " is outside [0, ",
         num, ")");
   Tensor w = weight.detach().contiguous();
   Tensor indices = indices_in.detach().to(DType::i64).contiguous();
@@ -317,7 +317,7 @@ Tensor embedding(const Tensor& weight, const Tensor& indices_in, int64_t padding
                                  return kernels::cuda::embedding_index_error(host_words, count, num);
                                });
 #else
-    check(false, "embedding: ", w.device(),
+    MG_CHECK(false, "embedding: ", w.device(),
           " needs the CUDA backend, and this multigrad was built without CUDA");
 #endif
   } else {
@@ -350,7 +350,7 @@ Tensor embedding(const Tensor& weight, const Tensor& indices_in, int64_t padding
 
 Tensor dropout(const Tensor& x_in, double p, bool training) {
   check_defined("dropout", {x_in});
-  check(p >= 0 && p <= 1, "dropout: probability must be in [0, 1], got ", p);
+  MG_CHECK(p >= 0 && p <= 1, "dropout: probability must be in [0, 1], got ", p);
   if (!training || p == 0) return x_in;
   check_floating("dropout", x_in);
   Tensor x = x_in.detach().contiguous();

@@ -41,11 +41,11 @@ inline autograd::TensorMeta meta_of(const Tensor& t) {
 
 inline void check_defined(const char* op, const std::vector<Tensor>& tensors) {
   for (size_t i = 0; i < tensors.size(); ++i)
-    check(tensors[i].defined(), op, ": argument ", i, " is an undefined tensor");
+    MG_CHECK(tensors[i].defined(), op, ": argument ", i, " is an undefined tensor");
 }
 
 inline void check_floating(const char* op, const Tensor& t) {
-  check(is_floating(t.dtype()), op, ": expected a floating tensor (f32, f64, f16, bf16), got ", t.dtype());
+  MG_CHECK(is_floating(t.dtype()), op, ": expected a floating tensor (f32, f64, f16, bf16), got ", t.dtype());
 }
 
 // MG_KERNEL(device, fn, args...) runs kernels::cpu::fn(args...) for a CPU device
@@ -79,7 +79,7 @@ inline void check_floating(const char* op, const Tensor& t) {
 #else
 #define MG_KERNEL(device, fn, ...)                                                     \
   ([&]() {                                                                             \
-    ::mg::check((device).is_cpu(), #fn, ": ", (device),                                \
+    MG_CHECK((device).is_cpu(), #fn, ": ", (device),                                \
                 " needs the CUDA backend, and this multigrad was built without CUDA"); \
     return ::mg::kernels::cpu::fn(__VA_ARGS__);                                        \
   }())

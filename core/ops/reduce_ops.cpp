@@ -34,7 +34,7 @@ ReducePlan plan_reduction(const Tensor& x, const std::vector<int64_t>& dims, con
   plan.reduced.assign(nd, dims.empty());
   for (int64_t d : dims) {
     const int64_t w = wrap_dim(d, nd, op);
-    check(!plan.reduced[w], op, ": dimension ", w, " appears twice in the reduced dims");
+    MG_CHECK(!plan.reduced[w], op, ": dimension ", w, " appears twice in the reduced dims");
     plan.reduced[w] = true;
   }
   for (int64_t d = 0; d < nd; ++d) {
@@ -132,7 +132,7 @@ Tensor min_max(const char* name, ReduceOp op, const Tensor& x, const std::vector
                bool keepdim) {
   check_defined(name, {x});
   ReducePlan plan = plan_reduction(x, dims, name);
-  check(plan.reduce_count > 0, name, ": cannot reduce over an empty dimension (shape ", shape_str(x.shape()),
+  MG_CHECK(plan.reduce_count > 0, name, ": cannot reduce over an empty dimension (shape ", shape_str(x.shape()),
         ")");
   Tensor keep = run_reduce(name, op, x, plan, x.dtype());
   Tensor out = finish(keep, plan, keepdim);
@@ -218,7 +218,7 @@ Tensor var(const Tensor& x_arg, const std::vector<int64_t>& dims, int64_t correc
 Tensor argmax(const Tensor& x, int64_t dim, bool keepdim) {
   check_defined("argmax", {x});
   ReducePlan plan = plan_reduction(x, {dim}, "argmax");
-  check(plan.reduce_count > 0, "argmax: cannot reduce over an empty dimension (shape ", shape_str(x.shape()),
+  MG_CHECK(plan.reduce_count > 0, "argmax: cannot reduce over an empty dimension (shape ", shape_str(x.shape()),
         ")");
   return finish(run_reduce("argmax", ReduceOp::Argmax, x, plan, DType::i64), plan, keepdim);
 }
@@ -228,7 +228,7 @@ Tensor argmax(const Tensor& x) { return argmax(x.detach().reshape({-1}), 0, fals
 Tensor sum_to(const Tensor& x, const Shape& shape) {
   if (x.shape() == shape) return x;
   const int64_t lead = x.dim() - static_cast<int64_t>(shape.size());
-  check(lead >= 0, "sum_to: cannot sum shape ", shape_str(x.shape()), " down to ", shape_str(shape));
+  MG_CHECK(lead >= 0, "sum_to: cannot sum shape ", shape_str(x.shape()), " down to ", shape_str(shape));
   std::vector<int64_t> dims;
   for (int64_t d = 0; d < x.dim(); ++d) {
     if (d < lead) {
@@ -236,7 +236,7 @@ Tensor sum_to(const Tensor& x, const Shape& shape) {
     } else if (shape[d - lead] == 1 && x.size(d) != 1) {
       dims.push_back(d);
     } else {
-      check(shape[d - lead] == x.size(d), "sum_to: cannot sum shape ", shape_str(x.shape()), " down to ",
+      MG_CHECK(shape[d - lead] == x.size(d), "sum_to: cannot sum shape ", shape_str(x.shape()), " down to ",
             shape_str(shape));
     }
   }

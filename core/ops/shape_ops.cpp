@@ -8,7 +8,7 @@ namespace mg {
 using namespace ops_detail;
 
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
-  check(!tensors.empty(), "cat: expected at least one tensor");
+  MG_CHECK(!tensors.empty(), "cat: expected at least one tensor");
   check_defined("cat", tensors);
   check_same_device("cat", tensors);  // device-generic: each input is copied with copy_
   const Tensor& first = tensors[0];
@@ -17,10 +17,10 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   int64_t total = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const Tensor& t = tensors[i];
-    check(t.dim() == first.dim(), "cat: tensor 0 has shape ", shape_str(first.shape()), " but tensor ", i,
+    MG_CHECK(t.dim() == first.dim(), "cat: tensor 0 has shape ", shape_str(first.shape()), " but tensor ", i,
           " has shape ", shape_str(t.shape()), " (different number of dims)");
     for (int64_t d = 0; d < t.dim(); ++d)
-      check(d == dim || t.size(d) == first.size(d), "cat: tensor 0 has shape ", shape_str(first.shape()),
+      MG_CHECK(d == dim || t.size(d) == first.size(d), "cat: tensor 0 has shape ", shape_str(first.shape()),
             " but tensor ", i, " has shape ", shape_str(t.shape()), "; sizes must match except in dim ", dim);
     dtype = promote_types(dtype, t.dtype());
     total += t.size(dim);
@@ -55,12 +55,12 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
 }
 
 Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
-  check(!tensors.empty(), "stack: expected at least one tensor");
+  MG_CHECK(!tensors.empty(), "stack: expected at least one tensor");
   check_defined("stack", tensors);
   dim = wrap_dim(dim, tensors[0].dim() + 1, "stack");
   std::vector<Tensor> expanded;
   for (size_t i = 0; i < tensors.size(); ++i) {
-    check(tensors[i].shape() == tensors[0].shape(), "stack: tensor 0 has shape ",
+    MG_CHECK(tensors[i].shape() == tensors[0].shape(), "stack: tensor 0 has shape ",
           shape_str(tensors[0].shape()), " but tensor ", i, " has shape ", shape_str(tensors[i].shape()),
           "; stack needs equal shapes");
     expanded.push_back(tensors[i].unsqueeze(dim));
@@ -73,10 +73,10 @@ std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, in
   dim = wrap_dim(dim, x.dim(), "split");
   int64_t total = 0;
   for (int64_t s : sizes) {
-    check(s >= 0, "split: negative section size ", s);
+    MG_CHECK(s >= 0, "split: negative section size ", s);
     total += s;
   }
-  check(total == x.size(dim), "split: section sizes add up to ", total, " but dim ", dim, " of shape ",
+  MG_CHECK(total == x.size(dim), "split: section sizes add up to ", total, " but dim ", dim, " of shape ",
         shape_str(x.shape()), " has size ", x.size(dim));
   std::vector<Tensor> parts;
   int64_t offset = 0;
@@ -89,7 +89,7 @@ std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, in
 
 std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim) {
   check_defined("split", {x});
-  check(split_size > 0, "split: split_size must be positive, got ", split_size);
+  MG_CHECK(split_size > 0, "split: split_size must be positive, got ", split_size);
   dim = wrap_dim(dim, x.dim(), "split");
   std::vector<int64_t> sizes;
   for (int64_t left = x.size(dim); left > 0; left -= split_size) sizes.push_back(std::min(left, split_size));
@@ -98,7 +98,7 @@ std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim) {
 }
 
 std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim) {
-  check(chunks > 0, "chunk: the number of chunks must be positive, got ", chunks);
+  MG_CHECK(chunks > 0, "chunk: the number of chunks must be positive, got ", chunks);
   check_defined("chunk", {x});
   const int64_t n = x.size(wrap_dim(dim, x.dim(), "chunk"));
   return split(x, std::max<int64_t>((n + chunks - 1) / chunks, 1), dim);
@@ -107,8 +107,8 @@ std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim) {
 Tensor index_select(const Tensor& x_in, int64_t dim, const Tensor& index_in) {
   check_defined("index_select", {x_in, index_in});
   check_same_device("index_select", {x_in, index_in});
-  check(is_integral(index_in.dtype()), "index_select: index must be i64 or i32, got ", index_in.dtype());
-  check(index_in.dim() <= 1, "index_select: index must be 0-d or 1-d, got shape ",
+  MG_CHECK(is_integral(index_in.dtype()), "index_select: index must be i64 or i32, got ", index_in.dtype());
+  MG_CHECK(index_in.dim() <= 1, "index_select: index must be 0-d or 1-d, got shape ",
         shape_str(index_in.shape()));
   dim = wrap_dim(dim, x_in.dim(), "index_select");
   Tensor x = x_in.detach().contiguous();

@@ -178,8 +178,8 @@ void col2im_typed(const Conv2dGeometry& g, const T* columns, T* images, int64_t 
 
 void im2col(const Conv2dGeometry& g, DType dtype, const void* image, void* columns, int64_t images) {
   check_conv2d_geometry(g);
-  check(images >= 0, "im2col: the number of images must be non-negative, got ", images);
-  check(g.column_rows() == 0 || images == 0 || (image != nullptr && columns != nullptr),
+  MG_CHECK(images >= 0, "im2col: the number of images must be non-negative, got ", images);
+  MG_CHECK(g.column_rows() == 0 || images == 0 || (image != nullptr && columns != nullptr),
         "im2col: null buffer");
   visit_floating(dtype, "im2col", [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -189,8 +189,8 @@ void im2col(const Conv2dGeometry& g, DType dtype, const void* image, void* colum
 
 void col2im(const Conv2dGeometry& g, DType dtype, const void* columns, void* image, int64_t images) {
   check_conv2d_geometry(g);
-  check(images >= 0, "col2im: the number of images must be non-negative, got ", images);
-  check(g.column_rows() == 0 || images == 0 || (image != nullptr && columns != nullptr),
+  MG_CHECK(images >= 0, "col2im: the number of images must be non-negative, got ", images);
+  MG_CHECK(g.column_rows() == 0 || images == 0 || (image != nullptr && columns != nullptr),
         "col2im: null buffer");
   visit_floating(dtype, "col2im", [&](auto tag) {
     using T = typename decltype(tag)::type;

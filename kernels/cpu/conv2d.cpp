@@ -148,8 +148,8 @@ void backward_typed(const Conv2dGeometry& g, int64_t batch, int64_t out_channels
 void check_arguments(const char* name, const Conv2dGeometry& g, DType dtype, int64_t batch,
                      int64_t out_channels) {
   check_conv2d_geometry(g);
-  check(dtype == DType::f32 || dtype == DType::f64, name, ": takes f32 or f64, got ", dtype);
-  check(batch >= 0 && out_channels >= 0, name, ": negative batch (", batch, ") or output channels (",
+  MG_CHECK(dtype == DType::f32 || dtype == DType::f64, name, ": takes f32 or f64, got ", dtype);
+  MG_CHECK(batch >= 0 && out_channels >= 0, name, ": negative batch (", batch, ") or output channels (",
         out_channels, ")");
 }
 

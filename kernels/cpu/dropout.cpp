@@ -64,8 +64,8 @@ void backward_elements(const T* gy, const bool* mask, T* gx, int64_t count, doub
 }
 
 void check_args(const char* what, int64_t count, double p) {
-  check(count >= 0, what, ": negative count ", count);
-  check(p >= 0.0 && p <= 1.0, what, ": p must be in [0, 1], got ", p);
+  MG_CHECK(count >= 0, what, ": negative count ", count);
+  MG_CHECK(p >= 0.0 && p <= 1.0, what, ": p must be in [0, 1], got ", p);
 }
 
 }  // namespace

@@ -95,12 +95,12 @@ bool same_shape(const StridedView& a, const StridedView& b) {
 }
 
 void check_shape(const char* what, const char* name, const StridedView& v, const StridedView& out) {
-  check(same_shape(v, out), what, ": ", name, " has shape ", shape_str(v), " but the output has shape ",
+  MG_CHECK(same_shape(v, out), what, ": ", name, " has shape ", shape_str(v), " but the output has shape ",
         shape_str(out), " (inputs must already be broadcast to the output shape)");
 }
 
 void check_dtype(const char* what, const char* name, const StridedView& v, DType expected) {
-  check(v.dtype == expected, what, ": ", name, " has dtype ", dtype_name(v.dtype), ", expected ",
+  MG_CHECK(v.dtype == expected, what, ": ", name, " has dtype ", dtype_name(v.dtype), ", expected ",
         dtype_name(expected));
 }
 
@@ -450,10 +450,10 @@ bool is_arithmetic(BinaryOp op) { return !binary_op_returns_bool(op); }
 
 // Rejects integer/bool combinations that have no sensible integer result.
 void check_binary_dtype(const char* what, BinaryOp op, DType dtype) {
-  check(dtype != DType::boolean || !(op == BinaryOp::Sub || op == BinaryOp::Pow), what, " ",
+  MG_CHECK(dtype != DType::boolean || !(op == BinaryOp::Sub || op == BinaryOp::Pow), what, " ",
         binary_op_name(op),
         ": not supported for bool (PyTorch also refuses); convert to an integer dtype first");
-  check(is_floating(dtype) || op != BinaryOp::Div, what, " div: integer division is not supported for dtype ",
+  MG_CHECK(is_floating(dtype) || op != BinaryOp::Div, what, " div: integer division is not supported for dtype ",
         dtype_name(dtype), "; promote to a floating dtype first");
 }
 
@@ -523,7 +523,7 @@ void unary(UnaryOp op, const StridedView& in, const StridedView& out, double sca
   const char* name = unary_op_name(op);
   check_shape(name, "input", in, out);
   check_dtype(name, "output", out, in.dtype);
-  check(is_floating(in.dtype) || (is_integral(in.dtype) && unary_op_accepts_integers(op)), name,
+  MG_CHECK(is_floating(in.dtype) || (is_integral(in.dtype) && unary_op_accepts_integers(op)), name,
         ": unsupported dtype ", dtype_name(in.dtype),
         unary_op_accepts_integers(op) ? " (expected a floating or integer dtype)"
                                       : " (expected a floating dtype)");
@@ -540,7 +540,7 @@ void unary_backward(UnaryOp op, const StridedView& grad_out, const StridedView& 
   check_dtype(what.c_str(), "grad_in", grad_in, grad_out.dtype);
   const Saved saved = saved_operand(op, output.data != nullptr);
   if (saved == Saved::Input) {
-    check(input.data != nullptr, what, ": needs the forward input, got an empty view");
+    MG_CHECK(input.data != nullptr, what, ": needs the forward input, got an empty view");
     check_shape(what.c_str(), "input", input, grad_in);
     check_dtype(what.c_str(), "input", input, grad_out.dtype);
   } else if (saved == Saved::Output) {
@@ -573,7 +573,7 @@ void binary_scalar(BinaryOp op, const StridedView& a, double scalar, const Strid
   check_binary_dtype("binary_scalar", op, a.dtype);
   visit_dtype(a.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    check(!is_arithmetic(op) || scalar_fits<acc_t<T>>(scalar), "binary_scalar ", name, ": scalar ", scalar,
+    MG_CHECK(!is_arithmetic(op) || scalar_fits<acc_t<T>>(scalar), "binary_scalar ", name, ": scalar ", scalar,
           " is not representable in dtype ", dtype_name(a.dtype), "; promote the tensor first");
     dispatch_binary(op, ScalarLaunch<T>{a, out, scalar});
   });
@@ -623,8 +623,8 @@ void where(const StridedView& condition, const StridedView& a, const StridedView
 void clamp(const StridedView& in, const StridedView& out, double lo, double hi) {
   check_shape("clamp", "input", in, out);
   check_dtype("clamp", "output", out, in.dtype);
-  check(in.dtype != DType::boolean, "clamp: not supported for bool");
-  check(!std::isnan(lo) && !std::isnan(hi), "clamp: bounds must not be NaN (got ", lo, ", ", hi, ")");
+  MG_CHECK(in.dtype != DType::boolean, "clamp: not supported for bool");
+  MG_CHECK(!std::isnan(lo) && !std::isnan(hi), "clamp: bounds must not be NaN (got ", lo, ", ", hi, ")");
   visit_dtype(in.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     using C = acc_t<T>;
@@ -650,7 +650,7 @@ void fill(const StridedView& out, double value) {
     if constexpr (std::is_same<T, bool>::value) {
       v = value != 0;
     } else if constexpr (std::is_integral<T>::value) {
-      check(std::isfinite(value) && value >= static_cast<double>(std::numeric_limits<T>::lowest()) &&
+      MG_CHECK(std::isfinite(value) && value >= static_cast<double>(std::numeric_limits<T>::lowest()) &&
                 value < -static_cast<double>(std::numeric_limits<T>::lowest()),
             "fill: value ", value, " is out of range for dtype ", dtype_name(out.dtype));
       v = static_cast<T>(value);
@@ -671,8 +671,8 @@ void fill(const StridedView& out, double value) {
 }
 
 void arange(const StridedView& out, double start, double step) {
-  check(out.ndim == 1, "arange: expected a 1-d output, got shape ", shape_str(out));
-  check(out.dtype != DType::boolean, "arange: not supported for bool");
+  MG_CHECK(out.ndim == 1, "arange: expected a 1-d output, got shape ", shape_str(out));
+  MG_CHECK(out.dtype != DType::boolean, "arange: not supported for bool");
   visit_dtype(out.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     T* p = out.ptr<T>();

@@ -28,7 +28,7 @@ namespace {
 void validate_indices(const char* what, const int64_t* indices, int64_t count, int64_t num_embeddings) {
   for (int64_t i = 0; i < count; ++i) {
     const int64_t index = indices[i];
-    check(index >= 0 && index < num_embeddings, what, ": index ", index, " at position ", i,
+    MG_CHECK(index >= 0 && index < num_embeddings, what, ": index ", index, " at position ", i,
           " is out of range [0, ", num_embeddings, ")");
   }
 }
@@ -84,7 +84,7 @@ void scatter_add_rows(const T* grad_out, const int64_t* indices, int64_t count, 
 void embedding_forward(DType dtype, const void* weight, int64_t num_embeddings, int64_t embedding_dim,
                        const int64_t* indices, int64_t count, void* out) {
   const char* what = "embedding_forward";
-  check(num_embeddings >= 0 && embedding_dim >= 0 && count >= 0, what, ": negative extent (num_embeddings ",
+  MG_CHECK(num_embeddings >= 0 && embedding_dim >= 0 && count >= 0, what, ": negative extent (num_embeddings ",
         num_embeddings, ", embedding_dim ", embedding_dim, ", count ", count, ")");
   validate_indices(what, indices, count, num_embeddings);
   visit_floating(dtype, what, [&](auto tag) {
@@ -97,9 +97,9 @@ void embedding_backward(DType dtype, const void* grad_out, const int64_t* indice
                         int64_t embedding_dim, int64_t num_embeddings, int64_t padding_idx,
                         void* grad_weight) {
   const char* what = "embedding_backward";
-  check(num_embeddings >= 0 && embedding_dim >= 0 && count >= 0, what, ": negative extent (num_embeddings ",
+  MG_CHECK(num_embeddings >= 0 && embedding_dim >= 0 && count >= 0, what, ": negative extent (num_embeddings ",
         num_embeddings, ", embedding_dim ", embedding_dim, ", count ", count, ")");
-  check(padding_idx >= -1 && padding_idx < num_embeddings, what, ": padding_idx ", padding_idx,
+  MG_CHECK(padding_idx >= -1 && padding_idx < num_embeddings, what, ": padding_idx ", padding_idx,
         " is out of range [-1, ", num_embeddings, ")");
   validate_indices(what, indices, count, num_embeddings);
   visit_floating(dtype, what, [&](auto tag) {

@@ -130,8 +130,8 @@ void backward_params(const T* gy, const T* x, const acc_t<T>* mean, const acc_t<
 
 void layer_norm_forward(DType dtype, const void* x, const void* weight, const void* bias, int64_t rows,
                         int64_t cols, double eps, void* y, void* mean, void* rstd) {
-  check(rows >= 0 && cols >= 0, "layer_norm_forward: negative shape [", rows, ", ", cols, "]");
-  check(eps >= 0, "layer_norm_forward: eps must be >= 0, got ", eps);
+  MG_CHECK(rows >= 0 && cols >= 0, "layer_norm_forward: negative shape [", rows, ", ", cols, "]");
+  MG_CHECK(eps >= 0, "layer_norm_forward: eps must be >= 0, got ", eps);
   visit_floating(dtype, "layer_norm_forward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     using S = acc_t<T>;
@@ -143,7 +143,7 @@ void layer_norm_forward(DType dtype, const void* x, const void* weight, const vo
 void layer_norm_backward(DType dtype, const void* grad_y, const void* x, const void* mean, const void* rstd,
                          const void* weight, int64_t rows, int64_t cols, void* grad_x, void* grad_weight,
                          void* grad_bias) {
-  check(rows >= 0 && cols >= 0, "layer_norm_backward: negative shape [", rows, ", ", cols, "]");
+  MG_CHECK(rows >= 0 && cols >= 0, "layer_norm_backward: negative shape [", rows, ", ", cols, "]");
   visit_floating(dtype, "layer_norm_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     using S = acc_t<T>;

@@ -99,7 +99,7 @@ void dispatch(DType dtype, const char* what, F&& f) {
 
 void sgd_step(DType dtype, int64_t n, void* param, const void* grad, void* momentum_buffer, bool first_step,
               const SgdHyper& h) {
-  check(h.momentum == 0.0 || momentum_buffer != nullptr, "sgd_step: momentum needs a momentum buffer");
+  MG_CHECK(h.momentum == 0.0 || momentum_buffer != nullptr, "sgd_step: momentum needs a momentum buffer");
   dispatch(dtype, "sgd_step", [&](auto tag) {
     using T = typename decltype(tag)::type;
     sgd_loop<T>(n, static_cast<T*>(param), static_cast<const T*>(grad), static_cast<T*>(momentum_buffer),
@@ -109,8 +109,8 @@ void sgd_step(DType dtype, int64_t n, void* param, const void* grad, void* momen
 
 void adam_step(DType dtype, int64_t n, void* param, const void* grad, void* exp_avg, void* exp_avg_sq,
                void* max_exp_avg_sq, const AdamHyper& h) {
-  check(!h.amsgrad || max_exp_avg_sq != nullptr, "adam_step: amsgrad needs a max_exp_avg_sq buffer");
-  check(h.step >= 1, "adam_step: step counts from 1, got ", h.step);
+  MG_CHECK(!h.amsgrad || max_exp_avg_sq != nullptr, "adam_step: amsgrad needs a max_exp_avg_sq buffer");
+  MG_CHECK(h.step >= 1, "adam_step: step counts from 1, got ", h.step);
   dispatch(dtype, "adam_step", [&](auto tag) {
     using T = typename decltype(tag)::type;
     adam_loop<T>(n, static_cast<T*>(param), static_cast<const T*>(grad), static_cast<T*>(exp_avg),
@@ -120,8 +120,8 @@ void adam_step(DType dtype, int64_t n, void* param, const void* grad, void* exp_
 
 void adamw_step(DType dtype, int64_t n, void* param, const void* grad, void* exp_avg, void* exp_avg_sq,
                 void* max_exp_avg_sq, const AdamHyper& h) {
-  check(!h.amsgrad || max_exp_avg_sq != nullptr, "adamw_step: amsgrad needs a max_exp_avg_sq buffer");
-  check(h.step >= 1, "adamw_step: step counts from 1, got ", h.step);
+  MG_CHECK(!h.amsgrad || max_exp_avg_sq != nullptr, "adamw_step: amsgrad needs a max_exp_avg_sq buffer");
+  MG_CHECK(h.step >= 1, "adamw_step: step counts from 1, got ", h.step);
   dispatch(dtype, "adamw_step", [&](auto tag) {
     using T = typename decltype(tag)::type;
     adam_loop<T>(n, static_cast<T*>(param), static_cast<const T*>(grad), static_cast<T*>(exp_avg),

@@ -169,7 +169,7 @@ void max_backward_typed(const Pool2dGeometry& g, const T* grad_output, const int
       for (int64_t e = 0; e < plane_size; ++e) gx[e] = static_cast<T>(sum[e]);
     }
   }
-  check(!bad_index.load(), "max_pool2d_backward: argmax holds an index outside [0, H*W) = [0, ", plane_size,
+  MG_CHECK(!bad_index.load(), "max_pool2d_backward: argmax holds an index outside [0, H*W) = [0, ", plane_size,
         ")");
 }
 
@@ -236,7 +236,7 @@ void avg_backward_typed(const Pool2dGeometry& g, const T* grad_output, T* grad_i
 }
 
 void check_buffers(const Pool2dGeometry& g, const char* what, const void* in, const void* out) {
-  check(g.planes * g.height * g.width == 0 || (in != nullptr && out != nullptr), what, ": null buffer");
+  MG_CHECK(g.planes * g.height * g.width == 0 || (in != nullptr && out != nullptr), what, ": null buffer");
 }
 
 }  // namespace
@@ -245,7 +245,7 @@ void max_pool2d_forward(const Pool2dGeometry& g, DType dtype, const void* input,
                         int64_t* argmax) {
   check_pool2d_geometry(g);
   check_buffers(g, "max_pool2d_forward", input, output);
-  check(g.planes == 0 || argmax != nullptr, "max_pool2d_forward: argmax is null");
+  MG_CHECK(g.planes == 0 || argmax != nullptr, "max_pool2d_forward: argmax is null");
   visit_floating(dtype, "max_pool2d_forward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     max_forward_typed(g, static_cast<const T*>(input), static_cast<T*>(output), argmax);
@@ -256,7 +256,7 @@ void max_pool2d_backward(const Pool2dGeometry& g, DType dtype, const void* grad_
                          void* grad_input) {
   check_pool2d_geometry(g);
   check_buffers(g, "max_pool2d_backward", grad_output, grad_input);
-  check(g.planes == 0 || argmax != nullptr, "max_pool2d_backward: argmax is null");
+  MG_CHECK(g.planes == 0 || argmax != nullptr, "max_pool2d_backward: argmax is null");
   visit_floating(dtype, "max_pool2d_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     max_backward_typed(g, static_cast<const T*>(grad_output), argmax, static_cast<T*>(grad_input));

@@ -355,28 +355,28 @@ bool needs_identity(ReduceOp op) {
 void reduce(ReduceOp op, const ReduceShape& shape, const void* input, DType in_dtype, void* output,
             DType out_dtype, int64_t correction) {
   const char* name = reduce_op_name(op);
-  check(shape.outer >= 0 && shape.reduce >= 0 && shape.inner >= 0, name, ": negative shape [", shape.outer,
+  MG_CHECK(shape.outer >= 0 && shape.reduce >= 0 && shape.inner >= 0, name, ": negative shape [", shape.outer,
         ", ", shape.reduce, ", ", shape.inner, "]");
   switch (op) {
     case ReduceOp::Mean:
     case ReduceOp::Var:
-      check(is_floating(in_dtype) && is_floating(out_dtype), name, ": expected floating dtypes, got input ",
+      MG_CHECK(is_floating(in_dtype) && is_floating(out_dtype), name, ": expected floating dtypes, got input ",
             dtype_name(in_dtype), " and output ", dtype_name(out_dtype));
       break;
     case ReduceOp::Max:
     case ReduceOp::Min:
-      check(out_dtype == in_dtype, name, ": output dtype ", dtype_name(out_dtype), " must equal input dtype ",
+      MG_CHECK(out_dtype == in_dtype, name, ": output dtype ", dtype_name(out_dtype), " must equal input dtype ",
             dtype_name(in_dtype));
       break;
     case ReduceOp::Argmax:
     case ReduceOp::Argmin:
-      check(out_dtype == DType::i64, name, ": output dtype must be i64, got ", dtype_name(out_dtype));
+      MG_CHECK(out_dtype == DType::i64, name, ": output dtype must be i64, got ", dtype_name(out_dtype));
       break;
     case ReduceOp::Sum:
     case ReduceOp::Prod: break;
   }
   if (shape.reduce == 0) {
-    check(!needs_identity(op), name, ": cannot reduce over an empty dimension (the op has no identity)");
+    MG_CHECK(!needs_identity(op), name, ": cannot reduce over an empty dimension (the op has no identity)");
     const double value = op == ReduceOp::Sum    ? 0.0
                          : op == ReduceOp::Prod ? 1.0
                                                 : std::numeric_limits<double>::quiet_NaN();

@@ -70,10 +70,10 @@ ConvBackend backend_from_environment() {
   const char* env = std::getenv("MG_CUDA_CONV");
   if (env == nullptr || *env == '\0') return built_with_cudnn() ? ConvBackend::cudnn : ConvBackend::im2col;
   const std::string value = env;
-  check(value == "cudnn" || value == "im2col", "MG_CUDA_CONV=", value,
+  MG_CHECK(value == "cudnn" || value == "im2col", "MG_CUDA_CONV=", value,
         ": unknown conv2d backend (choices: cudnn, im2col)");
   const ConvBackend backend = value == "cudnn" ? ConvBackend::cudnn : ConvBackend::im2col;
-  check(backend != ConvBackend::cudnn || built_with_cudnn(), no_cudnn("MG_CUDA_CONV=cudnn"));
+  MG_CHECK(backend != ConvBackend::cudnn || built_with_cudnn(), no_cudnn("MG_CUDA_CONV=cudnn"));
   return backend;
 }
 
@@ -106,7 +106,7 @@ ConvBackend conv_backend() {
 }
 
 void set_conv_backend(ConvBackend backend) {
-  check(backend != ConvBackend::cudnn || built_with_cudnn(),
+  MG_CHECK(backend != ConvBackend::cudnn || built_with_cudnn(),
         no_cudnn("set_conv_backend(ConvBackend::cudnn)"));
   std::lock_guard<std::mutex> lock(g_backend_mutex);
   g_backend.store(static_cast<int>(backend), std::memory_order_release);
@@ -211,9 +211,9 @@ struct Problem {
 Problem make_problem(const char* what, const Conv2dGeometry& g, int64_t batch, int64_t out_channels,
                      DType dtype) {
   check_conv2d_geometry(g);
-  check(dtype == DType::f32 || dtype == DType::f16 || dtype == DType::bf16, what,
+  MG_CHECK(dtype == DType::f32 || dtype == DType::f16 || dtype == DType::bf16, what,
         ": cuDNN conv2d takes f32, f16 or bf16, got ", dtype, " (f64 convolutions run as im2col + GEMM)");
-  check(cudnn_conv2d_supported(g, batch, out_channels, dtype), what, ": batch ", batch, ", ", g.channels,
+  MG_CHECK(cudnn_conv2d_supported(g, batch, out_channels, dtype), what, ": batch ", batch, ", ", g.channels,
         " -> ", out_channels, " channels, ", g.height, "x", g.width, " image, ", g.kernel_h, "x", g.kernel_w,
         " kernel: a size or a tensor's element count is beyond cuDNN's 32-bit indexing (or not positive)");
   auto i = [](int64_t v) { return static_cast<int>(v); };
@@ -460,7 +460,7 @@ std::vector<Candidate> candidates_for(Direction d, const Problem& p, cudnnHandle
   int n = 0, k = 0, oh = 0, ow = 0;
   MG_CUDNN_CHECK(
       cudnnGetConvolution2dForwardOutputDim(desc.conv.get(), desc.x.get(), desc.w.get(), &n, &k, &oh, &ow));
-  check(n == p.n && k == p.k && oh == p.out_h && ow == p.out_w, "cuDNN conv2d: cuDNN computes an output of [",
+  MG_CHECK(n == p.n && k == p.k && oh == p.out_h && ow == p.out_w, "cuDNN conv2d: cuDNN computes an output of [",
         n, ", ", k, ", ", oh, ", ", ow, "] where multigrad expects [", p.n, ", ", p.k, ", ", p.out_h, ", ",
         p.out_w, "]");
   const cudnnMathType_t wanted = requested_math(p.dtype);
@@ -476,7 +476,7 @@ std::vector<Candidate> candidates_for(Direction d, const Problem& p, cudnnHandle
   for (const auto& [algo, math] : heuristic_ranking(d, h, desc)) add(algo, math);
   add(general_algorithm(d), wanted);
   desc.conv.set_math(wanted);
-  check(!list.empty(), "cuDNN conv2d ", direction_name(d), ": cuDNN offers no algorithm for batch ", p.n,
+  MG_CHECK(!list.empty(), "cuDNN conv2d ", direction_name(d), ": cuDNN offers no algorithm for batch ", p.n,
         ", ", p.c, " -> ", p.k, " channels, ", p.h, "x", p.w, " image, ", p.kh, "x", p.kw, " kernel, ",
         p.dtype);
   std::lock_guard<std::mutex> lock(g_cache_mutex);
@@ -535,7 +535,7 @@ cudnnStatus_t execute(Direction d, cudnnHandle_t h, const Descriptors& desc, con
 void run(cudaStream_t stream, ScratchAllocator& scratch, Direction d, const char* what,
          const Conv2dGeometry& g, DType dtype, int64_t batch, int64_t out_channels, const Buffers& buffers) {
   const Problem p = make_problem(what, g, batch, out_channels, dtype);
-  check(buffers.out != nullptr && buffers.y != nullptr &&
+  MG_CHECK(buffers.out != nullptr && buffers.y != nullptr &&
             (buffers.x != nullptr || d == Direction::backward_data) &&
             (buffers.w != nullptr || d == Direction::backward_filter),
         what, ": null buffer");

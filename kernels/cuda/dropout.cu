@@ -117,8 +117,8 @@ PackPlan plan_flat(const void* const (&data)[N], const DType (&dtypes)[N], int64
 double keep_scale(double p) { return p < 1.0 ? 1.0 / (1.0 - p) : 0.0; }
 
 void check_args(const char* what, int64_t count, double p) {
-  check(count >= 0, what, " (CUDA): negative count ", count);
-  check(p >= 0.0 && p <= 1.0, what, " (CUDA): p must be in [0, 1], got ", p);
+  MG_CHECK(count >= 0, what, " (CUDA): negative count ", count);
+  MG_CHECK(p >= 0.0 && p <= 1.0, what, " (CUDA): p must be in [0, 1], got ", p);
 }
 
 }  // namespace

@@ -517,11 +517,11 @@ __global__ void convert_pack_kernel(OffsetCalc<2> oc, bool contiguous, PackPlan 
 void check_same_shape(const char* what, const StridedView& v, const StridedView& out) {
   bool same = v.ndim == out.ndim;
   for (int d = 0; same && d < v.ndim; ++d) same = v.shape[d] == out.shape[d];
-  check(same, what, " (CUDA): an operand's shape differs from the output's (inputs must be broadcast first)");
+  MG_CHECK(same, what, " (CUDA): an operand's shape differs from the output's (inputs must be broadcast first)");
 }
 
 void check_dtype(const char* what, const StridedView& v, DType expected) {
-  check(v.dtype == expected, what, " (CUDA): operand dtype ", dtype_name(v.dtype), ", expected ",
+  MG_CHECK(v.dtype == expected, what, " (CUDA): operand dtype ", dtype_name(v.dtype), ", expected ",
         dtype_name(expected));
 }
 
@@ -531,7 +531,7 @@ void unary(cudaStream_t stream, UnaryOp op, const StridedView& in, const Strided
   const char* name = unary_op_name(op);
   check_same_shape(name, in, out);
   check_dtype(name, out, in.dtype);
-  check(is_floating(in.dtype) || (is_integral(in.dtype) && unary_op_accepts_integers(op)), name,
+  MG_CHECK(is_floating(in.dtype) || (is_integral(in.dtype) && unary_op_accepts_integers(op)), name,
         " (CUDA): unsupported dtype ", dtype_name(in.dtype));
   const int64_t n = out.numel();
   if (n == 0) return;
@@ -562,7 +562,7 @@ void unary_backward(cudaStream_t stream, UnaryOp op, const StridedView& grad_out
   const bool use_output = may_read_output && output.data != nullptr;
   const StridedView* saved = reads_nothing ? nullptr : (use_output ? &output : &input);
   if (saved) {
-    check(saved->data != nullptr, name, " backward (CUDA): needs the forward input, got an empty view");
+    MG_CHECK(saved->data != nullptr, name, " backward (CUDA): needs the forward input, got an empty view");
     check_same_shape(name, *saved, grad_in);
     check_dtype(name, *saved, grad_out.dtype);
   }
@@ -593,14 +593,14 @@ void binary_impl(cudaStream_t stream, BinaryOp op, const StridedView& a, const S
     check_dtype(name, *b, a.dtype);
   }
   check_dtype(name, out, to_bool ? DType::boolean : a.dtype);
-  check(a.dtype != DType::boolean || !(op == BinaryOp::Sub || op == BinaryOp::Pow), name,
+  MG_CHECK(a.dtype != DType::boolean || !(op == BinaryOp::Sub || op == BinaryOp::Pow), name,
         " (CUDA): not supported for bool; convert to an integer dtype first");
-  check(is_floating(a.dtype) || op != BinaryOp::Div, name,
+  MG_CHECK(is_floating(a.dtype) || op != BinaryOp::Div, name,
         " (CUDA): integer division is not supported; promote to a floating dtype first");
   if (!b && !to_bool && !is_floating(a.dtype)) {
     // The scalar must fit the compute type (int32 for i32 and bool, int64 for i64), as on the CPU.
     const double limit = a.dtype == DType::i64 ? 9223372036854775808.0 : 2147483648.0;
-    check(std::trunc(scalar) == scalar && scalar >= -limit && scalar < limit, "binary_scalar ", name,
+    MG_CHECK(std::trunc(scalar) == scalar && scalar >= -limit && scalar < limit, "binary_scalar ", name,
           " (CUDA): scalar ", scalar, " is not representable in dtype ", dtype_name(a.dtype),
           "; promote the tensor first");
   }
@@ -680,7 +680,7 @@ void where(cudaStream_t stream, const StridedView& condition, const StridedView&
 void clamp(cudaStream_t stream, const StridedView& in, const StridedView& out, double lo, double hi) {
   check_same_shape("clamp", in, out);
   check_dtype("clamp", out, in.dtype);
-  check(in.dtype != DType::boolean, "clamp (CUDA): not supported for bool");
+  MG_CHECK(in.dtype != DType::boolean, "clamp (CUDA): not supported for bool");
   const int64_t n = out.numel();
   if (n == 0) return;
   bool contiguous = false;
@@ -743,8 +743,8 @@ void fill(cudaStream_t stream, const StridedView& out, double value) {
 }
 
 void arange(cudaStream_t stream, const StridedView& out, double start, double step) {
-  check(out.ndim == 1, "arange (CUDA): expected a 1-d output");
-  check(out.dtype != DType::boolean, "arange (CUDA): not supported for bool");
+  MG_CHECK(out.ndim == 1, "arange (CUDA): expected a 1-d output");
+  MG_CHECK(out.dtype != DType::boolean, "arange (CUDA): not supported for bool");
   const int64_t n = out.numel();
   if (n == 0) return;
   visit_all(out.dtype, [&](auto t) {

@@ -270,7 +270,7 @@ void scatter_add(DType dtype, const char* what, const IndexShape& s, const void*
 }
 
 void check_extents(const char* what, int64_t num_embeddings, int64_t embedding_dim, int64_t count) {
-  check(num_embeddings >= 0 && embedding_dim >= 0 && count >= 0, what,
+  MG_CHECK(num_embeddings >= 0 && embedding_dim >= 0 && count >= 0, what,
         " (CUDA): negative extent (num_embeddings ", num_embeddings, ", embedding_dim ", embedding_dim,
         ", count ", count, ")");
 }
@@ -279,22 +279,22 @@ void check_embedding_backward_args(DType dtype, int64_t num_embeddings, int64_t 
                                    int64_t padding_idx) {
   const char* what = "embedding_backward";
   check_extents(what, num_embeddings, embedding_dim, count);
-  check(padding_idx >= -1 && padding_idx < num_embeddings, what, " (CUDA): padding_idx ", padding_idx,
+  MG_CHECK(padding_idx >= -1 && padding_idx < num_embeddings, what, " (CUDA): padding_idx ", padding_idx,
         " is out of range [-1, ", num_embeddings, ")");
-  check(is_floating(dtype), what, " (CUDA): expected a floating dtype (f32, f64, f16, bf16), got ", dtype);
+  MG_CHECK(is_floating(dtype), what, " (CUDA): expected a floating dtype (f32, f64, f16, bf16), got ", dtype);
 }
 
 void check_embedding_indices(cudaStream_t stream, ScratchAllocator& scratch, const char* what,
                              const int64_t* indices, int64_t count, int64_t num_embeddings) {
   const BadIndex bad = find_bad_index(stream, scratch, indices, count, num_embeddings);
-  check(bad.position < 0, what, ": index ", bad.value, " at position ", bad.position, " is out of range [0, ",
+  MG_CHECK(bad.position < 0, what, ": index ", bad.value, " at position ", bad.position, " is out of range [0, ",
         num_embeddings, ")");
 }
 
 void check_select_indices(cudaStream_t stream, ScratchAllocator& scratch, const IndexShape& s,
                           const int64_t* indices, int64_t count) {
   const BadIndex bad = find_bad_index(stream, scratch, indices, count, s.size);
-  check(bad.position < 0, "index_select: index ", bad.value, " at position ", bad.position,
+  MG_CHECK(bad.position < 0, "index_select: index ", bad.value, " at position ", bad.position,
         " is out of range for a dimension of size ", s.size);
 }
 
@@ -305,7 +305,7 @@ void embedding_forward(cudaStream_t stream, ScratchAllocator& scratch, DType dty
                        void* out) {
   const char* what = "embedding_forward";
   check_extents(what, num_embeddings, embedding_dim, count);
-  check(is_floating(dtype), what, " (CUDA): expected a floating dtype (f32, f64, f16, bf16), got ", dtype);
+  MG_CHECK(is_floating(dtype), what, " (CUDA): expected a floating dtype (f32, f64, f16, bf16), got ", dtype);
   check_embedding_indices(stream, scratch, what, indices, count, num_embeddings);
   gather(dtype, IndexShape{1, num_embeddings, embedding_dim}, weight, indices, count, out, stream);
 }
@@ -324,7 +324,7 @@ void embedding_forward_deferred(cudaStream_t stream, DType dtype, const void* we
                                 void* check_words) {
   const char* what = "embedding_forward";
   check_extents(what, num_embeddings, embedding_dim, count);
-  check(is_floating(dtype), what, " (CUDA): expected a floating dtype (f32, f64, f16, bf16), got ", dtype);
+  MG_CHECK(is_floating(dtype), what, " (CUDA): expected a floating dtype (f32, f64, f16, bf16), got ", dtype);
   static_assert(kEmbeddingCheckWords == 2, "the first position with a bad index, its value");
   unsigned long long* words = static_cast<unsigned long long*>(check_words);
   // All ones: no bad position yet (any position is < 2^64 - 1).
@@ -361,7 +361,7 @@ void embedding_backward_unchecked(cudaStream_t stream, DType dtype, const void* 
 
 void index_select(cudaStream_t stream, ScratchAllocator& scratch, DType dtype, const IndexShape& shape,
                   const void* input, const int64_t* indices, int64_t count, void* out) {
-  check(shape.outer >= 0 && shape.size >= 0 && shape.inner >= 0 && count >= 0,
+  MG_CHECK(shape.outer >= 0 && shape.size >= 0 && shape.inner >= 0 && count >= 0,
         "index_select (CUDA): negative extent");
   check_select_indices(stream, scratch, shape, indices, count);
   gather(dtype, shape, input, indices, count, out, stream);
@@ -369,7 +369,7 @@ void index_select(cudaStream_t stream, ScratchAllocator& scratch, DType dtype, c
 
 void index_add(cudaStream_t stream, ScratchAllocator& scratch, DType dtype, const IndexShape& shape,
                const void* grad_out, const int64_t* indices, int64_t count, void* grad_input) {
-  check(shape.outer >= 0 && shape.size >= 0 && shape.inner >= 0 && count >= 0,
+  MG_CHECK(shape.outer >= 0 && shape.size >= 0 && shape.inner >= 0 && count >= 0,
         "index_add (CUDA): negative extent");
   check_select_indices(stream, scratch, shape, indices, count);
   scatter_add(dtype, "index_add", shape, grad_out, indices, count, /*skip=*/-1, grad_input, stream);

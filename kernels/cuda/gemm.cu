@@ -67,7 +67,7 @@ cublasHandle_t handle_for_current_device() {
 constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;
 
 int as_int(int64_t v, const char* what) {
-  check(v >= 0 && v <= INT_MAX, "gemm (CUDA): ", what, " = ", v, " does not fit cuBLAS's 32-bit int");
+  MG_CHECK(v >= 0 && v <= INT_MAX, "gemm (CUDA): ", what, " = ", v, " does not fit cuBLAS's 32-bit int");
   return static_cast<int>(v);
 }
 

@@ -371,7 +371,7 @@ void validate(const GemmArgs& g, const char* step) {
   check_gemm_args(g, what.c_str());
   // 32-bit tile arithmetic, with room for a tile past the end.
   constexpr int64_t kMaxSize = INT_MAX - 256;
-  check(g.m <= kMaxSize && g.n <= kMaxSize && g.k <= kMaxSize, what, ": m=", g.m, " n=", g.n, " k=", g.k,
+  MG_CHECK(g.m <= kMaxSize && g.n <= kMaxSize && g.k <= kMaxSize, what, ": m=", g.m, " n=", g.n, " k=", g.k,
         " exceed the kernels' 32-bit limit of ", kMaxSize);
 }
 
@@ -415,7 +415,7 @@ bool allow_tf32() {
     if (s == "1" || s == "true" || s == "on") {
       value = 1;
     } else {
-      check(s == "0" || s == "false" || s == "off",
+      MG_CHECK(s == "0" || s == "false" || s == "off",
             "MG_CUDA_ALLOW_TF32: expected 1/true/on or 0/false/off, got '", s, "'");
     }
   }
@@ -431,7 +431,7 @@ void set_allow_tf32(bool allow) { g_allow_tf32.store(allow ? 1 : 0, std::memory_
 void gemm_ladder(cudaStream_t stream, ScratchAllocator& scratch, GemmKernel kernel, const GemmArgs& g) {
   if (kernel == GemmKernel::cublas) return gemm_cublas(stream, scratch, g);
   const char* step = gemm_kernel_name(kernel);
-  check(gemm_kernel_supports(kernel, g.dtype), "gemm_ladder (", step, "): the ", step, " kernel takes ",
+  MG_CHECK(gemm_kernel_supports(kernel, g.dtype), "gemm_ladder (", step, "): the ", step, " kernel takes ",
         kernel == GemmKernel::tensor_core ? "bf16 or f16 (f32 accumulation)" : "f32", ", got ",
         dtype_name(g.dtype), " (cuBLAS takes every floating dtype: GemmKernel::cublas)");
   validate(g, step);

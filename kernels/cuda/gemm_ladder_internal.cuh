@@ -93,7 +93,7 @@ __host__ __device__ __forceinline__ TileCorner grouped_tile(int tile, int tiles_
 // Grid size in tiles, refusing what a 1-D grid cannot hold.
 inline unsigned tile_count(int64_t m, int64_t n, int tile_m, int tile_n, const char* step) {
   const int64_t tiles = ((m + tile_m - 1) / tile_m) * ((n + tile_n - 1) / tile_n);
-  check(tiles <= INT_MAX, "gemm_ladder (", step, "): ", tiles, " tiles do not fit one grid");
+  MG_CHECK(tiles <= INT_MAX, "gemm_ladder (", step, "): ", tiles, " tiles do not fit one grid");
   return static_cast<unsigned>(tiles);
 }
 

@@ -25,7 +25,7 @@ constexpr int kMaxPooledDevices = 64;
 // thread's until the thread exits.
 template <class Handle, Handle (*Create)()>
 Handle pooled_handle(int physical) {
-  check(physical >= 0 && physical < kMaxPooledDevices, "pooled_handle: GPU ", physical, " out of range");
+  MG_CHECK(physical >= 0 && physical < kMaxPooledDevices, "pooled_handle: GPU ", physical, " out of range");
   struct Pool {
     std::mutex mutex;
     std::array<std::vector<Handle>, kMaxPooledDevices> spare;

@@ -508,8 +508,8 @@ void launch_params(cudaStream_t stream, ScratchAllocator& scratch, const ParamsP
 
 void layer_norm_forward(cudaStream_t stream, DType dtype, const void* x, const void* weight, const void* bias,
                         int64_t rows, int64_t cols, double eps, void* y, void* mean, void* rstd) {
-  check(rows >= 0 && cols >= 0, "layer_norm_forward (CUDA): negative shape [", rows, ", ", cols, "]");
-  check(eps >= 0, "layer_norm_forward (CUDA): eps must be >= 0, got ", eps);
+  MG_CHECK(rows >= 0 && cols >= 0, "layer_norm_forward (CUDA): negative shape [", rows, ", ", cols, "]");
+  MG_CHECK(eps >= 0, "layer_norm_forward (CUDA): eps must be >= 0, got ", eps);
   if (rows == 0) return;
   visit_float(dtype, "layer_norm_forward", [&](auto t) {
     using T = typename decltype(t)::type;
@@ -523,8 +523,8 @@ void layer_norm_forward(cudaStream_t stream, DType dtype, const void* x, const v
 void layer_norm_rows_forward(cudaStream_t stream, DType dtype, const void* x, const void* weight,
                              const void* bias, int64_t rows, int64_t cols, double eps, void* y, void* mean,
                              void* rstd, bool online) {
-  check(rows >= 0 && cols >= 0, "layer_norm_forward (CUDA): negative shape [", rows, ", ", cols, "]");
-  check(eps >= 0, "layer_norm_forward (CUDA): eps must be >= 0, got ", eps);
+  MG_CHECK(rows >= 0 && cols >= 0, "layer_norm_forward (CUDA): negative shape [", rows, ", ", cols, "]");
+  MG_CHECK(eps >= 0, "layer_norm_forward (CUDA): eps must be >= 0, got ", eps);
   if (rows == 0) return;
   visit_float(dtype, "layer_norm_forward", [&](auto t) {
     using T = typename decltype(t)::type;
@@ -538,7 +538,7 @@ void layer_norm_rows_forward(cudaStream_t stream, DType dtype, const void* x, co
 void layer_norm_backward(cudaStream_t stream, ScratchAllocator& scratch, DType dtype, const void* grad_y,
                          const void* x, const void* mean, const void* rstd, const void* weight, int64_t rows,
                          int64_t cols, void* grad_x, void* grad_weight, void* grad_bias) {
-  check(rows >= 0 && cols >= 0, "layer_norm_backward (CUDA): negative shape [", rows, ", ", cols, "]");
+  MG_CHECK(rows >= 0 && cols >= 0, "layer_norm_backward (CUDA): negative shape [", rows, ", ", cols, "]");
   if (cols == 0) return;
   visit_float(dtype, "layer_norm_backward", [&](auto t) {
     using T = typename decltype(t)::type;

@@ -185,8 +185,8 @@ __global__ void layer_norm_block(int64_t rows, int64_t cols, const float* x, con
 
 void layer_norm_lab(cudaStream_t stream, RowKernel rung, int64_t rows, int64_t cols, const float* x,
                     const float* weight, const float* bias, double eps, float* y, float* mean, float* rstd) {
-  check(rows >= 0 && cols >= 0, "layer_norm_lab: negative shape [", rows, ", ", cols, "]");
-  check(eps >= 0, "layer_norm_lab: eps must be >= 0, got ", eps);
+  MG_CHECK(rows >= 0 && cols >= 0, "layer_norm_lab: negative shape [", rows, ", ", cols, "]");
+  MG_CHECK(eps >= 0, "layer_norm_lab: eps must be >= 0, got ", eps);
   if (rows == 0) return;
   switch (rung) {
     case RowKernel::naive: {

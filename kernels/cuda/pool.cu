@@ -428,7 +428,7 @@ unsigned pool_grid(const Pool2dGeometry& g, int path, int64_t general_threads) {
 
 void check_args(const Pool2dGeometry& g, const char* what, const void* in, const void* out) {
   check_pool2d_geometry(g);
-  check(g.planes * g.height * g.width == 0 || (in != nullptr && out != nullptr), what,
+  MG_CHECK(g.planes * g.height * g.width == 0 || (in != nullptr && out != nullptr), what,
         " (CUDA): null buffer");
 }
 
@@ -437,7 +437,7 @@ void check_args(const Pool2dGeometry& g, const char* what, const void* in, const
 void max_pool2d_forward(cudaStream_t stream, const Pool2dGeometry& g, DType dtype, const void* input,
                         void* output, int64_t* argmax) {
   check_args(g, "max_pool2d_forward", input, output);
-  check(g.planes == 0 || argmax != nullptr, "max_pool2d_forward (CUDA): argmax is null");
+  MG_CHECK(g.planes == 0 || argmax != nullptr, "max_pool2d_forward (CUDA): argmax is null");
   const int64_t total = g.planes * g.out_h() * g.out_w();
   if (total == 0) return;
   visit_float(dtype, "max_pool2d_forward", [&](auto t) {
@@ -451,7 +451,7 @@ void max_pool2d_forward(cudaStream_t stream, const Pool2dGeometry& g, DType dtyp
 void max_pool2d_backward(cudaStream_t stream, const Pool2dGeometry& g, DType dtype, const void* grad_output,
                          const int64_t* argmax, void* grad_input) {
   check_args(g, "max_pool2d_backward", grad_output, grad_input);
-  check(g.planes == 0 || argmax != nullptr, "max_pool2d_backward (CUDA): argmax is null");
+  MG_CHECK(g.planes == 0 || argmax != nullptr, "max_pool2d_backward (CUDA): argmax is null");
   const int64_t total = g.planes * g.height * g.width;
   if (total == 0) return;
   visit_float(dtype, "max_pool2d_backward", [&](auto t) {

@@ -390,14 +390,14 @@ void reduce(cudaStream_t stream, ScratchAllocator& scratch, ReduceOp op, const R
             const void* input, DType in_dtype, void* output, DType out_dtype, int64_t correction) {
   const char* name = reduce_op_name(op);
   const bool arg = op == ReduceOp::Argmax || op == ReduceOp::Argmin;
-  check(shape.reduce > 0 || !(arg || op == ReduceOp::Max || op == ReduceOp::Min), name,
+  MG_CHECK(shape.reduce > 0 || !(arg || op == ReduceOp::Max || op == ReduceOp::Min), name,
         " (CUDA): cannot reduce over an empty dimension (no identity)");
-  check(!arg || out_dtype == DType::i64, name, " (CUDA): the output must be i64, got ",
+  MG_CHECK(!arg || out_dtype == DType::i64, name, " (CUDA): the output must be i64, got ",
         dtype_name(out_dtype));
-  check(!(op == ReduceOp::Mean || op == ReduceOp::Var) || (is_floating(in_dtype) && is_floating(out_dtype)),
+  MG_CHECK(!(op == ReduceOp::Mean || op == ReduceOp::Var) || (is_floating(in_dtype) && is_floating(out_dtype)),
         name, " (CUDA): needs floating input and output, got ", dtype_name(in_dtype), " -> ",
         dtype_name(out_dtype));
-  check(!(op == ReduceOp::Max || op == ReduceOp::Min) || out_dtype == in_dtype, name,
+  MG_CHECK(!(op == ReduceOp::Max || op == ReduceOp::Min) || out_dtype == in_dtype, name,
         " (CUDA): output dtype must equal the input's");
   if (shape.outer == 0 || shape.inner == 0) return;
   int tx = 1;
@@ -405,7 +405,7 @@ void reduce(cudaStream_t stream, ScratchAllocator& scratch, ReduceOp op, const R
   const int ty = kThreads / tx;
   const dim3 block(tx, ty);
   const int64_t tiles = (shape.inner + tx - 1) / tx;
-  check(tiles < (int64_t(1) << 31), name, " (CUDA): inner size ", shape.inner, " too large");
+  MG_CHECK(tiles < (int64_t(1) << 31), name, " (CUDA): inner size ", shape.inner, " too large");
   const unsigned outer_blocks = static_cast<unsigned>(shape.outer < 65535 ? shape.outer : 65535);
   // Split the reduced axis when the plain grid would leave the GPU idle (see the top).
   const int64_t slices = split_slices(tiles * outer_blocks, shape.reduce, ty);

@@ -594,9 +594,9 @@ void cross_entropy_forward_counted(cudaStream_t stream, DType dtype, const void*
                                    const int64_t* targets, int64_t rows, int64_t classes,
                                    int64_t ignore_index, double label_smoothing, void* losses,
                                    void* row_stats, float* counted, void* check_words) {
-  check(label_smoothing >= 0.0 && label_smoothing < 1.0,
+  MG_CHECK(label_smoothing >= 0.0 && label_smoothing < 1.0,
         "cross_entropy (CUDA): label_smoothing must be in [0, 1), got ", label_smoothing);
-  check(classes > 0 || rows == 0, "cross_entropy (CUDA): no classes");
+  MG_CHECK(classes > 0 || rows == 0, "cross_entropy (CUDA): no classes");
   static_assert(kCrossEntropyCheckWords == 3, "rows counted, the first row with a bad target, its value");
   unsigned long long* status = static_cast<unsigned long long*>(check_words);
   launch_kernel<cross_entropy_status_init_kernel>(1, 1, 0, stream, status, rows);

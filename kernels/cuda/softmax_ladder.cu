@@ -146,7 +146,7 @@ __global__ void softmax_block(int64_t rows, int64_t dim, const float* x, float* 
 
 void softmax_lab(cudaStream_t stream, RowKernel rung, int64_t rows, int64_t dim, const float* x, float* y,
                  bool log) {
-  check(rows >= 0 && dim >= 0, "softmax_lab: negative shape [", rows, ", ", dim, "]");
+  MG_CHECK(rows >= 0 && dim >= 0, "softmax_lab: negative shape [", rows, ", ", dim, "]");
   if (rows == 0 || dim == 0) return;
   switch (rung) {
     case RowKernel::naive: {

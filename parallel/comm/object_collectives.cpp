@@ -23,7 +23,7 @@ std::string unpack(const Tensor& packed, int64_t offset_words, int64_t length) {
 }
 
 void check_root(const ProcessGroup& group, int root, const char* op) {
-  check(root >= 0 && root < group.size(), op, ": root ", root, " is not a rank of this group of ",
+  MG_CHECK(root >= 0 && root < group.size(), op, ": root ", root, " is not a rank of this group of ",
         group.size());
 }
 

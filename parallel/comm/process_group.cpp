@@ -53,7 +53,7 @@ std::optional<int> env_int(const char* name) {
   if (text == nullptr || *text == '\0') return std::nullopt;
   char* end = nullptr;
   long value = std::strtol(text, &end, 10);
-  check(end != text && *end == '\0', "init_process_group: environment variable ", name, "='", text,
+  MG_CHECK(end != text && *end == '\0', "init_process_group: environment variable ", name, "='", text,
         "' is not an integer");
   return static_cast<int>(value);
 }
@@ -88,7 +88,7 @@ LaunchInfo detect_launch() {
     auto rank = env_int(names.rank);
     auto size = env_int(names.size);
     if (!rank || !size) continue;
-    check(*size >= 1 && *rank >= 0 && *rank < *size, "init_process_group: ", names.rank, "=", *rank, " and ",
+    MG_CHECK(*size >= 1 && *rank >= 0 && *rank < *size, "init_process_group: ", names.rank, "=", *rank, " and ",
           names.size, "=", *size, " do not describe a rank of the job");
     info.launcher = names.launcher;
     info.rank = *rank;
@@ -104,7 +104,7 @@ ProcessGroup init_process_group(const InitOptions& options) {
   LaunchInfo launch = detect_launch();
   std::chrono::milliseconds timeout = options.timeout;
   if (auto seconds = env_int("MG_TIMEOUT_S")) timeout = std::chrono::seconds(*seconds);
-  check(timeout.count() > 0, "init_process_group: the timeout must be positive, got ", timeout.count(),
+  MG_CHECK(timeout.count() > 0, "init_process_group: the timeout must be positive, got ", timeout.count(),
         " ms");
 
   // The device: asked for, else cuda:<local rank> when this build can hold CUDA tensors and a
@@ -125,14 +125,14 @@ ProcessGroup init_process_group(const InitOptions& options) {
     backend = make_single_process_backend();
   } else {
     backend = make_mpi_backend(launch, timeout, options.verify_collectives);
-    check(backend != nullptr, "init_process_group: launched as rank ", launch.rank, " of ", launch.world_size,
+    MG_CHECK(backend != nullptr, "init_process_group: launched as rank ", launch.rank, " of ", launch.world_size,
           " by ", launch.launcher,
           ", but multigrad was built without MPI (install libopenmpi-dev and rebuild)");
     std::chrono::milliseconds failure_detection = options.failure_detection;
     if (const char* text = std::getenv("MG_FAILURE_DETECTION_S"); text != nullptr && *text != '\0') {
       char* end = nullptr;
       const double seconds = std::strtod(text, &end);
-      check(end != text && *end == '\0' && seconds >= 0,
+      MG_CHECK(end != text && *end == '\0' && seconds >= 0,
             "init_process_group: MG_FAILURE_DETECTION_S must be ", "a number of seconds (0 = off), got '",
             text, "'");
       failure_detection = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
@@ -162,7 +162,7 @@ ProcessGroup::ProcessGroup(std::shared_ptr<Backend> cpu_backend, Device device, 
       device_(device),
       launch_(std::move(launch)),
       traffic_(std::make_shared<TrafficCounter>()) {
-  check(cpu_ != nullptr, "ProcessGroup: null backend");
+  MG_CHECK(cpu_ != nullptr, "ProcessGroup: null backend");
   launch_.rank = cpu_->rank();
   launch_.world_size = cpu_->size();
 }
@@ -195,7 +195,7 @@ std::string ProcessGroup::backend_name(DeviceType type) const {
 }
 
 void ProcessGroup::set_timeout(std::chrono::milliseconds timeout) {
-  check(timeout.count() > 0, "ProcessGroup::set_timeout: the timeout must be positive, got ", timeout.count(),
+  MG_CHECK(timeout.count() > 0, "ProcessGroup::set_timeout: the timeout must be positive, got ", timeout.count(),
         " ms");
   any_backend("set_timeout").set_timeout(timeout);
   if (cuda_ != nullptr && cuda_ != cpu_) cuda_->set_timeout(timeout);
@@ -204,18 +204,18 @@ void ProcessGroup::set_timeout(std::chrono::milliseconds timeout) {
 std::chrono::milliseconds ProcessGroup::timeout() const { return any_backend("timeout").timeout(); }
 
 Backend& ProcessGroup::any_backend(const char* op) const {
-  check(cpu_ != nullptr, "ProcessGroup::", op,
+  MG_CHECK(cpu_ != nullptr, "ProcessGroup::", op,
         ": the group is undefined (use parallel::init_process_group())");
   return *cpu_;
 }
 
 Backend& ProcessGroup::backend_for(const Tensor& tensor, const char* op) const {
   Backend& backend = any_backend(op);
-  check(tensor.defined(), "ProcessGroup::", op, ": the tensor is undefined");
-  check(tensor.is_contiguous(), "ProcessGroup::", op, ": the tensor must be contiguous (shape ",
+  MG_CHECK(tensor.defined(), "ProcessGroup::", op, ": the tensor is undefined");
+  MG_CHECK(tensor.is_contiguous(), "ProcessGroup::", op, ": the tensor must be contiguous (shape ",
         shape_str(tensor.shape()), ", strides ", shape_str(tensor.strides()), "); call .contiguous() first");
   if (!tensor.device().is_cuda()) return backend;
-  check(cuda_ != nullptr, "ProcessGroup::", op, ": the tensor is on ", tensor.device(),
+  MG_CHECK(cuda_ != nullptr, "ProcessGroup::", op, ": the tensor is on ", tensor.device(),
         " but this group has no ", "backend for CUDA tensors: ", backend_name(DeviceType::CUDA), " (the ",
         backend.name(), " backend takes CPU tensors)");
   return *cuda_;
@@ -223,7 +223,7 @@ Backend& ProcessGroup::backend_for(const Tensor& tensor, const char* op) const {
 
 WorkPtr ProcessGroup::allreduce(Tensor& tensor, ReduceOp op) {
   Backend& backend = backend_for(tensor, "allreduce");
-  check(op != ReduceOp::Avg || is_floating(tensor.dtype()),
+  MG_CHECK(op != ReduceOp::Avg || is_floating(tensor.dtype()),
         "ProcessGroup::allreduce: avg needs a floating dtype, the tensor is ", tensor.dtype());
   count_sent(2.0 * ring_share(size()) * static_cast<double>(tensor.nbytes()));
   return backend.allreduce(tensor, op);
@@ -231,7 +231,7 @@ WorkPtr ProcessGroup::allreduce(Tensor& tensor, ReduceOp op) {
 
 WorkPtr ProcessGroup::broadcast(Tensor& tensor, int root) {
   Backend& backend = backend_for(tensor, "broadcast");
-  check(root >= 0 && root < size(), "ProcessGroup::broadcast: root ", root, " is not a rank of a world of ",
+  MG_CHECK(root >= 0 && root < size(), "ProcessGroup::broadcast: root ", root, " is not a rank of a world of ",
         size());
   count_sent(ring_share(size()) * static_cast<double>(tensor.nbytes()));
   return backend.broadcast(tensor, root);
@@ -239,9 +239,9 @@ WorkPtr ProcessGroup::broadcast(Tensor& tensor, int root) {
 
 WorkPtr ProcessGroup::reduce(Tensor& tensor, int root, ReduceOp op) {
   Backend& backend = backend_for(tensor, "reduce");
-  check(root >= 0 && root < size(), "ProcessGroup::reduce: root ", root, " is not a rank of a world of ",
+  MG_CHECK(root >= 0 && root < size(), "ProcessGroup::reduce: root ", root, " is not a rank of a world of ",
         size());
-  check(op != ReduceOp::Avg || is_floating(tensor.dtype()),
+  MG_CHECK(op != ReduceOp::Avg || is_floating(tensor.dtype()),
         "ProcessGroup::reduce: avg needs a floating dtype, the tensor is ", tensor.dtype());
   count_sent(ring_share(size()) * static_cast<double>(tensor.nbytes()));
   return backend.reduce(tensor, root, op);
@@ -250,11 +250,11 @@ WorkPtr ProcessGroup::reduce(Tensor& tensor, int root, ReduceOp op) {
 WorkPtr ProcessGroup::allgather(Tensor& output, const Tensor& input) {
   Backend& backend = backend_for(input, "allgather");
   backend_for(output, "allgather");
-  check(output.device() == input.device(), "ProcessGroup::allgather: output is on ", output.device(),
+  MG_CHECK(output.device() == input.device(), "ProcessGroup::allgather: output is on ", output.device(),
         " but input is on ", input.device());
-  check(output.dtype() == input.dtype(), "ProcessGroup::allgather: output dtype ", output.dtype(),
+  MG_CHECK(output.dtype() == input.dtype(), "ProcessGroup::allgather: output dtype ", output.dtype(),
         " differs from input dtype ", input.dtype());
-  check(output.numel() == input.numel() * size(), "ProcessGroup::allgather: output has ", output.numel(),
+  MG_CHECK(output.numel() == input.numel() * size(), "ProcessGroup::allgather: output has ", output.numel(),
         " elements but needs world size (", size(), ") x input (", input.numel(), ")");
   count_sent(ring_share(size()) * static_cast<double>(output.nbytes()));
   return backend.allgather(output, input);
@@ -263,13 +263,13 @@ WorkPtr ProcessGroup::allgather(Tensor& output, const Tensor& input) {
 WorkPtr ProcessGroup::reduce_scatter(Tensor& output, const Tensor& input, ReduceOp op) {
   Backend& backend = backend_for(input, "reduce_scatter");
   backend_for(output, "reduce_scatter");
-  check(output.device() == input.device(), "ProcessGroup::reduce_scatter: output is on ", output.device(),
+  MG_CHECK(output.device() == input.device(), "ProcessGroup::reduce_scatter: output is on ", output.device(),
         " but input is on ", input.device());
-  check(output.dtype() == input.dtype(), "ProcessGroup::reduce_scatter: output dtype ", output.dtype(),
+  MG_CHECK(output.dtype() == input.dtype(), "ProcessGroup::reduce_scatter: output dtype ", output.dtype(),
         " differs from input dtype ", input.dtype());
-  check(input.numel() == output.numel() * size(), "ProcessGroup::reduce_scatter: input has ", input.numel(),
+  MG_CHECK(input.numel() == output.numel() * size(), "ProcessGroup::reduce_scatter: input has ", input.numel(),
         " elements but needs world size (", size(), ") x output (", output.numel(), ")");
-  check(op != ReduceOp::Avg || is_floating(input.dtype()),
+  MG_CHECK(op != ReduceOp::Avg || is_floating(input.dtype()),
         "ProcessGroup::reduce_scatter: avg needs a floating dtype, the tensor is ", input.dtype());
   count_sent(ring_share(size()) * static_cast<double>(input.nbytes()));
   return backend.reduce_scatter(output, input, op);
@@ -278,14 +278,14 @@ WorkPtr ProcessGroup::reduce_scatter(Tensor& output, const Tensor& input, Reduce
 // Root-only buffers of gather (output) and scatter (input) are checked on the root only.
 WorkPtr ProcessGroup::gather(Tensor& output, const Tensor& input, int root) {
   Backend& backend = backend_for(input, "gather");
-  check(root >= 0 && root < size(), "ProcessGroup::gather: root ", root, " is not a rank of a world of ",
+  MG_CHECK(root >= 0 && root < size(), "ProcessGroup::gather: root ", root, " is not a rank of a world of ",
         size());
   if (rank() == root) {
     backend_for(output, "gather");
-    check(output.device() == input.device() && output.dtype() == input.dtype(),
+    MG_CHECK(output.device() == input.device() && output.dtype() == input.dtype(),
           "ProcessGroup::gather: output is ", output.dtype(), " on ", output.device(), " but input is ",
           input.dtype(), " on ", input.device());
-    check(output.numel() == input.numel() * size(), "ProcessGroup::gather: output has ", output.numel(),
+    MG_CHECK(output.numel() == input.numel() * size(), "ProcessGroup::gather: output has ", output.numel(),
           " elements but needs world size (", size(), ") x input (", input.numel(), ")");
   }
   count_sent(rank() == root ? 0.0 : static_cast<double>(input.nbytes()));
@@ -294,14 +294,14 @@ WorkPtr ProcessGroup::gather(Tensor& output, const Tensor& input, int root) {
 
 WorkPtr ProcessGroup::scatter(Tensor& output, const Tensor& input, int root) {
   Backend& backend = backend_for(output, "scatter");
-  check(root >= 0 && root < size(), "ProcessGroup::scatter: root ", root, " is not a rank of a world of ",
+  MG_CHECK(root >= 0 && root < size(), "ProcessGroup::scatter: root ", root, " is not a rank of a world of ",
         size());
   if (rank() == root) {
     backend_for(input, "scatter");
-    check(output.device() == input.device() && output.dtype() == input.dtype(),
+    MG_CHECK(output.device() == input.device() && output.dtype() == input.dtype(),
           "ProcessGroup::scatter: output is ", output.dtype(), " on ", output.device(), " but input is ",
           input.dtype(), " on ", input.device());
-    check(input.numel() == output.numel() * size(), "ProcessGroup::scatter: input has ", input.numel(),
+    MG_CHECK(input.numel() == output.numel() * size(), "ProcessGroup::scatter: input has ", input.numel(),
           " elements but needs world size (", size(), ") x output (", output.numel(), ")");
   }
   count_sent(rank() == root ? ring_share(size()) * static_cast<double>(input.nbytes()) : 0.0);
@@ -311,10 +311,10 @@ WorkPtr ProcessGroup::scatter(Tensor& output, const Tensor& input, int root) {
 WorkPtr ProcessGroup::all_to_all(Tensor& output, const Tensor& input) {
   Backend& backend = backend_for(input, "all_to_all");
   backend_for(output, "all_to_all");
-  check(output.device() == input.device() && output.dtype() == input.dtype(),
+  MG_CHECK(output.device() == input.device() && output.dtype() == input.dtype(),
         "ProcessGroup::all_to_all: output is ", output.dtype(), " on ", output.device(), " but input is ",
         input.dtype(), " on ", input.device());
-  check(output.numel() == input.numel() && input.numel() % size() == 0, "ProcessGroup::all_to_all: input (",
+  MG_CHECK(output.numel() == input.numel() && input.numel() % size() == 0, "ProcessGroup::all_to_all: input (",
         input.numel(), " elements) and output (", output.numel(),
         ") must be equal and divide into world size (", size(), ") blocks");
   count_sent(ring_share(size()) * static_cast<double>(input.nbytes()));
@@ -375,18 +375,18 @@ void ProcessGroup::monitored_barrier(std::chrono::milliseconds timeout) {
       if (!late) listed->wait();
     }
   }
-  check(missing.empty(), "monitored_barrier: rank", missing.size() > 1 ? "s " : " ", join_ranks(missing),
+  MG_CHECK(missing.empty(), "monitored_barrier: rank", missing.size() > 1 ? "s " : " ", join_ranks(missing),
         " of ", world, " did not arrive within ", std::chrono::duration<double>(timeout).count(), " s");
 }
 
 ProcessGroup ProcessGroup::new_group(std::vector<int> ranks) const {
   Backend& backend = any_backend("new_group");
   std::sort(ranks.begin(), ranks.end());
-  check(!ranks.empty(), "ProcessGroup::new_group: no ranks");
+  MG_CHECK(!ranks.empty(), "ProcessGroup::new_group: no ranks");
   for (size_t i = 0; i < ranks.size(); ++i) {
-    check(ranks[i] >= 0 && ranks[i] < size(), "ProcessGroup::new_group: rank ", ranks[i],
+    MG_CHECK(ranks[i] >= 0 && ranks[i] < size(), "ProcessGroup::new_group: rank ", ranks[i],
           " is not a rank of this group of ", size());
-    check(i == 0 || ranks[i] != ranks[i - 1], "ProcessGroup::new_group: rank ", ranks[i], " is named twice");
+    MG_CHECK(i == 0 || ranks[i] != ranks[i - 1], "ProcessGroup::new_group: rank ", ranks[i], " is named twice");
   }
   std::shared_ptr<Backend> sub = backend.new_group(ranks);
   // CUDA tensors: the single-process backend serves both; NCCL makes communicators of its own
@@ -403,18 +403,18 @@ ProcessGroup ProcessGroup::new_group(std::vector<int> ranks) const {
 
 WorkPtr ProcessGroup::send(const Tensor& tensor, int dst, int tag) {
   Backend& backend = backend_for(tensor, "send");
-  check(dst >= 0 && dst < size() && dst != rank(), "ProcessGroup::send: destination ", dst,
+  MG_CHECK(dst >= 0 && dst < size() && dst != rank(), "ProcessGroup::send: destination ", dst,
         " must be another rank of a world of ", size(), " (this is rank ", rank(), ")");
-  check(tag >= 0, "ProcessGroup::send: tag must be >= 0, got ", tag);
+  MG_CHECK(tag >= 0, "ProcessGroup::send: tag must be >= 0, got ", tag);
   count_sent(static_cast<double>(tensor.nbytes()));
   return backend.send(tensor, dst, tag);
 }
 
 WorkPtr ProcessGroup::recv(Tensor& tensor, int src, int tag) {
   Backend& backend = backend_for(tensor, "recv");
-  check(src >= 0 && src < size() && src != rank(), "ProcessGroup::recv: source ", src,
+  MG_CHECK(src >= 0 && src < size() && src != rank(), "ProcessGroup::recv: source ", src,
         " must be another rank of a world of ", size(), " (this is rank ", rank(), ")");
-  check(tag >= 0, "ProcessGroup::recv: tag must be >= 0, got ", tag);
+  MG_CHECK(tag >= 0, "ProcessGroup::recv: tag must be >= 0, got ", tag);
   return backend.recv(tensor, src, tag);
 }
 
@@ -464,7 +464,7 @@ class SingleProcessBackend : public Backend {
     return completed_work("all_to_all");
   }
   std::shared_ptr<Backend> new_group(const std::vector<int>& ranks) override {
-    check(ranks.size() == 1 && ranks[0] == 0, "new_group: a world of one has only rank 0");
+    MG_CHECK(ranks.size() == 1 && ranks[0] == 0, "new_group: a world of one has only rank 0");
     return std::make_shared<SingleProcessBackend>();
   }
   // ProcessGroup refuses send/recv to oneself before they get here.

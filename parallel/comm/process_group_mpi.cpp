@@ -146,12 +146,12 @@ class MpiRuntime {
     int provided = MPI_THREAD_SINGLE;
     if (!initialized) {
       int code = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
-      check(code == MPI_SUCCESS, "init_process_group: MPI_Init_thread failed: ", mpi_error_text(code));
+      MG_CHECK(code == MPI_SUCCESS, "init_process_group: MPI_Init_thread failed: ", mpi_error_text(code));
       owns_mpi_ = true;
     } else {
       MPI_Query_thread(&provided);
     }
-    check(provided >= MPI_THREAD_MULTIPLE, "init_process_group: the MPI library offers thread level ",
+    MG_CHECK(provided >= MPI_THREAD_MULTIPLE, "init_process_group: the MPI library offers thread level ",
           provided, " but multigrad's two communication threads need MPI_THREAD_MULTIPLE (",
           MPI_THREAD_MULTIPLE, "); use an MPI built with thread support (Debian's OpenMPI is)");
     MPI_Op_create(&reduce_halves<bf16, SumFloat>, 1, &half_ops_[0]);
@@ -388,7 +388,7 @@ class MpiBackend : public Backend {
         [=](const MPI_Status& status) {
           int received = 0;
           MPI_Get_count(&status, type, &received);
-          check(received == count, what, ": the sender sent ", received, " elements, this rank expected ",
+          MG_CHECK(received == count, what, ": the sender sent ", received, " elements, this rank expected ",
                 count);
         });
   }
@@ -402,14 +402,14 @@ class MpiBackend : public Backend {
   };
 
   static int checked_count(const Tensor& tensor, const char* op) {
-    check(tensor.numel() <= INT_MAX, "ProcessGroup::", op, ": ", tensor.numel(),
+    MG_CHECK(tensor.numel() <= INT_MAX, "ProcessGroup::", op, ": ", tensor.numel(),
           " elements exceed MPI's int count; split the tensor");
     return static_cast<int>(tensor.numel());
   }
 
   MPI_Op reduction(DType dtype, ReduceOp op, const char* what) const {
     if (dtype == DType::bf16 || dtype == DType::f16) return runtime_->half_op(dtype, op);
-    check(dtype != DType::boolean || op == ReduceOp::Max || op == ReduceOp::Min, "ProcessGroup::", what, "(",
+    MG_CHECK(dtype != DType::boolean || op == ReduceOp::Max || op == ReduceOp::Min, "ProcessGroup::", what, "(",
           reduce_op_name(op), "): bool tensors reduce with max (any) or min (all) only");
     switch (op) {
       case ReduceOp::Sum:
@@ -692,7 +692,7 @@ class MpiBackend : public Backend {
 std::shared_ptr<Backend> make_mpi_backend(const LaunchInfo& launch, std::chrono::milliseconds timeout,
                                           bool verify_collectives) {
   auto backend = std::make_shared<MpiBackend>(MPI_COMM_WORLD, timeout, verify_collectives);
-  check(backend->rank() == launch.rank && backend->size() == launch.world_size,
+  MG_CHECK(backend->rank() == launch.rank && backend->size() == launch.world_size,
         "init_process_group: the launcher (", launch.launcher, ") says rank ", launch.rank, " of ",
         launch.world_size, " but MPI says rank ", backend->rank(), " of ", backend->size(),
         " (was the program started by a different MPI's mpirun?)");

@@ -94,7 +94,7 @@ std::string nccl_error_text(ncclResult_t result, ncclComm_t comm) {
 }
 
 void nccl_check(ncclResult_t result, ncclComm_t comm, const std::string& what) {
-  check(result == ncclSuccess, what, " failed: ", nccl_error_text(result, comm));
+  MG_CHECK(result == ncclSuccess, what, " failed: ", nccl_error_text(result, comm));
 }
 
 ncclDataType_t nccl_datatype(DType dtype) {
@@ -111,7 +111,7 @@ ncclDataType_t nccl_datatype(DType dtype) {
 }
 
 ncclRedOp_t nccl_reduction(DType dtype, ReduceOp op, const char* what) {
-  check(dtype != DType::boolean || op == ReduceOp::Max || op == ReduceOp::Min, "ProcessGroup::", what, "(",
+  MG_CHECK(dtype != DType::boolean || op == ReduceOp::Max || op == ReduceOp::Min, "ProcessGroup::", what, "(",
         reduce_op_name(op), "): bool tensors reduce with max (any) or min (all) only");
   switch (op) {
     case ReduceOp::Sum: return ncclSum;
@@ -149,7 +149,7 @@ class NcclBackend : public Backend {
  public:
   NcclBackend(std::shared_ptr<Backend> cpu, Device device, std::chrono::milliseconds timeout, bool verify)
       : cpu_(std::move(cpu)), device_(device), timeout_(timeout), verify_(verify) {
-    check(device_.is_cuda(), "NCCL backend: the rank's device must be a CUDA device, got ", device_);
+    MG_CHECK(device_.is_cuda(), "NCCL backend: the rank's device must be a CUDA device, got ", device_);
     rank_ = cpu_->rank();
     size_ = cpu_->size();
     lanes_[kCollectiveLane].name = "collective";
@@ -433,7 +433,7 @@ class NcclBackend : public Backend {
   }
 
   void check_device(const Tensor& tensor, const char* op) const {
-    check(tensor.device() == device_, "ProcessGroup::", op, ": the tensor is on ", tensor.device(),
+    MG_CHECK(tensor.device() == device_, "ProcessGroup::", op, ": the tensor is on ", tensor.device(),
           " but this rank's NCCL communicator is on ", device_, " (move the tensor with .to(", device_, "))");
   }
 

@@ -26,8 +26,8 @@
 namespace mg::parallel {
 
 std::vector<RingSegment> ring_segments(int64_t numel, int world) {
-  check(world >= 1, "ring_segments: world size must be >= 1, got ", world);
-  check(numel >= 0, "ring_segments: numel must be >= 0, got ", numel);
+  MG_CHECK(world >= 1, "ring_segments: world size must be >= 1, got ", world);
+  MG_CHECK(numel >= 0, "ring_segments: numel must be >= 0, got ", numel);
   std::vector<RingSegment> segments(static_cast<size_t>(world));
   const int64_t base = numel / world;
   const int64_t longer = numel % world;  // this many segments get one extra element
@@ -195,7 +195,7 @@ class RingWorker {
   void enqueue(WorkPtr work, std::function<void()> job) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      check(!stopping_, "ring_allreduce: the ring thread of ", name_, " is shutting down (process exit); ",
+      MG_CHECK(!stopping_, "ring_allreduce: the ring thread of ", name_, " is shutting down (process exit); ",
             work->description(), " was not started");
       queue_.push_back(Job{std::move(work), std::move(job)});
     }
@@ -287,16 +287,16 @@ cuda::Stream ring_stream(int device) {
 }  // namespace
 
 WorkPtr ring_allreduce_async(ProcessGroup& pg, Tensor& tensor, ReduceOp op, RingOptions opts) {
-  check(pg.defined(), "ring_allreduce: the process group is undefined (use parallel::init_process_group())");
-  check(tensor.defined(), "ring_allreduce: the tensor is undefined");
-  check(tensor.is_contiguous(), "ring_allreduce: the tensor must be contiguous (shape ",
+  MG_CHECK(pg.defined(), "ring_allreduce: the process group is undefined (use parallel::init_process_group())");
+  MG_CHECK(tensor.defined(), "ring_allreduce: the tensor is undefined");
+  MG_CHECK(tensor.is_contiguous(), "ring_allreduce: the tensor must be contiguous (shape ",
         shape_str(tensor.shape()), ", strides ", shape_str(tensor.strides()), "); call .contiguous() first");
   const DType dtype = tensor.dtype();
-  check(dtype == DType::f32 || dtype == DType::f64 || dtype == DType::f16 || dtype == DType::bf16,
+  MG_CHECK(dtype == DType::f32 || dtype == DType::f64 || dtype == DType::f16 || dtype == DType::bf16,
         "ring_allreduce: dtype ", dtype, " is not supported (f32, f64, f16 or bf16)");
-  check(opts.chunk_bytes >= tensor.itemsize(), "ring_allreduce: chunk_bytes (", opts.chunk_bytes,
+  MG_CHECK(opts.chunk_bytes >= tensor.itemsize(), "ring_allreduce: chunk_bytes (", opts.chunk_bytes,
         ") is smaller than one element of ", dtype, " (", tensor.itemsize(), " bytes)");
-  check(opts.tag_base >= 0, "ring_allreduce: tag_base must be >= 0, got ", opts.tag_base);
+  MG_CHECK(opts.tag_base >= 0, "ring_allreduce: tag_base must be >= 0, got ", opts.tag_base);
 
   auto work = std::make_shared<Work>(str_cat("ring_allreduce(", reduce_op_name(op), ") ", dtype,
                                              shape_str({tensor.numel()}), " #", ring_sequence++));

@@ -8,21 +8,21 @@
 namespace mg::parallel {
 
 void check_devices(const std::vector<Device>& devices, const char* who) {
-  check(!devices.empty(), who, ": expected at least one device");
+  MG_CHECK(!devices.empty(), who, ": expected at least one device");
   for (size_t i = 0; i < devices.size(); ++i)
     for (size_t j = 0; j < i; ++j)
-      check(devices[i] != devices[j], who, ": device ", devices[i], " is listed twice (positions ", j,
+      MG_CHECK(devices[i] != devices[j], who, ": device ", devices[i], " is listed twice (positions ", j,
             " and ", i, ")");
 }
 
 Tensor reduce_add(const std::vector<Tensor>& tensors, Device destination) {
-  check(!tensors.empty(), "reduce_add: expected at least one tensor");
+  MG_CHECK(!tensors.empty(), "reduce_add: expected at least one tensor");
   NoGradGuard no_grad;
   Tensor total;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const Tensor& t = tensors[i];
-    check(t.defined(), "reduce_add: tensor ", i, " is undefined");
-    check(t.shape() == tensors[0].shape() && t.dtype() == tensors[0].dtype(), "reduce_add: tensor 0 is ",
+    MG_CHECK(t.defined(), "reduce_add: tensor ", i, " is undefined");
+    MG_CHECK(t.shape() == tensors[0].shape() && t.dtype() == tensors[0].dtype(), "reduce_add: tensor 0 is ",
           shape_str(tensors[0].shape()), " ", tensors[0].dtype(), " but tensor ", i, " is ",
           shape_str(t.shape()), " ", t.dtype());
     Tensor here = t.to(destination);
@@ -37,8 +37,8 @@ std::vector<std::vector<Tensor>> broadcast(const std::vector<Tensor>& tensors,
   if (tensors.empty()) return std::vector<std::vector<Tensor>>(devices.size());
   const Device source = tensors[0].device();
   for (size_t i = 0; i < tensors.size(); ++i) {
-    check(tensors[i].defined(), "broadcast: tensor ", i, " is undefined");
-    check(tensors[i].device() == source, "broadcast: all tensors must be on one device, but tensor 0 is on ",
+    MG_CHECK(tensors[i].defined(), "broadcast: tensor ", i, " is undefined");
+    MG_CHECK(tensors[i].device() == source, "broadcast: all tensors must be on one device, but tensor 0 is on ",
           source, " and tensor ", i, " is on ", tensors[i].device());
   }
 

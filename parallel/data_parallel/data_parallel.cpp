@@ -55,7 +55,7 @@ DataParallel::DataParallel(nn::Module& module, std::vector<Device> devices,
 DataParallel::DataParallel(std::shared_ptr<nn::Module> module, std::vector<Device> devices,
                            std::optional<Device> output_device, int64_t dim)
     : module_(module.get()), owned_(std::move(module)), dim_(dim) {
-  check(module_ != nullptr, "DataParallel: the module is null");
+  MG_CHECK(module_ != nullptr, "DataParallel: the module is null");
   init(std::move(devices), output_device);
 }
 
@@ -63,12 +63,12 @@ void DataParallel::init(std::vector<Device> devices, std::optional<Device> outpu
   devices_ = devices.empty() ? default_devices(device_of(*module_, Device::cpu(0))) : std::move(devices);
   check_devices(devices_, "DataParallel");
   for (const Device& d : devices_)
-    check(d.type == devices_[0].type, "DataParallel: devices must all be CPU or all be CUDA, got ",
+    MG_CHECK(d.type == devices_[0].type, "DataParallel: devices must all be CPU or all be CUDA, got ",
           devices_[0], " and ", d);
   output_device_ = output_device.value_or(devices_[0]);
   // Fail now rather than at the first forward when the module is elsewhere.
   for (const auto& [name, p] : module_->named_parameters())
-    check(p.device() == devices_[0],
+    MG_CHECK(p.device() == devices_[0],
           "DataParallel: the module's parameters must be on devices[0] = ", devices_[0], ", but '", name,
           "' is on ", p.device(), "; call .to(", devices_[0], ") on the module first");
   // Registered as "module", so dp.parameters() are the module's own and state_dict keys
@@ -77,7 +77,7 @@ void DataParallel::init(std::vector<Device> devices, std::optional<Device> outpu
 }
 
 Tensor DataParallel::forward(const Tensor& x) {
-  check(x.defined(), "DataParallel: the input is undefined");
+  MG_CHECK(x.defined(), "DataParallel: the input is undefined");
   timings_ = DataParallelTimings{};
 
   // 1. scatter: chunk i of the batch goes to devices[i] (maybe fewer chunks than devices).

@@ -42,11 +42,11 @@ std::vector<std::string> split_lines(const std::string& text) {
 
 DistributedDataParallel::DistributedDataParallel(nn::Module& module, ProcessGroup group, DDPOptions options)
     : module_(&module), group_(std::move(group)), options_(options) {
-  check(group_.defined(),
+  MG_CHECK(group_.defined(),
         "DistributedDataParallel: the process group is undefined (use init_process_group())");
   register_module("module", module);
   for (auto& [name, p] : module.named_parameters()) {
-    check(p.device() == group_.device(), "DistributedDataParallel: parameter '", name, "' is on ", p.device(),
+    MG_CHECK(p.device() == group_.device(), "DistributedDataParallel: parameter '", name, "' is on ", p.device(),
           " but this rank's device is ", group_.device(), "; call module.to(pg.device()) before wrapping it");
   }
   verify_same_parameters_everywhere();
@@ -78,7 +78,7 @@ void DistributedDataParallel::verify_same_parameters_everywhere() const {
   if (!problem.empty())
     throw Error(str_cat("DistributedDataParallel: the ranks hold different models: ", problem,
                         " (every rank must build the same model before wrapping it)"));
-  check(everyone_ok,
+  MG_CHECK(everyone_ok,
         "DistributedDataParallel: another rank holds a different model than rank 0 (its error names "
         "the first difference)");
 }

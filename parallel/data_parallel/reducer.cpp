@@ -52,7 +52,7 @@ std::shared_ptr<Reducer> Reducer::create(std::vector<std::pair<std::string, Tens
 Reducer::Reducer(std::vector<std::pair<std::string, Tensor>> named_parameters, ProcessGroup group,
                  ReducerOptions options)
     : group_(std::move(group)), options_(options) {
-  check(options_.bucket_cap_mb > 0 && options_.first_bucket_cap_mb > 0,
+  MG_CHECK(options_.bucket_cap_mb > 0 && options_.first_bucket_cap_mb > 0,
         "DistributedDataParallel: bucket caps must be positive, got bucket_cap_mb=", options_.bucket_cap_mb,
         " first_bucket_cap_mb=", options_.first_bucket_cap_mb);
   for (auto& [name, param] : named_parameters) {
@@ -126,7 +126,7 @@ void Reducer::on_gradient_ready(size_t index) {
       if (auto reducer = weak.lock()) reducer->finalize();
     });
   }
-  check(!arrived_[index], "DistributedDataParallel: parameter '", names_[index],
+  MG_CHECK(!arrived_[index], "DistributedDataParallel: parameter '", names_[index],
         "' received two gradients in one backward pass (it is used twice through a reentrant or "
         "retain_graph backward); DDP reduces each parameter once per pass");
   mark_ready(index, params_[index].grad());

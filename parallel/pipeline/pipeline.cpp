@@ -26,9 +26,9 @@ constexpr int kMaxDims = 6;             // header: [ndim, dtype, d0 .. d5]
 
 std::shared_ptr<nn::Sequential> pipeline_stage(const nn::Sequential& model, int stage, int num_stages) {
   const int n = static_cast<int>(model.size());
-  check(num_stages >= 1 && stage >= 0 && stage < num_stages, "pipeline_stage: stage ", stage, " of ",
+  MG_CHECK(num_stages >= 1 && stage >= 0 && stage < num_stages, "pipeline_stage: stage ", stage, " of ",
         num_stages);
-  check(n >= num_stages, "pipeline_stage: ", n, " layers cannot fill ", num_stages, " stages");
+  MG_CHECK(n >= num_stages, "pipeline_stage: ", n, " layers cannot fill ", num_stages, " stages");
   const int begin = stage * n / num_stages, end = (stage + 1) * n / num_stages;
   auto part = std::make_shared<nn::Sequential>();
   for (int i = begin; i < end; ++i) part->push_back(model.ptr(static_cast<size_t>(i)));
@@ -38,13 +38,13 @@ std::shared_ptr<nn::Sequential> pipeline_stage(const nn::Sequential& model, int 
 Pipeline::Pipeline(std::shared_ptr<nn::Module> stage, ProcessGroup group, LossFn loss,
                    PipelineSchedule schedule)
     : stage_(std::move(stage)), group_(std::move(group)), loss_(std::move(loss)), schedule_(schedule) {
-  check(stage_ != nullptr, "Pipeline: the stage module is null");
-  check(group_.defined(), "Pipeline: the process group is undefined");
-  check(loss_ != nullptr, "Pipeline: no loss function");
+  MG_CHECK(stage_ != nullptr, "Pipeline: the stage module is null");
+  MG_CHECK(group_.defined(), "Pipeline: the process group is undefined");
+  MG_CHECK(loss_ != nullptr, "Pipeline: no loss function");
 }
 
 void Pipeline::send_tensor(const Tensor& t, int dst, int tag) {
-  check(t.dim() <= kMaxDims, "Pipeline: a ", t.dim(), "-d tensor between stages (at most ", kMaxDims, ")");
+  MG_CHECK(t.dim() <= kMaxDims, "Pipeline: a ", t.dim(), "-d tensor between stages (at most ", kMaxDims, ")");
   std::vector<int64_t> header(2 + kMaxDims, 0);
   header[0] = t.dim();
   header[1] = static_cast<int64_t>(t.dtype());
@@ -71,10 +71,10 @@ Tensor Pipeline::recv_tensor(int src, int tag) {
 
 PipelineStepResult Pipeline::train_step(const Tensor& input, const Tensor& target, int micro_batches) {
   const int p = group_.size(), rank = group_.rank(), m = micro_batches;
-  check(m >= 1, "Pipeline::train_step: micro_batches must be >= 1, got ", m);
+  MG_CHECK(m >= 1, "Pipeline::train_step: micro_batches must be >= 1, got ", m);
   auto cut = [m](const Tensor& whole, const char* what) {
-    check(whole.defined(), "Pipeline::train_step: this stage needs the ", what);
-    check(whole.size(0) % m == 0, "Pipeline::train_step: the ", what, "'s ", whole.size(0),
+    MG_CHECK(whole.defined(), "Pipeline::train_step: this stage needs the ", what);
+    MG_CHECK(whole.size(0) % m == 0, "Pipeline::train_step: the ", what, "'s ", whole.size(0),
           " rows do not divide into ", m, " micro-batches");
     std::vector<Tensor> parts;
     const int64_t rows = whole.size(0) / m;

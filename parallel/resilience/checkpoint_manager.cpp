@@ -79,7 +79,7 @@ std::vector<GeneratorState> decode_generators(const std::string& text, const std
     if (end == std::string::npos) end = text.size();
     const std::string item = text.substr(begin, end - begin);
     const size_t colon = item.find(':');
-    check(colon != std::string::npos, where, ": rank_rng entry '", item, "' is not seed:offset");
+    MG_CHECK(colon != std::string::npos, where, ": rank_rng entry '", item, "' is not seed:offset");
     try {
       states.push_back({std::stoull(item.substr(0, colon)), std::stoull(item.substr(colon + 1))});
     } catch (const std::exception&) {
@@ -92,7 +92,7 @@ std::vector<GeneratorState> decode_generators(const std::string& text, const std
 
 int64_t metadata_number(const optim::CheckpointInfo& info, const std::string& key, const std::string& where) {
   auto it = info.extra.find(key);
-  check(it != info.extra.end(), where, ": the checkpoint has no '", key,
+  MG_CHECK(it != info.extra.end(), where, ": the checkpoint has no '", key,
         "' (not written by CheckpointManager?)");
   try {
     return std::stoll(it->second);
@@ -102,8 +102,8 @@ int64_t metadata_number(const optim::CheckpointInfo& info, const std::string& ke
 }
 
 void check_state(const TrainingState& state) {
-  check(state.module != nullptr, "CheckpointManager: TrainingState::module is required");
-  check((state.optimizer != nullptr) != (state.zero != nullptr),
+  MG_CHECK(state.module != nullptr, "CheckpointManager: TrainingState::module is required");
+  MG_CHECK((state.optimizer != nullptr) != (state.zero != nullptr),
         "CheckpointManager: TrainingState needs exactly one of optimizer and zero");
 }
 
@@ -124,9 +124,9 @@ std::string CheckpointManager::step_dir_name(int64_t step) {
 CheckpointManager::CheckpointManager(const ProcessGroup& group, std::string dir,
                                      CheckpointManagerOptions options)
     : group_(group), dir_(std::move(dir)), options_(options), writer_(std::make_unique<Writer>()) {
-  check(!dir_.empty(), "CheckpointManager: the directory is empty");
-  check(options_.keep_last >= 1, "CheckpointManager: keep_last must be >= 1, got ", options_.keep_last);
-  check(options_.every_steps >= 0, "CheckpointManager: every_steps must be >= 0, got ", options_.every_steps);
+  MG_CHECK(!dir_.empty(), "CheckpointManager: the directory is empty");
+  MG_CHECK(options_.keep_last >= 1, "CheckpointManager: keep_last must be >= 1, got ", options_.keep_last);
+  MG_CHECK(options_.every_steps >= 0, "CheckpointManager: every_steps must be >= 0, got ", options_.every_steps);
   if (options_.save_on_sigterm) install_sigterm_flag();
   if (group_.rank() == 0) make_directory(dir_, "CheckpointManager");
 }
@@ -217,7 +217,7 @@ void CheckpointManager::save(const TrainingState& state, const TrainingPosition&
         save_safetensors(partial_dir + kSchedulerFile, *scheduler, {{"step", std::to_string(info.step)}});
       optim::save_checkpoint(partial_dir, *model, *optimizer, info, scaler.get());
       remove_tree(final_dir);  // a checkpoint of the same step from an earlier attempt
-      check(::rename(partial_dir.c_str(), final_dir.c_str()) == 0, "cannot rename ", partial_dir, " to ",
+      MG_CHECK(::rename(partial_dir.c_str(), final_dir.c_str()) == 0, "cannot rename ", partial_dir, " to ",
             final_dir, ": ", std::strerror(errno));
       fsync_directory(dir_);
       std::vector<std::string> complete = checkpoints();
@@ -258,7 +258,7 @@ std::optional<ResumePoint> CheckpointManager::load_latest(const TrainingState& s
       point.position.samples_into_epoch = metadata_number(info, "samples_into_epoch", dir);
       point.world_size = static_cast<int>(metadata_number(info, "world_size", dir));
       const auto generators = decode_generators(info.extra.at("rank_rng"), dir);
-      check(static_cast<int>(generators.size()) == point.world_size, dir, ": rank_rng has ",
+      MG_CHECK(static_cast<int>(generators.size()) == point.world_size, dir, ": rank_rng has ",
             generators.size(), " entries for a world of ", point.world_size);
       const int r = group_.rank();
       set_generator_state(r < point.world_size
@@ -278,7 +278,7 @@ std::optional<ResumePoint> CheckpointManager::load_latest(const TrainingState& s
   Tensor highest = lowest.clone();
   group_.allreduce(lowest, ReduceOp::Min)->wait();
   group_.allreduce(highest, ReduceOp::Max)->wait();
-  check(lowest.item<int64_t>() == highest.item<int64_t>(), "CheckpointManager(", dir_,
+  MG_CHECK(lowest.item<int64_t>() == highest.item<int64_t>(), "CheckpointManager(", dir_,
         "): the ranks found different newest valid checkpoints (steps ", lowest.item<int64_t>(), " to ",
         highest.item<int64_t>(), "; -1 = none)");
   return found;

@@ -10,7 +10,7 @@
 namespace mg::parallel {
 
 void ShardedMetric::add(const Tensor& per_sample) {
-  check(per_sample.dim() == 1, "ShardedMetric::add: expected one value per sample (1-D), got shape ",
+  MG_CHECK(per_sample.dim() == 1, "ShardedMetric::add: expected one value per sample (1-D), got shape ",
         shape_str(per_sample.shape()));
   NoGradGuard no_grad;
   const int64_t n = per_sample.numel();

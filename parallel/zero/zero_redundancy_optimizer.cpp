@@ -31,24 +31,24 @@ bool is_group_key(const std::string& key) { return key.compare(0, 15, "param_gro
 ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<Tensor> params, parallel::ProcessGroup group,
                                                  const OptimizerFactory& make_optimizer, ZeroOptions options)
     : params_(std::move(params)), group_(std::move(group)), options_(options) {
-  check(group_.defined(), "ZeroRedundancyOptimizer: the process group is undefined");
+  MG_CHECK(group_.defined(), "ZeroRedundancyOptimizer: the process group is undefined");
   const int world = group_.size();
-  check(!params_.empty(), "ZeroRedundancyOptimizer: no parameters");
+  MG_CHECK(!params_.empty(), "ZeroRedundancyOptimizer: no parameters");
   int64_t total = 0;
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor& p = params_[i];
-    check(p.defined(), "ZeroRedundancyOptimizer: parameter ", i, " is undefined");
-    check(p.dtype() == params_[0].dtype() && p.device() == params_[0].device(),
+    MG_CHECK(p.defined(), "ZeroRedundancyOptimizer: parameter ", i, " is undefined");
+    MG_CHECK(p.dtype() == params_[0].dtype() && p.device() == params_[0].device(),
           "ZeroRedundancyOptimizer: parameter ", i, " is ", p.dtype(), " on ", p.device(),
           " but parameter 0 is ", params_[0].dtype(), " on ", params_[0].device(),
           "; every parameter must share one dtype and device");
-    check(p.is_contiguous(), "ZeroRedundancyOptimizer: parameter ", i, " is not contiguous");
+    MG_CHECK(p.is_contiguous(), "ZeroRedundancyOptimizer: parameter ", i, " is not contiguous");
     total += p.numel();
   }
   segments_.assign(static_cast<size_t>(world), {});
 
   if (options_.partition == ZeroPartition::Parameters) {
-    check(static_cast<int64_t>(params_.size()) >= world, "ZeroRedundancyOptimizer: ", params_.size(),
+    MG_CHECK(static_cast<int64_t>(params_.size()) >= world, "ZeroRedundancyOptimizer: ", params_.size(),
           " parameters cannot be sharded over ", world,
           " ranks by parameter (every rank must own one); ZeroPartition::Flat can");
     // Balanced by size, the same on every rank: largest first, each to the least-loaded rank.
@@ -85,7 +85,7 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<Tensor> params, par
       start += n;
     }
     for (int r = 0; r < world; ++r)
-      check(shard_numel(r) > 0, "ZeroRedundancyOptimizer: ", total, " elements leave rank ", r, " of ", world,
+      MG_CHECK(shard_numel(r) > 0, "ZeroRedundancyOptimizer: ", total, " elements leave rank ", r, " of ", world,
             " nothing to own");
   }
 
@@ -99,10 +99,10 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<Tensor> params, par
     mine.push_back(flat_shard_);
   }
   local_ = make_optimizer(mine);
-  check(local_ != nullptr, "ZeroRedundancyOptimizer: the optimizer factory returned nullptr");
-  check(local_->param_groups().size() == 1, "ZeroRedundancyOptimizer: the wrapped ", local_->name(), " has ",
+  MG_CHECK(local_ != nullptr, "ZeroRedundancyOptimizer: the optimizer factory returned nullptr");
+  MG_CHECK(local_->param_groups().size() == 1, "ZeroRedundancyOptimizer: the wrapped ", local_->name(), " has ",
         local_->param_groups().size(), " parameter groups; only one is supported");
-  check(local_->num_params() == static_cast<int64_t>(mine.size()), "ZeroRedundancyOptimizer: the wrapped ",
+  MG_CHECK(local_->num_params() == static_cast<int64_t>(mine.size()), "ZeroRedundancyOptimizer: the wrapped ",
         local_->name(), " holds ", local_->num_params(), " parameters, but this rank's shard has ",
         mine.size(), " (the factory must optimize exactly the parameters it is given)");
 }
@@ -128,7 +128,7 @@ void ZeroRedundancyOptimizer::step() {
   const std::vector<Segment>& my_segments = segments_[static_cast<size_t>(rank)];
   if (flat_partition) {
     for (size_t i = 0; i < params_.size(); ++i)
-      check(params_[i].grad().defined(), "ZeroRedundancyOptimizer (ZeroPartition::Flat): parameter ", i,
+      MG_CHECK(params_[i].grad().defined(), "ZeroRedundancyOptimizer (ZeroPartition::Flat): parameter ", i,
             " has no gradient this step; a flat shard updates every element (use ZeroPartition::Parameters "
             "for models with unused parameters)");
   }
@@ -256,7 +256,7 @@ StateDict ZeroRedundancyOptimizer::consolidate_flat(const std::vector<std::strin
     }
     std::vector<Tensor> pieces;
     for (size_t r = 0; r < ranks.size(); ++r) {
-      check(ranks[r].count(key) == 1, "ZeroRedundancyOptimizer: rank ", r, " has no ", key,
+      MG_CHECK(ranks[r].count(key) == 1, "ZeroRedundancyOptimizer: rank ", r, " has no ", key,
             " but rank 0 has");
       pieces.push_back(ranks[r].at(key));
     }
@@ -273,11 +273,11 @@ StateDict ZeroRedundancyOptimizer::consolidate_flat(const std::vector<std::strin
 
 void ZeroRedundancyOptimizer::load_state_dict(const StateDict& state) {
   const auto params_key = state.find("param_groups.0.params");
-  check(params_key != state.end(), "ZeroRedundancyOptimizer.load_state_dict: no param_groups.0.params");
-  check(state.count("param_groups.1.params") == 0,
+  MG_CHECK(params_key != state.end(), "ZeroRedundancyOptimizer.load_state_dict: no param_groups.0.params");
+  MG_CHECK(state.count("param_groups.1.params") == 0,
         "ZeroRedundancyOptimizer.load_state_dict: the state has several parameter groups; only one is "
         "supported");
-  check(params_key->second.numel() == static_cast<int64_t>(params_.size()),
+  MG_CHECK(params_key->second.numel() == static_cast<int64_t>(params_.size()),
         "ZeroRedundancyOptimizer.load_state_dict: the state is for ", params_key->second.numel(),
         " parameters but this optimizer has ", params_.size());
   const std::vector<Segment>& my_segments = segments_[static_cast<size_t>(group_.rank())];
@@ -289,7 +289,7 @@ void ZeroRedundancyOptimizer::load_state_dict(const StateDict& state) {
       local[key] = tensor;  // the group's hyperparameters; anything unknown, the wrapped optimizer names
       continue;
     }
-    check(index >= 0 && index < static_cast<int64_t>(params_.size()),
+    MG_CHECK(index >= 0 && index < static_cast<int64_t>(params_.size()),
           "ZeroRedundancyOptimizer.load_state_dict: ", key, " names parameter ", index, " of ",
           params_.size());
   }
@@ -315,7 +315,7 @@ void ZeroRedundancyOptimizer::load_state_dict(const StateDict& state) {
       std::vector<Tensor> pieces;
       for (const Segment& s : my_segments) {
         const std::string key = str_cat("state.", s.param, ".", name);
-        check(state.count(key) == 1, "ZeroRedundancyOptimizer.load_state_dict: ", key, " is missing");
+        MG_CHECK(state.count(key) == 1, "ZeroRedundancyOptimizer.load_state_dict: ", key, " is missing");
         pieces.push_back(state.at(key).reshape({-1}).narrow(0, s.param_offset, s.numel));
       }
       local["state.0." + name] = cat(pieces, 0);

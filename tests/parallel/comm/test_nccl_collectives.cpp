@@ -34,7 +34,7 @@ namespace {
 ProcessGroup* g_group = nullptr;  // one group for the whole run (NCCL communicators are costly)
 
 ProcessGroup& group() {
-  check(g_group != nullptr, "test_nccl_collectives: no group (main() sets it)");
+  MG_CHECK(g_group != nullptr, "test_nccl_collectives: no group (main() sets it)");
   return *g_group;
 }
 Device gpu() { return group().device(); }

@@ -89,7 +89,7 @@ struct FailsOnCpu1 : nn::Module {
   nn::Linear fc{2, 2};
   FailsOnCpu1() { register_module("fc", fc); }
   Tensor forward(const Tensor& x) override {
-    check(x.device() != Device::cpu(1), "boom: this replica refuses ", x.device());
+    MG_CHECK(x.device() != Device::cpu(1), "boom: this replica refuses ", x.device());
     return fc(x);
   }
   std::shared_ptr<nn::Module> clone_empty() const override { return std::make_shared<FailsOnCpu1>(); }
