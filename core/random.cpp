@@ -6,6 +6,9 @@ namespace mg {
 namespace {
 std::mutex generator_mutex;
 GeneratorState default_generator{0x5eed, 0};
+// Set while a GeneratorReplayGuard is alive on this thread.
+thread_local bool replaying = false;
+thread_local GeneratorState replay_generator;
 }  // namespace
 
 void manual_seed(uint64_t seed) {
@@ -24,10 +27,22 @@ void set_generator_state(const GeneratorState& state) {
 }
 
 GeneratorState next_random_call() {
+  if (replaying) return GeneratorState{replay_generator.seed, replay_generator.offset++};
   std::lock_guard<std::mutex> lock(generator_mutex);
   GeneratorState call = default_generator;
   ++default_generator.offset;
   return call;
+}
+
+GeneratorReplayGuard::GeneratorReplayGuard(const GeneratorState& state)
+    : had_previous_(replaying), previous_(replay_generator) {
+  replaying = true;
+  replay_generator = state;
+}
+
+GeneratorReplayGuard::~GeneratorReplayGuard() {
+  replaying = had_previous_;
+  replay_generator = previous_;
 }
 
 }  // namespace mg

@@ -18,4 +18,21 @@ void set_generator_state(const GeneratorState& state);
 // Returns {seed, offset} for one random op and advances the offset.
 GeneratorState next_random_call();
 
+// Replays random ops on this thread from `state` for its scope: next_random_call() on this
+// thread draws from a private copy of `state` instead of the default generator, which neither
+// moves nor is read meanwhile. Activation checkpointing recomputes a forward under it, so the
+// recomputed dropout masks equal the original ones while other threads (DataParallel's replicas,
+// running their own recomputes) keep drawing from the default generator undisturbed.
+class GeneratorReplayGuard {
+ public:
+  explicit GeneratorReplayGuard(const GeneratorState& state);
+  ~GeneratorReplayGuard();
+  GeneratorReplayGuard(const GeneratorReplayGuard&) = delete;
+  GeneratorReplayGuard& operator=(const GeneratorReplayGuard&) = delete;
+
+ private:
+  bool had_previous_;
+  GeneratorState previous_;
+};
+
 }  // namespace mg

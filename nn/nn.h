@@ -2,6 +2,7 @@
 #pragma once
 
 #include "nn/activation.h"
+#include "nn/activation_checkpoint.h"
 #include "nn/attention.h"
 #include "nn/container.h"
 #include "nn/conv.h"

@@ -2,6 +2,8 @@
 // the model's diagram.
 #include "nn/zoo.h"
 
+#include "nn/activation_checkpoint.h"
+
 #include <cmath>
 
 #include "core/ops.h"
@@ -62,8 +64,8 @@ FashionCNN::FashionCNN(FashionCNNOptions o)
 
 Tensor FashionCNN::forward(const Tensor& x) {
   MG_CHECK(x.defined() && x.dim() == 4 && x.size(1) == 1 && x.size(2) == 28 && x.size(3) == 28,
-        "FashionCNN: expected [N, 1, 28, 28] images, got ",
-        x.defined() ? shape_str(x.shape()) : std::string("an undefined tensor"));
+           "FashionCNN: expected [N, 1, 28, 28] images, got ",
+           x.defined() ? shape_str(x.shape()) : std::string("an undefined tensor"));
   Tensor h = pool(relu(bn1(conv1(x))));  // [N, c1, 14, 14]
   h = pool(relu(bn2(conv2(h))));         // [N, c2, 7, 7]
   h = relu(fc1(h.flatten(1)));
@@ -129,7 +131,8 @@ ResNetSmall::ResNetSmall(ResNetOptions o)
 
 Tensor ResNetSmall::forward(const Tensor& x) {
   Tensor h = relu(bn1(conv1(x)));
-  for (const auto& stage : stages) h = (*stage)(h);
+  for (const auto& stage : stages)
+    h = options.checkpoint_activations ? checkpoint_module(*stage, h) : (*stage)(h);
   return fc(pool(h).flatten(1));
 }
 
@@ -144,8 +147,8 @@ TinyGPT::TinyGPT(GPTConfig c)
       ln_f(c.n_embd),
       lm_head(c.n_embd, c.vocab_size, /*bias=*/false) {
   MG_CHECK(c.vocab_size > 0 && c.block_size > 0 && c.n_layer > 0,
-        "TinyGPT: vocab_size, block_size and n_layer must "
-        "be positive");
+           "TinyGPT: vocab_size, block_size and n_layer must "
+           "be positive");
   register_module("wte", wte);
   register_module("wpe", wpe);
   register_module("drop", drop);
@@ -186,7 +189,7 @@ Tensor TinyGPT::embed(const Tensor& idx) {
 
 Tensor TinyGPT::forward(const Tensor& idx) {
   Tensor x = embed(idx);
-  for (const auto& block : h) x = (*block)(x);
+  for (const auto& block : h) x = config.checkpoint_activations ? checkpoint_module(*block, x) : (*block)(x);
   return lm_head(ln_f(x));
 }
 

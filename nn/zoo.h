@@ -83,6 +83,7 @@ struct ResNetOptions {
   int64_t num_classes = 10;
   std::vector<int64_t> widths = {16, 32, 64};  // channels of each stage
   int64_t blocks_per_stage = 1;
+  bool checkpoint_activations = false;  // recompute each stage in backward (nn/activation_checkpoint.h)
 };
 
 class ResNetSmall : public Module {
@@ -106,6 +107,7 @@ struct GPTConfig {
   int64_t n_head = 4;
   int64_t n_embd = 64;
   double dropout = 0.0;
+  bool checkpoint_activations = false;  // recompute each block in backward (nn/activation_checkpoint.h)
 };
 
 class TinyGPT : public Module {

@@ -7,7 +7,8 @@
 //    number first (= created last in forward), run its tensor hooks, call
 //    apply(), and add each resulting gradient into the buffer of the node its
 //    edge points to; a node whose count drops to zero becomes ready.
-// 4. Run the callbacks queued during the pass (DDP waits for its buckets here).
+// 4. Run the callbacks queued during the pass (DDP waits for its buckets here); a pass nested in
+//    another (a checkpointed block's recompute) leaves them to the outer pass.
 //
 // A graph on one device runs on the calling thread: easy to trace, and deterministic.
 // A graph that spans several devices (DataParallel's replicas on cpu:0, cpu:1, ... or
@@ -102,9 +103,9 @@ bool materialize_missing_grads(const Node& node, std::vector<Tensor>& grads) {
 void check_gradient(const Node& node, size_t input, const Tensor& grad) {
   const TensorMeta& meta = node.input_meta.at(input);
   MG_CHECK(grad.shape() == meta.shape, node.name(), " returned a gradient of shape ", shape_str(grad.shape()),
-        " for input ", input, " of shape ", shape_str(meta.shape));
-  MG_CHECK(grad.device() == meta.device, node.name(), " returned a gradient on ", grad.device(), " for input ",
-        input, " on ", meta.device);
+           " for input ", input, " of shape ", shape_str(meta.shape));
+  MG_CHECK(grad.device() == meta.device, node.name(), " returned a gradient on ", grad.device(),
+           " for input ", input, " on ", meta.device);
 }
 
 // The device whose thread runs `node`: where its incoming gradients live.
@@ -124,7 +125,7 @@ std::vector<Tensor> run_node(Node& node, std::vector<Tensor> grads_in, bool reta
   }
   const bool is_accumulator = dynamic_cast<AccumulateGrad*>(&node) != nullptr;
   MG_CHECK(is_accumulator || grads_out.empty() || grads_out.size() == node.next_edges.size(), node.name(),
-        " returned ", grads_out.size(), " gradients for ", node.next_edges.size(), " inputs");
+           " returned ", grads_out.size(), " gradients for ", node.next_edges.size(), " inputs");
   for (size_t i = 0; i < node.next_edges.size() && i < grads_out.size(); ++i)
     if (node.next_edges[i].is_valid() && grads_out[i].defined()) check_gradient(node, i, grads_out[i]);
   return grads_out;
@@ -246,7 +247,8 @@ void run_on_device_threads(const std::vector<std::shared_ptr<Node>>& initial, Gr
 }  // namespace
 
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, bool retain_graph) {
-  MG_CHECK(roots.size() == grads.size(), "backward: ", roots.size(), " roots but ", grads.size(), " gradients");
+  MG_CHECK(roots.size() == grads.size(), "backward: ", roots.size(), " roots but ", grads.size(),
+           " gradients");
   GraphTask task;
   GraphTask* outer_task = current_task;
   current_task = &task;
@@ -265,13 +267,13 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
     Tensor grad = grads[i];
     if (!grad.defined()) {
       MG_CHECK(root.numel() == 1,
-            "backward: grad can be implicitly created only for scalar outputs, but this "
-            "tensor has shape ",
-            shape_str(root.shape()), "; pass a gradient of that shape to backward()");
+               "backward: grad can be implicitly created only for scalar outputs, but this "
+               "tensor has shape ",
+               shape_str(root.shape()), "; pass a gradient of that shape to backward()");
       grad = ones(root.shape(), TensorOptions{root.dtype(), root.device(), false});
     }
     MG_CHECK(grad.shape() == root.shape(), "backward: gradient shape ", shape_str(grad.shape()),
-          " does not match the tensor's shape ", shape_str(root.shape()));
+             " does not match the tensor's shape ", shape_str(root.shape()));
     Edge edge = gradient_edge(root);
     accumulate_into(task.input_buffers[edge.node.get()], edge.input_nr, grad.detach());
     root_nodes.push_back(edge.node);
@@ -304,6 +306,14 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
     }
   }
 
+  // A backward run from inside another one (activation checkpointing's recompute) hands its
+  // callbacks to the outer pass: "once the current backward pass has finished" means the pass
+  // the user started, so DDP's finalize still waits for every bucket of the whole step.
+  if (outer_task != nullptr) {
+    std::lock_guard<std::mutex> lock(outer_task->callbacks_mutex);
+    for (auto& callback : task.callbacks) outer_task->callbacks.push_back(std::move(callback));
+    return;
+  }
   // Callbacks may queue more callbacks (index loop, not iterators).
   for (size_t i = 0; i < task.callbacks.size(); ++i) {
     auto callback = std::move(task.callbacks[i]);
