@@ -7,6 +7,8 @@
 #include <array>
 #include <cstring>
 
+#include "core/base/error.h"
+
 namespace mg {
 namespace {
 
@@ -44,16 +46,30 @@ __attribute__((target("sse4.2"))) uint32_t crc32c_sse42(const unsigned char* p, 
 
 }  // namespace
 
-uint32_t crc32c(const void* data, size_t size, uint32_t crc) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  uint32_t state = ~crc;
+bool crc32c_hardware_available() {
 #if defined(__x86_64__)
   static const bool has_sse42 = __builtin_cpu_supports("sse4.2");
-  state = has_sse42 ? crc32c_sse42(p, size, state) : crc32c_table(p, size, state);
+  return has_sse42;
 #else
-  state = crc32c_table(p, size, state);
+  return false;
 #endif
-  return ~state;
+}
+
+uint32_t crc32c_software(const void* data, size_t size, uint32_t crc) {
+  return ~crc32c_table(static_cast<const unsigned char*>(data), size, ~crc);
+}
+
+uint32_t crc32c_hardware(const void* data, size_t size, uint32_t crc) {
+  MG_CHECK(crc32c_hardware_available(), "crc32c_hardware: this CPU has no SSE4.2 crc32 instruction");
+#if defined(__x86_64__)
+  return ~crc32c_sse42(static_cast<const unsigned char*>(data), size, ~crc);
+#else
+  return crc;  // unreachable: the check above failed
+#endif
+}
+
+uint32_t crc32c(const void* data, size_t size, uint32_t crc) {
+  return crc32c_hardware_available() ? crc32c_hardware(data, size, crc) : crc32c_software(data, size, crc);
 }
 
 }  // namespace mg

@@ -9,7 +9,14 @@
 
 namespace mg {
 
-// Continues `crc` (0 to start) over `size` bytes.
+// Continues `crc` (0 to start) over `size` bytes, with the fastest implementation this CPU has.
 uint32_t crc32c(const void* data, size_t size, uint32_t crc = 0);
+
+// Each implementation on its own, so a test can check they agree on any machine: the table
+// (one byte per step, every CPU) and the SSE4.2 instruction (eight bytes per step).
+uint32_t crc32c_software(const void* data, size_t size, uint32_t crc = 0);
+// True when this CPU has SSE4.2 (crc32c_hardware then runs); crc32c_hardware throws mg::Error otherwise.
+bool crc32c_hardware_available();
+uint32_t crc32c_hardware(const void* data, size_t size, uint32_t crc = 0);
 
 }  // namespace mg

@@ -2,6 +2,7 @@
 // and tensors built from host values.
 #include <cmath>
 
+#include "core/base/checked_size.h"
 #include "core/base/philox.h"
 #include "core/ops.h"
 #include "core/ops/op_common.h"
@@ -12,8 +13,8 @@
 namespace mg {
 
 Tensor empty(const Shape& shape, const TensorOptions& options) {
-  for (int64_t s : shape) MG_CHECK(s >= 0, "empty: negative size in shape ", shape_str(shape));
-  const size_t nbytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(options.dtype);
+  const int64_t numel = checked_numel(shape, "empty");  // rejects negative dims and overflow
+  const size_t nbytes = static_cast<size_t>(checked_nbytes(numel, dtype_size(options.dtype), "empty"));
   auto storage = std::make_shared<Storage>(nbytes, options.device);
   Tensor t = make_tensor(std::move(storage), shape, contiguous_strides(shape), 0, options.dtype);
   if (options.requires_grad) t.set_requires_grad(true);
@@ -51,9 +52,9 @@ Tensor ones(const Shape& shape, const TensorOptions& options) { return full(shap
 Tensor arange(double start, double end, double step, const TensorOptions& options) {
   MG_CHECK(step != 0, "arange: step must be nonzero");
   MG_CHECK((end - start) / step >= 0 || start == end, "arange: the range [", start, ", ", end,
-        ") is empty in the "
-        "direction of step ",
-        step);
+           ") is empty in the "
+           "direction of step ",
+           step);
   const int64_t n = static_cast<int64_t>(std::ceil((end - start) / step));
   return make_on_cpu_then_move({std::max<int64_t>(n, 0)}, options,
                                [=](Tensor& t) { kernels::cpu::arange(t.view_for_kernel(), start, step); });
@@ -107,8 +108,9 @@ Tensor scalar_tensor(double value, const TensorOptions& options) { return full({
 
 template <class T>
 Tensor tensor(const std::vector<T>& values, const Shape& shape, const TensorOptions& options) {
-  MG_CHECK(static_cast<int64_t>(values.size()) == shape_numel(shape), "tensor: ", values.size(),
-        " values do not fill shape ", shape_str(shape), " (", shape_numel(shape), " elements)");
+  const int64_t numel = checked_numel(shape, "tensor");
+  MG_CHECK(static_cast<int64_t>(values.size()) == numel, "tensor: ", values.size(),
+           " values do not fill shape ", shape_str(shape), " (", numel, " elements)");
   using Host = std::conditional_t<std::is_same_v<T, bool>, bool, T>;
   return make_on_cpu_then_move(shape, options, [&](Tensor& t) {
     Tensor host = empty(shape, TensorOptions{dtype_of<Host>()});

@@ -7,11 +7,21 @@
 //                     "__metadata__": {"<key>": "<string value>", ...}}
 //   [rest]     the tensors' bytes, little-endian, row-major, at [begin, end) of this buffer
 //
-// Every tensor's bytes are checksummed: __metadata__ gets "crc32c:<name>": "<8 hex digits>" per
-// tensor (core/crc32c.h) -- plain string metadata, so PyTorch still loads the file. Reading
-// verifies each one and fails naming the tensor and the file on a mismatch; a file without
-// checksums (written by PyTorch) loads unverified. The checksum keys are not in
-// SafetensorsFile::metadata, and "crc32c:" is reserved in the metadata a caller passes.
+// Checksums: __metadata__ gets "crc32c:<name>": "<8 hex digits>" per tensor (core/crc32c.h), the
+// CRC32C of its bytes, and "crc32c:__header__": the CRC32C of the whole header (every dtype, shape,
+// offset and metadata entry) -- the N header bytes exactly as stored, with the 8 hex digits of that
+// one value read as "00000000". Plain string metadata, so PyTorch still loads the file. Reading
+// verifies every checksum present and fails naming the tensor (or the header) and the file on a
+// mismatch. A file without checksums (written by PyTorch) loads unverified by default; with
+// SafetensorsLoadOptions::require_checksums it is an error. The checksum keys are not in
+// SafetensorsFile::metadata, "crc32c:" is reserved in the metadata a caller passes, and
+// "__header__" cannot name a tensor. Checksums detect corruption (a flipped bit, a torn or
+// overwritten block), not tampering: anyone can recompute a CRC.
+//
+// Untrusted input: decoding rejects, naming the file and the tensor, a header length beyond the
+// file, JSON nested deeper than kMaxSafetensorsHeaderDepth (checked before the JSON parser runs),
+// dims that are negative or not integers, shapes whose numel * dtype size overflows, data_offsets
+// out of range, reversed, of the wrong size, overlapping or leaving holes. See docs/security.md.
 //
 // Writes are atomic: the file is written under a temporary name, fsync'ed, then
 // renamed over the destination, so a crash leaves either the old file or the new
@@ -36,12 +46,25 @@ struct SafetensorsFile {
   StateDict tensors;  // CPU tensors
   SafetensorsMetadata metadata;
 };
+
+// The deepest [ / { nesting a header may have (ours is 3: header, entry, shape). Deeper headers are
+// rejected before the JSON parser sees them, so a header nested a million levels is an error, not a
+// stack overflow.
+constexpr int kMaxSafetensorsHeaderDepth = 64;
+
+struct SafetensorsLoadOptions {
+  // Refuse a file unless every tensor and the header carry a checksum (files multigrad writes do;
+  // the checkpoint manager requires them, so a file whose checksum keys were stripped is refused).
+  bool require_checksums = false;
+};
+
 // Reads and validates `path`; throws mg::Error naming the file and the reason on any problem.
-SafetensorsFile load_safetensors(const std::string& path);
+SafetensorsFile load_safetensors(const std::string& path, const SafetensorsLoadOptions& options = {});
 
 // The same format in memory (for sending a StateDict between ranks, parallel/comm/object_collectives.h).
 // `what` names the bytes in errors, as the path does for a file.
 std::string encode_safetensors(const StateDict& tensors, const SafetensorsMetadata& metadata = {});
-SafetensorsFile decode_safetensors(const std::string& bytes, const std::string& what = "safetensors bytes");
+SafetensorsFile decode_safetensors(const std::string& bytes, const std::string& what = "safetensors bytes",
+                                   const SafetensorsLoadOptions& options = {});
 
 }  // namespace mg

@@ -2,8 +2,10 @@
 #include "data/idx.h"
 
 #include <iomanip>
+#include <optional>
 #include <sstream>
 
+#include "core/base/checked_size.h"
 #include "core/base/error.h"
 #include "data/gzip.h"
 
@@ -25,6 +27,12 @@ namespace {
 uint32_t read_be32(const uint8_t* p) {
   return (uint32_t(p[0]) << 24) | (uint32_t(p[1]) << 16) | (uint32_t(p[2]) << 8) | uint32_t(p[3]);
 }
+
+std::string dims_text(const std::vector<int64_t>& dims) {
+  std::ostringstream os;
+  for (size_t d = 0; d < dims.size(); ++d) os << (d ? " x " : "") << dims[d];
+  return os.str();
+}
 }  // namespace
 
 std::string idx_magic_hex(uint32_t magic) {
@@ -33,42 +41,75 @@ std::string idx_magic_hex(uint32_t magic) {
   return os.str();
 }
 
-IdxArray parse_idx(std::vector<uint8_t> file, const std::string& name) {
+IdxHeader parse_idx_header(const std::vector<uint8_t>& file, const std::string& name) {
   MG_CHECK(file.size() >= 4, name, ": not an IDX file: ", file.size(),
-        " bytes, too short for the 4-byte magic number");
+           " bytes, too short for the 4-byte magic number");
   const uint32_t magic = read_be32(file.data());
-  IdxArray out;
+  IdxHeader out;
   out.type = file[2];
   const int ndims = file[3];
   const int element_size = idx_element_size(out.type);
-  MG_CHECK(file[0] == 0 && file[1] == 0 && element_size > 0 && ndims >= 1, name, ": bad IDX magic number ",
-        idx_magic_hex(magic),
-        " (expected 0x0000TTNN: two zero bytes, a known type code TT such as 08 for u8, and NN >= 1 dims)");
+  MG_CHECK(
+      file[0] == 0 && file[1] == 0 && element_size > 0 && ndims >= 1, name, ": bad IDX magic number ",
+      idx_magic_hex(magic),
+      " (expected 0x0000TTNN: two zero bytes, a known type code TT such as 08 for u8, and NN >= 1 dims)");
 
-  const size_t header = 4 + 4 * size_t(ndims);
-  MG_CHECK(file.size() >= header, name, ": truncated IDX header: magic ", idx_magic_hex(magic), " announces ",
-        ndims, " dims, which needs ", header, " header bytes, but the file has ", file.size());
-  uint64_t expected = uint64_t(element_size);
-  for (int d = 0; d < ndims; ++d) {
-    const uint32_t size = read_be32(file.data() + 4 + 4 * d);
-    out.dims.push_back(int64_t(size));
-    expected *= size;  // at most 255 dims of u32 sizes: the caller's dim checks bound this
-    MG_CHECK(expected < (uint64_t(1) << 40), name, ": IDX dims are implausibly large (over 1 TiB of payload)");
-  }
+  out.header_bytes = 4 + 4 * size_t(ndims);
+  MG_CHECK(file.size() >= out.header_bytes, name, ": truncated IDX header: magic ", idx_magic_hex(magic),
+           " announces ", ndims, " dims, which needs ", out.header_bytes, " header bytes, but the file has ",
+           file.size());
+  for (int d = 0; d < ndims; ++d) out.dims.push_back(int64_t(read_be32(file.data() + 4 + 4 * d)));
+  const std::optional<int64_t> numel = try_numel(out.dims);
+  const std::optional<int64_t> payload = numel ? try_nbytes(*numel, size_t(element_size)) : std::nullopt;
+  MG_CHECK(payload && uint64_t(*payload) <= kMaxIdxPayloadBytes, name, ": IDX dims ", dims_text(out.dims),
+           " are implausibly large (their payload ",
+           payload ? str_cat(*payload, " bytes is over 1 TiB") : std::string("overflows 64 bits"), ")");
+  out.payload_bytes = uint64_t(*payload);
+  return out;
+}
 
-  const uint64_t got = file.size() - header;
-  std::ostringstream dims;
-  for (size_t d = 0; d < out.dims.size(); ++d) dims << (d ? " x " : "") << out.dims[d];
-  MG_CHECK(got >= expected, name, ": truncated IDX payload: dims ", dims.str(), " need ", expected,
-        " bytes after the header, got ", got, " (", expected - got, " missing)");
-  MG_CHECK(got == expected, name, ": IDX file has trailing bytes: dims ", dims.str(), " need ", expected,
-        " bytes after the header, got ", got, " (", got - expected, " extra)");
+IdxArray parse_idx(std::vector<uint8_t> file, const std::string& name) {
+  const IdxHeader header = parse_idx_header(file, name);
+  const uint64_t expected = header.payload_bytes;
+  const uint64_t got = file.size() - header.header_bytes;
+  MG_CHECK(got >= expected, name, ": truncated IDX payload: dims ", dims_text(header.dims), " need ",
+           expected, " bytes after the header, got ", got, " (", expected - got, " missing)");
+  MG_CHECK(got == expected, name, ": IDX file has trailing bytes: dims ", dims_text(header.dims), " need ",
+           expected, " bytes after the header, got ", got, " (", got - expected, " extra)");
 
-  file.erase(file.begin(), file.begin() + static_cast<std::ptrdiff_t>(header));
+  IdxArray out;
+  out.type = header.type;
+  out.dims = header.dims;
+  file.erase(file.begin(), file.begin() + static_cast<std::ptrdiff_t>(header.header_bytes));
   out.bytes = std::move(file);
   return out;
 }
 
-IdxArray read_idx(const std::string& path) { return parse_idx(read_maybe_gzipped(path), path); }
+IdxArray read_idx(const std::string& path, size_t max_bytes) {
+  const bool gz = path.size() >= 3 && path.compare(path.size() - 3, 3, ".gz") == 0;
+  if (!gz) return parse_idx(read_file(path), path);
+  // Inflate the 4-byte magic, then the dims it announces, then at most the payload they imply.
+  const std::vector<uint8_t> compressed = read_file(path);
+  GzipReader reader(compressed, path);
+  std::vector<uint8_t> file;
+  reader.read(4, file);
+  if (file.size() == 4) reader.read(4 * size_t(file[3]), file);
+  const IdxHeader header = parse_idx_header(file, path);
+  MG_CHECK(header.header_bytes + header.payload_bytes <= max_bytes, path, ": IDX dims ",
+           dims_text(header.dims), " announce ", header.header_bytes + header.payload_bytes,
+           " bytes, over the ", max_bytes, "-byte limit for one file");
+  file.reserve(header.header_bytes + header.payload_bytes);
+  reader.read(header.payload_bytes, file);
+  // A little past the implied size, so a few trailing bytes are reported with their exact count by
+  // parse_idx; a stream that goes on beyond that is cut off here.
+  constexpr size_t kTrailingSlack = 4096;
+  reader.read(kTrailingSlack, file);
+  std::vector<uint8_t> one_more;
+  MG_CHECK(reader.read(1, one_more) == 0, path, ": the gzip data inflates past the ",
+           header.header_bytes + header.payload_bytes, " bytes its IDX header implies (dims ",
+           dims_text(header.dims), ") by more than ", kTrailingSlack,
+           " bytes: trailing bytes, or a decompression bomb");
+  return parse_idx(std::move(file), path);
+}
 
 }  // namespace mg::data

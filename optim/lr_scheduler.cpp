@@ -15,7 +15,9 @@ constexpr double kPi = 3.14159265358979323846;
 
 // settings are doubles in the state dict; integer ones must come back whole.
 int64_t whole(double v, const char* scheduler, const char* what) {
-  MG_CHECK(std::isfinite(v) && v == std::floor(v), scheduler, ": ", what, " must be a whole number, got ", v);
+  // |v| < 2^63: a whole double outside int64's range would make the cast undefined behaviour.
+  MG_CHECK(std::isfinite(v) && v == std::floor(v) && std::fabs(v) < 9223372036854775808.0, scheduler, ": ",
+           what, " must be a whole number that fits in int64, got ", v);
   return static_cast<int64_t>(v);
 }
 
@@ -47,8 +49,8 @@ void LRScheduler::step() {
 void LRScheduler::apply() {
   auto& groups = optimizer_.param_groups();
   MG_CHECK(groups.size() == base_lrs_.size(), name(), ": the optimizer has ", groups.size(),
-        " param groups but the scheduler was built for ", base_lrs_.size(),
-        " (build the scheduler after the last add_param_group)");
+           " param groups but the scheduler was built for ", base_lrs_.size(),
+           " (build the scheduler after the last add_param_group)");
   last_lrs_.clear();
   for (size_t g = 0; g < groups.size(); ++g) {
     const double lr = lr_at(last_epoch_, base_lrs_[g]);
@@ -123,7 +125,7 @@ void LRScheduler::load_state_dict(const StateDict& sd) {
   const int64_t t = whole(last_epoch, name(), "last_epoch");
   MG_CHECK(t >= 0, name(), ".load_state_dict: last_epoch ", t, " is negative");
   MG_CHECK(optimizer_.param_groups().size() == base.size(), name(), ".load_state_dict: the optimizer has ",
-        optimizer_.param_groups().size(), " param groups but the scheduler has ", base.size());
+           optimizer_.param_groups().size(), " param groups but the scheduler has ", base.size());
   set_settings(values);  // validates; throws before changing anything
   last_epoch_ = t;
   base_lrs_ = base;
@@ -204,7 +206,7 @@ namespace {
 void check_warmup(const LinearWarmupCosineOptions& o) {
   MG_CHECK(o.warmup_steps >= 0, "LinearWarmupCosine: warmup_steps must be >= 0, got ", o.warmup_steps);
   MG_CHECK(o.total_steps > o.warmup_steps, "LinearWarmupCosine: total_steps (", o.total_steps,
-        ") must be greater than warmup_steps (", o.warmup_steps, ")");
+           ") must be greater than warmup_steps (", o.warmup_steps, ")");
   MG_CHECK(o.min_lr >= 0.0, "LinearWarmupCosine: min_lr must be >= 0, got ", o.min_lr);
 }
 }  // namespace

@@ -9,6 +9,7 @@
 // they block until done: they are for set-up, checkpoints and logging, not for the training step.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,21 @@ std::vector<std::string> gather_object(ProcessGroup& group, const std::string& b
 
 // Every rank's bytes, by rank, on every rank.
 std::vector<std::string> all_gather_object(ProcessGroup& group, const std::string& bytes);
+
+// The receiving side's decoding, apart from any group so that it is tested and fuzzed without MPI
+// (tests/fuzz/fuzz_object_collectives.cpp). A length is what a peer announced, so it is input
+// like any other: a negative one, one over 1 TiB (whose buffer size could wrap, and which no
+// set-up object comes near), or one beyond the bytes that came is an mg::Error naming `op`,
+// never a read past the buffer or a wrapped size.
+//
+// The i64 words a buffer for `length` received bytes needs (at least one); checks the length.
+int64_t object_words(int64_t length, const char* op);
+// The first `length` bytes of the `capacity` bytes at `packed`.
+std::string unpack_object(const void* packed, int64_t capacity, int64_t length, const char* op);
+// all_gather_object's layout: object r is lengths[r] bytes at byte r * stride of `packed`, and
+// no object runs into the next one's slot.
+std::vector<std::string> unpack_objects(const void* packed, int64_t capacity,
+                                        const std::vector<int64_t>& lengths, int64_t stride, const char* op);
 
 // One flag per rank, one answer on every rank: true iff `flag` is true on at least one rank (an
 // all-reduce max). How ranks decide together -- skip a step, stop, fail -- so that no rank acts

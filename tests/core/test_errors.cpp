@@ -235,6 +235,23 @@ TEST_CASE("CUDA tensors in a build without a GPU", "[errors]") {
   CHECK_THAT(error_of([] { rand({3}, TensorOptions{DType::f32, Device::cuda(0)}); }), Contains("CUDA"));
 }
 
+TEST_CASE("views and reshapes reject sizes that overflow 64 bits", "[errors][overflow]") {
+  const int64_t two_32 = int64_t(1) << 32;
+  // An empty tensor viewed as [2^32, 2^32, 0]: unchecked, the product wraps and the view "fits".
+  CHECK_THAT(error_of([&] {
+               zeros({0}).view({two_32, two_32, 0});
+             }),
+             Contains("view") && Contains("[4294967296, 4294967296, 0]") && Contains("64 bits"));
+  CHECK_THAT(error_of([&] { zeros({0}).reshape({two_32, two_32, 0}); }), Contains("64 bits"));
+  CHECK_THAT(error_of([&] { zeros({4}).view({two_32, two_32, -1}); }), Contains("64 bits"));
+  // expand: stride-0 dims allocate nothing, but numel() itself must not overflow.
+  CHECK_THAT(error_of([&] {
+               zeros({1, 1}).expand({two_32, two_32});
+             }),
+             Contains("[4294967296, 4294967296]") && Contains("64 bits"));
+  CHECK(zeros({1}).expand({two_32}).numel() == two_32);  // large but representable: fine
+}
+
 TEST_CASE("bad input leaves state untouched", "[errors]") {
   Tensor x = ones({2, 3});
   const uint64_t v0 = x.version();

@@ -167,6 +167,23 @@ TEST_CASE("empty and *_like", "[factories]") {
   CHECK(zt.is_contiguous());
 }
 
+TEST_CASE("factories reject shapes whose size overflows, naming the factory and the shape",
+          "[factories][overflow]") {
+  using Catch::Matchers::Contains;
+  const int64_t two_62 = int64_t(1) << 62, two_32 = int64_t(1) << 32;
+  // Unchecked, 2^62 * 4 bytes wraps to 0: a "2^62-element" tensor over a 0-byte allocation.
+  CHECK_THROWS_WITH(empty({two_62}), Contains("empty") && Contains("4611686018427387904"));
+  // 2^32 * 2^32 elements is a signed overflow (to 0 in practice).
+  CHECK_THROWS_WITH(zeros({two_32, two_32}), Contains("[4294967296, 4294967296]") && Contains("64 bits"));
+  CHECK_THROWS_WITH(ones({two_32, two_32, 0}, TensorOptions{DType::f64}), Contains("64 bits"));
+  CHECK_THROWS_WITH(full({3, -2}, 1.0), Contains("negative") && Contains("[3, -2]"));
+  CHECK_THROWS_WITH(rand({two_62, 4}), Contains("64 bits"));
+  CHECK_THROWS_WITH(tensor<float>({1.0f}, {two_32, two_32}), Contains("tensor") && Contains("64 bits"));
+  // A zero dim with sane others is an empty tensor, as before.
+  CHECK(empty({two_32, 0}).numel() == 0);
+  CHECK(empty({two_32, 0}).nbytes() == 0);
+}
+
 TEST_CASE("tensor<T> from host vectors, for each dtype", "[factories]") {
   Tensor f = tensor<float>({1.5f, -2.0f});
   CHECK(f.dtype() == DType::f32);

@@ -1,0 +1,35 @@
+// What every harness in tests/fuzz/ shares: the one expected outcome. A parser handed arbitrary
+// bytes may accept them or refuse them with mg::Error (the error type multigrad promises for bad
+// input); anything else -- another exception, a crash, a sanitizer report, an abort from a broken
+// invariant -- is a finding. Another exception is left to escape on purpose: libFuzzer reports it
+// as a crash ("deadly signal" from std::terminate), and so does the replay driver.
+#pragma once
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "core/base/error.h"
+
+namespace mg::fuzz {
+
+template <class Body>
+int expect_only_mg_error(Body&& body) {
+  try {
+    body();
+  } catch (const mg::Error&) {
+    // the input was refused with a reason: fine
+  }
+  return 0;
+}
+
+// A property the harness checks on an accepted input (a round trip, a size): a violation is a
+// bug even though nothing crashed, so it aborts like a crash would.
+#define MG_FUZZ_ASSERT(condition, message)                                            \
+  do {                                                                                \
+    if (!(condition)) {                                                               \
+      std::fprintf(stderr, "fuzz property violated: %s (%s)\n", message, #condition); \
+      std::abort();                                                                   \
+    }                                                                                 \
+  } while (0)
+
+}  // namespace mg::fuzz
