@@ -10,14 +10,16 @@
 // each epoch, or every epoch repeats epoch 0's order), and trains on --batch-size samples per
 // step: the global batch is batch-size × world size, so the learning rate that suits a
 // single-process run at that global batch suits this one. Gradients are averaged across ranks
-// by bucketed all-reduces overlapped with backward. Dropout uses seed + rank (different masks
-// per rank), rank 0 prints. Test accuracy counts each test image once (parallel::ShardedMetric
+// by bucketed all-reduces overlapped with backward. Dropout (--dropout) and input noise
+// (--input-noise) draw from each rank's own generator, seeded seed + rank (different masks per
+// rank), rank 0 prints. Test accuracy counts each test image once (parallel::ShardedMetric
 // drops the sampler's padding).
 //
 // Fault tolerance (docs/fault-tolerance.md): --checkpoint-dir D --checkpoint-every K saves a step
 // checkpoint every K steps, at each epoch's end and on SIGTERM (parallel::CheckpointManager:
 // every rank's RNG, the sampler's global position, rank 0 writing in the background); --resume
-// continues from the newest valid one at the exact step, at any world size. mg-launch restarts
+// continues from the newest valid one at the exact step, at any world size; rank 0 reads it and
+// sends it to the others, so D may be per node (--checkpoint-dir /local/ckpt-{node}). mg-launch restarts
 // the job after a failure:
 //   scripts/mg-launch --max-restarts 3 -- mpirun -np 2 train_ddp --checkpoint-dir D --checkpoint-every 50
 //   --resume
@@ -48,6 +50,7 @@
 #include "parallel/data_parallel/distributed.h"
 #include "parallel/data_parallel/distributed_data_parallel.h"
 #include "parallel/resilience/checkpoint_manager.h"
+#include "parallel/resilience/heartbeat.h"
 #include "parallel/resilience/sharded_metric.h"
 #include "parallel/zero/zero_redundancy_optimizer.h"
 
@@ -69,6 +72,7 @@ struct Flags {
   int keep_checkpoints = 3;
   bool log_steps = false;
   double lr = 2e-3, weight_decay = 1e-4, bucket_cap_mb = 25.0;
+  double dropout = -1, input_noise = 0;  // -1: the model's own (mlp none, cnn 0.25)
   bool zero_shard = false;
   std::string zero_partition = "parameters";
   bool resume = false;
@@ -77,6 +81,12 @@ struct Flags {
 
 void add_flags(CLI::App& app, Flags& f) {
   app.add_option("--model", f.model_name, "mlp (784-256-128-10) or cnn (2 conv + BN + pooling)");
+  app.add_option(
+      "--dropout", f.dropout,
+      "dropout probability: after each hidden layer of mlp (default none), before cnn's classifier "
+      "(default 0.25); masks come from each rank's own generator");
+  app.add_option("--input-noise", f.input_noise,
+                 "add this x N(0, 1) to each training input, drawn from the rank's own generator (0 = off)");
   app.add_option("--epochs", f.epochs, "passes over the training set");
   app.add_option("--batch-size", f.batch_size,
                  "samples per step PER RANK (global batch = this x world size)");
@@ -91,7 +101,9 @@ void add_flags(CLI::App& app, Flags& f) {
                  "train on the first N training images only (0 = all 60000)");
   app.add_option(
       "--checkpoint-dir", f.checkpoint_dir,
-      "step checkpoints go here (at each epoch's end, every --checkpoint-every steps, on SIGTERM)");
+      "step checkpoints go here (at each epoch's end, every --checkpoint-every steps, on SIGTERM); "
+      "{rank} and {node} become the rank and its host name (a directory per rank or node: only "
+      "rank 0's is written and read, no shared filesystem needed)");
   app.add_option("--checkpoint-every", f.checkpoint_every,
                  "also checkpoint every K steps (0 = epoch ends only)");
   app.add_option("--keep-checkpoints", f.keep_checkpoints, "keep the newest M checkpoints");
@@ -164,6 +176,41 @@ struct ShardedData {
   data::DataLoader train_loader, test_loader;
 };
 
+// --model with --dropout: the mlp gets Dropout after each hidden ReLU, the cnn its own rate.
+std::shared_ptr<nn::Module> make_model(const Flags& f) {
+  if (f.dropout < 0) return examples::make_model(f.model_name);
+  MG_CHECK(f.dropout < 1, "--dropout must be in [0, 1), got ", f.dropout);
+  if (f.model_name == "cnn") {
+    nn::FashionCNNOptions options;
+    options.dropout = f.dropout;
+    return std::make_shared<nn::FashionCNN>(options);
+  }
+  MG_CHECK(f.model_name == "mlp", "--model must be mlp or cnn, got '", f.model_name, "'");
+  auto mlp = std::make_shared<nn::Sequential>();  // nn::MLP's layers, with dropout
+  mlp->emplace_back<nn::Flatten>();
+  int64_t in = 784;
+  for (int64_t hidden : {256, 128}) {
+    mlp->emplace_back<nn::Linear>(in, hidden);
+    mlp->emplace_back<nn::ReLU>();
+    mlp->emplace_back<nn::Dropout>(f.dropout);
+    in = hidden;
+  }
+  mlp->emplace_back<nn::Linear>(in, 10);
+  return mlp;
+}
+
+// --checkpoint-dir with {rank} and {node} replaced.
+std::string checkpoint_dir(const Flags& f, const parallel::ProcessGroup& pg) {
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  std::string dir = f.checkpoint_dir;
+  for (const auto& [key, value] : {std::pair<std::string, std::string>{"{rank}", std::to_string(pg.rank())},
+                                   {"{node}", std::string(host)}})
+    for (size_t at = dir.find(key); at != std::string::npos; at = dir.find(key, at + value.size()))
+      dir.replace(at, key.size(), value);
+  return dir;
+}
+
 // How DDP averages gradients: buckets of --bucket-cap-mb, all-reduced as backward fills them.
 parallel::DDPOptions ddp_options(const Flags& f) {
   parallel::DDPOptions options;
@@ -227,11 +274,14 @@ class AdamWOrZero {
 // bucket as soon as it is full, overlapping communication with the rest of backward -- then the
 // optimizer and LR schedule step. Returns the loss (this rank's batch).
 double train_step(parallel::DistributedDataParallel& ddp, AdamWOrZero& opt, optim::LRScheduler& schedule,
-                  const Tensor& x, const Tensor& y, Device device, bool bf16) {
+                  const Tensor& x, const Tensor& y, Device device, bool bf16, double input_noise) {
+  Tensor input = x.to(device);
+  if (input_noise > 0)
+    input = input + randn(input.shape(), TensorOptions{input.dtype(), device}) * input_noise;
   Tensor loss;
   {
     AutocastGuard autocast(DType::bf16, bf16);
-    loss = cross_entropy(ddp(x.to(device)), y.to(device));
+    loss = cross_entropy(ddp(input), y.to(device));
   }
   opt.zero_grad();
   loss.backward();
@@ -253,7 +303,7 @@ double evaluate(nn::Module& model, parallel::ProcessGroup& pg, data::DataLoader&
   model.train();
   const auto total = correct.all_reduce(pg);
   MG_CHECK(total.count == loader.dataset().size(), "evaluate: counted ", total.count,
-        " test samples, the test set has ", loader.dataset().size());
+           " test samples, the test set has ", loader.dataset().size());
   return total.mean();
 }
 
@@ -271,7 +321,7 @@ class Checkpoints {
     parallel::CheckpointManagerOptions options;
     options.every_steps = f.checkpoint_every;
     options.keep_last = f.keep_checkpoints;
-    manager_ = std::make_unique<parallel::CheckpointManager>(pg, f.checkpoint_dir, options);
+    manager_ = std::make_unique<parallel::CheckpointManager>(pg, checkpoint_dir(f, pg), options);
   }
 
   // --resume: loads the newest valid checkpoint and moves the sampler to its exact sample (at
@@ -300,7 +350,7 @@ class Checkpoints {
     manager_->wait();
     if (pg_.is_main())
       std::printf("\nSIGTERM: saved step %lld to %s and stopped\n", static_cast<long long>(position.step),
-                  flags_.checkpoint_dir.c_str());
+                  manager_->dir().c_str());
     return true;
   }
 
@@ -351,8 +401,10 @@ bool train_epoch(Job& job, int epoch, Clock::time_point epoch_start, parallel::T
   const int64_t samples_cap = f.limit_train > 0 ? f.limit_train * global_batch : INT64_MAX;
   for (auto& [x, y] : job.data.train_loader) {
     if (position.samples_into_epoch + global_batch > samples_cap) break;
-    const double loss_value = train_step(job.ddp, job.opt, job.schedule, x, y, job.pg.device(), job.bf16);
+    const double loss_value =
+        train_step(job.ddp, job.opt, job.schedule, x, y, job.pg.device(), job.bf16, f.input_noise);
     ++position.step;
+    parallel::note_step(position.step);  // the heartbeat's stall bound adapts to the step time
     position.samples_into_epoch += global_batch;
     ++loss.batches;
     loss.sum += loss_value;
@@ -416,14 +468,14 @@ void train(Job& job, parallel::TrainingPosition position) {
 
 // Builds everything in the order the random draws depend on, then trains.
 void run(const Flags& f) {
-  MG_CHECK(f.precision == "f32" || f.precision == "bf16", "--precision must be f32 or bf16, got '", f.precision,
-        "'");
+  MG_CHECK(f.precision == "f32" || f.precision == "bf16", "--precision must be f32 or bf16, got '",
+           f.precision, "'");
   MG_CHECK(f.algo == "native" || f.algo == "ring", "--algo must be native or ring, got '", f.algo, "'");
   parallel::ProcessGroup pg = init_process_group(f);
   ShardedData data(f, pg);
 
   manual_seed(f.seed);  // identical initialisation on every rank...
-  std::shared_ptr<nn::Module> model = examples::make_model(f.model_name);
+  std::shared_ptr<nn::Module> model = make_model(f);
   model->to(pg.device());
   parallel::DistributedDataParallel ddp(*model, pg, ddp_options(f));  // ...verified and broadcast
   manual_seed(parallel::seed_for_rank(f.seed, pg.rank()));            // ...while dropout differs per rank

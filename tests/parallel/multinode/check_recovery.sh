@@ -12,6 +12,14 @@
 #
 # Also asserted: the survivor's message names the lost rank, and the failure was detected within
 # the bound (MG_FAILURE_DETECTION_S = 2 s here) plus slack. Times are printed for the docs.
+#
+# No shared filesystem: each node has its own checkpoint directory (--checkpoint-dir .../{node}:
+# <work>/<run>/node0 and .../node1). Only rank 0 (on node0) writes and reads checkpoints; rank 1
+# resumes from what rank 0 broadcasts, and node1's directory must stay empty. (The nodes are network
+# namespaces over one filesystem, so node1 *could* read node0's directory; that it does not need to
+# is what the separate directories show: with a reader on every rank, rank 1 would find none.)
+# The model has dropout and the inputs get noise, both from each rank's own generator, so the
+# byte-identical result also proves that every rank got its own generator state back.
 set -uo pipefail
 mode=${1:?kill or cut}; train_ddp=${2:?train_ddp}; shift 2
 mpirun=("$@")
@@ -27,7 +35,8 @@ mapfile -t cluster_flags < <("$cluster" mpirun-args)
 flags=("${cluster_flags[@]}" --enable-recovery -x MG_FAILURE_DETECTION_S -x MG_LAUNCH_ATTEMPT -x OMP_NUM_THREADS)
 export OMP_NUM_THREADS=1
 # 48 steps of 2 x 32 samples (one epoch of the first 3072 images), a checkpoint every 5.
-train=(--model mlp --epochs 1 --train-subset 3072 --batch-size 32 --checkpoint-every 5 --log-steps --resume)
+train=(--model mlp --dropout 0.2 --input-noise 0.1 --epochs 1 --train-subset 3072 --batch-size 32
+  --checkpoint-every 5 --log-steps --resume)
 
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
@@ -38,13 +47,13 @@ on_node0() { "$cluster" exec node0 -- "$@"; }
 # ---- the reference: 2 ranks, never interrupted, every checkpoint kept -------------------------
 t0=$(now)
 on_node0 "${mpirun[@]}" "${flags[@]}" -H node0:1,node1:1 -np 2 "$train_ddp" "${train[@]}" \
-  --checkpoint-dir "$work/reference" --keep-checkpoints 100 >"$work/reference.log" 2>&1 ||
+  --checkpoint-dir "$work/reference/{node}" --keep-checkpoints 100 >"$work/reference.log" 2>&1 ||
   { cat "$work/reference.log"; echo "FAIL: the uninterrupted run failed"; exit 1; }
 echo "uninterrupted 2-rank run: $(seconds_between "$t0" "$(now)") s"
-final=$(basename "$(find "$work/reference" -maxdepth 1 -name 'step-*' | sort | tail -n 1)")
+final=$(basename "$(find "$work/reference/node0" -maxdepth 1 -name 'step-*' | sort | tail -n 1)")
 
 # ---- the run that fails -----------------------------------------------------------------------
-launch=("$root/scripts/mg-launch" --max-restarts 2 --kill-after 2 --checkpoint-dir "$work/run")
+launch=("$root/scripts/mg-launch" --max-restarts 2 --kill-after 2 --checkpoint-dir "$work/run/node0")
 if [[ "$mode" == cut ]]; then
   launch+=(--hosts node0:1,node1:1 --min-hosts 1 --rsh "$root/scripts/cluster-rsh")
   hosts="{hosts}"; np="{np}"
@@ -53,7 +62,7 @@ else
 fi
 t_start=$(now)
 on_node0 "${launch[@]}" -- "${mpirun[@]}" "${flags[@]}" -H "$hosts" -np "$np" "$train_ddp" "${train[@]}" \
-  --checkpoint-dir "$work/run" --keep-checkpoints 3 >"$work/run.log" 2>&1 &
+  --checkpoint-dir "$work/run/{node}" --keep-checkpoints 3 >"$work/run.log" 2>&1 &
 launcher=$!
 
 # Wait for step 12, then fail rank 1 / node 1.
@@ -97,20 +106,23 @@ restart_s=$(seconds_between "$t_fail" "$t_end")
 echo "recovery: failure at step ${step:-?}, resumed from $resumed, job done ${restart_s} s after the failure"
 
 # ---- the proof: byte-identical results --------------------------------------------------------
+for node_dir in "$work/reference/node1" "$work/run/node1"; do
+  [[ -e "$node_dir" ]] && fail "$node_dir exists: a rank other than 0 wrote checkpoints"
+done
 if [[ "$mode" == kill ]]; then
-  expected="$work/reference/$final"
+  expected="$work/reference/node0/$final"
 else
   grep -q "left out of this attempt" "$work/run.log" || fail "mg-launch did not leave node1 out"
   grep -q "saved by 2 rank(s), now 1" "$work/run.log" || fail "the job did not resume at world size 1"
   # The comparison run: the uninterrupted run's checkpoint of that step, resumed on 1 rank.
-  mkdir -p "$work/switched"
-  cp -r "$work/reference/$resumed" "$work/switched/"
+  mkdir -p "$work/switched/node0"
+  cp -r "$work/reference/node0/$resumed" "$work/switched/node0/"
   on_node0 "${mpirun[@]}" "${flags[@]}" -H node0:1 -np 1 "$train_ddp" "${train[@]}" \
-    --checkpoint-dir "$work/switched" >"$work/switched.log" 2>&1 || { cat "$work/switched.log"; fail "the switched run failed"; }
-  final=$(basename "$(find "$work/switched" -maxdepth 1 -name 'step-*' | sort | tail -n 1)")
-  expected="$work/switched/$final"
+    --checkpoint-dir "$work/switched/{node}" >"$work/switched.log" 2>&1 || { cat "$work/switched.log"; fail "the switched run failed"; }
+  final=$(basename "$(find "$work/switched/node0" -maxdepth 1 -name 'step-*' | sort | tail -n 1)")
+  expected="$work/switched/node0/$final"
 fi
-got="$work/run/$final"
+got="$work/run/node0/$final"
 for file in model.safetensors optimizer.safetensors lr_scheduler.safetensors; do
   if cmp -s "$expected/$file" "$got/$file"; then
     echo "ok: $final/$file is byte-identical to the run that never failed"

@@ -12,6 +12,10 @@
 # MG_EXPECT=heartbeat: the failure must be found by the heartbeat instead (parallel/resilience/heartbeat.h;
 # the third argument is then its bound, MG_FAILURE_DETECTION_S): every survivor's error names
 # "rank 1 (node <host>, pid <pid>) is lost", within the bound (+ slack) and not before it.
+# MG_EXPECT=stall: rank 1 is alive but its progress stalled (modes spin, block); the third argument
+# is the stall bound the job should arrive at: every survivor's error names "rank 1 (node <host>,
+# pid <pid>) is stuck", rank 1's last operation and the stall bound, within it (+ slack) and not
+# before it.
 set -uo pipefail
 
 mode=${1:?mode}; world=${2:?world size}; timeout_s=${3:?timeout}; shift 3
@@ -44,7 +48,13 @@ for ((rank = 0; rank < world; ++rank)); do
   seconds=$(sed -E 's/^rank [0-9]+ caught after ([0-9.]+) s: .*/\1/' <<<"$line")
   message=${line#*s: }
   [[ "$message" == *allreduce* ]] || fail "rank $rank's error does not name the allreduce: $message"
-  if [[ "${MG_EXPECT:-timeout}" == heartbeat ]]; then
+  if [[ "${MG_EXPECT:-timeout}" == stall ]]; then
+    [[ "$message" =~ "rank 1 (node "[^,]+", pid "[0-9]+") is stuck: its progress" ]] ||
+      fail "rank $rank's error does not name rank 1, its node and pid as stuck: $message"
+    [[ "$message" == *"last operation: allreduce"*"on rank 1 of $world"* ]] ||
+      fail "rank $rank's error does not name rank 1's last operation: $message"
+    [[ "$message" == *"stall bound "* ]] || fail "rank $rank's error does not name the stall bound: $message"
+  elif [[ "${MG_EXPECT:-timeout}" == heartbeat ]]; then
     [[ "$message" =~ "rank 1 (node "[^,]+", pid "[0-9]+") is lost" ]] ||
       fail "rank $rank's error does not name rank 1, its node and pid as lost: $message"
     [[ "$message" == *"bound $timeout_s s"* ]] || fail "rank $rank's error does not name the ${timeout_s} s bound: $message"

@@ -9,18 +9,99 @@
 // stop by the heartbeat when it is shorter (MG_FAILURE_DETECTION_S), else by the timeout.
 // Every surviving rank prints "rank R caught after S s: <the error>"; check_timeout_survivors.sh
 // checks that every survivor did, and S against the group's timeout (default 2 s).
+//
+// Stalled progress (heartbeat.h): three training steps (allreduce + note_step) first, then
+//   spin   rank 1 spins in a compute loop instead of the fourth step's allreduce. Its warm-up
+//          steps take 0.4 s each (it sleeps), so the stall bound is 5 x 0.4 = 2 s, above the
+//          failure-detection bound the test sets (1 s): the survivors must report it at 2 s.
+//   block  rank 1 blocks in poll() on a pipe no one writes to (a wait outside any collective).
+//          Fast warm-up steps: the stall bound is the failure-detection bound itself.
+//   slow   nobody is stuck; must end with every rank printing "rank R: all steps done". The
+//          warm-up steps take 0.3 s on rank 1 (stall bound 1.5 s, above the 1 s failure bound).
+//          In the fourth step every rank computes 2 s (longer than the stall bound, but nobody
+//          waits for anybody), then rank 1 alone another 2 s inside a SlowPhase while the
+//          others wait for it (exempt). The bound adapts only after the step, so both count.
 #include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <thread>
+
+#include <poll.h>
+#include <unistd.h>
 
 #include "core/tensor.h"
 #include "parallel/comm/process_group.h"
+#include "parallel/resilience/heartbeat.h"
 
 using namespace mg;
 using namespace mg::parallel;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+void sleep_s(double seconds) { std::this_thread::sleep_for(std::chrono::duration<double>(seconds)); }
+
+// Busy for `seconds` (or until killed): a rank computing, never calling into multigrad.
+double spin_s(double seconds) {
+  volatile double sink = 1.0;
+  const auto end = Clock::now() + std::chrono::duration<double>(seconds);
+  while (Clock::now() < end)
+    for (int i = 0; i < 100000; ++i) sink = sink * 1.0000001 + 1e-9;
+  return sink;
+}
+
+// Blocked in a system call outside multigrad for `seconds` (or until killed).
+void block_s(double seconds) {
+  int fds[2];
+  if (pipe(fds) != 0) return;
+  pollfd readable{fds[0], POLLIN, 0};
+  poll(&readable, 1, static_cast<int>(seconds * 1000));  // nobody ever writes fds[1]
+}
+
+// One training step: `compute_s` of work, the gradient allreduce, note_step.
+void step(ProcessGroup& pg, Tensor& t, int64_t number, double compute_s) {
+  if (compute_s > 0) sleep_s(compute_s);
+  pg.allreduce(t)->wait();
+  note_step(number);
+}
+
+int stall_job(ProcessGroup& pg, const std::string& mode) {
+  Tensor t = ones({1024});
+  double warmup_s = 0;
+  if (pg.rank() == 1 && mode != "block") warmup_s = mode == "slow" ? 0.3 : 0.4;
+  for (int64_t s = 1; s <= 3; ++s) step(pg, t, s, warmup_s);
+  if (mode == "slow") {
+    sleep_s(2.0);  // every rank
+    if (pg.rank() == 1) {
+      SlowPhase phase("one-sided work the others wait for");
+      sleep_s(2.0);
+    }
+    step(pg, t, 4, 0);
+    std::printf("rank %d: all steps done\n", pg.rank());
+    return 0;
+  }
+  if (pg.rank() == 1) {
+    if (mode == "spin") spin_s(30);
+    if (mode == "block") block_s(30);
+    return 0;  // the survivors' abort ends the job well before
+  }
+  const auto start = Clock::now();
+  try {
+    pg.allreduce(t)->wait();
+    std::printf("rank %d: the second allreduce completed, which it must not\n", pg.rank());
+  } catch (const std::exception& e) {
+    std::printf("rank %d caught after %.1f s: %s\n", pg.rank(),
+                std::chrono::duration<double>(Clock::now() - start).count(), e.what());
+  }
+  std::fflush(stdout);
+  return 3;  // the group is poisoned: its destructor aborts the job (never a hang)
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   const char* mode = argc > 1 ? argv[1] : "stuck";
@@ -40,6 +121,8 @@ int main(int argc, char** argv) {
     std::printf("timeout_worker: no CUDA device on rank %d: skipped\n", pg.rank());
     return 77;
   }
+  if (std::strcmp(mode, "spin") == 0 || std::strcmp(mode, "block") == 0 || std::strcmp(mode, "slow") == 0)
+    return stall_job(pg, mode);
   Tensor t = ones({1024}, TensorOptions{DType::f32, on_cuda ? pg.device() : Device::cpu()});
   pg.allreduce(t)->wait();  // everyone is alive here
   if (pg.rank() == 1) {
