@@ -14,9 +14,18 @@
 //
 // Per strategy: samples/s and its ratio to single, each rank's memory (parameters, gradients,
 // optimizer state, and the rest of the step's peak: activations and temporaries), the bytes each
-// rank sends per step counted by ProcessGroup::traffic() next to the formula's prediction, the
-// pipeline bubble, and the largest difference of the loss curve from single's (every strategy
-// computes the same mathematics, so the curves must agree to rounding). Dropout is 0 (its masks
+// rank moves per step next to the strategy's formula, the pipeline bubble, and the largest
+// difference of the loss curve from single's (every strategy computes the same mathematics, so the
+// curves must agree to rounding).
+//
+// The bytes moved are counted where they are asked for, then checked against a formula worked
+// out here from the model's parameter and activation sizes alone:
+//   - the ProcessGroup strategies: ProcessGroup::requested_traffic(), which every collective and
+//     send adds its tensor's bytes to, call by call (as the ring algorithm would send them: a
+//     figure per call, not bytes measured on a link -- tests/parallel/multinode/ measures those);
+//   - dp: cross_device_copy_bytes(), what Tensor::to / copy_ really copied between the devices.
+// A count off its formula means a collective too many or too few, a tensor sent twice or
+// missed: exit 4. A loss curve off single's: exit 3. Dropout is 0 (its masks
 // would differ between strategies). On a machine without GPUs every rank is one CPU core: the
 // binary re-executes itself once with one BLAS/OpenMP thread; the ranks that wait while rank 0
 // runs single and dp wait in a sleeping receive, so DataParallel has the cores to itself.
@@ -141,14 +150,21 @@ struct Strategy {
   bool on_rank0_only = false;  // single and dp: the other ranks wait
   std::function<std::pair<double, double>(int step)> step;
   std::vector<ProcessGroup> groups;
-  std::function<std::vector<Memory>()> memory;     // one entry per device this rank drives
-  double predicted_bytes = 0;                      // per rank per step (mean over ranks)
+  std::function<std::vector<Memory>()> memory;  // one entry per device this rank drives
+  // What this rank has moved so far (bytes, calls): the groups' requested traffic by default.
+  std::function<std::pair<double, double>()> moved;
+  double predicted_bytes = 0;  // per rank per step (mean over ranks), from the formula
+  // What the count may differ from the formula by, per call: each call's figure is rounded to
+  // whole bytes; a flat ZeRO shard pads the gradients to a multiple of N elements.
+  double slack_per_call = 0.5;
   std::vector<std::shared_ptr<void> > keep_alive;  // what the modules refer to
 };
 
 struct Row {
   std::string name, note;
-  double step_ms = 0, samples_per_s = 0, bubble = 0, counted_bytes = 0, predicted_bytes = 0;
+  double step_ms = 0, samples_per_s = 0, bubble = 0, counted_bytes = 0, counted_calls = 0,
+         predicted_bytes = 0;
+  double slack_bytes = 0;      // |counted - predicted| allowed (per rank per step)
   std::vector<Memory> memory;  // every device of every rank, rank order
   std::vector<double> losses;
   double loss_diff = 0;  // largest |loss - single's loss| / single's loss over the steps
@@ -188,7 +204,7 @@ void release_waiting_ranks(ProcessGroup& pg) {
 // What one rank measured of one strategy.
 struct Measured {
   std::vector<double> step_ms, losses;
-  double bytes = 0, bubble = 0;
+  double bytes = 0, calls = 0, bubble = 0;
   int64_t rise[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // per logical device: the largest step's rise
 };
 
@@ -202,8 +218,7 @@ void measure_step(ProcessGroup& world, const Config& c, Strategy& s, int step, M
       reset_cpu_device_peak(d);
       start[d] = cpu_device_memory(d).live_bytes;
     }
-    int64_t sent_before = 0;
-    for (ProcessGroup& g : s.groups) sent_before += g.traffic().bytes_sent;
+    const std::pair<double, double> moved_before = s.moved();
     const auto t0 = Clock::now();
     auto [loss_share, step_bubble] = s.step(step);
     const double ms = ms_since(t0);
@@ -211,8 +226,9 @@ void measure_step(ProcessGroup& world, const Config& c, Strategy& s, int step, M
       m.step_ms.push_back(ms);
       m.losses.push_back(loss_share);
       m.bubble += step_bubble / c.steps;
-      for (ProcessGroup& g : s.groups) m.bytes += static_cast<double>(g.traffic().bytes_sent) / c.steps;
-      m.bytes -= static_cast<double>(sent_before) / c.steps;
+      const std::pair<double, double> moved_after = s.moved();
+      m.bytes += (moved_after.first - moved_before.first) / c.steps;
+      m.calls += (moved_after.second - moved_before.second) / c.steps;
       for (int d = 0; d < 8; ++d) m.rise[d] = std::max(m.rise[d], cpu_device_memory(d).peak_bytes - start[d]);
     }
   }
@@ -237,6 +253,9 @@ Row summarise(ProcessGroup& world, const Config& c, Strategy& s, Measured& m) {
   row.samples_per_s = static_cast<double>(c.global_batch) / (row.step_ms / 1000.0);
   const double ranks = s.on_rank0_only ? 1.0 : world.size();
   row.counted_bytes = allreduce_value(world, m.bytes) / ranks;
+  row.counted_calls = allreduce_value(world, m.calls) / ranks;
+  // (+ 1e-9 of the formula: the per-step means are sums of doubles)
+  row.slack_bytes = s.slack_per_call * row.counted_calls + 1e-9 * s.predicted_bytes;
   row.bubble = allreduce_value(world, m.bubble) / ranks;
   row.predicted_bytes = s.predicted_bytes;
   // Every rank's memory entries, gathered in rank order: 8 slots of (used, params, grads,
@@ -336,10 +355,19 @@ Strategy data_parallel(const Config& c, int n, double param_bytes) {
     for (int d = 1; d < n; ++d) m.push_back(memory_of({}, 0, d));  // replicas live only during the step
     return m;
   };
-  // Device copies, not a ProcessGroup: replicate (N-1) P from device 0, the gradients' reduce
-  // (N-1) P back, the inputs scattered and the logits gathered; the mean over the N devices.
-  const double io = static_cast<double>(c.global_batch * c.seq) * (8.0 + 4.0 * static_cast<double>(c.vocab));
-  s.predicted_bytes = (2.0 * (n - 1) * param_bytes + (n - 1.0) / n * io) / n;
+  // Device copies, not a ProcessGroup, counted by Tensor::copy_ (cross_device_copy_bytes()).
+  // Per step: the parameters (and buffers) replicated from device 0 to the N - 1 others and their
+  // gradients reduce-added back; the tokens (int64) scattered, the logits (f32) gathered onto
+  // device 0 and their gradient scattered back by the gather's backward, (N-1)/N of each moving.
+  // The mean over the N devices, like the per-rank figures of the other strategies.
+  int64_t buffer_bytes = 0;
+  for (const Tensor& b : gpt->buffers()) buffer_bytes += static_cast<int64_t>(b.nbytes());
+  const double tokens = static_cast<double>(c.global_batch * c.seq);
+  const double io = tokens * 8.0 + 2.0 * tokens * static_cast<double>(c.vocab) * 4.0;
+  s.predicted_bytes =
+      ((n - 1.0) * (2.0 * param_bytes + static_cast<double>(buffer_bytes)) + (n - 1.0) / n * io) / n;
+  s.moved = [n] { return std::make_pair(static_cast<double>(cross_device_copy_bytes()) / n, 0.0); };
+  s.slack_per_call = 0;  // bytes copied are exact
   return s;
 }
 
@@ -354,6 +382,7 @@ Strategy ddp(const Config& c, ProcessGroup& pg, double param_bytes, bool zero) {
   s.groups = {pg};
   const double share = (n - 1.0) / n;
   s.predicted_bytes = 2 * share * param_bytes + (zero ? share * param_bytes : 0.0);
+  if (zero) s.slack_per_call = 0.5 + 4.0 * n;  // the flat shards are padded to N equal parts
   std::shared_ptr<optim::Optimizer> opt;
   std::shared_ptr<parallel::ZeroRedundancyOptimizer> zero_opt;
   if (zero) {
@@ -431,10 +460,13 @@ Strategy pipeline(const Config& c, ProcessGroup& pg, PipelineSchedule schedule) 
   s.name = gpipe ? "pp-gpipe" : "pp-1f1b";
   s.note = str_cat(p, " stages, m = ", c.micro_batches);
   s.groups = {pg};
-  // p - 1 boundaries, each the whole batch's [B, T, C] forward and its gradient backward.
-  const double act = static_cast<double>(c.global_batch * c.seq * c.embd) * 4.0;
-  s.predicted_bytes = 2.0 * (p - 1.0) / p * act;
+  // p - 1 boundaries, each the whole batch's [B, T, C] forward and its gradient backward; every
+  // one of the 2m tensors crossing a boundary is preceded by its 64-byte header (8 int64: ndim,
+  // dtype and 6 dims, parallel/pipeline/pipeline.cpp's send_tensor).
   const int m = c.micro_batches;
+  const double act = static_cast<double>(c.global_batch * c.seq * c.embd) * 4.0;
+  const double headers = 2.0 * m * 64.0;
+  s.predicted_bytes = (p - 1.0) / p * (2.0 * act + headers);
   s.step = [=, &c](int i) {
     auto [x, y] = batch(c, i);
     opt->zero_grad();
@@ -454,6 +486,12 @@ Strategy pipeline(const Config& c, ProcessGroup& pg, PipelineSchedule schedule) 
 
 double mb(double bytes) { return bytes / (1024.0 * 1024.0); }
 
+std::string format_fixed(double v, int digits) {
+  char text[64];
+  std::snprintf(text, sizeof text, "%.*f", digits, v);
+  return text;
+}
+
 void print_table(const Config& c, int world, const std::vector<Row>& rows, double param_bytes) {
   std::printf(
       "\nbench_parallelism: TinyGPT (%lld layers, %lld heads, n_embd %lld, T %lld, vocab %lld: %.2f MB of "
@@ -463,34 +501,38 @@ void print_table(const Config& c, int world, const std::vector<Row>& rows, doubl
       static_cast<long long>(c.global_batch), c.steps, world);
   std::printf("%s, load %.2f, %s\n\n", bench::cpu_model().c_str(), bench::load_average(),
               bench::utc_now().c_str());
-  std::printf("%-10s %9s %8s %7s | %7s %7s %7s %7s %7s | %9s %9s %6s | %7s | %9s  %s\n", "strategy",
-              "samples/s", "vs single", "step ms", "params", "grads", "optim", "rest", "peak", "sent MB",
-              "model MB", "ratio", "bubble", "loss diff", "setup");
+  std::printf("%-10s %9s %8s %7s | %7s %7s %7s %7s %7s | %9s %10s %8s | %7s | %9s  %s\n", "strategy",
+              "samples/s", "vs single", "step ms", "params", "grads", "optim", "rest", "peak", "moved MB",
+              "formula MB", "ratio", "bubble", "loss diff", "setup");
   const double base = rows.empty() ? 1.0 : rows[0].samples_per_s;
   for (const Row& r : rows) {
     Memory top;  // the fullest device: the one that limits the model size
     for (const Memory& m : r.memory)
       if (m.peak() > top.peak()) top = m;
-    const std::string ratio =
-        r.predicted_bytes > 0 ? str_cat(std::lround(100.0 * r.counted_bytes / r.predicted_bytes), "%") : "-";
-    char counted[32];
-    std::snprintf(counted, sizeof counted, "%.2f", mb(r.counted_bytes));
+    // Four digits: the check is to the byte, a rounded 100% would hide a small excess.
+    const std::string ratio = r.predicted_bytes > 0
+                                  ? str_cat(format_fixed(100.0 * r.counted_bytes / r.predicted_bytes, 2), "%")
+                                  : "-";
     std::printf(
-        "%-10s %9.1f %8.2fx %7.1f | %7.2f %7.2f %7.2f %7.2f %7.2f | %9s %9.2f %6s | %7.3f | %9.1e  %s\n",
+        "%-10s %9.1f %8.2fx %7.1f | %7.2f %7.2f %7.2f %7.2f %7.2f | %9s %10.3f %8s | %7.3f | %9.1e  %s\n",
         r.name.c_str(), r.samples_per_s, r.samples_per_s / base, r.step_ms, mb(top.params), mb(top.grads),
-        mb(top.optimizer), mb(top.rest), mb(top.peak()), r.name == "dp" ? "-" : counted,
-        mb(r.predicted_bytes), r.name == "dp" ? "-" : ratio.c_str(), r.bubble, r.loss_diff, r.note.c_str());
+        mb(top.optimizer), mb(top.rest), mb(top.peak()), format_fixed(mb(r.counted_bytes), 3).c_str(),
+        mb(r.predicted_bytes), ratio.c_str(), r.bubble, r.loss_diff, r.note.c_str());
   }
   std::printf(
       "\nmemory: MB on the fullest device: params, grads, optimizer state, and rest = the most one step "
       "raised\n"
       "the device's memory (activations, temporaries, communication buffers). The strategies' steps "
       "interleave.\n"
-      "sent MB: per rank per step, counted by ProcessGroup::traffic() as ring algorithms send it; model MB: "
-      "the\n"
-      "formula of docs/model-parallel.md (dp moves device copies, not messages: formula only). loss diff: "
-      "the\n"
-      "largest relative difference from single's loss over the timed steps.\n");
+      "moved MB: per rank per step, what the collectives were asked to move "
+      "(ProcessGroup::requested_traffic(),\n"
+      "the ring algorithms' bytes, a figure per call and not a link measurement); for dp the bytes "
+      "Tensor::to\n"
+      "copied between devices (cross_device_copy_bytes()), the mean over the devices. formula MB: the same "
+      "from\n"
+      "the model's sizes alone (docs/model-parallel.md); they must agree to the byte (rounding and ZeRO's\n"
+      "padding aside) or the run fails. loss diff: the largest relative difference from single's loss over\n"
+      "the timed steps.\n");
 }
 
 nlohmann::json to_json(const Config& c, int world, const std::vector<Row>& rows, double param_bytes) {
@@ -524,8 +566,12 @@ nlohmann::json to_json(const Config& c, int world, const std::vector<Row>& rows,
          {"step_ms", r.step_ms},
          {"samples_per_s", r.samples_per_s},
          {"memory", memory},
-         {"sent_bytes", r.name == "dp" ? nlohmann::json(nullptr) : nlohmann::json(r.counted_bytes)},
+         // sent_bytes: requested_traffic() per rank (dp: bytes copied between devices, per device).
+         {"sent_bytes", r.counted_bytes},
+         {"counted_by", r.name == "dp" ? "cross_device_copy_bytes" : "requested_traffic"},
+         {"calls", r.counted_calls},
          {"model_bytes", r.predicted_bytes},
+         {"allowed_difference_bytes", r.slack_bytes},
          {"bubble", r.bubble},
          {"losses", r.losses},
          {"loss_diff", r.loss_diff}});
@@ -565,7 +611,7 @@ int main(int argc, char** argv) {
     const int n = world.size();
     MG_CHECK(c.global_batch % n == 0, "--global-batch ", c.global_batch, " must divide by the ", n, " ranks");
     MG_CHECK(c.steps >= 1 && c.warmup >= 0 && c.micro_batches >= 1,
-          "--steps >= 1, --warmup >= 0, --micro-batches >= 1");
+             "--steps >= 1, --warmup >= 0, --micro-batches >= 1");
     const double param_bytes = static_cast<double>(fresh_gpt(c)->num_parameters()) * 4.0;
 
     std::vector<Strategy> strategies;
@@ -584,6 +630,17 @@ int main(int argc, char** argv) {
       GroupGrid grid = new_group_grid(world, 2);  // rank = data_rank * 2 + tensor_rank
       add(tensor_parallel(c, grid.tensor, grid.data, str_cat("dp", n / 2, "xtp2")));
     }
+    for (Strategy& s : strategies) {
+      if (s.moved) continue;
+      s.moved = [groups = s.groups] {
+        double bytes = 0, calls = 0;
+        for (const ProcessGroup& g : groups) {
+          bytes += static_cast<double>(g.requested_traffic().bytes);
+          calls += static_cast<double>(g.requested_traffic().calls);
+        }
+        return std::make_pair(bytes, calls);
+      };
+    }
     std::vector<Row> rows = measure(world, c, strategies);
     // Every strategy computes the same mathematics: a loss curve off single's by more than
     // rounding is a bug (exit 3, as bench_dp_vs_ddp does).
@@ -596,6 +653,14 @@ int main(int argc, char** argv) {
       if (!(r.loss_diff <= tolerance))
         differ += str_cat(differ.empty() ? "" : ", ", r.name, " by ", r.loss_diff);
     }
+    // Every strategy's bytes against its formula, to the byte (each call's rounding, ZeRO's padding).
+    std::string off;
+    for (const Row& r : rows) {
+      if (!(std::fabs(r.counted_bytes - r.predicted_bytes) <= r.slack_bytes))
+        off += str_cat(off.empty() ? "" : ", ", r.name, " moved ", format_fixed(r.counted_bytes, 1),
+                       " bytes/step, the formula says ", format_fixed(r.predicted_bytes, 1),
+                       " (allowed difference ", format_fixed(r.slack_bytes, 1), ")");
+    }
     if (world.is_main()) {
       print_table(c, n, rows, param_bytes);
       if (!c.json.empty()) {
@@ -605,6 +670,11 @@ int main(int argc, char** argv) {
       }
     }
     world.barrier()->wait();
+    if (!off.empty()) {
+      if (world.is_main())
+        std::fprintf(stderr, "bench_parallelism: bytes moved DIFFER from the formula: %s\n", off.c_str());
+      return 4;
+    }
     if (!differ.empty()) {
       if (world.is_main())
         std::fprintf(stderr, "bench_parallelism: loss curves DIFFER from single's (> %.0e): %s\n", tolerance,

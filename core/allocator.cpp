@@ -154,6 +154,13 @@ void reset_cpu_device_peak(int index) {
   usage.peak.store(usage.live.load());
 }
 
+namespace {
+std::atomic<int64_t> g_cross_device_copy_bytes{0};
+}  // namespace
+
+int64_t cross_device_copy_bytes() { return g_cross_device_copy_bytes.load(std::memory_order_relaxed); }
+void count_cross_device_copy(int64_t bytes) { g_cross_device_copy_bytes.fetch_add(bytes, std::memory_order_relaxed); }
+
 void* device_allocate(size_t nbytes, Device device) {
   if (device.is_cpu()) {
     void* ptr = cpu_allocate(nbytes);

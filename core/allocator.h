@@ -60,6 +60,13 @@ struct DeviceMemoryUsage {
 DeviceMemoryUsage cpu_device_memory(int index);
 void reset_cpu_device_peak(int index);
 
+// Bytes Tensor::copy_ (hence Tensor::to) has copied from one device to another, summed over the
+// process's lifetime: the source bytes of every copy whose source and destination devices differ
+// (logical CPU devices included, where the copy is a memcpy within host memory). A measurement of
+// what DataParallel's scatter, replicate, gather and reduce-add move (bench_parallelism reads it).
+int64_t cross_device_copy_bytes();
+void count_cross_device_copy(int64_t bytes);  // called by Tensor::copy_
+
 // Allocation/copy by device, used by Storage and Tensor::to.
 void* device_allocate(size_t nbytes, Device device);
 void device_free(void* ptr, size_t nbytes, Device device);

@@ -8,6 +8,7 @@
 
 #include "core/allocator.h"
 #include "core/autograd/node.h"
+#include "core/base/checked_size.h"
 #include "core/grad_mode.h"
 #include "core/ops.h"
 #include "core/ops/op_common.h"  // MG_KERNEL: the CPU or CUDA twin by device
@@ -40,15 +41,15 @@ int64_t shape_numel(const Shape& shape) {
 int64_t wrap_dim(int64_t dim, int64_t ndim, const char* what) {
   const int64_t lo = ndim == 0 ? -1 : -ndim, hi = ndim == 0 ? 0 : ndim - 1;
   MG_CHECK(dim >= lo && dim <= hi, what, ": dimension ", dim, " is out of range for a tensor with ", ndim,
-        " dims (expected to be in [", lo, ", ", hi, "])");
+           " dims (expected to be in [", lo, ", ", hi, "])");
   return dim < 0 ? dim + std::max<int64_t>(ndim, 1) : dim;
 }
 
 Tensor make_tensor(std::shared_ptr<Storage> storage, Shape shape, Shape strides, int64_t offset,
                    DType dtype) {
   MG_CHECK(shape.size() <= static_cast<size_t>(kMaxDims), "tensors have at most ", kMaxDims, " dims, got ",
-        shape_str(shape));
-  for (int64_t s : shape) MG_CHECK(s >= 0, "negative size in shape ", shape_str(shape));
+           shape_str(shape));
+  checked_numel(shape, "tensor");  // every dim >= 0 and numel (and every contiguous stride) fits in int64
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = std::move(storage);
   impl->shape = std::move(shape);
@@ -82,9 +83,9 @@ void check_inplace_allowed(const Tensor& self, const char* op, const std::vector
   require_defined(self, op);
   if (!GradMode::is_enabled()) return;
   MG_CHECK(!self.requires_grad(), op, ": in-place operation on a tensor that requires grad (shape ",
-        shape_str(self.shape()),
-        ") is not tracked by autograd; run it under NoGradGuard (as optimizer steps do) or use the "
-        "out-of-place op");
+           shape_str(self.shape()),
+           ") is not tracked by autograd; run it under NoGradGuard (as optimizer steps do) or use the "
+           "out-of-place op");
   for (const Tensor& o : others)
     MG_CHECK(
         !o.defined() || !o.requires_grad(), op,
@@ -169,7 +170,7 @@ std::vector<T> Tensor::to_vector() const {
 template <class T>
 T Tensor::item() const {
   MG_CHECK(numel() == 1, "item(): the tensor has ", numel(), " elements (shape ", shape_str(shape()),
-        "); only one-element tensors convert to a number");
+           "); only one-element tensors convert to a number");
   return to_vector<T>()[0];
 }
 
@@ -188,23 +189,31 @@ template bool Tensor::item<bool>() const;
 namespace {
 Shape infer_shape(const Shape& requested, int64_t numel, const Shape& from) {
   Shape shape = requested;
-  int64_t known = 1, infer_at = -1;
+  int64_t known_nonzero = 1, infer_at = -1;  // the product of the given dims, a 0 counted as 1
+  bool known_zero = false;
   for (size_t i = 0; i < shape.size(); ++i) {
     if (shape[i] == -1) {
       MG_CHECK(infer_at < 0, "view: only one dimension can be -1 in ", shape_str(requested));
       infer_at = static_cast<int64_t>(i);
     } else {
       MG_CHECK(shape[i] >= 0, "view: invalid size in ", shape_str(requested));
-      known *= shape[i];
+      if (shape[i] == 0) {
+        known_zero = true;
+        continue;
+      }
+      const std::optional<int64_t> product = try_mul(known_nonzero, shape[i]);
+      MG_CHECK(product, "view: shape ", shape_str(requested), " has more elements than 64 bits can count");
+      known_nonzero = *product;
     }
   }
+  const int64_t known = known_zero ? 0 : known_nonzero;
   if (infer_at >= 0) {
     MG_CHECK(known != 0 && numel % known == 0, "view: shape ", shape_str(requested),
-          " is invalid for input of shape ", shape_str(from));
+             " is invalid for input of shape ", shape_str(from));
     shape[infer_at] = numel / known;
   }
-  MG_CHECK(shape_numel(shape) == numel, "view: shape ", shape_str(requested), " is invalid for input of shape ",
-        shape_str(from), " (", numel, " elements)");
+  MG_CHECK(shape_numel(shape) == numel, "view: shape ", shape_str(requested),
+           " is invalid for input of shape ", shape_str(from), " (", numel, " elements)");
   return shape;
 }
 
@@ -247,8 +256,8 @@ Tensor Tensor::view(const Shape& requested) const {
   Shape shape = infer_shape(requested, numel(), this->shape());
   Shape strides;
   MG_CHECK(compute_view_strides(this->shape(), this->strides(), shape, strides),
-        "view: cannot view a tensor of shape ", shape_str(this->shape()), " with strides ",
-        shape_str(this->strides()), " as ", shape_str(shape), " without copying; use reshape()");
+           "view: cannot view a tensor of shape ", shape_str(this->shape()), " with strides ",
+           shape_str(this->strides()), " as ", shape_str(shape), " without copying; use reshape()");
   Shape base_shape = this->shape();
   return record_view("ViewBackward", *this, as_strided_view(*this, shape, strides, offset()),
                      [base_shape](const Tensor& g) { return g.reshape(base_shape); });
@@ -291,7 +300,7 @@ Tensor Tensor::t() const {
 
 Tensor Tensor::permute(const std::vector<int64_t>& dims) const {
   MG_CHECK(static_cast<int64_t>(dims.size()) == dim(), "permute: got ", dims.size(),
-        " dims for a tensor of shape ", shape_str(shape()));
+           " dims for a tensor of shape ", shape_str(shape()));
   Shape shape(dims.size()), strides(dims.size());
   std::vector<int64_t> inverse(dims.size(), -1);
   for (size_t i = 0; i < dims.size(); ++i) {
@@ -331,27 +340,28 @@ Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const 
 Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
   d = wrap_dim(d, dim(), "narrow");
   MG_CHECK(length >= 0 && start >= 0 && start + length <= size(d), "narrow: [", start, ", ", start + length,
-        ") is out of range for dimension ", d, " of size ", size(d), " (shape ", shape_str(shape()), ")");
+           ") is out of range for dimension ", d, " of size ", size(d), " (shape ", shape_str(shape()), ")");
   return slice(d, start, start + length);
 }
 
 Tensor Tensor::select(int64_t d, int64_t index) const {
   d = wrap_dim(d, dim(), "select");
   const int64_t n = size(d);
-  MG_CHECK(index >= -n && index < n, "select: index ", index, " is out of range for dimension ", d, " of size ",
-        n);
+  MG_CHECK(index >= -n && index < n, "select: index ", index, " is out of range for dimension ", d,
+           " of size ", n);
   if (index < 0) index += n;
   return narrow(d, index, 1).squeeze(d);
 }
 
 Tensor Tensor::expand(const Shape& requested) const {
   MG_CHECK(requested.size() >= shape().size(), "expand: the target ", shape_str(requested),
-        " has fewer dims than the tensor's shape ", shape_str(shape()));
+           " has fewer dims than the tensor's shape ", shape_str(shape()));
   const size_t lead = requested.size() - shape().size();
   Shape shape(requested.size()), strides(requested.size());
   for (size_t i = 0; i < requested.size(); ++i) {
     if (i < lead) {
-      MG_CHECK(requested[i] >= 0, "expand: -1 is not allowed for a new leading dim in ", shape_str(requested));
+      MG_CHECK(requested[i] >= 0, "expand: -1 is not allowed for a new leading dim in ",
+               shape_str(requested));
       shape[i] = requested[i];
       strides[i] = 0;
       continue;
@@ -359,7 +369,7 @@ Tensor Tensor::expand(const Shape& requested) const {
     const int64_t have = this->shape()[i - lead];
     const int64_t want = requested[i] == -1 ? have : requested[i];
     MG_CHECK(have == want || have == 1, "expand: the size ", have, " at dim ", i - lead, " of ",
-          shape_str(this->shape()), " must match ", want, " in ", shape_str(requested), " (or be 1)");
+             shape_str(this->shape()), " must match ", want, " in ", shape_str(requested), " (or be 1)");
     shape[i] = want;
     strides[i] = have == want ? this->strides()[i - lead] : 0;
   }
@@ -440,8 +450,8 @@ Tensor Tensor::clone() const {
 Tensor Tensor::to(Device device, DType dtype) const {
   if (device == this->device() && dtype == this->dtype()) return *this;
   MG_CHECK(!requires_grad() || is_floating(dtype), "to(", dtype,
-        "): a tensor that requires grad can only be cast to a "
-        "floating dtype");
+           "): a tensor that requires grad can only be cast to a "
+           "floating dtype");
   Tensor out;
   {
     NoGradGuard no_grad;
@@ -465,9 +475,9 @@ bool Tensor::requires_grad() const { return impl_ && impl_->autograd && impl_->a
 Tensor& Tensor::set_requires_grad(bool requires_grad) {
   require_defined(*this, "set_requires_grad");
   MG_CHECK(is_leaf(), "set_requires_grad: only leaf tensors can change requires_grad (this one comes from ",
-        grad_fn() ? grad_fn()->name() : std::string("?"), "); use detach() first");
+           grad_fn() ? grad_fn()->name() : std::string("?"), "); use detach() first");
   MG_CHECK(!requires_grad || is_floating(dtype()),
-        "set_requires_grad: only floating tensors can require grad, this one is ", dtype());
+           "set_requires_grad: only floating tensors can require grad, this one is ", dtype());
   impl_->autograd_meta().requires_grad = requires_grad;
   return *this;
 }
@@ -489,8 +499,8 @@ void Tensor::set_grad(const Tensor& grad) const {
   require_defined(*this, "set_grad");
   if (grad.defined())
     MG_CHECK(grad.shape() == shape() && grad.dtype() == dtype() && grad.device() == device(),
-          "set_grad: gradient ", shape_str(grad.shape()), " ", grad.dtype(), " on ", grad.device(),
-          " does not match the tensor ", shape_str(shape()), " ", dtype(), " on ", device());
+             "set_grad: gradient ", shape_str(grad.shape()), " ", grad.dtype(), " on ", grad.device(),
+             " does not match the tensor ", shape_str(shape()), " ", dtype(), " on ", device());
   impl_->autograd_meta().grad = grad;
 }
 
@@ -537,7 +547,7 @@ void Tensor::register_hook(GradHook hook) const {
 
 void Tensor::register_post_accumulate_grad_hook(PostAccumulateHook hook) const {
   MG_CHECK(requires_grad() && is_leaf(),
-        "register_post_accumulate_grad_hook: only leaf tensors that require grad accumulate a gradient");
+           "register_post_accumulate_grad_hook: only leaf tensors that require grad accumulate a gradient");
   impl_->autograd->post_accumulate_hooks.push_back(std::move(hook));
 }
 
@@ -549,7 +559,9 @@ Tensor& Tensor::copy_(const Tensor& src) {
   require_defined(src, "copy_");
   Shape target = broadcast_shapes(shape(), src.shape(), "copy_");
   MG_CHECK(target == shape(), "copy_: source of shape ", shape_str(src.shape()), " cannot be broadcast to ",
-        shape_str(shape()));
+           shape_str(shape()));
+  if (src.device() != device())
+    count_cross_device_copy(numel() * static_cast<int64_t>(dtype_size(src.dtype())));
   if ((src.device().is_cpu() && device().is_cpu()) || src.device() == device()) {
     // Logical CPU devices share host memory, and within one GPU a kernel reads
     // the source directly: one strided, converting copy.
@@ -587,7 +599,7 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
   if (other.device() == device() && other.dtype() == dtype() && is_floating(dtype())) {
     Shape target = broadcast_shapes(shape(), other.shape(), "add_");
     MG_CHECK(target == shape(), "add_: the result of shape ", shape_str(target),
-          " does not fit the tensor of shape ", shape_str(shape()));
+             " does not fit the tensor of shape ", shape_str(shape()));
     const StridedView self_view = view_for_kernel();
     MG_KERNEL(device(), axpby, self_view, alpha, other.detach().expand(shape()).view_for_kernel(), self_view);
     storage()->bump_version();
@@ -599,7 +611,7 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
     result = add(*this, other, alpha);
   }
   MG_CHECK(result.shape() == shape(), "add_: the result of shape ", shape_str(result.shape()),
-        " does not fit the tensor of shape ", shape_str(shape()));
+           " does not fit the tensor of shape ", shape_str(shape()));
   return copy_(result);
 }
 
@@ -617,7 +629,7 @@ Tensor& Tensor::mul_(const Tensor& other) {
     result = mul(*this, other);
   }
   MG_CHECK(result.shape() == shape(), "mul_: the result of shape ", shape_str(result.shape()),
-        " does not fit the tensor of shape ", shape_str(shape()));
+           " does not fit the tensor of shape ", shape_str(shape()));
   return copy_(result);
 }
 
@@ -635,7 +647,7 @@ Tensor& Tensor::div_(const Tensor& other) {
     result = div(*this, other);
   }
   MG_CHECK(result.shape() == shape(), "div_: the result of shape ", shape_str(result.shape()),
-        " does not fit the tensor of shape ", shape_str(shape()));
+           " does not fit the tensor of shape ", shape_str(shape()));
   return copy_(result);
 }
 

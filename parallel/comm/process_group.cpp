@@ -27,9 +27,10 @@ std::shared_ptr<Backend> make_mpi_backend(const LaunchInfo& launch, std::chrono:
 std::shared_ptr<Backend> make_nccl_backend(std::shared_ptr<Backend> cpu_backend, Device device,
                                            std::chrono::milliseconds timeout, bool verify_collectives);
 
+// ProcessGroup::requested_traffic()'s count (process_group.h says what it counts).
 struct TrafficCounter {
   std::atomic<int64_t> calls{0};
-  std::atomic<int64_t> bytes_sent{0};
+  std::atomic<int64_t> bytes{0};
 };
 
 const char* reduce_op_name(ReduceOp op) {
@@ -161,26 +162,26 @@ ProcessGroup::ProcessGroup(std::shared_ptr<Backend> cpu_backend, Device device, 
       cuda_(std::move(cuda_backend)),
       device_(device),
       launch_(std::move(launch)),
-      traffic_(std::make_shared<TrafficCounter>()) {
+      requested_(std::make_shared<TrafficCounter>()) {
   MG_CHECK(cpu_ != nullptr, "ProcessGroup: null backend");
   launch_.rank = cpu_->rank();
   launch_.world_size = cpu_->size();
 }
 
-TrafficStats ProcessGroup::traffic() const {
-  any_backend("traffic");
-  return TrafficStats{traffic_->calls.load(), traffic_->bytes_sent.load()};
+RequestedTraffic ProcessGroup::requested_traffic() const {
+  any_backend("requested_traffic");
+  return RequestedTraffic{requested_->calls.load(), requested_->bytes.load()};
 }
 
-void ProcessGroup::reset_traffic() {
-  any_backend("reset_traffic");
-  traffic_->calls = 0;
-  traffic_->bytes_sent = 0;
+void ProcessGroup::reset_requested_traffic() {
+  any_backend("reset_requested_traffic");
+  requested_->calls = 0;
+  requested_->bytes = 0;
 }
 
-void ProcessGroup::count_sent(double bytes) const {
-  traffic_->calls += 1;
-  traffic_->bytes_sent += static_cast<int64_t>(std::llround(bytes));
+void ProcessGroup::count_requested(double bytes) const {
+  requested_->calls += 1;
+  requested_->bytes += static_cast<int64_t>(std::llround(bytes));
 }
 
 int ProcessGroup::rank() const { return any_backend("rank").rank(); }
@@ -225,7 +226,7 @@ WorkPtr ProcessGroup::allreduce(Tensor& tensor, ReduceOp op) {
   Backend& backend = backend_for(tensor, "allreduce");
   MG_CHECK(op != ReduceOp::Avg || is_floating(tensor.dtype()),
         "ProcessGroup::allreduce: avg needs a floating dtype, the tensor is ", tensor.dtype());
-  count_sent(2.0 * ring_share(size()) * static_cast<double>(tensor.nbytes()));
+  count_requested(2.0 * ring_share(size()) * static_cast<double>(tensor.nbytes()));
   return backend.allreduce(tensor, op);
 }
 
@@ -233,7 +234,7 @@ WorkPtr ProcessGroup::broadcast(Tensor& tensor, int root) {
   Backend& backend = backend_for(tensor, "broadcast");
   MG_CHECK(root >= 0 && root < size(), "ProcessGroup::broadcast: root ", root, " is not a rank of a world of ",
         size());
-  count_sent(ring_share(size()) * static_cast<double>(tensor.nbytes()));
+  count_requested(ring_share(size()) * static_cast<double>(tensor.nbytes()));
   return backend.broadcast(tensor, root);
 }
 
@@ -243,7 +244,7 @@ WorkPtr ProcessGroup::reduce(Tensor& tensor, int root, ReduceOp op) {
         size());
   MG_CHECK(op != ReduceOp::Avg || is_floating(tensor.dtype()),
         "ProcessGroup::reduce: avg needs a floating dtype, the tensor is ", tensor.dtype());
-  count_sent(ring_share(size()) * static_cast<double>(tensor.nbytes()));
+  count_requested(ring_share(size()) * static_cast<double>(tensor.nbytes()));
   return backend.reduce(tensor, root, op);
 }
 
@@ -256,7 +257,7 @@ WorkPtr ProcessGroup::allgather(Tensor& output, const Tensor& input) {
         " differs from input dtype ", input.dtype());
   MG_CHECK(output.numel() == input.numel() * size(), "ProcessGroup::allgather: output has ", output.numel(),
         " elements but needs world size (", size(), ") x input (", input.numel(), ")");
-  count_sent(ring_share(size()) * static_cast<double>(output.nbytes()));
+  count_requested(ring_share(size()) * static_cast<double>(output.nbytes()));
   return backend.allgather(output, input);
 }
 
@@ -271,7 +272,7 @@ WorkPtr ProcessGroup::reduce_scatter(Tensor& output, const Tensor& input, Reduce
         " elements but needs world size (", size(), ") x output (", output.numel(), ")");
   MG_CHECK(op != ReduceOp::Avg || is_floating(input.dtype()),
         "ProcessGroup::reduce_scatter: avg needs a floating dtype, the tensor is ", input.dtype());
-  count_sent(ring_share(size()) * static_cast<double>(input.nbytes()));
+  count_requested(ring_share(size()) * static_cast<double>(input.nbytes()));
   return backend.reduce_scatter(output, input, op);
 }
 
@@ -288,7 +289,7 @@ WorkPtr ProcessGroup::gather(Tensor& output, const Tensor& input, int root) {
     MG_CHECK(output.numel() == input.numel() * size(), "ProcessGroup::gather: output has ", output.numel(),
           " elements but needs world size (", size(), ") x input (", input.numel(), ")");
   }
-  count_sent(rank() == root ? 0.0 : static_cast<double>(input.nbytes()));
+  count_requested(rank() == root ? 0.0 : static_cast<double>(input.nbytes()));
   return backend.gather(output, input, root);
 }
 
@@ -304,7 +305,7 @@ WorkPtr ProcessGroup::scatter(Tensor& output, const Tensor& input, int root) {
     MG_CHECK(input.numel() == output.numel() * size(), "ProcessGroup::scatter: input has ", input.numel(),
           " elements but needs world size (", size(), ") x output (", output.numel(), ")");
   }
-  count_sent(rank() == root ? ring_share(size()) * static_cast<double>(input.nbytes()) : 0.0);
+  count_requested(rank() == root ? ring_share(size()) * static_cast<double>(input.nbytes()) : 0.0);
   return backend.scatter(output, input, root);
 }
 
@@ -317,7 +318,7 @@ WorkPtr ProcessGroup::all_to_all(Tensor& output, const Tensor& input) {
   MG_CHECK(output.numel() == input.numel() && input.numel() % size() == 0, "ProcessGroup::all_to_all: input (",
         input.numel(), " elements) and output (", output.numel(),
         ") must be equal and divide into world size (", size(), ") blocks");
-  count_sent(ring_share(size()) * static_cast<double>(input.nbytes()));
+  count_requested(ring_share(size()) * static_cast<double>(input.nbytes()));
   return backend.all_to_all(output, input);
 }
 
@@ -406,7 +407,7 @@ WorkPtr ProcessGroup::send(const Tensor& tensor, int dst, int tag) {
   MG_CHECK(dst >= 0 && dst < size() && dst != rank(), "ProcessGroup::send: destination ", dst,
         " must be another rank of a world of ", size(), " (this is rank ", rank(), ")");
   MG_CHECK(tag >= 0, "ProcessGroup::send: tag must be >= 0, got ", tag);
-  count_sent(static_cast<double>(tensor.nbytes()));
+  count_requested(static_cast<double>(tensor.nbytes()));
   return backend.send(tensor, dst, tag);
 }
 

@@ -97,15 +97,25 @@ class Backend {
   virtual std::shared_ptr<Backend> new_group(const std::vector<int>& ranks) = 0;
 };
 
-// What this rank has sent through a group (copies of the handle share the count), each call
-// counted as the bandwidth-optimal ring algorithm sends it -- nccl-tests' "bus bytes". For a
-// message of S bytes on N ranks: all-reduce 2(N-1)/N S; all-gather, reduce-scatter, all-to-all,
-// broadcast and reduce (N-1)/N S of the full-size side; gather S from each non-root rank; scatter
-// (N-1)/N S from the root; send S; recv and barrier nothing. bench_parallelism compares it with
-// the traffic formulas of docs/model-parallel.md.
-struct TrafficStats {
+// What this rank's calls asked the collectives to move -- a figure computed from each call's
+// arguments, NOT a measurement: nothing is read from MPI, NCCL or the network. Each call adds the
+// bytes this rank sends when the collective runs as the bandwidth-optimal ring algorithm (nccl-tests'
+// "bus bytes"), whatever algorithm the backend really picks: MPI may choose recursive doubling or a
+// tree (more or fewer bytes), and the backends' own headers, the call signatures of
+// verify_collectives and the heartbeat are not counted. For a message of S bytes (the tensor's
+// nbytes) on N ranks:
+//   all-reduce 2(N-1)/N S; all-gather, reduce-scatter, all-to-all, broadcast and reduce (N-1)/N S
+//   of the full-size side (the all-gather's output, the reduce-scatter's input); gather S from each
+//   non-root rank, 0 on the root; scatter (N-1)/N S on the root, 0 elsewhere; send S (so
+//   ring_allreduce, built on send/recv, counts the chunks it really sends); recv, barrier and
+//   monitored_barrier are not counted at all.
+// Each call's figure is rounded to whole bytes. It is what a strategy's traffic formula predicts
+// (docs/model-parallel.md): bench_parallelism fails when the two differ. Bytes that crossed a real
+// link are measured elsewhere, from the interface counters (tests/parallel/multinode/wire_worker.cpp:
+// 1.002 x these bytes for all-reduces, an all-gather and a broadcast over TCP between two nodes).
+struct RequestedTraffic {
   int64_t calls = 0;  // collectives and sends
-  int64_t bytes_sent = 0;
+  int64_t bytes = 0;  // the sum of the per-call figures above
 };
 struct TrafficCounter;
 
@@ -163,20 +173,22 @@ class ProcessGroup {
   // the CPU subgroup), so CUDA tensors work in subgroups too.
   ProcessGroup new_group(std::vector<int> ranks) const;
 
-  // Since the group was made or reset_traffic() (see TrafficStats).
-  TrafficStats traffic() const;
-  void reset_traffic();
+  // What this handle's calls asked the collectives to move since the group was made or
+  // reset_requested_traffic() (see RequestedTraffic: a formula per call, not a measurement).
+  // Copies of the handle share the count; a subgroup has its own.
+  RequestedTraffic requested_traffic() const;
+  void reset_requested_traffic();
 
  private:
   Backend& backend_for(const Tensor& tensor, const char* op) const;
   Backend& any_backend(const char* op) const;
-  void count_sent(double bytes) const;
+  void count_requested(double bytes) const;
 
   std::shared_ptr<Backend> cpu_;
   std::shared_ptr<Backend> cuda_;  // nullptr when CUDA tensors have no backend
   Device device_;
   LaunchInfo launch_;
-  std::shared_ptr<TrafficCounter> traffic_;  // shared by copies; a subgroup has its own
+  std::shared_ptr<TrafficCounter> requested_;  // shared by copies; a subgroup has its own
 };
 
 // Builds the group from the launcher's environment (a world of one without a launcher).

@@ -526,7 +526,7 @@ class MpiBackend : public Backend {
   }
 
   void run_collective(Op& op) {
-    detail::note_operation(op.work->description());
+    detail::note_operation(op.work);  // what the heartbeat tells the peers; in flight until it completes
     if (verify_ && size_ > 1) {
       std::vector<Signature> all(static_cast<size_t>(size_));
       int code = MPI_Allgather(&op.signature, 4, MPI_INT64_T, all.data(), 4, MPI_INT64_T, check_comm_);

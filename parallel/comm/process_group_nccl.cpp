@@ -456,7 +456,7 @@ class NcclBackend : public Backend {
     auto work = std::make_shared<Work>(str_cat(what, " on rank ", rank_, " of ", size_, " (nccl)"));
     std::lock_guard<std::mutex> issuing(issue_mutex_);
     if (refuse_if_poisoned(*work)) return work;
-    detail::note_operation(work->description());  // what the heartbeat tells the peers
+    detail::note_operation(work);  // what the heartbeat tells the peers; in flight until it completes
     if (signature != nullptr && verify_ && size_ > 1 && !signatures_match(*signature, work)) return work;
     if (refuse_if_poisoned(*work)) return work;
 

@@ -153,34 +153,35 @@ TEST_CASE("monitored_barrier passes when everyone comes and names who did not", 
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
 }
 
-TEST_CASE("traffic() counts what each call sends under the ring algorithms", "[mpi][groups][traffic]") {
+TEST_CASE("requested_traffic() counts what each call asks to move, as the ring algorithms would send it",
+          "[mpi][groups][traffic]") {
   ProcessGroup pg = testing::mpi_test_group();
   const int world = pg.size(), me = pg.rank();
   const Device device = pg.device();
   const double share = static_cast<double>(world - 1) / world;
   pg.barrier()->wait();
-  pg.reset_traffic();
+  pg.reset_requested_traffic();
   ProcessGroup copy = pg;  // copies share the count
   Tensor t = zeros({1000}, TensorOptions{DType::f32, device});
   copy.allreduce(t)->wait();
-  REQUIRE(pg.traffic().calls == 1);
-  REQUIRE(pg.traffic().bytes_sent == std::llround(2 * share * 4000));
+  REQUIRE(pg.requested_traffic().calls == 1);
+  REQUIRE(pg.requested_traffic().bytes == std::llround(2 * share * 4000));
   Tensor all = zeros({world * 10}, TensorOptions{DType::f32, device});
   pg.allgather(all, zeros({10}, TensorOptions{DType::f32, device}))->wait();
-  REQUIRE(pg.traffic().bytes_sent == std::llround(2 * share * 4000) + std::llround(share * world * 40));
-  pg.reset_traffic();
+  REQUIRE(pg.requested_traffic().bytes == std::llround(2 * share * 4000) + std::llround(share * world * 40));
+  pg.reset_requested_traffic();
   if (me == 0) {
     pg.send(t, 1)->wait();
   } else if (me == 1) {
     pg.recv(t, 0)->wait();
   }
-  REQUIRE(pg.traffic().bytes_sent == (me == 0 ? 4000 : 0));
+  REQUIRE(pg.requested_traffic().bytes == (me == 0 ? 4000 : 0));
   // A subgroup counts its own calls only.
   ProcessGroup pair = pg.new_group({0, 1});
   if (pair.defined()) {
     Tensor u = zeros({8}, TensorOptions{DType::f32});
     pair.allreduce(u)->wait();
-    REQUIRE(pair.traffic().bytes_sent == 32);  // 2 (2 - 1) / 2 x 32 bytes
+    REQUIRE(pair.requested_traffic().bytes == 32);  // 2 (2 - 1) / 2 x 32 bytes
   }
-  REQUIRE(pg.traffic().bytes_sent == (me == 0 ? 4000 : 0));
+  REQUIRE(pg.requested_traffic().bytes == (me == 0 ? 4000 : 0));
 }
