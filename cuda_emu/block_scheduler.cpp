@@ -25,8 +25,10 @@
 // others wait at a barrier is an error, as are threads waiting at two different barriers); a warp
 // collective must name only lanes that exist, have not exited and arrive at the same operation
 // with the same mask; a block in which nobody can proceed is reported with what each thread
-// waits for. The order in which threads run between barriers is forward, reverse or shuffled,
-// changing from launch to launch, so a missing barrier gives a wrong answer, not a lucky one.
+// waits for. "The same" barrier or collective means the same call: the same file:line, which the
+// call passes. The order in which threads run between barriers is forward, reverse or shuffled,
+// chosen anew for every phase (the stretch between two barrier openings) of every block from a
+// seed (MG_EMU_SEED), so a missing barrier gives a wrong answer, not a lucky one.
 #include "cuda_emu/block_scheduler.h"
 
 #include <sys/mman.h>
@@ -37,12 +39,12 @@
 #include <boost/context/fiber.hpp>
 #include <cstdio>
 #include <cstdlib>
-#include <random>
 #include <sstream>
 #include <stdexcept>
 #include <vector>
 
 #include "cuda_emu/cuda_emulated.h"
+#include "cuda_emu/runtime_internal.h"
 #include "cuda_emu/trace.h"
 
 thread_local uint3 threadIdx MG_EMU_TLS;
@@ -142,6 +144,8 @@ struct Block {
   int size = 0;
   std::vector<EmuThread> threads;
   std::vector<int> order;
+  ThreadOrder order_kind = ThreadOrder::forward;  // vary: chosen per phase from `seed`
+  uint64_t seed = 0;
   size_t next_unstarted = 0;  // position in `order`
   std::vector<Warp> warps;
   int live = 0, at_barrier = 0, barrier_epoch = 0;
@@ -232,13 +236,29 @@ std::string describe_waits(const Block& b) {
   return s.str();
 }
 
+bool same_line(const char* file_a, int line_a, const char* file_b, int line_b) {
+  return line_a == line_b && (file_a == file_b || std::strcmp(file_a, file_b) == 0);
+}
+
+void make_order(std::vector<int>& v, int n, ThreadOrder order, uint64_t seed);
+uint64_t mix(uint64_t a, uint64_t b);
+
+// The order of the next phase (vary: forward, reverse or a shuffle, drawn per block and phase).
+void reorder_for_phase(Block& b) {
+  if (b.order_kind == ThreadOrder::forward || b.order_kind == ThreadOrder::reverse) return;
+  const uint64_t phase_seed = mix(b.seed, static_cast<uint64_t>(b.barrier_epoch));
+  const ThreadOrder kind =
+      b.order_kind == ThreadOrder::vary ? static_cast<ThreadOrder>(phase_seed % 3) : ThreadOrder::shuffled;
+  make_order(b.order, b.size, kind, phase_seed);
+}
+
 void open_block_barrier(Block& b) {
   const EmuThread* first = nullptr;
   for (const EmuThread& t : b.threads) {
     if (t.state == State::at_block_barrier) {
       if (first == nullptr) {
         first = &t;
-      } else if (t.wait_line != first->wait_line || std::strcmp(t.wait_file, first->wait_file) != 0) {
+      } else if (!same_line(t.wait_file, t.wait_line, first->wait_file, first->wait_line)) {
         b.fault = "thread " + coords(first->idx) + " waits at __syncthreads() (" +
                   where(first->wait_file, first->wait_line) + ") but thread " + coords(t.idx) +
                   " at another __syncthreads() (" + where(t.wait_file, t.wait_line) +
@@ -263,18 +283,31 @@ void open_block_barrier(Block& b) {
   }
   b.at_barrier = 0;
   ++b.barrier_epoch;
+  reorder_for_phase(b);
   trace_barrier_opened();  // the profiler: every request made before the barrier is complete
 }
 
-std::vector<int> make_order(int n, ThreadOrder order, uint64_t seed) {
-  std::vector<int> v(static_cast<size_t>(n));
+// splitmix64's finaliser over a ^ b: a cheap, well-mixed seed for a block or a phase.
+uint64_t mix(uint64_t a, uint64_t b) {
+  uint64_t z = a ^ (b + 0x9e3779b97f4a7c15ull + (a << 6) + (a >> 2));
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+void make_order(std::vector<int>& v, int n, ThreadOrder order, uint64_t seed) {
+  v.resize(static_cast<size_t>(n));
   for (int i = 0; i < n; ++i) v[static_cast<size_t>(i)] = i;
+  if (order == ThreadOrder::vary) order = static_cast<ThreadOrder>(seed % 3);
   if (order == ThreadOrder::reverse) std::reverse(v.begin(), v.end());
-  if (order == ThreadOrder::shuffled) {
-    std::mt19937_64 rng(seed);
-    std::shuffle(v.begin(), v.end(), rng);
+  if (order == ThreadOrder::shuffled) {  // Fisher-Yates on splitmix64 (no 2.5 KB mt19937 state per phase)
+    uint64_t state = seed;
+    for (size_t i = v.size(); i > 1; --i) {
+      state += 0x9e3779b97f4a7c15ull;
+      const uint64_t r = mix(state, 0) >> 32;
+      std::swap(v[i - 1], v[static_cast<size_t>((r * i) >> 32)]);
+    }
   }
-  return v;
 }
 
 }  // namespace
@@ -291,7 +324,9 @@ std::string run_block(const Launch& launch, uint3 block_index, ThreadOrder order
     const unsigned u = static_cast<unsigned>(i);
     b.threads[static_cast<size_t>(i)].idx = uint3{u % bd.x, (u / bd.x) % bd.y, u / (bd.x * bd.y)};
   }
-  b.order = make_order(b.size, order, seed);
+  b.order_kind = order;
+  b.seed = seed;
+  make_order(b.order, b.size, order, mix(seed, 0xb10c));
   b.warps.resize(static_cast<size_t>((b.size + 31) / 32));
   b.live = b.size;
   t_dynamic_shared.assign(launch.dynamic_shared_bytes, 0xff);  // a NaN in every float format
@@ -372,9 +407,13 @@ void warp_collective(const char* op, uint32_t mask, WarpOpArgs args, const uint3
     device_fault(text, file, line);
   }
   Warp& w = b.warps[static_cast<size_t>(warp_index)];
+  // The same collective means the same call (the file:line it passes), except for __syncwarp: on
+  // sm_70 and later the lanes of a mask may meet at different __syncwarp() calls.
+  const bool by_call_site = std::strcmp(op, "__syncwarp") != 0;
   WarpOp* group = nullptr;
   for (WarpOp& g : w.pending) {
-    if (g.mask == mask && g.name == op && g.args == args) {
+    const bool same_call = !by_call_site || same_line(g.file, g.line, file, line);
+    if (g.mask == mask && g.name == op && g.args == args && same_call) {
       group = &g;
     } else if (g.mask & mask) {
       std::snprintf(
@@ -383,7 +422,9 @@ void warp_collective(const char* op, uint32_t mask, WarpOpArgs args, const uint3
           "0x%08x (variant %d, width %d) at %s",
           warp_index, op, mask, args.variant, args.width, g.name, g.mask, g.args.variant, g.args.width,
           where(g.file, g.line).c_str());
-      device_fault(text, file, line);
+      std::string what = text;
+      if (!same_call) what += " (another call site: the lanes of a mask must meet at the same call)";
+      device_fault(what.c_str(), file, line);
     }
   }
   if (group == nullptr) {  // the first lane to arrive: every lane it names must still be there
@@ -538,12 +579,59 @@ unsigned char* shared_pointer_of(uint32_t address, int bytes, const char* file, 
   return t_dynamic_shared.data() + address;
 }
 
+namespace {
+
+// The device allocation a thread's last cp.async read from: most copies of a kernel read one
+// tensor, so the runtime's map (and its mutex) is asked again only for another allocation, or
+// after a cudaFree (the generation changes).
+struct KnownAllocation {
+  uintptr_t start = 0, end = 0;
+  uint64_t generation = ~uint64_t(0);
+};
+thread_local KnownAllocation t_known_source;
+
+void check_global_source(const void* src, size_t bytes, const char* file, int line) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(src);
+  const uint64_t generation = allocation_generation();
+  KnownAllocation& k = t_known_source;
+  if (k.generation == generation && a >= k.start && a + bytes <= k.end) return;
+  uintptr_t start = 0;
+  size_t size = 0;
+  char text[256];
+  if (!allocation_containing(src, &start, &size)) {
+    std::snprintf(text, sizeof text, "cp.async (%zu bytes): the source %p is not inside a device allocation",
+                  bytes, src);
+    device_fault(text, file, line);
+  }
+  if (a + bytes > start + size) {
+    std::snprintf(
+        text, sizeof text,
+        "cp.async (%zu bytes): the source bytes [%p, +%zu) run %zu bytes past the end of a %zu-byte "
+        "device allocation",
+        bytes, src, bytes, static_cast<size_t>(a + bytes - (start + size)), size);
+    device_fault(text, file, line);
+  }
+  k = KnownAllocation{start, start + size, generation};
+}
+
+}  // namespace
+
 void cp_async_16(void* shared_dst, const void* global_src, const char* file, int line) {
   EmuThread& t = *block().current;
   unsigned char* dst = static_cast<unsigned char*>(shared_dst);
   if (reinterpret_cast<uintptr_t>(dst) % 16 || reinterpret_cast<uintptr_t>(global_src) % 16)
     device_fault("cp.async (16 bytes): source and destination must be 16-byte aligned", file, line);
-  shared_address_of(dst, file, line);
+  const uint32_t address = shared_address_of(dst, file, line);        // the first byte is shared memory
+  if (static_cast<size_t>(address) + 16 > t_dynamic_shared.size()) {  // and so are the other 15
+    char text[200];
+    std::snprintf(
+        text, sizeof text,
+        "cp.async (16 bytes): the destination bytes [%u, %u) run past the block's %zu bytes of dynamic "
+        "shared memory",
+        address, address + 16, t_dynamic_shared.size());
+    device_fault(text, file, line);
+  }
+  check_global_source(global_src, 16, file, line);
   trace_emulated(global_src, 16, profile::Op::cp_async, file, line, 0);
   trace_emulated(dst, 16, profile::Op::cp_async, file, line, 1);
   PendingCopy c;

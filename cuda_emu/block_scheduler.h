@@ -8,8 +8,10 @@
 
 namespace mg_emu {
 
-// Thread order between barriers: forward, reverse, or a permutation drawn from `seed`.
-enum class ThreadOrder : int { forward = 0, reverse = 1, shuffled = 2 };
+// Thread order between barriers: forward, reverse, a permutation drawn from `seed` anew for every
+// phase (the stretch between two barrier openings), or -- vary -- one of the three per phase, drawn
+// from `seed` and the phase number.
+enum class ThreadOrder : int { forward = 0, reverse = 1, shuffled = 2, vary = 3 };
 
 // Runs every thread of block `block_index` of `launch` to completion. Returns "" on success, or
 // the fault ("block (1,0,0), thread (37,0,0): __syncthreads() at softmax.cu:120 ...").

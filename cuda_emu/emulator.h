@@ -53,8 +53,12 @@ Counters counters();  // totals since the process started, over every emulated d
 std::string last_fault();
 
 // How threads of a block are ordered between barriers in the next launches: 0 forward, 1 reverse,
-// 2 a shuffle seeded by the launch number; -1 (the default, or MG_EMU_ORDER=vary) changes with
-// every launch. Tests of the emulator pin it.
+// 2 a new shuffle for every phase (the stretch between two barrier openings); -1 (the default, or
+// MG_EMU_ORDER=vary) forward, reverse or a shuffle, drawn anew for every phase of every block.
+// Shuffles and draws derive from the seed, the launch number and the block. Tests pin the order.
 void set_thread_order(int order);
+// The seed of the thread orders (MG_EMU_SEED, default 0); kernel faults name it and the launch number.
+void set_thread_order_seed(uint64_t seed);
+uint64_t thread_order_seed();
 
 }  // namespace mg_emu

@@ -41,6 +41,11 @@ std::vector<std::pair<uintptr_t, uintptr_t>> device_ranges();
 // The device a live device allocation containing p belongs to, or -1 when p is not device memory.
 int device_of_pointer(const void* p);
 
+// The live allocation (device or pinned) whose requested bytes contain p: its start and size.
+bool allocation_containing(const void* p, uintptr_t* start, size_t* bytes);
+// Changes whenever an allocation is freed: what allocation_containing answered stays true until then.
+uint64_t allocation_generation();
+
 }  // namespace mg_emu
 
 // ---- shared by the runtime's own files (runtime_*.cpp, streams.cpp, launch.cpp) ----------------

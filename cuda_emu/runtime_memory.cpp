@@ -19,6 +19,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -43,6 +44,7 @@ struct Allocation {
 
 std::mutex g_mutex;
 std::map<uintptr_t, Allocation> g_allocations;  // by start address
+std::atomic<uint64_t> g_generation{0};          // bumped by every release
 std::vector<size_t> g_used;                     // device bytes in use, per device
 
 // The allocation holding [p, p + bytes), or nullptr. Caller holds g_mutex.
@@ -84,6 +86,7 @@ bool release(void* p, Kind kind) {
   if (it == g_allocations.end() || it->second.kind != kind) return false;
   if (kind == Kind::device) g_used[static_cast<size_t>(it->second.device)] -= it->second.bytes;
   g_allocations.erase(it);
+  g_generation.fetch_add(1, std::memory_order_release);
   std::free(p);
   return true;
 }
@@ -185,6 +188,16 @@ bool is_pinned_range(const void* p, size_t bytes) {
   const Allocation* a = find(p, bytes);
   return a != nullptr && a->kind == Kind::pinned;
 }
+
+bool allocation_containing(const void* p, uintptr_t* start, size_t* bytes) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  const Allocation* a = find(p, 1, start);
+  if (a == nullptr) return false;
+  *bytes = a->bytes;
+  return true;
+}
+
+uint64_t allocation_generation() { return g_generation.load(std::memory_order_acquire); }
 
 int device_of_pointer(const void* p) {
   std::lock_guard<std::mutex> lock(g_mutex);

@@ -63,6 +63,8 @@ std::vector<CUstream_st*> g_streams;   // every stream ever created (streams are
 std::map<int, CUstream_st*> g_legacy;  // device -> its legacy default stream
 std::atomic<uint64_t> g_launch_number{0};
 std::atomic<int> g_order{-2};  // -2: not read from MG_EMU_ORDER yet
+std::atomic<uint64_t> g_seed{0};
+std::atomic<bool> g_seed_read{false};  // MG_EMU_SEED read (or set_thread_order_seed called)
 
 void run_stream(CUstream_st* s) {
   cudaSetDevice(s->device);
@@ -147,6 +149,14 @@ uint64_t tail(CUstream_st* s) {
 }
 
 // ---- block workers ----------------------------------------------------------------------------
+// A block's seed from its launch's: splitmix64's finaliser, so neighbouring blocks differ in every bit.
+uint64_t block_seed(uint64_t launch_seed, uint64_t linear_block) {
+  uint64_t z = launch_seed + 0x9e3779b97f4a7c15ull * (linear_block + 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
 struct Grid {
   std::shared_ptr<const Launch> launch;
   std::shared_ptr<LaunchTrace> trace;  // when a profile is running (trace.h)
@@ -194,7 +204,7 @@ class BlockWorkers {
       if (!g.failed.load() && !skipped) {
         const uint3 index{static_cast<unsigned>(b % grid.x), static_cast<unsigned>(b / grid.x % grid.y),
                           static_cast<unsigned>(b / (uint64_t(grid.x) * grid.y))};
-        std::string fault = run_block(*g.launch, index, g.order, g.seed * 1000003u + b, g.trace.get(), b);
+        std::string fault = run_block(*g.launch, index, g.order, block_seed(g.seed, b), g.trace.get(), b);
         if (!fault.empty()) {
           std::lock_guard<std::mutex> lock(g.mutex);
           if (!g.failed.exchange(true)) g.fault = std::move(fault);
@@ -230,7 +240,7 @@ BlockWorkers& workers() {
   return *w;
 }
 
-ThreadOrder next_order(uint64_t launch_number) {
+ThreadOrder next_order() {
   int o = g_order.load();
   if (o == -2) {
     const char* v = std::getenv("MG_EMU_ORDER");
@@ -241,7 +251,26 @@ ThreadOrder next_order(uint64_t launch_number) {
                                          : -1;
     g_order.store(o);
   }
-  return static_cast<ThreadOrder>(o >= 0 ? o : static_cast<int>(launch_number % 3));
+  return o >= 0 ? static_cast<ThreadOrder>(o) : ThreadOrder::vary;
+}
+
+// The seed every launch's thread orders derive from: MG_EMU_SEED (decimal or 0x hex), default 0.
+uint64_t base_seed() {
+  if (!g_seed_read.load()) {
+    const char* v = std::getenv("MG_EMU_SEED");
+    g_seed.store(v ? std::strtoull(v, nullptr, 0) : 0);
+    g_seed_read.store(true);
+  }
+  return g_seed.load();
+}
+
+const char* order_name(ThreadOrder o) {
+  switch (o) {
+    case ThreadOrder::forward: return "forward";
+    case ThreadOrder::reverse: return "reverse";
+    case ThreadOrder::shuffled: return "shuffle";
+    default: return "vary";
+  }
 }
 
 std::mutex g_attr_mutex;
@@ -334,6 +363,13 @@ cudaError_t drain_device(int device) {
 
 void set_thread_order(int order) { g_order.store(order < 0 ? -1 : order % 3); }
 
+void set_thread_order_seed(uint64_t seed) {
+  g_seed.store(seed);
+  g_seed_read.store(true);
+}
+
+uint64_t thread_order_seed() { return base_seed(); }
+
 cudaError_t launch(Launch l) {
   const dim3 b = l.block, g = l.grid;
   const uint64_t threads = uint64_t(b.x) * b.y * b.z;
@@ -373,19 +409,22 @@ cudaError_t launch(Launch l) {
   count_launch();
   const uint64_t number = g_launch_number.fetch_add(1);
   auto shared = std::make_shared<Launch>(std::move(l));
-  const ThreadOrder order = next_order(number);
+  const ThreadOrder order = next_order();
+  const uint64_t seed = base_seed();
   std::shared_ptr<LaunchTrace> trace = trace_new_launch(*shared);
-  enqueue(shared->stream, "kernel", [shared, order, number, trace] {
+  enqueue(shared->stream, "kernel", [shared, order, seed, number, trace] {
     auto grid = std::make_shared<Grid>();
     grid->launch = shared;
     grid->trace = trace;
     grid->order = order;
-    grid->seed = number;
+    grid->seed = block_seed(seed, ~number);  // the launch's seed: the base seed and the launch number
     grid->blocks = uint64_t(shared->grid.x) * shared->grid.y * shared->grid.z;
     workers().run(grid);
     if (trace) trace_launch_done(*trace);
-    if (grid->failed.load())
-      throw std::runtime_error("kernel " + std::string(shared->kernel_name) + ", " + grid->fault);
+    if (grid->failed.load())  // the order and seed, to replay the fault with MG_EMU_ORDER / MG_EMU_SEED
+      throw std::runtime_error("kernel " + std::string(shared->kernel_name) + ", " + grid->fault +
+                               " [thread order " + order_name(order) + ", MG_EMU_SEED=" +
+                               std::to_string(seed) + ", launch " + std::to_string(number) + "]");
     const std::string overflow = check_guards(current_device());
     if (!overflow.empty())
       throw std::runtime_error("kernel " + std::string(shared->kernel_name) + " " + overflow);

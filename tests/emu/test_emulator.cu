@@ -169,6 +169,46 @@ __global__ void cp_async_copy(const float* in, float* out, bool wait) {
   for (int e = 0; e < 4; ++e) out[4 * threadIdx.x + e] = s[4 * threadIdx.x + e];
 }
 
+// ---- what the stricter checks look at: call sites, all 16 bytes of a cp.async, phase orders ----
+// Two branches that shuffle at two different lines: lanes of one warp at two different calls.
+__global__ void divergent_shuffles(const float* in, float* out) {
+  float v = in[threadIdx.x];
+  if (threadIdx.x % 2 == 0) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+  } else {
+    v -= __shfl_xor_sync(0xffffffffu, v, 1);
+  }
+  out[threadIdx.x] = v;
+}
+
+// The same with mma: half the warp at one mma, half at another, as a divergent tensor-core loop.
+__global__ void divergent_mma(float* out) {
+  const uint32_t a[4] = {0, 0, 0, 0};
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  if (threadIdx.x < 16) {
+    mg_emu::mma_m16n8k16(acc, a, 0u, 0u, true, __FILE__, __LINE__);
+  } else {
+    mg_emu::mma_m16n8k16(acc, a, 0u, 0u, true, __FILE__, __LINE__);
+  }
+  out[threadIdx.x] = acc[0];
+}
+
+// A tree reduction per block, with or without the barrier between its levels. Without it, a
+// thread reads its partner's slot before (forward order) or after (reverse order) the partner
+// added into it; only reverse order happens to give the right sum.
+template <bool kBarrier>
+__global__ void tree_sum(const float* in, float* out) {
+  float* s = reinterpret_cast<float*>(dynamic_shared_memory());
+  const int t = threadIdx.x;
+  s[t] = in[blockIdx.x * blockDim.x + t];
+  __syncthreads();
+  for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
+    if (t < stride) s[t] += s[t + stride];
+    if (kBarrier) __syncthreads();
+  }
+  if (t == 0) out[blockIdx.x] = s[0];
+}
+
 // ---- PTX twins ----------------------------------------------------------------------------------
 // A 16x16 bf16 matrix A (row-major) and a 16x8 matrix B (row-major, k x n) in shared memory,
 // loaded with ldmatrix (A plain: 4 8x8 matrices; B with .trans: 2 of its 8x8 matrices twice),
@@ -242,7 +282,7 @@ TEST_CASE("emulator: a correct barrier gives the right answer in every thread or
   const std::vector<float> in = random_floats(n, 1);
   float* d_in = to_device(in);
   float* d_out = device_alloc<float>(n);
-  for (int order = 0; order < 3; ++order) {
+  for (int order = -1; order < 3; ++order) {
     mg_emu::set_thread_order(order);
     launch_kernel<neighbour_sum>(1, n, 0, nullptr, d_in, d_out, n);
     const std::vector<float> out = to_host(d_out, n);
@@ -450,6 +490,7 @@ TEST_CASE("emulator: kernel faults name the kernel, block and thread", "[emu]") 
     CHECK_THAT(msg, Catch::Contains("block (0,0,0)"));
     CHECK_THAT(msg, Catch::Contains("divergent barrier"));
     CHECK_THAT(msg, Catch::Contains("test_emulator.cu"));
+    CHECK_THAT(msg, Catch::Contains("MG_EMU_SEED="));  // the thread order's seed, to replay it
   }
   SECTION("a shuffle that reads a lane outside its mask") {
     const std::vector<float> in = random_floats(32, 6);
@@ -457,7 +498,9 @@ TEST_CASE("emulator: kernel faults name the kernel, block and thread", "[emu]") 
     const std::string msg =
         expect_fault([&] { launch_kernel<partial_mask_shuffle>(1, 32, 0, nullptr, d_in, d); });
     CHECK_THAT(msg, Catch::Contains("partial_mask_shuffle"));
-    CHECK_THAT(msg, Catch::Contains("__shfl_xor_sync with mask 0x0000ffff reads lane 16"));
+    // Lane l reads lane l ^ 16; which lane reports first depends on the thread order.
+    CHECK_THAT(msg, Catch::Matches(".*__shfl_xor_sync with mask 0x0000ffff reads lane (1[6-9]|2[0-9]|3[01]), "
+                                   "which the mask does not name.*"));
     cudaFree(d_in);
   }
   SECTION("an off-by-one tail writes past the allocation") {
@@ -502,4 +545,95 @@ TEST_CASE("emulator: copies check their direction against the memory", "[emu]") 
   REQUIRE(cudaPointerGetAttributes(&attr, h.data()) == cudaSuccess);
   CHECK(attr.type == cudaMemoryTypeUnregistered);
   cudaFree(d);
+}
+
+TEST_CASE("emulator: cp.async checks all 16 bytes of its destination and its source", "[emu][ptx]") {
+  const std::vector<float> in = random_floats(128, 7);
+  float* d_in = to_device(in);
+  float* d_out = device_alloc<float>(128);
+  SECTION("dynamic shared memory of 504 bytes: the last 16-byte copy, at 496, runs 8 bytes past it") {
+    const std::string msg =
+        expect_fault([&] { launch_kernel<cp_async_copy>(1, 32, 504, nullptr, d_in, d_out, true); });
+    CHECK_THAT(msg, Catch::Contains("cp_async_copy"));
+    CHECK_THAT(msg, Catch::Contains("thread (31,0,0)"));
+    CHECK_THAT(msg, Catch::Contains("the destination bytes [496, 512) run past the block's 504 bytes"));
+  }
+  SECTION("a 504-byte source allocation: the last copy reads 8 bytes past its end") {
+    float* short_in = device_alloc<float>(126);
+    REQUIRE(cudaMemcpy(short_in, in.data(), 126 * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess);
+    const std::string msg =
+        expect_fault([&] { launch_kernel<cp_async_copy>(1, 32, 512, nullptr, short_in, d_out, true); });
+    CHECK_THAT(msg, Catch::Contains("thread (31,0,0)"));
+    CHECK_THAT(msg, Catch::Contains("run 8 bytes past the end of a 504-byte device allocation"));
+    cudaFree(short_in);
+  }
+  SECTION("a source that is not device memory") {
+    const std::string msg =
+        expect_fault([&] { launch_kernel<cp_async_copy>(1, 32, 512, nullptr, in.data(), d_out, true); });
+    CHECK_THAT(msg, Catch::Contains("is not inside a device allocation"));
+  }
+  cudaFree(d_in);
+  cudaFree(d_out);
+}
+
+TEST_CASE("emulator: warp collectives meet only at the same call", "[emu]") {
+  const std::vector<float> in = random_floats(32, 8);
+  float* d_in = to_device(in);
+  float* d_out = device_alloc<float>(32);
+  SECTION("a shuffle at two lines of two branches") {
+    const std::string msg =
+        expect_fault([&] { launch_kernel<divergent_shuffles>(1, 32, 0, nullptr, d_in, d_out); });
+    CHECK_THAT(msg, Catch::Contains("divergent_shuffles"));
+    CHECK_THAT(msg, Catch::Contains("lanes of warp 0 disagree: __shfl_xor_sync"));
+    CHECK_THAT(msg, Catch::Contains("another call site"));
+  }
+  SECTION("mma at two lines of two branches") {
+    const std::string msg = expect_fault([&] { launch_kernel<divergent_mma>(1, 32, 0, nullptr, d_out); });
+    CHECK_THAT(msg, Catch::Contains("lanes of warp 0 disagree: mma.m16n8k16.bf16"));
+  }
+  cudaFree(d_in);
+  cudaFree(d_out);
+}
+
+TEST_CASE("emulator: the thread order changes at every barrier, so a missing one shows", "[emu]") {
+  const int blocks = 16, threads = 64;
+  std::vector<float> in(blocks * threads);
+  for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>(i % 7 + 1);  // sums exact in f32
+  float* d_in = to_device(in);
+  float* d_out = device_alloc<float>(blocks);
+  auto wrong_blocks = [&](bool with_barrier) {
+    if (with_barrier)
+      launch_kernel<tree_sum<true>>(blocks, threads, threads * sizeof(float), nullptr, d_in, d_out);
+    else
+      launch_kernel<tree_sum<false>>(blocks, threads, threads * sizeof(float), nullptr, d_in, d_out);
+    const std::vector<float> out = to_host(d_out, blocks);
+    int wrong = 0;
+    for (int b = 0; b < blocks; ++b) {
+      float want = 0.f;
+      for (int t = 0; t < threads; ++t) want += in[b * threads + t];
+      wrong += out[b] != want;
+    }
+    return wrong;
+  };
+  const uint64_t saved_seed = mg_emu::thread_order_seed();
+  // Reverse order for a whole launch is the lucky one: every partner finished before its slot is read.
+  mg_emu::set_thread_order(1);
+  CHECK(wrong_blocks(false) == 0);
+  // The default draws forward, reverse or a shuffle for every phase of every block: whatever the
+  // seed, some block's phase after the first barrier is not reverse, and its sum is wrong.
+  mg_emu::set_thread_order(-1);
+  for (uint64_t seed : {0ull, 1ull, 2ull, 3ull, 4ull, 12345ull}) {
+    INFO("MG_EMU_SEED " << seed);
+    mg_emu::set_thread_order_seed(seed);
+    CHECK(wrong_blocks(false) > 0);
+    CHECK(wrong_blocks(true) == 0);
+  }
+  for (int order = 0; order < 3; ++order) {  // the correct kernel in every pinned order
+    mg_emu::set_thread_order(order);
+    CHECK(wrong_blocks(true) == 0);
+  }
+  mg_emu::set_thread_order(-1);
+  mg_emu::set_thread_order_seed(saved_seed);
+  cudaFree(d_in);
+  cudaFree(d_out);
 }

@@ -443,6 +443,41 @@ TEST_CASE("allow_tf32 lets cuBLAS round f32 GEMM inputs to TF32, and is off by d
   CHECK(rel_error(matmul(ag, bg), ref) <= tolerance_for(DType::f32, n));
 }
 
+// The comparison itself (gpu_compare.h), on the host: a bf16 GEMM output right everywhere but in
+// one 8 x 8 tile. One norm over the 1024 x 768 output passes it; the per-tile norms do not, and
+// name the tile.
+TEST_CASE("MG_REQUIRE_CLOSE sees one wrong 8 x 8 tile in a 1024 x 768 bf16 GEMM output", "[gpu][compare]") {
+  manual_seed(35);
+  const int64_t m = 1024, n = 768, k = 64;
+  const Tensor ref = matmul(random_cpu({m, k}, DType::f64), random_cpu({k, n}, DType::f64));
+  const Tensor good = ref.to(DType::bf16);  // what a right kernel returns: the product rounded to bf16
+  const double tol = tolerance(DType::bf16);
+  CHECK(compare(good, ref).within(tol));
+  std::vector<double> values = good.to_vector<double>();
+  const int64_t row0 = 520, col0 = 388;  // straddles four 16 x 16 tiles
+  SECTION("the tile zeroed (never written)") {
+    for (int64_t r = row0; r < row0 + 8; ++r)
+      for (int64_t c = col0; c < col0 + 8; ++c) values[static_cast<size_t>(r * n + c)] = 0.0;
+  }
+  SECTION("the tile holding the rows 8 above it (an off-by-one tile index)") {
+    for (int64_t r = row0; r < row0 + 8; ++r)
+      for (int64_t c = col0; c < col0 + 8; ++c)
+        values[static_cast<size_t>(r * n + c)] = values[static_cast<size_t>((r - 8) * n + c)];
+  }
+  const Tensor bad = tensor(values, {m, n}).to(DType::bf16);
+  CHECK(rel_error(bad, ref) <= tol);  // the whole-tensor norm alone lets it through
+  const Comparison c = compare(bad, ref);
+  INFO(c.describe(tol));
+  CHECK_FALSE(c.within(tol));
+  CHECK(c.worst_tile > 10 * tol);
+  const int64_t worst_row = static_cast<int64_t>(c.worst_index) / n,
+                worst_col = static_cast<int64_t>(c.worst_index) % n;
+  CHECK(worst_row >= row0);
+  CHECK(worst_row < row0 + 8);
+  CHECK(worst_col >= col0);
+  CHECK(worst_col < col0 + 8);
+}
+
 }  // namespace
 }  // namespace mg
 
