@@ -39,18 +39,29 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<Tensor> params, par
     const Tensor& p = params_[i];
     MG_CHECK(p.defined(), "ZeroRedundancyOptimizer: parameter ", i, " is undefined");
     MG_CHECK(p.dtype() == params_[0].dtype() && p.device() == params_[0].device(),
-          "ZeroRedundancyOptimizer: parameter ", i, " is ", p.dtype(), " on ", p.device(),
-          " but parameter 0 is ", params_[0].dtype(), " on ", params_[0].device(),
-          "; every parameter must share one dtype and device");
+             "ZeroRedundancyOptimizer: parameter ", i, " is ", p.dtype(), " on ", p.device(),
+             " but parameter 0 is ", params_[0].dtype(), " on ", params_[0].device(),
+             "; every parameter must share one dtype and device");
     MG_CHECK(p.is_contiguous(), "ZeroRedundancyOptimizer: parameter ", i, " is not contiguous");
     total += p.numel();
   }
   segments_.assign(static_cast<size_t>(world), {});
 
-  if (options_.partition == ZeroPartition::Parameters) {
+  if (options_.stage == ZeroStage::Gradients) {
+    // ZeRO-2: the engine's layout (each bucket cut in N padded ranges); the state code below treats
+    // it as a flat partition whose blocks have gaps (the padding).
+    options_.partition = ZeroPartition::Flat;
+    gradient_reducer_ =
+        ShardedGradientReducer::create(params_, group_, options_.bucket_cap_mb, options_.first_bucket_cap_mb);
+    for (int r = 0; r < world; ++r)
+      for (const auto& s : gradient_reducer_->segments()[static_cast<size_t>(r)])
+        segments_[static_cast<size_t>(r)].push_back(
+            Segment{s.param, s.param_offset, s.numel, s.block_offset});
+    block_numel_ = gradient_reducer_->shard_numel();
+  } else if (options_.partition == ZeroPartition::Parameters) {
     MG_CHECK(static_cast<int64_t>(params_.size()) >= world, "ZeroRedundancyOptimizer: ", params_.size(),
-          " parameters cannot be sharded over ", world,
-          " ranks by parameter (every rank must own one); ZeroPartition::Flat can");
+             " parameters cannot be sharded over ", world,
+             " ranks by parameter (every rank must own one); ZeroPartition::Flat can");
     // Balanced by size, the same on every rank: largest first, each to the least-loaded rank.
     std::vector<int64_t> order(params_.size());
     std::iota(order.begin(), order.end(), 0);
@@ -85,8 +96,8 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<Tensor> params, par
       start += n;
     }
     for (int r = 0; r < world; ++r)
-      MG_CHECK(shard_numel(r) > 0, "ZeroRedundancyOptimizer: ", total, " elements leave rank ", r, " of ", world,
-            " nothing to own");
+      MG_CHECK(shard_numel(r) > 0, "ZeroRedundancyOptimizer: ", total, " elements leave rank ", r, " of ",
+               world, " nothing to own");
   }
 
   std::vector<Tensor> mine;
@@ -94,17 +105,18 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<Tensor> params, par
     for (const Segment& s : segments_[static_cast<size_t>(group_.rank())]) mine.push_back(params_[s.param]);
   } else {
     NoGradGuard no_grad;
-    flat_shard_ = empty({shard_numel(group_.rank())}, TensorOptions{params_[0].dtype(), params_[0].device()});
+    const int64_t numel = gradient_reducer_ ? block_numel_ : shard_numel(group_.rank());  // ZeRO-2: padded
+    flat_shard_ = zeros({numel}, TensorOptions{params_[0].dtype(), params_[0].device()});
     flat_shard_.set_requires_grad(true);
     mine.push_back(flat_shard_);
   }
   local_ = make_optimizer(mine);
   MG_CHECK(local_ != nullptr, "ZeroRedundancyOptimizer: the optimizer factory returned nullptr");
-  MG_CHECK(local_->param_groups().size() == 1, "ZeroRedundancyOptimizer: the wrapped ", local_->name(), " has ",
-        local_->param_groups().size(), " parameter groups; only one is supported");
+  MG_CHECK(local_->param_groups().size() == 1, "ZeroRedundancyOptimizer: the wrapped ", local_->name(),
+           " has ", local_->param_groups().size(), " parameter groups; only one is supported");
   MG_CHECK(local_->num_params() == static_cast<int64_t>(mine.size()), "ZeroRedundancyOptimizer: the wrapped ",
-        local_->name(), " holds ", local_->num_params(), " parameters, but this rank's shard has ",
-        mine.size(), " (the factory must optimize exactly the parameters it is given)");
+           local_->name(), " holds ", local_->num_params(), " parameters, but this rank's shard has ",
+           mine.size(), " (the factory must optimize exactly the parameters it is given)");
 }
 
 std::vector<int64_t> ZeroRedundancyOptimizer::shard(int rank) const {
@@ -122,15 +134,27 @@ int64_t ZeroRedundancyOptimizer::shard_numel(int rank) const {
 
 void ZeroRedundancyOptimizer::step() {
   NoGradGuard no_grad;
+  if (gradient_reducer_) {  // ZeRO-2: the shard's gradients were reduce-scattered during backward
+    MG_CHECK(gradient_reducer_->has_gradients(),
+             "ZeroRedundancyOptimizer (ZeRO-2): step() without a synchronised backward since the last "
+             "zero_grad(): there is no gradient shard to step");
+    gradient_reducer_->copy_params_into_shard(flat_shard_);
+    flat_shard_.set_grad(gradient_reducer_->grad_shard());
+    local_->step();
+    flat_shard_.set_grad(Tensor());
+    gradient_reducer_->all_gather_params(flat_shard_);
+    return;
+  }
   const int world = group_.size(), rank = group_.rank();
   const bool flat_partition = options_.partition == ZeroPartition::Flat;
   const TensorOptions flat_options{params_[0].dtype(), params_[0].device()};
   const std::vector<Segment>& my_segments = segments_[static_cast<size_t>(rank)];
   if (flat_partition) {
     for (size_t i = 0; i < params_.size(); ++i)
-      MG_CHECK(params_[i].grad().defined(), "ZeroRedundancyOptimizer (ZeroPartition::Flat): parameter ", i,
-            " has no gradient this step; a flat shard updates every element (use ZeroPartition::Parameters "
-            "for models with unused parameters)");
+      MG_CHECK(
+          params_[i].grad().defined(), "ZeroRedundancyOptimizer (ZeroPartition::Flat): parameter ", i,
+          " has no gradient this step; a flat shard updates every element (use ZeroPartition::Parameters "
+          "for models with unused parameters)");
   }
 
   // This rank's gradients: the reduce-scattered block, or (AllReduced) read out of the parameters.
@@ -200,6 +224,14 @@ void ZeroRedundancyOptimizer::step() {
 void ZeroRedundancyOptimizer::zero_grad() {
   for (Tensor& p : params_)
     if (p.grad().defined()) p.set_grad(Tensor());
+  if (gradient_reducer_) gradient_reducer_->zero_grad();
+}
+
+ZeroRedundancyOptimizer::NoSyncGuard ZeroRedundancyOptimizer::no_sync() {
+  MG_CHECK(gradient_reducer_ != nullptr,
+           "ZeroRedundancyOptimizer::no_sync is ZeRO-2's (ZeroStage::Gradients); at stage 1 the gradients "
+           "are DDP's: use DistributedDataParallel::no_sync");
+  return NoSyncGuard(*gradient_reducer_);
 }
 
 int64_t ZeroRedundancyOptimizer::state_bytes() const {
@@ -241,8 +273,8 @@ StateDict ZeroRedundancyOptimizer::consolidated_state_dict(int to) {
   return whole;
 }
 
-// Flat: each rank sent state.0.<name> for its range (or a 0-d counter); the ranges end to end are
-// the parameters end to end, cut back into parameter-shaped state.
+// Flat: each rank sent state.0.<name> for its block (or a 0-d counter); each segment of each rank's
+// block goes back to its place in its parameter (ZeRO-2's padding is dropped).
 StateDict ZeroRedundancyOptimizer::consolidate_flat(const std::vector<std::string>& parts) const {
   std::vector<StateDict> ranks;
   for (size_t r = 0; r < parts.size(); ++r)
@@ -254,19 +286,19 @@ StateDict ZeroRedundancyOptimizer::consolidate_flat(const std::vector<std::strin
       for (size_t i = 0; i < params_.size(); ++i) whole[str_cat("state.", i, ".", name)] = first.clone();
       continue;
     }
-    std::vector<Tensor> pieces;
+    std::vector<Tensor> per_param;
+    for (const Tensor& p : params_) per_param.push_back(zeros({p.numel()}, TensorOptions{first.dtype()}));
     for (size_t r = 0; r < ranks.size(); ++r) {
       MG_CHECK(ranks[r].count(key) == 1, "ZeroRedundancyOptimizer: rank ", r, " has no ", key,
-            " but rank 0 has");
-      pieces.push_back(ranks[r].at(key));
+               " but rank 0 has");
+      const Tensor& block = ranks[r].at(key);
+      for (const Segment& s : segments_[r])
+        per_param[static_cast<size_t>(s.param)]
+            .narrow(0, s.param_offset, s.numel)
+            .copy_(block.narrow(0, s.block_offset, s.numel));
     }
-    Tensor all = cat(pieces, 0);
-    int64_t start = 0;
-    for (size_t i = 0; i < params_.size(); ++i) {
-      whole[str_cat("state.", i, ".", name)] =
-          all.narrow(0, start, params_[i].numel()).reshape(params_[i].shape()).clone();
-      start += params_[i].numel();
-    }
+    for (size_t i = 0; i < params_.size(); ++i)
+      whole[str_cat("state.", i, ".", name)] = per_param[i].reshape(params_[i].shape());
   }
   return whole;
 }
@@ -275,11 +307,11 @@ void ZeroRedundancyOptimizer::load_state_dict(const StateDict& state) {
   const auto params_key = state.find("param_groups.0.params");
   MG_CHECK(params_key != state.end(), "ZeroRedundancyOptimizer.load_state_dict: no param_groups.0.params");
   MG_CHECK(state.count("param_groups.1.params") == 0,
-        "ZeroRedundancyOptimizer.load_state_dict: the state has several parameter groups; only one is "
-        "supported");
+           "ZeroRedundancyOptimizer.load_state_dict: the state has several parameter groups; only one is "
+           "supported");
   MG_CHECK(params_key->second.numel() == static_cast<int64_t>(params_.size()),
-        "ZeroRedundancyOptimizer.load_state_dict: the state is for ", params_key->second.numel(),
-        " parameters but this optimizer has ", params_.size());
+           "ZeroRedundancyOptimizer.load_state_dict: the state is for ", params_key->second.numel(),
+           " parameters but this optimizer has ", params_.size());
   const std::vector<Segment>& my_segments = segments_[static_cast<size_t>(group_.rank())];
   StateDict local;
   for (const auto& [key, tensor] : state) {
@@ -290,8 +322,8 @@ void ZeroRedundancyOptimizer::load_state_dict(const StateDict& state) {
       continue;
     }
     MG_CHECK(index >= 0 && index < static_cast<int64_t>(params_.size()),
-          "ZeroRedundancyOptimizer.load_state_dict: ", key, " names parameter ", index, " of ",
-          params_.size());
+             "ZeroRedundancyOptimizer.load_state_dict: ", key, " names parameter ", index, " of ",
+             params_.size());
   }
   if (options_.partition == ZeroPartition::Parameters) {
     for (size_t j = 0; j < my_segments.size(); ++j) {
@@ -312,13 +344,15 @@ void ZeroRedundancyOptimizer::load_state_dict(const StateDict& state) {
         local["state.0." + name] = it->second;
         continue;
       }
-      std::vector<Tensor> pieces;
+      // This rank's block: its segments at their offsets (ZeRO-2's padding: zeros).
+      Tensor block = zeros({flat_shard_.numel()}, TensorOptions{it->second.dtype(), it->second.device()});
       for (const Segment& s : my_segments) {
         const std::string key = str_cat("state.", s.param, ".", name);
         MG_CHECK(state.count(key) == 1, "ZeroRedundancyOptimizer.load_state_dict: ", key, " is missing");
-        pieces.push_back(state.at(key).reshape({-1}).narrow(0, s.param_offset, s.numel));
+        block.narrow(0, s.block_offset, s.numel)
+            .copy_(state.at(key).reshape({-1}).narrow(0, s.param_offset, s.numel));
       }
-      local["state.0." + name] = cat(pieces, 0);
+      local["state.0." + name] = block;
     }
     local["param_groups.0.params"] = arange(int64_t{1}, TensorOptions{DType::i64});
   }

@@ -1,5 +1,12 @@
 // ZeroRedundancyOptimizer: ZeRO stage 1 -- the optimizer state is sharded across the ranks
-// instead of replicated (PyTorch's torch.distributed.optim.ZeroRedundancyOptimizer).
+// instead of replicated (PyTorch's torch.distributed.optim.ZeroRedundancyOptimizer) -- and, with
+// options.stage = ZeroStage::Gradients, stage 2: the gradients sharded too, reduce-scattered bucket
+// by bucket during backward (zero2.h; the model is then not wrapped in DDP):
+//
+//   parallel::ZeroOptions options;
+//   options.stage = parallel::ZeroStage::Gradients;       // the one switch from ZeRO-1 to ZeRO-2
+//   parallel::ZeroRedundancyOptimizer opt(net.parameters(), pg, make_adamw, options);
+//   loss.backward();  opt.step();  opt.zero_grad();       // backward reduce-scatters, step all-gathers
 //
 // With plain DDP every rank holds the whole optimizer state: AdamW keeps two moments per
 // parameter, so 2x the model's bytes on every rank, all of it updated redundantly. Here each
@@ -55,8 +62,15 @@
 #include "core/tensor.h"
 #include "optim/optimizer.h"
 #include "parallel/comm/process_group.h"
+#include "parallel/zero/zero2.h"
 
 namespace mg::parallel {
+
+// How much is sharded (DeepSpeed's "stage"): OptimizerState (ZeRO-1) only the optimizer's state;
+// Gradients (ZeRO-2) the gradients too, reduce-scattered bucket by bucket during backward (zero2.h).
+// With Gradients, `gradients` and `partition` are not read: the engine reduces the local gradients
+// itself (do not wrap the model in DDP) into a flat, padded layout per bucket.
+enum class ZeroStage { OptimizerState = 1, Gradients = 2 };
 
 enum class ZeroGradients {
   AllReduced,    // the gradients are already averaged over the ranks (DDP ran the all-reduce)
@@ -69,8 +83,11 @@ enum class ZeroPartition {
 };
 
 struct ZeroOptions {
-  ZeroGradients gradients = ZeroGradients::AllReduced;
-  ZeroPartition partition = ZeroPartition::Parameters;
+  ZeroStage stage = ZeroStage::OptimizerState;
+  ZeroGradients gradients = ZeroGradients::AllReduced;  // ZeRO-1 only
+  ZeroPartition partition = ZeroPartition::Parameters;  // ZeRO-1 only
+  double bucket_cap_mb = 25.0;                          // ZeRO-2: the gradient buckets, as DDP's
+  double first_bucket_cap_mb = 1.0;
 };
 
 // Builds the wrapped optimizer over one rank's shard (called once, with that rank's parameters).
@@ -87,6 +104,32 @@ class ZeroRedundancyOptimizer {
   void step();
   // Every parameter's gradient (not only the shard's) to undefined, as Optimizer::zero_grad.
   void zero_grad();
+
+  // ZeRO-2 gradient accumulation: backward passes inside the scope leave .grad to accumulate
+  // locally (full size, as DDP's no_sync); the next synchronised backward reduce-scatters the sum.
+  //   { auto guard = opt.no_sync(); loss1.backward(); }   loss2.backward();   opt.step();
+  class NoSyncGuard {
+   public:
+    explicit NoSyncGuard(ShardedGradientReducer& reducer) : reducer_(&reducer), previous_(reducer.sync()) {
+      reducer.set_sync(false);
+    }
+    ~NoSyncGuard() {
+      if (reducer_) reducer_->set_sync(previous_);
+    }
+    NoSyncGuard(NoSyncGuard&& other) noexcept : reducer_(other.reducer_), previous_(other.previous_) {
+      other.reducer_ = nullptr;
+    }
+    NoSyncGuard(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(NoSyncGuard&&) = delete;
+
+   private:
+    ShardedGradientReducer* reducer_;
+    bool previous_;
+  };
+  NoSyncGuard no_sync();
+  // ZeRO-2's engine (buckets, the gradient shard, statistics); nullptr at stage 1.
+  const ShardedGradientReducer* gradient_reducer() const { return gradient_reducer_.get(); }
 
   // The optimizer over this rank's shard: hyperparameters live here (LR schedulers take it).
   optim::Optimizer& local_optimizer() { return *local_; }
@@ -128,6 +171,7 @@ class ZeroRedundancyOptimizer {
   // rank's block), this rank's block to all-gather, and the all-gathered blocks.
   Tensor reduce_input_, send_block_, gathered_;
   std::unique_ptr<optim::Optimizer> local_;
+  std::shared_ptr<ShardedGradientReducer> gradient_reducer_;  // ZeRO-2
 };
 
 }  // namespace mg::parallel
