@@ -27,6 +27,7 @@
 #include "parallel/data_parallel/reducer.h"
 #include "parallel/data_parallel/replicate.h"
 #include "parallel/data_parallel/scatter_gather.h"
+#include "parallel/data_parallel/sync_batch_norm.h"
 #include "parallel/pipeline/pipeline.h"
 #include "parallel/resilience/checkpoint_manager.h"
 #include "parallel/resilience/sharded_metric.h"
