@@ -30,6 +30,7 @@
 
 #include "nn/module.h"
 #include "parallel/comm/process_group.h"
+#include "parallel/data_parallel/no_sync_guard.h"
 #include "parallel/data_parallel/reducer.h"
 
 namespace mg::parallel {
@@ -57,25 +58,7 @@ class DistributedDataParallel : public nn::Module {
   // Gradient accumulation: backward passes inside a no_sync scope skip the all-reduce, and the
   // first synchronised backward after it all-reduces the accumulated gradients.
   //   { auto guard = ddp.no_sync(); loss1.backward(); }   loss2.backward();   opt.step();
-  class NoSyncGuard {
-   public:
-    explicit NoSyncGuard(Reducer& reducer) : reducer_(&reducer), previous_(reducer.sync()) {
-      reducer.set_sync(false);
-    }
-    ~NoSyncGuard() {
-      if (reducer_) reducer_->set_sync(previous_);
-    }
-    NoSyncGuard(NoSyncGuard&& other) noexcept : reducer_(other.reducer_), previous_(other.previous_) {
-      other.reducer_ = nullptr;
-    }
-    NoSyncGuard(const NoSyncGuard&) = delete;
-    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
-    NoSyncGuard& operator=(NoSyncGuard&&) = delete;
-
-   private:
-    Reducer* reducer_;
-    bool previous_;
-  };
+  using NoSyncGuard = parallel::NoSyncGuard<Reducer>;
   NoSyncGuard no_sync() { return NoSyncGuard(*reducer_); }
 
   // Communication cost so far (see ReducerStats) and the bucket layout.

@@ -62,6 +62,7 @@
 #include "core/tensor.h"
 #include "optim/optimizer.h"
 #include "parallel/comm/process_group.h"
+#include "parallel/data_parallel/no_sync_guard.h"
 #include "parallel/zero/zero2.h"
 
 namespace mg::parallel {
@@ -108,25 +109,7 @@ class ZeroRedundancyOptimizer {
   // ZeRO-2 gradient accumulation: backward passes inside the scope leave .grad to accumulate
   // locally (full size, as DDP's no_sync); the next synchronised backward reduce-scatters the sum.
   //   { auto guard = opt.no_sync(); loss1.backward(); }   loss2.backward();   opt.step();
-  class NoSyncGuard {
-   public:
-    explicit NoSyncGuard(ShardedGradientReducer& reducer) : reducer_(&reducer), previous_(reducer.sync()) {
-      reducer.set_sync(false);
-    }
-    ~NoSyncGuard() {
-      if (reducer_) reducer_->set_sync(previous_);
-    }
-    NoSyncGuard(NoSyncGuard&& other) noexcept : reducer_(other.reducer_), previous_(other.previous_) {
-      other.reducer_ = nullptr;
-    }
-    NoSyncGuard(const NoSyncGuard&) = delete;
-    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
-    NoSyncGuard& operator=(NoSyncGuard&&) = delete;
-
-   private:
-    ShardedGradientReducer* reducer_;
-    bool previous_;
-  };
+  using NoSyncGuard = parallel::NoSyncGuard<ShardedGradientReducer>;
   NoSyncGuard no_sync();
   // ZeRO-2's engine (buckets, the gradient shard, statistics); nullptr at stage 1.
   const ShardedGradientReducer* gradient_reducer() const { return gradient_reducer_.get(); }
