@@ -2,6 +2,8 @@
 // into the fused multi-tensor kernel (kernels/cpu/optim.cpp).
 #include "optim/adam.h"
 
+#include "core/base/checked_size.h"
+
 #include "core/base/error.h"
 #include "core/ops/op_common.h"  // MG_KERNEL
 #include "kernels/cpu/optim.h"
@@ -53,7 +55,7 @@ void Adam::validate(const Options& o) const {
   MG_CHECK(beta1 >= 0.0 && beta1 < 1.0, name(), ": invalid beta1 ", beta1, " (must be in [0, 1))");
   MG_CHECK(beta2 >= 0.0 && beta2 < 1.0, name(), ": invalid beta2 ", beta2, " (must be in [0, 1))");
   MG_CHECK(o.at("weight_decay") >= 0.0, name(), ": invalid weight_decay ", o.at("weight_decay"),
-        " (must be >= 0)");
+           " (must be >= 0)");
 }
 
 std::vector<Optimizer::StateSpec> Adam::state_spec(const Options& o) const {
@@ -90,7 +92,11 @@ void Adam::update(const ParamGroup& group, const std::vector<ParamUpdate>& batch
       }
       double& step = *s["step"].data<double>();
       step += 1.0;
-      t.step = static_cast<int64_t>(step);
+      const std::optional<int64_t> whole_step = try_whole_int64(step);  // a loaded state may hold anything
+      MG_CHECK(whole_step && *whole_step > 0, name(),
+               ": a parameter's step must be a whole number that fits in int64, got ", step,
+               " (a corrupt state dict?)");
+      t.step = *whole_step;
       t.param = u->param.data_ptr();
       t.grad = u->grad.data_ptr();
       t.exp_avg = s["exp_avg"].data_ptr();

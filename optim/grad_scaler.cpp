@@ -1,5 +1,7 @@
 #include "optim/grad_scaler.h"
 
+#include "core/base/checked_size.h"
+
 #include <cmath>
 
 #include "core/grad_mode.h"
@@ -9,12 +11,12 @@ namespace mg::optim {
 
 GradScaler::GradScaler(GradScalerOptions options) : options_(options), scale_(options.init_scale) {
   MG_CHECK(options.init_scale > 0 && std::isfinite(options.init_scale),
-        "GradScaler: init_scale must be positive, got ", options.init_scale);
+           "GradScaler: init_scale must be positive, got ", options.init_scale);
   MG_CHECK(options.growth_factor > 1, "GradScaler: growth_factor must be > 1, got ", options.growth_factor);
   MG_CHECK(options.backoff_factor > 0 && options.backoff_factor < 1,
-        "GradScaler: backoff_factor must be in (0, 1), got ", options.backoff_factor);
+           "GradScaler: backoff_factor must be in (0, 1), got ", options.backoff_factor);
   MG_CHECK(options.growth_interval > 0, "GradScaler: growth_interval must be positive, got ",
-        options.growth_interval);
+           options.growth_interval);
 }
 
 Tensor GradScaler::scale(const Tensor& loss) const {
@@ -77,14 +79,21 @@ StateDict GradScaler::state_dict() const {
 void GradScaler::load_state_dict(const StateDict& state) {
   for (const char* key : {"scale", "growth_tracker", "growth_factor", "backoff_factor", "growth_interval"})
     MG_CHECK(state.count(key) && state.at(key).numel() == 1,
-          "GradScaler::load_state_dict: missing or non-scalar '", key, "'");
+             "GradScaler::load_state_dict: missing or non-scalar '", key, "'");
   const double scale = state.at("scale").item<double>();
   MG_CHECK(scale > 0 && std::isfinite(scale), "GradScaler::load_state_dict: bad scale ", scale);
   scale_ = scale;
-  growth_tracker_ = static_cast<int64_t>(state.at("growth_tracker").item<double>());
+  const double tracker = state.at("growth_tracker").item<double>();
+  const double interval = state.at("growth_interval").item<double>();
+  const std::optional<int64_t> whole_tracker = try_whole_int64(tracker),
+                               whole_interval = try_whole_int64(interval);
+  MG_CHECK(whole_tracker && *whole_tracker >= 0, "GradScaler::load_state_dict: bad growth_tracker ", tracker);
+  MG_CHECK(whole_interval && *whole_interval > 0, "GradScaler::load_state_dict: bad growth_interval ",
+           interval);
+  growth_tracker_ = *whole_tracker;
   options_.growth_factor = state.at("growth_factor").item<double>();
   options_.backoff_factor = state.at("backoff_factor").item<double>();
-  options_.growth_interval = static_cast<int64_t>(state.at("growth_interval").item<double>());
+  options_.growth_interval = *whole_interval;
 }
 
 }  // namespace mg::optim

@@ -2,6 +2,8 @@
 // closed-form schedules.
 #include "optim/lr_scheduler.h"
 
+#include "core/base/checked_size.h"
+
 #include <cmath>
 #include <sstream>
 
@@ -15,10 +17,9 @@ constexpr double kPi = 3.14159265358979323846;
 
 // settings are doubles in the state dict; integer ones must come back whole.
 int64_t whole(double v, const char* scheduler, const char* what) {
-  // |v| < 2^63: a whole double outside int64's range would make the cast undefined behaviour.
-  MG_CHECK(std::isfinite(v) && v == std::floor(v) && std::fabs(v) < 9223372036854775808.0, scheduler, ": ",
-           what, " must be a whole number that fits in int64, got ", v);
-  return static_cast<int64_t>(v);
+  const std::optional<int64_t> n = try_whole_int64(v);
+  MG_CHECK(n.has_value(), scheduler, ": ", what, " must be a whole number that fits in int64, got ", v);
+  return *n;
 }
 
 double setting(const std::vector<std::pair<std::string, double>>& values, const std::string& name) {

@@ -7,6 +7,8 @@
 // state on the side; only when all lists are empty does phase 2 swap them in.
 #include "optim/optimizer.h"
 
+#include "core/base/checked_size.h"
+
 #include <algorithm>
 #include <set>
 #include <sstream>
@@ -73,7 +75,7 @@ Optimizer::Optimizer(Options defaults) : defaults_(std::move(defaults)) {}
 
 const ParamState& Optimizer::state(int64_t i) const {
   MG_CHECK(i >= 0 && i < num_params(), name(), ".state: parameter index ", i, " out of range (", num_params(),
-        " parameters)");
+           " parameters)");
   return state_[static_cast<size_t>(i)];
 }
 
@@ -91,16 +93,16 @@ void Optimizer::add_param_group(ParamGroup group) {
     const Tensor& p = group.params[j];
     MG_CHECK(p.defined(), name(), ": parameter ", j, " of the new group is an undefined tensor");
     MG_CHECK(is_floating(p.dtype()), name(), ": can only optimize floating-point tensors, got ", p.dtype(),
-          " (parameter ", j, " of the new group)");
+             " (parameter ", j, " of the new group)");
     MG_CHECK(p.is_leaf(), name(), ": can't optimize a non-leaf tensor (parameter ", j,
-          " of the new group has a grad_fn); optimize the leaf it was computed from");
+             " of the new group has a grad_fn); optimize the leaf it was computed from");
     for (size_t k = 0; k < j; ++k)
       MG_CHECK(!group.params[k].is_same(p), name(), ": parameter ", j, " of the new group repeats parameter ",
-            k);
+               k);
     for (size_t g = 0; g < groups_.size(); ++g)
       for (const Tensor& q : groups_[g].params)
         MG_CHECK(!q.is_same(p), name(), ": parameter ", j, " of the new group is already in group ", g,
-              " (a parameter may belong to one group only)");
+                 " (a parameter may belong to one group only)");
   }
   state_.resize(state_.size() + group.params.size());
   group_steps_.push_back(0);
@@ -118,13 +120,13 @@ void Optimizer::step() {
       const int64_t i = index++;
       const Tensor& grad = p.grad();
       if (!grad.defined()) continue;  // no gradient this step: nothing changes, not even the state
-      MG_CHECK(grad.device() == p.device() && grad.dtype() == p.dtype(), name(), ".step: parameter ", i, " is ",
-            p.dtype(), " on ", p.device(), " but its gradient is ", grad.dtype(), " on ", grad.device(),
-            "; they must match");
+      MG_CHECK(grad.device() == p.device() && grad.dtype() == p.dtype(), name(), ".step: parameter ", i,
+               " is ", p.dtype(), " on ", p.device(), " but its gradient is ", grad.dtype(), " on ",
+               grad.device(), "; they must match");
       MG_CHECK(grad.shape() == p.shape(), name(), ".step: parameter ", i, " has shape ", shape_str(p.shape()),
-            " but its gradient has shape ", shape_str(grad.shape()));
+               " but its gradient has shape ", shape_str(grad.shape()));
       MG_CHECK(p.is_contiguous(), name(), ".step: parameter ", i, " (shape ", shape_str(p.shape()),
-            ") is not contiguous; the fused update needs parameters that own contiguous memory");
+               ") is not contiguous; the fused update needs parameters that own contiguous memory");
       batches[g].push_back(ParamUpdate{p, grad.is_contiguous() ? grad : grad.contiguous(),
                                        &state_[static_cast<size_t>(i)], i});
     }
@@ -158,8 +160,8 @@ void Optimizer::require_cpu_kernel_support(const std::vector<ParamUpdate>& batch
   for (const ParamUpdate& u : batch) {
     // Any device: CPU and CUDA both have the fused kernels (kernels/cpu/optim, kernels/cuda/optim.cu).
     MG_CHECK(u.param.dtype() == DType::f32 || u.param.dtype() == DType::f64, name(), ".step: parameter ",
-          u.index, " is ", u.param.dtype(),
-          "; the optimizer kernels take f32 or f64 (keep f32 master weights)");
+             u.index, " is ", u.param.dtype(),
+             "; the optimizer kernels take f32 or f64 (keep f32 master weights)");
   }
 }
 
@@ -226,7 +228,10 @@ void Optimizer::load_state_dict(const StateDict& sd) {
     }
     double steps = 0;
     scalar("step", steps);
-    new_steps[g] = static_cast<int64_t>(steps);
+    const std::optional<int64_t> whole_steps = try_whole_int64(steps);
+    MG_CHECK(whole_steps && *whole_steps >= 0, name(), ".load_state_dict: group ", g,
+             "'s step must be a whole number >= 0 that fits in int64, got ", steps);
+    new_steps[g] = *whole_steps;
     // The group must cover the same parameters (by global index) as ours.
     std::vector<int64_t> expected;
     for (size_t j = 0; j < groups_[g].params.size(); ++j) expected.push_back(first + static_cast<int64_t>(j));

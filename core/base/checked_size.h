@@ -13,6 +13,7 @@
 // `what` (a literal or a view: nothing is built on the passing path).
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -34,6 +35,17 @@ inline std::optional<int64_t> try_add(int64_t a, int64_t b) {
   int64_t out;
   if (__builtin_add_overflow(a, b, &out)) return std::nullopt;
   return out;
+}
+
+// A count stored as a double (an optimizer's step, a scheduler's t_max, a scaler's growth tracker:
+// state dicts hold them as f64 scalars) as int64, or nullopt when it is not finite, not whole, or
+// outside int64 -- casting such a double to int64_t is undefined behaviour, so a crafted checkpoint
+// must be refused before the cast.
+inline std::optional<int64_t> try_whole_int64(double v) {
+  if (!std::isfinite(v) || v != std::floor(v) || v < -9223372036854775808.0 || v >= 9223372036854775808.0) {
+    return std::nullopt;
+  }
+  return static_cast<int64_t>(v);
 }
 
 // The number of elements of `shape`, or nullopt when a dim is negative or the rule above is broken.
