@@ -168,7 +168,7 @@ Flags parse_flags(int argc, char** argv) {
   }
   MG_CHECK(f.min_bytes >= 1, "--min-bytes must be >= 1, got ", f.min_bytes);
   MG_CHECK(f.max_bytes >= f.min_bytes, "--max-bytes (", f.max_bytes, ") is below --min-bytes (", f.min_bytes,
-        ")");
+           ")");
   MG_CHECK(f.iters >= 1, "--iters must be >= 1, got ", f.iters);
   MG_CHECK(f.warmup >= 0, "--warmup must be >= 0, got ", f.warmup);
   if (f.json_path.empty()) {

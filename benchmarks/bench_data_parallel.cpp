@@ -157,7 +157,7 @@ int main(int argc, char** argv) {
     std::vector<Config> configs;
     for (int n : flags.device_counts) {
       MG_CHECK(!gpus || n <= cuda::device_count(), "--devices: ", n, " devices asked, ", cuda::device_count(),
-            " GPUs found");
+               " GPUs found");
       Config c;
       c.num_devices = n;
       for (int i = 0; i < n; ++i) c.devices.push_back(gpus ? Device::cuda(i) : Device::cpu(i));

@@ -127,8 +127,8 @@ int to_int(const std::string& flag, const std::string& text, long long lo, long 
   } catch (const std::exception&) {
     used = 0;
   }
-  MG_CHECK(used == text.size() && !text.empty() && v >= lo && v <= hi, flag, ": expected an integer in [",
-            lo, ", ", hi, "], got '", text, "'");
+  MG_CHECK(used == text.size() && !text.empty() && v >= lo && v <= hi, flag, ": expected an integer in [", lo,
+           ", ", hi, "], got '", text, "'");
   return static_cast<int>(v);
 }
 
@@ -141,14 +141,14 @@ double to_double(const std::string& flag, const std::string& text) {
     used = 0;
   }
   MG_CHECK(used == text.size() && !text.empty() && v >= 0, flag, ": expected a number >= 0, got '", text,
-            "'");
+           "'");
   return v;
 }
 
 std::vector<FlagSpec> flag_table(Flags& f) {
   auto oneof = [](const std::string& flag, const std::string& v, std::vector<std::string> allowed) {
     MG_CHECK(std::find(allowed.begin(), allowed.end(), v) != allowed.end(), flag, ": unknown value '", v,
-              "'");
+             "'");
     return v;
   };
   return {
@@ -326,7 +326,7 @@ mg::Device pick_device(const std::string& requested) {
   if (requested == "auto" && !(mg::cuda::built_with_cuda() && mg::cuda::device_count() > 0))
     return mg::Device::cpu(0);
   MG_CHECK(mg::cuda::built_with_cuda(), "--device cuda: this build has no CUDA (configure with ",
-            "-DMG_CUDA=ON, as scripts/gpu-check does in build-gpu/)");
+           "-DMG_CUDA=ON, as scripts/gpu-check does in build-gpu/)");
   MG_CHECK(mg::cuda::device_count() > 0, "--device cuda: ", mg::cuda::describe_devices());
   mg::cuda::enable_backend();
   return mg::Device::cuda(0);

@@ -109,7 +109,7 @@ torch::Tensor to_torch(const mg::Tensor& t) {
   std::vector<int64_t> sizes(c.shape().begin(), c.shape().end());
   if (c.dtype() == mg::DType::f32) return torch::from_blob(c.data<float>(), sizes, torch::kFloat32).clone();
   MG_CHECK(c.dtype() == mg::DType::i64, "bench_vs_torch: to_torch supports f32 and i64, got ",
-            mg::dtype_name(c.dtype()));
+           mg::dtype_name(c.dtype()));
   return torch::from_blob(c.data<int64_t>(), sizes, torch::kInt64).clone();
 }
 
@@ -119,12 +119,12 @@ torch::Tensor to_torch(const mg::Tensor& t) {
 void copy_weights(const mg::nn::Module& from, torch::nn::Module& to) {
   auto copy_list = [](const std::vector<mg::Tensor>& src, std::vector<torch::Tensor> dst, const char* what) {
     MG_CHECK(src.size() == dst.size(), "bench_vs_torch: multigrad model has ", src.size(), " ", what,
-              ", libtorch model has ", dst.size());
+             ", libtorch model has ", dst.size());
     torch::NoGradGuard no_grad;
     for (size_t i = 0; i < src.size(); ++i) {
       torch::Tensor value = to_torch(src[i]);
       MG_CHECK(value.sizes() == dst[i].sizes(), "bench_vs_torch: ", what, " ", i, " has shape ",
-                mg::shape_str(src[i].shape()), " in multigrad but ", dst[i].sizes(), " in libtorch");
+               mg::shape_str(src[i].shape()), " in multigrad but ", dst[i].sizes(), " in libtorch");
       dst[i].copy_(value);
     }
   };

@@ -42,7 +42,7 @@ class CpuCachingAllocator {
     }
     void* ptr = std::aligned_alloc(kAlignment, size);
     MG_CHECK(ptr != nullptr, "CPU out of memory: asked for ", nbytes, " bytes; ", stats_.allocated_bytes,
-          " bytes held by tensors and ", cached_bytes_, " bytes cached");
+             " bytes held by tensors and ", cached_bytes_, " bytes cached");
     ++stats_.system_allocations;
     block_sizes_[ptr] = size;
     note_allocated(size);
@@ -107,7 +107,7 @@ std::unique_ptr<DeviceBackend>& cuda_backend_slot() {
 const DeviceBackend& require_cuda_backend(Device device) {
   const DeviceBackend* backend = cuda_backend();
   MG_CHECK(backend != nullptr, "cannot use ", device,
-        ": this multigrad has no CUDA backend registered (built without CUDA, or no GPU was found)");
+           ": this multigrad has no CUDA backend registered (built without CUDA, or no GPU was found)");
   return *backend;
 }
 
@@ -159,7 +159,9 @@ std::atomic<int64_t> g_cross_device_copy_bytes{0};
 }  // namespace
 
 int64_t cross_device_copy_bytes() { return g_cross_device_copy_bytes.load(std::memory_order_relaxed); }
-void count_cross_device_copy(int64_t bytes) { g_cross_device_copy_bytes.fetch_add(bytes, std::memory_order_relaxed); }
+void count_cross_device_copy(int64_t bytes) {
+  g_cross_device_copy_bytes.fetch_add(bytes, std::memory_order_relaxed);
+}
 
 void* device_allocate(size_t nbytes, Device device) {
   if (device.is_cpu()) {
@@ -195,10 +197,10 @@ bool pinned_memory_available() {
 
 void* pinned_allocate(size_t nbytes) {
   MG_CHECK(pinned_memory_available(),
-        "pin_memory: pinned (page-locked) host memory needs the CUDA backend, and ",
-        cuda_backend()
-            ? "the registered backend has no pinned allocator"
-            : "none is registered (built without CUDA, no GPU, or mg::cuda::enable_backend() not called)");
+           "pin_memory: pinned (page-locked) host memory needs the CUDA backend, and ",
+           cuda_backend()
+               ? "the registered backend has no pinned allocator"
+               : "none is registered (built without CUDA, no GPU, or mg::cuda::enable_backend() not called)");
   return cuda_backend()->allocate_pinned(nbytes);
 }
 

@@ -11,7 +11,7 @@ AutocastState autocast_state() { return current_state; }
 
 AutocastGuard::AutocastGuard(DType dtype, bool enabled) : previous_(current_state) {
   MG_CHECK(dtype == DType::bf16 || dtype == DType::f16,
-        "AutocastGuard: the autocast dtype must be bf16 or f16, got ", dtype);
+           "AutocastGuard: the autocast dtype must be bf16 or f16, got ", dtype);
   current_state = AutocastState{enabled, dtype};
 }
 

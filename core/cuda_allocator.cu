@@ -212,7 +212,7 @@ class CudaCachingAllocator {
     std::lock_guard<std::mutex> lock(mutex_);
     auto found = live_.find(ptr);
     MG_CHECK(found != live_.end(), "record_stream: the tensor's memory on cuda:", device,
-          " was not handed out by the CUDA caching allocator (or is already freed)");
+             " was not handed out by the CUDA caching allocator (or is already freed)");
     Block& b = found->second;
     if (stream.handle == b.stream && physical_device(stream.device) == physical_device(b.device)) return;
     for (const Stream& s : b.users)
@@ -568,11 +568,11 @@ void empty_cache() { allocator().empty_cache(); }
 void record_stream(const Tensor& t, Stream stream) {
   MG_CHECK(t.defined(), "record_stream: the tensor is undefined");
   MG_CHECK(t.device().is_cuda(), "record_stream: the tensor is on ", t.device(),
-        "; only CUDA tensors belong to the caching allocator");
+           "; only CUDA tensors belong to the caching allocator");
   const int device = t.device().index;
   MG_CHECK(physical_device(stream.device) == physical_device(device),
-        "record_stream: the tensor lives on cuda:", device,
-        " but the stream belongs to cuda:", stream.device);
+           "record_stream: the tensor lives on cuda:", device,
+           " but the stream belongs to cuda:", stream.device);
   allocator().record_stream(t.storage()->data(), device, stream);
 }
 

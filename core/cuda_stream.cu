@@ -59,8 +59,8 @@ void check_device(int device) {
   const int n = device_count();
   MG_CHECK(n > 0, "cuda:", device, ": no usable CUDA device (", describe_devices(), ")");
   MG_CHECK(device >= 0 && device < n && device < kMaxDevices, "cuda:", device,
-        ": no such device (this process has ", n, " CUDA device", n == 1 ? "" : "s",
-        virtual_gpus() ? ", virtual" : "", ")");
+           ": no such device (this process has ", n, " CUDA device", n == 1 ? "" : "s",
+           virtual_gpus() ? ", virtual" : "", ")");
 }
 }  // namespace
 
@@ -171,7 +171,7 @@ void Event::record(Stream stream) {
     device_ = stream.device;
   }
   MG_CHECK(physical_device(stream.device) == physical_device(device_),
-        "Event::record: the event belongs to cuda:", device_, " but the stream to cuda:", stream.device);
+           "Event::record: the event belongs to cuda:", device_, " but the stream to cuda:", stream.device);
   MG_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(handle_), static_cast<cudaStream_t>(stream.handle)));
 }
 
@@ -200,7 +200,7 @@ void Event::synchronize() const {
 float Event::elapsed_ms(const Event& end) const {
   MG_CHECK(timing_ && end.timing_, "Event::elapsed_ms: both events must be created with timing = true");
   MG_CHECK(handle_ != nullptr && end.handle_ != nullptr,
-        "Event::elapsed_ms: both events must be recorded first");
+           "Event::elapsed_ms: both events must be recorded first");
   float ms = 0.0f;
   MG_CUDA_CHECK(
       cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(handle_), static_cast<cudaEvent_t>(end.handle_)));

@@ -63,8 +63,8 @@ class Tensor {
   void* data_ptr() const;
   template <class T>
   T* data() const {
-    MG_CHECK(dtype_of<T>() == dtype(), "Tensor::data<", dtype_name(dtype_of<T>()), ">() on a tensor of dtype ",
-          dtype());
+    MG_CHECK(dtype_of<T>() == dtype(), "Tensor::data<", dtype_name(dtype_of<T>()),
+             ">() on a tensor of dtype ", dtype());
     return static_cast<T*>(data_ptr());
   }
   // The kernel-facing description of this tensor (<= kMaxDims dims).

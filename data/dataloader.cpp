@@ -70,10 +70,10 @@ struct DataLoader::Run {
       NoGradGuard no_grad;
       result.batch = dataset.get_batch(indices);
       MG_CHECK(result.batch.data.defined() && result.batch.target.defined() && result.batch.data.dim() >= 1 &&
-                result.batch.data.size(0) == static_cast<int64_t>(indices.size()),
-            "Dataset::get_batch returned ",
-            result.batch.data.defined() ? shape_str(result.batch.data.shape()) : "[]", " for ",
-            indices.size(), " indices");
+                   result.batch.data.size(0) == static_cast<int64_t>(indices.size()),
+               "Dataset::get_batch returned ",
+               result.batch.data.defined() ? shape_str(result.batch.data.shape()) : "[]", " for ",
+               indices.size(), " indices");
       if (options.transform) {
         result.batch.data = options.transform->apply_batch(result.batch.data, indices, epoch, options.seed);
       }
@@ -220,11 +220,11 @@ DataLoader::DataLoader(const Dataset& dataset, DataLoaderOptions options)
   MG_CHECK(options_.workers >= 0, "DataLoader: workers must be >= 0, got ", options_.workers);
   MG_CHECK(options_.prefetch >= 1, "DataLoader: prefetch must be >= 1, got ", options_.prefetch);
   MG_CHECK(!(options_.sampler && options_.shuffle),
-        "DataLoader: shuffle = true and a sampler are mutually exclusive (the sampler decides the order; "
-        "give the sampler shuffling instead, e.g. RandomSampler or DistributedSampler with shuffle)");
+           "DataLoader: shuffle = true and a sampler are mutually exclusive (the sampler decides the order; "
+           "give the sampler shuffling instead, e.g. RandomSampler or DistributedSampler with shuffle)");
   if (options_.device && options_.device->is_cuda()) {
     MG_CHECK(options_.device->index < cuda::device_count(), "DataLoader: device ", *options_.device,
-          " requested, but ", cuda::describe_devices());
+             " requested, but ", cuda::describe_devices());
   }
   if (options_.sampler) {
     sampler_ = options_.sampler;
@@ -257,14 +257,14 @@ DataLoader::Iterator DataLoader::begin() {
   const int64_t n = dataset_.size();
   for (size_t p = 0; p < order.size(); ++p) {
     MG_CHECK(order[p] >= 0 && order[p] < n, "DataLoader: the sampler gave index ", order[p], " (position ", p,
-          " of epoch ", epoch, ") for a dataset of size ", n);
+             " of epoch ", epoch, ") for a dataset of size ", n);
   }
   if (own_sampler_) own_sampler_->set_epoch(epoch + 1);  // the next pass is the next epoch
   const int64_t first = start_batch_;
   start_batch_ = 0;
   auto run = std::make_shared<Run>(dataset_, options_, epoch, std::move(order));
   MG_CHECK(first <= run->num_batches, "DataLoader: start batch ", first, " is past the ", run->num_batches,
-        " batches of epoch ", epoch);
+           " batches of epoch ", epoch);
   run->next_to_start = run->next_to_deliver = first;
   run->start_workers();
   run->advance_to(first);

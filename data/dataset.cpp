@@ -21,12 +21,13 @@ Batch stack_examples(const std::vector<Example>& examples) {
     const Example& e = examples[i];
     MG_CHECK(e.data.defined() && e.target.defined(), "stack_examples: sample ", i, " of the batch is empty");
     MG_CHECK(e.data.shape() == first.data.shape() && e.data.dtype() == first.data.dtype(),
-          "stack_examples: sample ", i, " of the batch has data ", shape_str(e.data.shape()), " ",
-          e.data.dtype(), " but sample 0 has ", shape_str(first.data.shape()), " ", first.data.dtype(),
-          " (samples of a batch must match)");
+             "stack_examples: sample ", i, " of the batch has data ", shape_str(e.data.shape()), " ",
+             e.data.dtype(), " but sample 0 has ", shape_str(first.data.shape()), " ", first.data.dtype(),
+             " (samples of a batch must match)");
     MG_CHECK(e.target.shape() == first.target.shape() && e.target.dtype() == first.target.dtype(),
-          "stack_examples: sample ", i, " of the batch has target ", shape_str(e.target.shape()), " ",
-          e.target.dtype(), " but sample 0 has ", shape_str(first.target.shape()), " ", first.target.dtype());
+             "stack_examples: sample ", i, " of the batch has target ", shape_str(e.target.shape()), " ",
+             e.target.dtype(), " but sample 0 has ", shape_str(first.target.shape()), " ",
+             first.target.dtype());
     data.push_back(e.data);
     targets.push_back(e.target);
   }
@@ -44,10 +45,10 @@ Batch Dataset::get_batch(const std::vector<int64_t>& indices) const {
 TensorDataset::TensorDataset(Tensor data, Tensor targets) : data_(data.detach()), targets_(targets.detach()) {
   MG_CHECK(data_.defined() && targets_.defined(), "TensorDataset: data and targets must be defined tensors");
   MG_CHECK(data_.dim() >= 1 && targets_.dim() >= 1, "TensorDataset: data ", shape_str(data_.shape()),
-        " and targets ", shape_str(targets_.shape()), " both need a leading sample dim");
+           " and targets ", shape_str(targets_.shape()), " both need a leading sample dim");
   MG_CHECK(data_.size(0) == targets_.size(0), "TensorDataset: data has ", data_.size(0), " samples (shape ",
-        shape_str(data_.shape()), ") but targets has ", targets_.size(0), " (shape ",
-        shape_str(targets_.shape()), ")");
+           shape_str(data_.shape()), ") but targets has ", targets_.size(0), " (shape ",
+           shape_str(targets_.shape()), ")");
 }
 
 Example TensorDataset::get(int64_t index) const {

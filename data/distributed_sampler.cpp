@@ -14,12 +14,12 @@ DistributedSampler::DistributedSampler(int64_t dataset_size, int64_t rank, int64
   MG_CHECK(dataset_size >= 0, "DistributedSampler: dataset_size must be >= 0, got ", dataset_size);
   MG_CHECK(world_size >= 1, "DistributedSampler: world_size must be >= 1, got ", world_size);
   MG_CHECK(rank >= 0 && rank < world_size, "DistributedSampler: rank ", rank, " is outside [0, ", world_size,
-        ")");
+           ")");
 }
 
 void DistributedSampler::set_start_sample(int64_t epoch, int64_t samples) {
   MG_CHECK(samples >= 0 && samples <= n_, "DistributedSampler::set_start_sample: ", samples,
-        " samples consumed is outside [0, ", n_, "] (the dataset size)");
+           " samples consumed is outside [0, ", n_, "] (the dataset size)");
   start_epoch_ = epoch;
   start_sample_ = samples;
 }

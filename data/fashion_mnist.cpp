@@ -48,21 +48,21 @@ std::string dims_str(const std::vector<int64_t>& dims) {
 FashionMNISTArrays load_fashion_mnist_files(const std::string& images_path, const std::string& labels_path) {
   IdxArray images = read_idx(images_path);
   MG_CHECK(images.magic() == 0x00000803, images_path,
-        ": expected an IDX image file (magic 0x00000803: u8, 3 dims), ", "got ",
-        idx_magic_hex(images.magic()));
+           ": expected an IDX image file (magic 0x00000803: u8, 3 dims), ", "got ",
+           idx_magic_hex(images.magic()));
   MG_CHECK(images.dims[1] == FashionMNIST::kRows && images.dims[2] == FashionMNIST::kCols, images_path,
-        ": expected 28 x 28 images, got dims ", dims_str(images.dims));
+           ": expected 28 x 28 images, got dims ", dims_str(images.dims));
 
   IdxArray labels = read_idx(labels_path);
   MG_CHECK(labels.magic() == 0x00000801, labels_path,
-        ": expected an IDX label file (magic 0x00000801: u8, 1 dim), ", "got ",
-        idx_magic_hex(labels.magic()));
+           ": expected an IDX label file (magic 0x00000801: u8, 1 dim), ", "got ",
+           idx_magic_hex(labels.magic()));
   MG_CHECK(images.dims[0] == labels.dims[0], "FashionMNIST: ", images_path, " has ", images.dims[0],
-        " images but ", labels_path, " has ", labels.dims[0], " labels");
+           " images but ", labels_path, " has ", labels.dims[0], " labels");
   MG_CHECK(images.dims[0] > 0, "FashionMNIST: ", images_path, " has no images");
   for (size_t i = 0; i < labels.bytes.size(); ++i) {
     MG_CHECK(labels.bytes[i] < FashionMNIST::kClasses, labels_path, ": label ", int(labels.bytes[i]),
-          " at index ", i, " is outside [0, 9]");
+             " at index ", i, " is outside [0, 9]");
   }
   return FashionMNISTArrays{std::move(images.bytes), std::move(labels.bytes), images.dims[0]};
 }

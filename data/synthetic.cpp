@@ -24,7 +24,7 @@ SyntheticClassification::SyntheticClassification(int64_t size, Shape sample_shap
   MG_CHECK(noise >= 0, "SyntheticClassification: noise must be >= 0, got ", noise);
   for (int64_t s : sample_shape_) {
     MG_CHECK(s > 0, "SyntheticClassification: sample_shape ", shape_str(sample_shape_),
-          " has a non-positive size");
+             " has a non-positive size");
   }
   centroids_.resize(static_cast<size_t>(classes_ * numel_));
   for (size_t e = 0; e < centroids_.size(); ++e) centroids_[e] = philox_normal(key_, e, kCentroidCall);

@@ -16,8 +16,8 @@ struct CHW {
 };
 // [C, H, W] or [H, W] (one channel).
 CHW chw(const Shape& shape, const char* who) {
-  MG_CHECK(shape.size() == 2 || shape.size() == 3, who, ": expected a sample of shape [C, H, W] or [H, W], got ",
-        shape_str(shape));
+  MG_CHECK(shape.size() == 2 || shape.size() == 3, who,
+           ": expected a sample of shape [C, H, W] or [H, W], got ", shape_str(shape));
   if (shape.size() == 2) return CHW{1, shape[0], shape[1]};
   return CHW{shape[0], shape[1], shape[2]};
 }
@@ -42,9 +42,9 @@ Tensor Transform::operator()(const Tensor& sample, const SampleKey& key) const {
 Tensor Transform::apply_batch(const Tensor& batch, const std::vector<int64_t>& indices, int64_t epoch,
                               uint64_t seed) const {
   Tensor in = as_cpu_f32(batch, "Transform::apply_batch");
-  MG_CHECK(in.dim() >= 1 && in.size(0) == static_cast<int64_t>(indices.size()), "Transform::apply_batch: batch ",
-        shape_str(in.shape()), " has ", in.dim() ? in.size(0) : 0, " rows but ", indices.size(),
-        " indices were given");
+  MG_CHECK(in.dim() >= 1 && in.size(0) == static_cast<int64_t>(indices.size()),
+           "Transform::apply_batch: batch ", shape_str(in.shape()), " has ", in.dim() ? in.size(0) : 0,
+           " rows but ", indices.size(), " indices were given");
   const Shape sample_shape(in.shape().begin() + 1, in.shape().end());
   const Shape out_sample = output_shape(sample_shape);
   Shape out_shape{in.size(0)};
@@ -63,7 +63,7 @@ Tensor Transform::apply_batch(const Tensor& batch, const std::vector<int64_t>& i
 
 Normalize::Normalize(std::vector<double> mean, std::vector<double> std) {
   MG_CHECK(!mean.empty() && mean.size() == std.size(),
-        "Normalize: mean and std need the same, non-zero length, got ", mean.size(), " and ", std.size());
+           "Normalize: mean and std need the same, non-zero length, got ", mean.size(), " and ", std.size());
   for (size_t c = 0; c < mean.size(); ++c) {
     MG_CHECK(std[c] > 0, "Normalize: std[", c, "] must be > 0, got ", std[c]);
     mean_.push_back(static_cast<float>(mean[c]));
@@ -74,7 +74,7 @@ Normalize::Normalize(std::vector<double> mean, std::vector<double> std) {
 Shape Normalize::output_shape(const Shape& in) const {
   const CHW s = chw(in, "Normalize");
   MG_CHECK(mean_.size() == 1 || static_cast<int64_t>(mean_.size()) == s.c, "Normalize: ", mean_.size(),
-        " channel means/stds for a sample with ", s.c, " channels (shape ", shape_str(in), ")");
+           " channel means/stds for a sample with ", s.c, " channels (shape ", shape_str(in), ")");
   return in;
 }
 
@@ -99,7 +99,7 @@ RandomCrop::RandomCrop(int64_t size_h, int64_t size_w, int64_t padding)
 Shape RandomCrop::output_shape(const Shape& in) const {
   const CHW s = chw(in, "RandomCrop");
   MG_CHECK(size_h_ <= s.h + 2 * padding_ && size_w_ <= s.w + 2 * padding_, "RandomCrop: a ", size_h_, " x ",
-        size_w_, " crop does not fit a ", s.h, " x ", s.w, " sample padded by ", padding_);
+           size_w_, " crop does not fit a ", s.h, " x ", s.w, " sample padded by ", padding_);
   return in.size() == 2 ? Shape{size_h_, size_w_} : Shape{s.c, size_h_, size_w_};
 }
 
@@ -160,7 +160,8 @@ void RandomHorizontalFlip::apply(const float* in, const Shape& in_shape, float* 
 // ---- Compose ----------------------------------------------------------------------------------
 
 Compose::Compose(std::vector<std::shared_ptr<const Transform>> stages) : stages_(std::move(stages)) {
-  for (size_t s = 0; s < stages_.size(); ++s) MG_CHECK(stages_[s] != nullptr, "Compose: stage ", s, " is null");
+  for (size_t s = 0; s < stages_.size(); ++s)
+    MG_CHECK(stages_[s] != nullptr, "Compose: stage ", s, " is null");
 }
 
 Shape Compose::output_shape(const Shape& in) const {

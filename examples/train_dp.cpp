@@ -76,7 +76,7 @@ int main(int argc, char** argv) {
 
   try {
     MG_CHECK(precision == "f32" || precision == "bf16", "--precision must be f32 or bf16, got '", precision,
-          "'");
+             "'");
     const bool bf16 = precision == "bf16";
     const std::vector<Device> devices = pick_devices(num_devices);
     const Device device = devices[0];  // parameters, outputs, loss and optimizer live here

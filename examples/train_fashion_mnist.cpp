@@ -73,7 +73,7 @@ int main(int argc, char** argv) {
 
   try {
     MG_CHECK(precision == "f32" || precision == "bf16", "--precision must be f32 or bf16, got '", precision,
-          "'");
+             "'");
     const bool bf16 = precision == "bf16";
     MG_CHECK(epochs >= 0, "--epochs must be >= 0 (0: the model's default), got ", epochs);
     if (epochs == 0) epochs = model_name == "cnn" ? 6 : 15;  // what reaches the accuracy floors (see top)

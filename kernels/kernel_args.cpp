@@ -94,67 +94,68 @@ const char* reduce_op_name(ReduceOp op) {
 
 void check_gemm_args(const GemmArgs& g, const char* what) {
   MG_CHECK(is_floating(g.dtype), what, ": expected a floating dtype (f32, f64, f16, bf16), got ",
-        dtype_name(g.dtype));
+           dtype_name(g.dtype));
   MG_CHECK(g.m >= 0 && g.n >= 0 && g.k >= 0, what, ": sizes must be non-negative, got m=", g.m, " n=", g.n,
-        " k=", g.k);
+           " k=", g.k);
   MG_CHECK(g.batch >= 0, what, ": batch must be non-negative, got ", g.batch);
   const int64_t a_row = stored_row_length(g.trans_a, g.m, g.k);
   const int64_t b_row = stored_row_length(g.trans_b, g.k, g.n);
   MG_CHECK(g.lda >= a_row, what, ": lda=", g.lda, " is smaller than the row length ", a_row, " of ",
-        g.trans_a ? "A (stored k x m, trans_a)" : "A (stored m x k)");
+           g.trans_a ? "A (stored k x m, trans_a)" : "A (stored m x k)");
   MG_CHECK(g.ldb >= b_row, what, ": ldb=", g.ldb, " is smaller than the row length ", b_row, " of ",
-        g.trans_b ? "B (stored n x k, trans_b)" : "B (stored k x n)");
+           g.trans_b ? "B (stored n x k, trans_b)" : "B (stored k x n)");
   MG_CHECK(g.ldc >= g.n, what, ": ldc=", g.ldc, " is smaller than the row length n=", g.n, " of C");
   MG_CHECK(g.batch_stride_a >= 0 && g.batch_stride_b >= 0 && g.batch_stride_c >= 0, what,
-        ": batch strides must be non-negative, got a=", g.batch_stride_a, " b=", g.batch_stride_b,
-        " c=", g.batch_stride_c);
+           ": batch strides must be non-negative, got a=", g.batch_stride_a, " b=", g.batch_stride_b,
+           " c=", g.batch_stride_c);
   const bool c_written = g.batch > 0 && g.m > 0 && g.n > 0;
   if (c_written && g.batch > 1) {
     // Every batch entry writes its own C; broadcasting C would race and overwrite.
     const int64_t c_extent = (g.m - 1) * g.ldc + g.n;
     MG_CHECK(g.batch_stride_c >= c_extent, what, ": batch_stride_c=", g.batch_stride_c,
-          " makes the batch entries of C overlap (each spans ", c_extent, " elements)");
+             " makes the batch entries of C overlap (each spans ", c_extent, " elements)");
   }
   MG_CHECK(!c_written || g.c != nullptr, what, ": C is null");
   // alpha == 0 does not read A or B (BLAS semantics), so they may be null then.
   MG_CHECK(!c_written || g.k == 0 || g.alpha == 0.0 || (g.a != nullptr && g.b != nullptr), what,
-        ": A or B is null");
+           ": A or B is null");
 }
 
 // ---- convolution and pooling geometry ----
 
 void check_conv2d_geometry(const Conv2dGeometry& g) {
   MG_CHECK(g.channels >= 0 && g.height >= 0 && g.width >= 0,
-        "conv2d: image sizes must be non-negative, got C=", g.channels, " H=", g.height, " W=", g.width);
+           "conv2d: image sizes must be non-negative, got C=", g.channels, " H=", g.height, " W=", g.width);
   MG_CHECK(g.kernel_h >= 1 && g.kernel_w >= 1, "conv2d: kernel size must be positive, got ", g.kernel_h, "x",
-        g.kernel_w);
+           g.kernel_w);
   MG_CHECK(g.stride_h >= 1 && g.stride_w >= 1, "conv2d: stride must be positive, got ", g.stride_h, "x",
-        g.stride_w);
-  MG_CHECK(g.dilation_h >= 1 && g.dilation_w >= 1, "conv2d: dilation must be positive, got ", g.dilation_h, "x",
-        g.dilation_w);
+           g.stride_w);
+  MG_CHECK(g.dilation_h >= 1 && g.dilation_w >= 1, "conv2d: dilation must be positive, got ", g.dilation_h,
+           "x", g.dilation_w);
   MG_CHECK(g.pad_h >= 0 && g.pad_w >= 0, "conv2d: padding must be non-negative, got ", g.pad_h, "x", g.pad_w);
   const int64_t span_h = g.dilation_h * (g.kernel_h - 1) + 1;  // extent of the dilated kernel
   const int64_t span_w = g.dilation_w * (g.kernel_w - 1) + 1;
   MG_CHECK(g.height + 2 * g.pad_h >= span_h && g.width + 2 * g.pad_w >= span_w, "conv2d: padded input ",
-        g.height + 2 * g.pad_h, "x", g.width + 2 * g.pad_w, " is smaller than the dilated kernel ", span_h,
-        "x", span_w, " (input ", g.height, "x", g.width, ", padding ", g.pad_h, "x", g.pad_w, ")");
+           g.height + 2 * g.pad_h, "x", g.width + 2 * g.pad_w, " is smaller than the dilated kernel ", span_h,
+           "x", span_w, " (input ", g.height, "x", g.width, ", padding ", g.pad_h, "x", g.pad_w, ")");
 }
 
 void check_pool2d_geometry(const Pool2dGeometry& g) {
   MG_CHECK(g.planes >= 0 && g.height >= 0 && g.width >= 0,
-        "pool2d: input sizes must be non-negative, got planes=", g.planes, " H=", g.height, " W=", g.width);
+           "pool2d: input sizes must be non-negative, got planes=", g.planes, " H=", g.height,
+           " W=", g.width);
   MG_CHECK(g.kernel_h >= 1 && g.kernel_w >= 1, "pool2d: kernel size must be positive, got ", g.kernel_h, "x",
-        g.kernel_w);
+           g.kernel_w);
   MG_CHECK(g.stride_h >= 1 && g.stride_w >= 1, "pool2d: stride must be positive, got ", g.stride_h, "x",
-        g.stride_w);
+           g.stride_w);
   MG_CHECK(g.pad_h >= 0 && g.pad_w >= 0 && 2 * g.pad_h <= g.kernel_h && 2 * g.pad_w <= g.kernel_w,
-        "pool2d: padding must be between 0 and half the kernel size, got padding ", g.pad_h, "x", g.pad_w,
-        " for kernel ", g.kernel_h, "x", g.kernel_w);
+           "pool2d: padding must be between 0 and half the kernel size, got padding ", g.pad_h, "x", g.pad_w,
+           " for kernel ", g.kernel_h, "x", g.kernel_w);
   MG_CHECK(g.height >= 1 && g.width >= 1, "pool2d: input planes must be non-empty, got ", g.height, "x",
-        g.width);
-  MG_CHECK(g.height + 2 * g.pad_h >= g.kernel_h && g.width + 2 * g.pad_w >= g.kernel_w, "pool2d: padded input ",
-        g.height + 2 * g.pad_h, "x", g.width + 2 * g.pad_w, " is smaller than the kernel ", g.kernel_h, "x",
-        g.kernel_w);
+           g.width);
+  MG_CHECK(g.height + 2 * g.pad_h >= g.kernel_h && g.width + 2 * g.pad_w >= g.kernel_w,
+           "pool2d: padded input ", g.height + 2 * g.pad_h, "x", g.width + 2 * g.pad_w,
+           " is smaller than the kernel ", g.kernel_h, "x", g.kernel_w);
 }
 
 }  // namespace mg::kernels

@@ -17,8 +17,8 @@ CausalSelfAttention::CausalSelfAttention(int64_t embd, int64_t heads, double p)
       c_proj(embd, embd),
       attn_dropout(p),
       resid_dropout(p) {
-  MG_CHECK(heads > 0 && embd % heads == 0, "CausalSelfAttention: n_embd ", embd, " must be divisible by n_head ",
-        heads);
+  MG_CHECK(heads > 0 && embd % heads == 0, "CausalSelfAttention: n_embd ", embd,
+           " must be divisible by n_head ", heads);
   register_module("c_attn", c_attn);
   register_module("c_proj", c_proj);
   register_module("attn_dropout", attn_dropout);
@@ -42,7 +42,7 @@ Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, Dropo
 
 Tensor CausalSelfAttention::forward(const Tensor& x) {
   MG_CHECK(x.defined() && x.dim() == 3 && x.size(2) == n_embd, "CausalSelfAttention: expected input [B, T, ",
-        n_embd, "], got ", x.defined() ? shape_str(x.shape()) : std::string("an undefined tensor"));
+           n_embd, "], got ", x.defined() ? shape_str(x.shape()) : std::string("an undefined tensor"));
   const int64_t B = x.size(0), T = x.size(1), C = n_embd, H = n_head, D = C / H;
 
   std::vector<Tensor> qkv = split(c_attn(x), C, /*dim=*/2);

@@ -11,9 +11,10 @@ namespace mg::nn {
 Conv2d::Conv2d(int64_t in, int64_t out, int64_t k, Conv2dOptions opts)
     : in_channels(in), out_channels(out), kernel_size(k), options(opts) {
   MG_CHECK(in > 0 && out > 0 && k > 0,
-        "Conv2d: in_channels, out_channels and kernel_size must be positive, got ", in, ", ", out, ", ", k);
+           "Conv2d: in_channels, out_channels and kernel_size must be positive, got ", in, ", ", out, ", ",
+           k);
   MG_CHECK(opts.stride > 0 && opts.dilation > 0 && opts.padding >= 0, "Conv2d: stride ", opts.stride,
-        ", dilation ", opts.dilation, " must be positive and padding ", opts.padding, " non-negative");
+           ", dilation ", opts.dilation, " must be positive and padding ", opts.padding, " non-negative");
   weight = empty({out, in, k, k});
   register_parameter("weight", weight);
   if (opts.bias) {

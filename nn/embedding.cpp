@@ -10,7 +10,7 @@ namespace mg::nn {
 Embedding::Embedding(int64_t num, int64_t dim, int64_t pad)
     : num_embeddings(num), embedding_dim(dim), padding_idx(pad) {
   MG_CHECK(num > 0 && dim > 0, "Embedding: num_embeddings and embedding_dim must be positive, got ", num,
-        " and ", dim);
+           " and ", dim);
   MG_CHECK(pad >= -1 && pad < num, "Embedding: padding_idx ", pad, " must be -1 (none) or in [0, ", num, ")");
   weight = empty({num, dim});
   register_parameter("weight", weight);

@@ -22,7 +22,7 @@ double calculate_gain(Nonlinearity nonlinearity, double param) {
 
 std::pair<int64_t, int64_t> calculate_fan_in_and_fan_out(const Tensor& t) {
   MG_CHECK(t.defined() && t.dim() >= 2, "init: fan in and fan out need a tensor with at least 2 dims, got ",
-        t.defined() ? shape_str(t.shape()) : std::string("an undefined tensor"));
+           t.defined() ? shape_str(t.shape()) : std::string("an undefined tensor"));
   int64_t receptive = 1;
   for (int64_t d = 2; d < t.dim(); ++d) receptive *= t.size(d);
   return {t.size(1) * receptive, t.size(0) * receptive};

@@ -9,7 +9,8 @@
 namespace mg::nn {
 
 Linear::Linear(int64_t in, int64_t out, bool has_bias) : in_features(in), out_features(out) {
-  MG_CHECK(in > 0 && out > 0, "Linear: in_features and out_features must be positive, got ", in, " and ", out);
+  MG_CHECK(in > 0 && out > 0, "Linear: in_features and out_features must be positive, got ", in, " and ",
+           out);
   weight = empty({out, in});
   register_parameter("weight", weight);
   if (has_bias) {

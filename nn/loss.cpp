@@ -14,13 +14,13 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& targets_in, const NLLLoss
   MG_CHECK(log_probs.defined() && targets_in.defined(), "nll_loss: undefined input");
   MG_CHECK(is_floating(log_probs.dtype()), "nll_loss: log_probs must be floating, got ", log_probs.dtype());
   MG_CHECK(is_integral(targets_in.dtype()), "nll_loss: targets must be class indices (i64 or i32), got ",
-        targets_in.dtype());
+           targets_in.dtype());
   MG_CHECK(log_probs.dim() >= 2, "nll_loss: log_probs must be [N, C] or [N, C, d1, ...], got ",
-        shape_str(log_probs.shape()));
+           shape_str(log_probs.shape()));
   Shape expected = log_probs.shape();
   expected.erase(expected.begin() + 1);
   MG_CHECK(targets_in.shape() == expected, "nll_loss: log_probs of shape ", shape_str(log_probs.shape()),
-        " need targets of shape ", shape_str(expected), ", got ", shape_str(targets_in.shape()));
+           " need targets of shape ", shape_str(expected), ", got ", shape_str(targets_in.shape()));
   const Tensor targets = targets_in.to(DType::i64);
   const int64_t C = log_probs.size(1);
   const Tensor valid = ne(targets, static_cast<double>(options.ignore_index));  // [N, d...]
@@ -28,7 +28,7 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& targets_in, const NLLLoss
       sum(logical_and(valid, logical_or(lt(targets, 0.0), ge(targets, static_cast<double>(C)))))
           .item<int64_t>();
   MG_CHECK(out_of_range == 0, "nll_loss: ", out_of_range, " target(s) outside [0, ", C,
-        ") (and not ignore_index ", options.ignore_index, ")");
+           ") (and not ignore_index ", options.ignore_index, ")");
 
   // one_hot[n, c, ...] = (targets[n, ...] == c)
   Shape class_shape(log_probs.dim(), 1);
@@ -52,7 +52,7 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& targets_in, const NLLLoss
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
   MG_CHECK(input.defined() && target.defined(), "mse_loss: undefined input");
   MG_CHECK(input.shape() == target.shape(), "mse_loss: input of shape ", shape_str(input.shape()),
-        " and target of shape ", shape_str(target.shape()), " must have the same shape");
+           " and target of shape ", shape_str(target.shape()), " must have the same shape");
   const Tensor squared = square(sub(input, target));
   switch (reduction) {
     case Reduction::None: return squared;

@@ -24,7 +24,7 @@ Tensor Module::forward(const Tensor&) {
 void Module::check_new_name(const std::string& name, const char* what) const {
   MG_CHECK(!name.empty(), type_name(), ": cannot register a ", what, " with an empty name");
   MG_CHECK(name.find('.') == std::string::npos, type_name(), ": ", what, " name '", name,
-        "' must not contain '.' (dots separate submodule names)");
+           "' must not contain '.' (dots separate submodule names)");
   bool taken = false;
   for (const TensorSlot& s : parameters_) taken = taken || s.name == name;
   for (const TensorSlot& s : buffers_) taken = taken || s.name == name;
@@ -36,7 +36,7 @@ Tensor& Module::register_parameter(const std::string& name, Tensor& member, bool
   check_new_name(name, "parameter");
   MG_CHECK(member.defined(), type_name(), ": parameter '", name, "' is an undefined tensor");
   MG_CHECK(is_floating(member.dtype()), type_name(), ": parameter '", name, "' must be floating, got ",
-        member.dtype());
+           member.dtype());
   if (!member.is_leaf()) member = member.detach();  // a parameter is always a leaf
   member.set_requires_grad(requires_grad);
   parameters_.push_back({name, &member});
@@ -306,7 +306,7 @@ std::shared_ptr<Module> Module::clone(std::optional<Device> device) const {
     for (const auto& entry : from) from_names.push_back(entry.first);
     for (const auto& entry : to) to_names.push_back(entry.first);
     MG_CHECK(from_names == to_names, type_name(), "::clone_empty() built a module with other ", what, ": [",
-          join(to_names), "] instead of [", join(from_names), "]");
+             join(to_names), "] instead of [", join(from_names), "]");
     for (size_t i = 0; i < from.size(); ++i) {
       const Tensor& src = *from[i].second;
       Tensor fresh = empty(src.shape(), TensorOptions{src.dtype(), device.value_or(src.device()), false});
@@ -323,7 +323,7 @@ std::shared_ptr<Module> Module::clone(std::optional<Device> device) const {
 
   const auto from_modules = named_modules(), to_modules = copy->named_modules();
   MG_CHECK(from_modules.size() == to_modules.size(), type_name(), "::clone_empty() built a module with ",
-        to_modules.size(), " submodules instead of ", from_modules.size());
+           to_modules.size(), " submodules instead of ", from_modules.size());
   for (size_t i = 0; i < from_modules.size(); ++i)
     to_modules[i].second->training_ = from_modules[i].second->training_;
   return copy;

@@ -14,7 +14,7 @@ Pool2dOptions square(int64_t kernel, int64_t stride, int64_t padding) {
 }
 void check_pool(const char* name, int64_t kernel, int64_t stride, int64_t padding) {
   MG_CHECK(kernel > 0 && stride >= 0 && padding >= 0, name, ": kernel_size ", kernel,
-        " must be positive, stride ", stride, " and padding ", padding, " non-negative");
+           " must be positive, stride ", stride, " and padding ", padding, " non-negative");
 }
 }  // namespace
 
@@ -46,7 +46,7 @@ AdaptiveAvgPool2d::AdaptiveAvgPool2d(int64_t oh, int64_t ow) : output_h(oh), out
 
 Tensor AdaptiveAvgPool2d::forward(const Tensor& x) {
   MG_CHECK(x.defined() && x.dim() == 4, "AdaptiveAvgPool2d: input must be [N, C, H, W], got ",
-        x.defined() ? shape_str(x.shape()) : std::string("an undefined tensor"));
+           x.defined() ? shape_str(x.shape()) : std::string("an undefined tensor"));
   const int64_t h = x.size(2), w = x.size(3);
   if (output_h == 1 && output_w == 1) return mean(x, {2, 3}, /*keepdim=*/true);
   MG_CHECK(

@@ -85,8 +85,8 @@ CheckpointInfo load_checkpoint(const std::string& dir, nn::Module& module,
   SafetensorsFile model_file = load_safetensors(model_path);
   SafetensorsFile optimizer_file = load_safetensors(optimizer_path);
   MG_CHECK(model_file.metadata == optimizer_file.metadata, dir,
-        ": model.safetensors and optimizer.safetensors come from different checkpoints (their metadata "
-        "differ)");
+           ": model.safetensors and optimizer.safetensors come from different checkpoints (their metadata "
+           "differ)");
   CheckpointInfo info;
   const auto& meta = model_file.metadata;
   info.step = parse_number<int64_t>(meta, "step", model_path);
@@ -108,7 +108,7 @@ CheckpointInfo load_checkpoint(const std::string& dir, nn::Module& module,
     }
   }
   MG_CHECK(!scaler || !scaler_state.empty(), optimizer_path,
-        ": a GradScaler was given but the checkpoint has no scaler state");
+           ": a GradScaler was given but the checkpoint has no scaler state");
 
   // Nothing may be half-loaded. The scaler state is validated on a copy first;
   // module.load_state_dict validates before it writes; if the optimizer then

@@ -27,7 +27,7 @@ double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, doubl
   if (grads.empty()) return 0.0;
   for (const Tensor& g : grads)
     MG_CHECK(g.device() == grads[0].device(), "clip_grad_norm_: gradients on ", grads[0].device(), " and ",
-          g.device(), "; all gradients must be on one device");
+             g.device(), "; all gradients must be on one device");
 
   const bool inf_norm = std::isinf(norm_type);
   double acc = 0.0;

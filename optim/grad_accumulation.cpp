@@ -12,8 +12,9 @@ GradAccumulator::GradAccumulator(int64_t micro_batches) : micro_batches_(micro_b
 }
 
 bool GradAccumulator::backward(const Tensor& loss) {
-  MG_CHECK(loss.defined() && loss.numel() == 1, "GradAccumulator::backward: expected a one-element loss, got ",
-        loss.defined() ? shape_str(loss.shape()) : std::string("an undefined tensor"));
+  MG_CHECK(loss.defined() && loss.numel() == 1,
+           "GradAccumulator::backward: expected a one-element loss, got ",
+           loss.defined() ? shape_str(loss.shape()) : std::string("an undefined tensor"));
   (micro_batches_ == 1 ? loss : loss / static_cast<double>(micro_batches_)).backward();
   count_ = (count_ + 1) % micro_batches_;
   return count_ == 0;

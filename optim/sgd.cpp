@@ -30,10 +30,11 @@ void SGD::validate(const Options& o) const {
   const double lr = o.at("lr"), momentum = o.at("momentum"), dampening = o.at("dampening");
   MG_CHECK(lr >= 0.0, "SGD: invalid learning rate ", lr, " (must be >= 0)");
   MG_CHECK(momentum >= 0.0, "SGD: invalid momentum ", momentum, " (must be >= 0)");
-  MG_CHECK(o.at("weight_decay") >= 0.0, "SGD: invalid weight_decay ", o.at("weight_decay"), " (must be >= 0)");
+  MG_CHECK(o.at("weight_decay") >= 0.0, "SGD: invalid weight_decay ", o.at("weight_decay"),
+           " (must be >= 0)");
   MG_CHECK(o.at("nesterov") == 0.0 || (momentum > 0.0 && dampening == 0.0),
-        "SGD: nesterov momentum requires momentum > 0 and dampening == 0 (got momentum ", momentum,
-        ", dampening ", dampening, ")");
+           "SGD: nesterov momentum requires momentum > 0 and dampening == 0 (got momentum ", momentum,
+           ", dampening ", dampening, ")");
 }
 
 std::vector<Optimizer::StateSpec> SGD::state_spec(const Options& o) const {

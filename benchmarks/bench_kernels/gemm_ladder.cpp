@@ -38,7 +38,9 @@ namespace {
 namespace kc = kernels::cuda;
 
 void cuda_ok(cudaError_t e) { MG_CHECK(e == cudaSuccess, "bench gemm: ", cudaGetErrorString(e)); }
-void cublas_ok(cublasStatus_t s) { MG_CHECK(s == CUBLAS_STATUS_SUCCESS, "bench gemm: cuBLAS status ", int(s)); }
+void cublas_ok(cublasStatus_t s) {
+  MG_CHECK(s == CUBLAS_STATUS_SUCCESS, "bench gemm: cuBLAS status ", int(s));
+}
 
 // A cudaMalloc'ed buffer, freed on scope exit.
 struct DeviceBuffer {

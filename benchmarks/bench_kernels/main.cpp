@@ -525,7 +525,7 @@ std::vector<bench::Family> selected_families(const Flags& f) {
     const auto it =
         std::find_if(all.begin(), all.end(), [&](const bench::Family& fam) { return fam.name == want; });
     MG_CHECK(it != all.end(), "--family: no family named '", want,
-          "' (registered: ", names.empty() ? "none" : names, ")");
+             "' (registered: ", names.empty() ? "none" : names, ")");
   }
   for (const bench::Family& fam : all) {  // in order, each once
     if (std::find(f.families.begin(), f.families.end(), fam.name) != f.families.end()) picked.push_back(fam);
@@ -633,7 +633,7 @@ int run(int argc, char** argv) {
     return 0;
   }
   MG_CHECK(flags.options.device < mg::cuda::device_count(), "--device ", flags.options.device, ": only ",
-        mg::cuda::device_count(), " CUDA device(s): ", mg::cuda::describe_devices());
+           mg::cuda::device_count(), " CUDA device(s): ", mg::cuda::describe_devices());
   mg::cuda::enable_backend();  // families may build CUDA tensors
   mg::cuda::DeviceGuard guard(flags.options.device);
   const int physical = mg::cuda::physical_device(flags.options.device);

@@ -184,7 +184,7 @@ std::vector<double> as_doubles(const HostArray& a) {
 // max |got - ref| / max |ref|; a NaN in `got` where `ref` has a number gives +inf.
 double max_rel_error(const HostArray& got, const HostArray& ref) {
   MG_CHECK(got.n == ref.n && got.dtype == ref.dtype,
-            "memory family: output and reference differ in size or dtype");
+           "memory family: output and reference differ in size or dtype");
   const std::vector<double> g = as_doubles(got), r = as_doubles(ref);
   double diff = 0, norm = 0;
   int64_t unmatched = 0;

@@ -112,8 +112,8 @@ double threads_of(const profile::LaunchProfile& l) {
 
 double profiled_seconds(const std::function<void()>& fn, const BenchOptions& o) {
   MG_CHECK(profile::available(),
-        "bench_kernels --profile: this binary's kernels are not instrumented (it must link "
-        "libmultigrad_traced: the emulation build's bench_kernels does)");
+           "bench_kernels --profile: this binary's kernels are not instrumented (it must link "
+           "libmultigrad_traced: the emulation build's bench_kernels does)");
   profile::Options options;
   options.max_traced_blocks = static_cast<uint64_t>(o.profile_blocks);
   options.min_traced_rows = 2;

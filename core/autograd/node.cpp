@@ -31,8 +31,8 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grad_outputs) {
   }
   Tensor leaf(leaf_);
   MG_CHECK(grad.shape() == leaf.shape() && grad.dtype() == leaf.dtype() && grad.device() == leaf.device(),
-        "AccumulateGrad: gradient ", shape_str(grad.shape()), " ", grad.dtype(), " on ", grad.device(),
-        " does not match the leaf ", shape_str(leaf.shape()), " ", leaf.dtype(), " on ", leaf.device());
+           "AccumulateGrad: gradient ", shape_str(grad.shape()), " ", grad.dtype(), " on ", grad.device(),
+           " does not match the leaf ", shape_str(leaf.shape()), " ", leaf.dtype(), " on ", leaf.device());
   if (!meta.grad.defined()) {
     // The incoming gradient may alias another tensor (AddBackward hands the same
     // tensor to both inputs), so .grad gets its own memory unless nobody else holds it.
@@ -56,18 +56,19 @@ SavedTensor::SavedTensor(const Tensor& tensor, std::string saved_by) : saved_by_
 Tensor SavedTensor::unpack() const {
   if (!data_.defined()) return data_;
   MG_CHECK(data_.version() == version_,
-        "one of the tensors needed for gradient computation has been modified by an in-place operation: ",
-        saved_by_, " saved a tensor of shape ", shape_str(data_.shape()), " at version ", version_,
-        ", and it is now at version ", data_.version(),
-        ". Clone it before the in-place op, or do the in-place op after backward.");
+           "one of the tensors needed for gradient computation has been modified by an in-place operation: ",
+           saved_by_, " saved a tensor of shape ", shape_str(data_.shape()), " at version ", version_,
+           ", and it is now at version ", data_.version(),
+           ". Clone it before the in-place op, or do the in-place op after backward.");
   return data_;
 }
 
 // ---------------------------------------------------------------------------
 std::vector<Tensor> FunctionNode::apply(std::vector<Tensor>&& grad_outputs) {
-  MG_CHECK(static_cast<bool>(backward_), "trying to run backward through ", name_,
-        " a second time (its saved tensors were freed). Pass retain_graph=true to the first backward if you "
-        "need to call backward twice.");
+  MG_CHECK(
+      static_cast<bool>(backward_), "trying to run backward through ", name_,
+      " a second time (its saved tensors were freed). Pass retain_graph=true to the first backward if you "
+      "need to call backward twice.");
   return backward_(grad_outputs);
 }
 

@@ -38,7 +38,7 @@ inline Device Device::parse(const std::string& text) {
     kind = text.substr(0, colon);
     const std::string digits = text.substr(colon + 1);
     MG_CHECK(!digits.empty() && digits.find_first_not_of("0123456789") == std::string::npos,
-          "Device::parse: bad index in '", text, "'");
+             "Device::parse: bad index in '", text, "'");
     index = std::stoi(digits);
   }
   if (kind == "cpu") return cpu(index);

@@ -46,7 +46,7 @@ template <class... Args>
 // a JSON value dumped, a name looked up -- are evaluated only when the check fails: a passing
 // check costs one branch, and an argument that would recurse on hostile input (a header nested a
 // million levels deep) is never touched unless its check has already failed.
-#define MG_CHECK(condition, ...)                                                \
-  do {                                                                          \
-    if (!static_cast<bool>(condition)) ::mg::detail::throw_error(__VA_ARGS__);  \
+#define MG_CHECK(condition, ...)                                               \
+  do {                                                                         \
+    if (!static_cast<bool>(condition)) ::mg::detail::throw_error(__VA_ARGS__); \
   } while (0)

@@ -143,21 +143,22 @@ Tensor conv2d(const Tensor& x_arg, const Tensor& w_arg, const Tensor& bias_arg,
   check_floating("conv2d", x_in);
   MG_CHECK(x_in.dim() == 4, "conv2d: input must be [N, C, H, W], got ", shape_str(x_in.shape()));
   MG_CHECK(w_in.dim() == 4, "conv2d: weight must be [out_channels, in_channels, kh, kw], got ",
-        shape_str(w_in.shape()));
+           shape_str(w_in.shape()));
   MG_CHECK(x_in.size(1) == w_in.size(1), "conv2d: input of shape ", shape_str(x_in.shape()), " has ",
-        x_in.size(1), " channels but weight of shape ", shape_str(w_in.shape()), " expects ", w_in.size(1));
+           x_in.size(1), " channels but weight of shape ", shape_str(w_in.shape()), " expects ",
+           w_in.size(1));
   MG_CHECK(x_in.dtype() == w_in.dtype(), "conv2d: input dtype ", x_in.dtype(), " differs from weight dtype ",
-        w_in.dtype());
+           w_in.dtype());
   if (bias.defined())
-    MG_CHECK(bias.dim() == 1 && bias.size(0) == w_in.size(0), "conv2d: bias of shape ", shape_str(bias.shape()),
-          " does not match ", w_in.size(0), " output channels");
+    MG_CHECK(bias.dim() == 1 && bias.size(0) == w_in.size(0), "conv2d: bias of shape ",
+             shape_str(bias.shape()), " does not match ", w_in.size(0), " output channels");
   Tensor x = x_in.detach().contiguous(), w = w_in.detach().contiguous();
   const kernels::Conv2dGeometry geo = conv_geometry(x, w, options);
   const int64_t batch = x.size(0), out_channels = w.size(0);
   const int64_t ck = geo.column_rows(), spatial = geo.column_cols();
   const int64_t image_elems = geo.channels * geo.height * geo.width;
   MG_CHECK(geo.out_h() > 0 && geo.out_w() > 0, "conv2d: kernel ", geo.kernel_h, "x", geo.kernel_w,
-        " (dilated) is larger than the padded input of shape ", shape_str(x.shape()));
+           " (dilated) is larger than the padded input of shape ", shape_str(x.shape()));
   Tensor y = new_output({batch, out_channels, geo.out_h(), geo.out_w()}, x.dtype(), x);
   const int64_t chunk = images_per_chunk(batch, ck * spatial);
   const bool via_cudnn = use_cudnn(x, geo, out_channels);  // this call's backward takes the same path
@@ -241,7 +242,7 @@ namespace {
 
 kernels::Pool2dGeometry pool_geometry(const char* name, const Tensor& x, const Pool2dOptions& o) {
   MG_CHECK(x.dim() == 3 || x.dim() == 4, name, ": input must be [N, C, H, W] or [C, H, W], got ",
-        shape_str(x.shape()));
+           shape_str(x.shape()));
   kernels::Pool2dGeometry g;
   g.height = x.size(-2);
   g.width = x.size(-1);
@@ -254,7 +255,7 @@ kernels::Pool2dGeometry pool_geometry(const char* name, const Tensor& x, const P
   g.pad_w = o.pad_w;
   kernels::check_pool2d_geometry(g);
   MG_CHECK(g.out_h() > 0 && g.out_w() > 0, name, ": kernel ", g.kernel_h, "x", g.kernel_w,
-        " is larger than the padded input of shape ", shape_str(x.shape()));
+           " is larger than the padded input of shape ", shape_str(x.shape()));
   return g;
 }
 

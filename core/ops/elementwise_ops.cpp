@@ -21,7 +21,7 @@ void check_same_device(const char* op, const std::vector<Tensor>& tensors) {
       continue;
     }
     MG_CHECK(t.device() == first->device(), op, ": expected all tensors on the same device, but found ",
-          first->device(), " and ", t.device());
+             first->device(), " and ", t.device());
   }
 }
 
@@ -29,7 +29,7 @@ void require_cpu(const char* op, const std::vector<Tensor>& tensors) {
   for (const Tensor& t : tensors)
     if (t.defined())  // (optional arguments such as a missing bias are undefined)
       MG_CHECK(t.device().is_cpu(), op, ": got a tensor on ", t.device(), ", but ", op,
-            " has no CUDA kernel yet (only the CPU one is written; kernels/cuda/ lists what exists)");
+               " has no CUDA kernel yet (only the CPU one is written; kernels/cuda/ lists what exists)");
 }
 
 Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
@@ -39,7 +39,7 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
     const int64_t da = i < n - a.size() ? 1 : a[i - (n - a.size())];
     const int64_t db = i < n - b.size() ? 1 : b[i - (n - b.size())];
     MG_CHECK(da == db || da == 1 || db == 1, op, ": shapes ", shape_str(a), " and ", shape_str(b),
-          " cannot be broadcast together (dim ", i, ": ", da, " vs ", db, ")");
+             " cannot be broadcast together (dim ", i, ": ", da, " vs ", db, ")");
     out[i] = da == 1 ? db : da;
   }
   return out;

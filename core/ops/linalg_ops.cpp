@@ -85,7 +85,7 @@ Tensor batched_matmul_forward(const Tensor& a_in, const Tensor& b_in, bool refer
   Tensor a = a_in.detach(), b = b_in.detach();
   const int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
   MG_CHECK(b.size(-2) == k, "matmul: shapes ", shape_str(a.shape()), " and ", shape_str(b.shape()),
-        " cannot be multiplied (", m, "x", k, " and ", b.size(-2), "x", n, ")");
+           " cannot be multiplied (", m, "x", k, " and ", b.size(-2), "x", n, ")");
   Shape batch_a(a.shape().begin(), a.shape().end() - 2), batch_b(b.shape().begin(), b.shape().end() - 2);
   Shape batch;
   try {
@@ -165,13 +165,13 @@ Tensor matmul_impl(const Tensor& a, const Tensor& b, bool reference) {
   check_same_device(name, {a, b});
   if (reference) require_cpu(name, {a, b});  // the triple-loop yardstick exists on the CPU only
   MG_CHECK(a.dtype() == b.dtype(), name, ": both operands must have the same dtype, got ", a.dtype(), " and ",
-        b.dtype());
+           b.dtype());
   check_floating(name, a);
   MG_CHECK(a.dim() >= 1 && b.dim() >= 1, name, ": both operands need at least 1 dim, got shapes ",
-        shape_str(a.shape()), " and ", shape_str(b.shape()));
+           shape_str(a.shape()), " and ", shape_str(b.shape()));
   if (a.dim() == 1 && b.dim() == 1) {
     MG_CHECK(a.size(0) == b.size(0), name, ": dot product of shapes ", shape_str(a.shape()), " and ",
-          shape_str(b.shape()), " needs equal lengths");
+             shape_str(b.shape()), " needs equal lengths");
     return batched_matmul(a.unsqueeze(0), b.unsqueeze(1), reference).reshape({});
   }
   if (a.dim() == 1) return batched_matmul(a.unsqueeze(0), b, reference).squeeze(-2);
@@ -189,16 +189,16 @@ Tensor matmul_reference(const Tensor& a, const Tensor& b) { return matmul_impl(a
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   check_defined("linear", {x, weight});
   MG_CHECK(weight.dim() == 2, "linear: weight must be 2-d [out_features, in_features], got ",
-        shape_str(weight.shape()));
+           shape_str(weight.shape()));
   MG_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1), "linear: input of shape ", shape_str(x.shape()),
-        " does not match weight of shape ", shape_str(weight.shape()), " (last dim must be ", weight.size(1),
-        ")");
+           " does not match weight of shape ", shape_str(weight.shape()), " (last dim must be ",
+           weight.size(1), ")");
   Tensor out = matmul(x, weight.t());
   if (bias.defined()) {
     // Under autocast the product is 16-bit; the bias joins it in that dtype.
     const Tensor b = bias.dtype() == out.dtype() ? bias : bias.to(out.dtype());
     MG_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0), "linear: bias of shape ",
-          shape_str(bias.shape()), " does not match weight of shape ", shape_str(weight.shape()));
+             shape_str(bias.shape()), " does not match weight of shape ", shape_str(weight.shape()));
     out = add(out, b);
   }
   return out;

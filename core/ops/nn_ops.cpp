@@ -84,7 +84,7 @@ Tensor cross_entropy_2d(const Tensor& logits_in, const Tensor& targets_in,
         });
 #else
     MG_CHECK(false, "cross_entropy: ", logits.device(),
-          " needs the CUDA backend, and this multigrad was built without CUDA");
+             " needs the CUDA backend, and this multigrad was built without CUDA");
 #endif
   } else {
     kernels::cpu::cross_entropy_forward_counted(logits.dtype(), logits.data_ptr(), targets.data<int64_t>(),
@@ -153,16 +153,16 @@ Tensor cross_entropy(const Tensor& logits_arg, const Tensor& targets, const Cros
   check_same_device("cross_entropy", {logits, targets});
   check_floating("cross_entropy", logits);
   MG_CHECK(is_integral(targets.dtype()), "cross_entropy: targets must be class indices (i64 or i32), got ",
-        targets.dtype());
+           targets.dtype());
   MG_CHECK(options.label_smoothing >= 0 && options.label_smoothing < 1,
-        "cross_entropy: label_smoothing must be in [0, 1), got ", options.label_smoothing);
+           "cross_entropy: label_smoothing must be in [0, 1), got ", options.label_smoothing);
   MG_CHECK(logits.dim() >= 2, "cross_entropy: logits must be [N, C] or [N, C, d1, ...], got ",
-        shape_str(logits.shape()));
+           shape_str(logits.shape()));
   // Expected targets shape: logits shape without the class dim.
   Shape expected = logits.shape();
   expected.erase(expected.begin() + 1);
   MG_CHECK(targets.shape() == expected, "cross_entropy: logits of shape ", shape_str(logits.shape()),
-        " need targets of shape ", shape_str(expected), ", got ", shape_str(targets.shape()));
+           " need targets of shape ", shape_str(expected), ", got ", shape_str(targets.shape()));
   if (logits.dim() == 2) return cross_entropy_2d(logits, targets, options);
   // [N, C, d1, ...] -> [N, d1, ..., C] -> [rows, C]: the class dim goes last.
   std::vector<int64_t> order{0};
@@ -182,14 +182,14 @@ Tensor layer_norm(const Tensor& x_arg, const Shape& normalized_shape, const Tens
   check_floating("layer_norm", x_in);
   const int64_t k = static_cast<int64_t>(normalized_shape.size());
   MG_CHECK(k >= 1 && k <= x_in.dim() && Shape(x_in.shape().end() - k, x_in.shape().end()) == normalized_shape,
-        "layer_norm: normalized_shape ", shape_str(normalized_shape),
-        " must match the trailing dims of the input ", shape_str(x_in.shape()));
+           "layer_norm: normalized_shape ", shape_str(normalized_shape),
+           " must match the trailing dims of the input ", shape_str(x_in.shape()));
   for (const Tensor* p : {&weight, &bias}) {
     if (!p->defined()) continue;
     MG_CHECK(p->shape() == normalized_shape, "layer_norm: weight/bias of shape ", shape_str(p->shape()),
-          " must have normalized_shape ", shape_str(normalized_shape));
+             " must have normalized_shape ", shape_str(normalized_shape));
     MG_CHECK(p->dtype() == x_in.dtype(), "layer_norm: weight/bias dtype ", p->dtype(),
-          " differs from input dtype ", x_in.dtype());
+             " differs from input dtype ", x_in.dtype());
   }
   const int64_t cols = shape_numel(normalized_shape), rows = cols == 0 ? 0 : x_in.numel() / cols;
   Tensor x = x_in.detach().contiguous();
@@ -227,15 +227,15 @@ Tensor batch_norm(const Tensor& x_in, const Tensor& weight, const Tensor& bias, 
   check_defined("batch_norm", {x_in});
   require_cpu("batch_norm", {x_in, weight, bias, running_mean, running_var});
   MG_CHECK(x_in.dtype() == DType::f32 || x_in.dtype() == DType::f64,
-        "batch_norm: the fused kernel takes f32 or f64 input, got ", x_in.dtype());
+           "batch_norm: the fused kernel takes f32 or f64 input, got ", x_in.dtype());
   MG_CHECK(x_in.dim() >= 2, "batch_norm: expected input [N, C, ...], got ", shape_str(x_in.shape()));
   const int64_t n = x_in.size(0), c = x_in.size(1);
   const int64_t hw = n * c == 0 ? 0 : x_in.numel() / (n * c);
   for (const Tensor* p : {&weight, &bias}) {
     if (!p->defined()) continue;
     MG_CHECK(p->shape() == Shape{c} && p->dtype() == x_in.dtype(), "batch_norm: weight/bias ",
-          shape_str(p->shape()), " ", p->dtype(), " must be [", c, "] ", x_in.dtype(), " for input ",
-          shape_str(x_in.shape()));
+             shape_str(p->shape()), " ", p->dtype(), " must be [", c, "] ", x_in.dtype(), " for input ",
+             shape_str(x_in.shape()));
   }
   Tensor x = x_in.detach().contiguous();
   Tensor w = weight.defined() ? weight.detach().contiguous() : Tensor();
@@ -243,14 +243,14 @@ Tensor batch_norm(const Tensor& x_in, const Tensor& weight, const Tensor& bias, 
   Tensor mean, var;
   if (training) {
     MG_CHECK(n * hw > 1, "batch_norm: training needs more than one value per channel, got input ",
-          shape_str(x_in.shape()));
+             shape_str(x_in.shape()));
     mean = new_output({c}, x.dtype(), x);
     var = new_output({c}, x.dtype(), x);
     kernels::cpu::batch_norm_stats(x.dtype(), x.data_ptr(), n, c, hw, mean.data_ptr(), var.data_ptr());
   } else {
     MG_CHECK(running_mean.defined() && running_var.defined() && running_mean.numel() == c &&
-              running_var.numel() == c,
-          "batch_norm: eval mode needs running_mean and running_var of ", c, " elements");
+                 running_var.numel() == c,
+             "batch_norm: eval mode needs running_mean and running_var of ", c, " elements");
     // Copies: the buffers may be updated in place before this graph's backward runs.
     mean = running_mean.detach().to(x.dtype()).reshape({c}).clone();
     var = running_var.detach().to(x.dtype()).reshape({c}).clone();
@@ -289,11 +289,12 @@ Tensor embedding(const Tensor& weight, const Tensor& indices_in, int64_t padding
   check_defined("embedding", {weight, indices_in});
   check_same_device("embedding", {weight, indices_in});
   MG_CHECK(weight.dim() == 2, "embedding: weight must be [num_embeddings, embedding_dim], got ",
-        shape_str(weight.shape()));
-  MG_CHECK(is_integral(indices_in.dtype()), "embedding: indices must be i64 or i32, got ", indices_in.dtype());
+           shape_str(weight.shape()));
+  MG_CHECK(is_integral(indices_in.dtype()), "embedding: indices must be i64 or i32, got ",
+           indices_in.dtype());
   const int64_t num = weight.size(0), dim = weight.size(1);
   MG_CHECK(padding_idx >= -1 && padding_idx < num, "embedding: padding_idx ", padding_idx, " is outside [0, ",
-        num, ")");
+           num, ")");
   Tensor w = weight.detach().contiguous();
   Tensor indices = indices_in.detach().to(DType::i64).contiguous();
   Shape out_shape = indices.shape();
@@ -318,7 +319,7 @@ Tensor embedding(const Tensor& weight, const Tensor& indices_in, int64_t padding
                                });
 #else
     MG_CHECK(false, "embedding: ", w.device(),
-          " needs the CUDA backend, and this multigrad was built without CUDA");
+             " needs the CUDA backend, and this multigrad was built without CUDA");
 #endif
   } else {
     kernels::cpu::embedding_forward(w.dtype(), w.data_ptr(), num, dim, indices.data<int64_t>(), count,

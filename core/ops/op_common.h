@@ -77,11 +77,11 @@ inline void check_floating(const char* op, const Tensor& t) {
     return ::mg::kernels::cpu::fn(__VA_ARGS__);                                                     \
   }())
 #else
-#define MG_KERNEL(device, fn, ...)                                                     \
-  ([&]() {                                                                             \
+#define MG_KERNEL(device, fn, ...)                                                  \
+  ([&]() {                                                                          \
     MG_CHECK((device).is_cpu(), #fn, ": ", (device),                                \
-                " needs the CUDA backend, and this multigrad was built without CUDA"); \
-    return ::mg::kernels::cpu::fn(__VA_ARGS__);                                        \
+             " needs the CUDA backend, and this multigrad was built without CUDA"); \
+    return ::mg::kernels::cpu::fn(__VA_ARGS__);                                     \
   }())
 #define MG_KERNEL_SCRATCH MG_KERNEL
 #endif

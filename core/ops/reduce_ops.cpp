@@ -132,8 +132,8 @@ Tensor min_max(const char* name, ReduceOp op, const Tensor& x, const std::vector
                bool keepdim) {
   check_defined(name, {x});
   ReducePlan plan = plan_reduction(x, dims, name);
-  MG_CHECK(plan.reduce_count > 0, name, ": cannot reduce over an empty dimension (shape ", shape_str(x.shape()),
-        ")");
+  MG_CHECK(plan.reduce_count > 0, name, ": cannot reduce over an empty dimension (shape ",
+           shape_str(x.shape()), ")");
   Tensor keep = run_reduce(name, op, x, plan, x.dtype());
   Tensor out = finish(keep, plan, keepdim);
   if (autograd::any_requires_grad({x})) {
@@ -218,8 +218,8 @@ Tensor var(const Tensor& x_arg, const std::vector<int64_t>& dims, int64_t correc
 Tensor argmax(const Tensor& x, int64_t dim, bool keepdim) {
   check_defined("argmax", {x});
   ReducePlan plan = plan_reduction(x, {dim}, "argmax");
-  MG_CHECK(plan.reduce_count > 0, "argmax: cannot reduce over an empty dimension (shape ", shape_str(x.shape()),
-        ")");
+  MG_CHECK(plan.reduce_count > 0, "argmax: cannot reduce over an empty dimension (shape ",
+           shape_str(x.shape()), ")");
   return finish(run_reduce("argmax", ReduceOp::Argmax, x, plan, DType::i64), plan, keepdim);
 }
 
@@ -237,7 +237,7 @@ Tensor sum_to(const Tensor& x, const Shape& shape) {
       dims.push_back(d);
     } else {
       MG_CHECK(shape[d - lead] == x.size(d), "sum_to: cannot sum shape ", shape_str(x.shape()), " down to ",
-            shape_str(shape));
+               shape_str(shape));
     }
   }
   if (dims.empty()) return x.reshape(shape);

@@ -18,10 +18,11 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   for (size_t i = 0; i < tensors.size(); ++i) {
     const Tensor& t = tensors[i];
     MG_CHECK(t.dim() == first.dim(), "cat: tensor 0 has shape ", shape_str(first.shape()), " but tensor ", i,
-          " has shape ", shape_str(t.shape()), " (different number of dims)");
+             " has shape ", shape_str(t.shape()), " (different number of dims)");
     for (int64_t d = 0; d < t.dim(); ++d)
       MG_CHECK(d == dim || t.size(d) == first.size(d), "cat: tensor 0 has shape ", shape_str(first.shape()),
-            " but tensor ", i, " has shape ", shape_str(t.shape()), "; sizes must match except in dim ", dim);
+               " but tensor ", i, " has shape ", shape_str(t.shape()), "; sizes must match except in dim ",
+               dim);
     dtype = promote_types(dtype, t.dtype());
     total += t.size(dim);
   }
@@ -61,8 +62,8 @@ Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
   std::vector<Tensor> expanded;
   for (size_t i = 0; i < tensors.size(); ++i) {
     MG_CHECK(tensors[i].shape() == tensors[0].shape(), "stack: tensor 0 has shape ",
-          shape_str(tensors[0].shape()), " but tensor ", i, " has shape ", shape_str(tensors[i].shape()),
-          "; stack needs equal shapes");
+             shape_str(tensors[0].shape()), " but tensor ", i, " has shape ", shape_str(tensors[i].shape()),
+             "; stack needs equal shapes");
     expanded.push_back(tensors[i].unsqueeze(dim));
   }
   return cat(expanded, dim);
@@ -77,7 +78,7 @@ std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, in
     total += s;
   }
   MG_CHECK(total == x.size(dim), "split: section sizes add up to ", total, " but dim ", dim, " of shape ",
-        shape_str(x.shape()), " has size ", x.size(dim));
+           shape_str(x.shape()), " has size ", x.size(dim));
   std::vector<Tensor> parts;
   int64_t offset = 0;
   for (int64_t s : sizes) {
@@ -109,7 +110,7 @@ Tensor index_select(const Tensor& x_in, int64_t dim, const Tensor& index_in) {
   check_same_device("index_select", {x_in, index_in});
   MG_CHECK(is_integral(index_in.dtype()), "index_select: index must be i64 or i32, got ", index_in.dtype());
   MG_CHECK(index_in.dim() <= 1, "index_select: index must be 0-d or 1-d, got shape ",
-        shape_str(index_in.shape()));
+           shape_str(index_in.shape()));
   dim = wrap_dim(dim, x_in.dim(), "index_select");
   Tensor x = x_in.detach().contiguous();
   Tensor index = index_in.detach().to(DType::i64).contiguous();

@@ -133,7 +133,7 @@ void backward(const T* gy, const T* x, const acc_t<T>* mean, const acc_t<T>* rst
 
 void require_f32_or_f64(DType dtype, const char* what) {
   MG_CHECK(dtype == DType::f32 || dtype == DType::f64, what, ": the fused CPU kernel takes f32 or f64, got ",
-        dtype);
+           dtype);
 }
 
 }  // namespace

@@ -180,7 +180,7 @@ void im2col(const Conv2dGeometry& g, DType dtype, const void* image, void* colum
   check_conv2d_geometry(g);
   MG_CHECK(images >= 0, "im2col: the number of images must be non-negative, got ", images);
   MG_CHECK(g.column_rows() == 0 || images == 0 || (image != nullptr && columns != nullptr),
-        "im2col: null buffer");
+           "im2col: null buffer");
   visit_floating(dtype, "im2col", [&](auto tag) {
     using T = typename decltype(tag)::type;
     im2col_typed(g, static_cast<const T*>(image), static_cast<T*>(columns), images);
@@ -191,7 +191,7 @@ void col2im(const Conv2dGeometry& g, DType dtype, const void* columns, void* ima
   check_conv2d_geometry(g);
   MG_CHECK(images >= 0, "col2im: the number of images must be non-negative, got ", images);
   MG_CHECK(g.column_rows() == 0 || images == 0 || (image != nullptr && columns != nullptr),
-        "col2im: null buffer");
+           "col2im: null buffer");
   visit_floating(dtype, "col2im", [&](auto tag) {
     using T = typename decltype(tag)::type;
     col2im_typed(g, static_cast<const T*>(columns), static_cast<T*>(image), images);

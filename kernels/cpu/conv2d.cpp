@@ -150,7 +150,7 @@ void check_arguments(const char* name, const Conv2dGeometry& g, DType dtype, int
   check_conv2d_geometry(g);
   MG_CHECK(dtype == DType::f32 || dtype == DType::f64, name, ": takes f32 or f64, got ", dtype);
   MG_CHECK(batch >= 0 && out_channels >= 0, name, ": negative batch (", batch, ") or output channels (",
-        out_channels, ")");
+           out_channels, ")");
 }
 
 }  // namespace

@@ -33,15 +33,15 @@ namespace {
 int64_t validate_targets(const char* what, const int64_t* targets, int64_t rows, int64_t classes,
                          int64_t ignore_index, double label_smoothing) {
   MG_CHECK(rows >= 0 && (classes > 0 || rows == 0), what, ": expected rows >= 0 and classes > 0, got rows ",
-        rows, ", classes ", classes);
+           rows, ", classes ", classes);
   MG_CHECK(label_smoothing >= 0.0 && label_smoothing < 1.0, what, ": label_smoothing must be in [0, 1), got ",
-        label_smoothing);
+           label_smoothing);
   int64_t counted = 0;
   for (int64_t i = 0; i < rows; ++i) {
     const int64_t t = targets[i];
     if (t == ignore_index) continue;
     MG_CHECK(t >= 0 && t < classes, what, ": target ", t, " at row ", i, " is out of range [0, ", classes,
-          ") (ignore_index ", ignore_index, ")");
+             ") (ignore_index ", ignore_index, ")");
     ++counted;
   }
   return counted;

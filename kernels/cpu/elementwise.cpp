@@ -96,12 +96,12 @@ bool same_shape(const StridedView& a, const StridedView& b) {
 
 void check_shape(const char* what, const char* name, const StridedView& v, const StridedView& out) {
   MG_CHECK(same_shape(v, out), what, ": ", name, " has shape ", shape_str(v), " but the output has shape ",
-        shape_str(out), " (inputs must already be broadcast to the output shape)");
+           shape_str(out), " (inputs must already be broadcast to the output shape)");
 }
 
 void check_dtype(const char* what, const char* name, const StridedView& v, DType expected) {
   MG_CHECK(v.dtype == expected, what, ": ", name, " has dtype ", dtype_name(v.dtype), ", expected ",
-        dtype_name(expected));
+           dtype_name(expected));
 }
 
 // ---- the row loop ----------------------------------------------------------------
@@ -451,10 +451,11 @@ bool is_arithmetic(BinaryOp op) { return !binary_op_returns_bool(op); }
 // Rejects integer/bool combinations that have no sensible integer result.
 void check_binary_dtype(const char* what, BinaryOp op, DType dtype) {
   MG_CHECK(dtype != DType::boolean || !(op == BinaryOp::Sub || op == BinaryOp::Pow), what, " ",
-        binary_op_name(op),
-        ": not supported for bool (PyTorch also refuses); convert to an integer dtype first");
-  MG_CHECK(is_floating(dtype) || op != BinaryOp::Div, what, " div: integer division is not supported for dtype ",
-        dtype_name(dtype), "; promote to a floating dtype first");
+           binary_op_name(op),
+           ": not supported for bool (PyTorch also refuses); convert to an integer dtype first");
+  MG_CHECK(is_floating(dtype) || op != BinaryOp::Div, what,
+           " div: integer division is not supported for dtype ", dtype_name(dtype),
+           "; promote to a floating dtype first");
 }
 
 // ---- transposing copy ------------------------------------------------------------
@@ -524,9 +525,9 @@ void unary(UnaryOp op, const StridedView& in, const StridedView& out, double sca
   check_shape(name, "input", in, out);
   check_dtype(name, "output", out, in.dtype);
   MG_CHECK(is_floating(in.dtype) || (is_integral(in.dtype) && unary_op_accepts_integers(op)), name,
-        ": unsupported dtype ", dtype_name(in.dtype),
-        unary_op_accepts_integers(op) ? " (expected a floating or integer dtype)"
-                                      : " (expected a floating dtype)");
+           ": unsupported dtype ", dtype_name(in.dtype),
+           unary_op_accepts_integers(op) ? " (expected a floating or integer dtype)"
+                                         : " (expected a floating dtype)");
   visit_dtype(in.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     if constexpr (!std::is_same<T, bool>::value) unary_typed<T>(op, in, out, scalar);
@@ -574,7 +575,7 @@ void binary_scalar(BinaryOp op, const StridedView& a, double scalar, const Strid
   visit_dtype(a.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     MG_CHECK(!is_arithmetic(op) || scalar_fits<acc_t<T>>(scalar), "binary_scalar ", name, ": scalar ", scalar,
-          " is not representable in dtype ", dtype_name(a.dtype), "; promote the tensor first");
+             " is not representable in dtype ", dtype_name(a.dtype), "; promote the tensor first");
     dispatch_binary(op, ScalarLaunch<T>{a, out, scalar});
   });
 }
@@ -651,8 +652,8 @@ void fill(const StridedView& out, double value) {
       v = value != 0;
     } else if constexpr (std::is_integral<T>::value) {
       MG_CHECK(std::isfinite(value) && value >= static_cast<double>(std::numeric_limits<T>::lowest()) &&
-                value < -static_cast<double>(std::numeric_limits<T>::lowest()),
-            "fill: value ", value, " is out of range for dtype ", dtype_name(out.dtype));
+                   value < -static_cast<double>(std::numeric_limits<T>::lowest()),
+               "fill: value ", value, " is out of range for dtype ", dtype_name(out.dtype));
       v = static_cast<T>(value);
     } else {
       v = static_cast<T>(value);  // f16/bf16 via float

@@ -29,7 +29,7 @@ void validate_indices(const char* what, const int64_t* indices, int64_t count, i
   for (int64_t i = 0; i < count; ++i) {
     const int64_t index = indices[i];
     MG_CHECK(index >= 0 && index < num_embeddings, what, ": index ", index, " at position ", i,
-          " is out of range [0, ", num_embeddings, ")");
+             " is out of range [0, ", num_embeddings, ")");
   }
 }
 
@@ -84,8 +84,9 @@ void scatter_add_rows(const T* grad_out, const int64_t* indices, int64_t count, 
 void embedding_forward(DType dtype, const void* weight, int64_t num_embeddings, int64_t embedding_dim,
                        const int64_t* indices, int64_t count, void* out) {
   const char* what = "embedding_forward";
-  MG_CHECK(num_embeddings >= 0 && embedding_dim >= 0 && count >= 0, what, ": negative extent (num_embeddings ",
-        num_embeddings, ", embedding_dim ", embedding_dim, ", count ", count, ")");
+  MG_CHECK(num_embeddings >= 0 && embedding_dim >= 0 && count >= 0, what,
+           ": negative extent (num_embeddings ", num_embeddings, ", embedding_dim ", embedding_dim,
+           ", count ", count, ")");
   validate_indices(what, indices, count, num_embeddings);
   visit_floating(dtype, what, [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -97,10 +98,11 @@ void embedding_backward(DType dtype, const void* grad_out, const int64_t* indice
                         int64_t embedding_dim, int64_t num_embeddings, int64_t padding_idx,
                         void* grad_weight) {
   const char* what = "embedding_backward";
-  MG_CHECK(num_embeddings >= 0 && embedding_dim >= 0 && count >= 0, what, ": negative extent (num_embeddings ",
-        num_embeddings, ", embedding_dim ", embedding_dim, ", count ", count, ")");
+  MG_CHECK(num_embeddings >= 0 && embedding_dim >= 0 && count >= 0, what,
+           ": negative extent (num_embeddings ", num_embeddings, ", embedding_dim ", embedding_dim,
+           ", count ", count, ")");
   MG_CHECK(padding_idx >= -1 && padding_idx < num_embeddings, what, ": padding_idx ", padding_idx,
-        " is out of range [-1, ", num_embeddings, ")");
+           " is out of range [-1, ", num_embeddings, ")");
   validate_indices(what, indices, count, num_embeddings);
   visit_floating(dtype, what, [&](auto tag) {
     using T = typename decltype(tag)::type;

@@ -8,8 +8,8 @@ namespace mg::kernels::cpu {
 namespace {
 void check_indices(const IndexShape& shape, const int64_t* indices, int64_t count) {
   for (int64_t i = 0; i < count; ++i)
-    MG_CHECK(indices[i] >= 0 && indices[i] < shape.size, "index_select: index ", indices[i], " at position ", i,
-          " is out of range for a dimension of size ", shape.size);
+    MG_CHECK(indices[i] >= 0 && indices[i] < shape.size, "index_select: index ", indices[i], " at position ",
+             i, " is out of range for a dimension of size ", shape.size);
 }
 }  // namespace
 

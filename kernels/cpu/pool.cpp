@@ -169,8 +169,8 @@ void max_backward_typed(const Pool2dGeometry& g, const T* grad_output, const int
       for (int64_t e = 0; e < plane_size; ++e) gx[e] = static_cast<T>(sum[e]);
     }
   }
-  MG_CHECK(!bad_index.load(), "max_pool2d_backward: argmax holds an index outside [0, H*W) = [0, ", plane_size,
-        ")");
+  MG_CHECK(!bad_index.load(), "max_pool2d_backward: argmax holds an index outside [0, H*W) = [0, ",
+           plane_size, ")");
 }
 
 template <class T>

@@ -356,17 +356,18 @@ void reduce(ReduceOp op, const ReduceShape& shape, const void* input, DType in_d
             DType out_dtype, int64_t correction) {
   const char* name = reduce_op_name(op);
   MG_CHECK(shape.outer >= 0 && shape.reduce >= 0 && shape.inner >= 0, name, ": negative shape [", shape.outer,
-        ", ", shape.reduce, ", ", shape.inner, "]");
+           ", ", shape.reduce, ", ", shape.inner, "]");
   switch (op) {
     case ReduceOp::Mean:
     case ReduceOp::Var:
-      MG_CHECK(is_floating(in_dtype) && is_floating(out_dtype), name, ": expected floating dtypes, got input ",
-            dtype_name(in_dtype), " and output ", dtype_name(out_dtype));
+      MG_CHECK(is_floating(in_dtype) && is_floating(out_dtype), name,
+               ": expected floating dtypes, got input ", dtype_name(in_dtype), " and output ",
+               dtype_name(out_dtype));
       break;
     case ReduceOp::Max:
     case ReduceOp::Min:
-      MG_CHECK(out_dtype == in_dtype, name, ": output dtype ", dtype_name(out_dtype), " must equal input dtype ",
-            dtype_name(in_dtype));
+      MG_CHECK(out_dtype == in_dtype, name, ": output dtype ", dtype_name(out_dtype),
+               " must equal input dtype ", dtype_name(in_dtype));
       break;
     case ReduceOp::Argmax:
     case ReduceOp::Argmin:

@@ -174,7 +174,7 @@ void softmax_backward_tiles(const T* gy, const T* y, T* gx, const SoftmaxShape& 
 
 void check_shape(const char* what, const SoftmaxShape& s) {
   MG_CHECK(s.outer >= 0 && s.dim >= 0 && s.inner >= 0, what, ": negative extent in shape [outer ", s.outer,
-        ", dim ", s.dim, ", inner ", s.inner, "]");
+           ", dim ", s.dim, ", inner ", s.inner, "]");
 }
 
 }  // namespace

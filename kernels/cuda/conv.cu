@@ -101,7 +101,8 @@ __global__ void col2im_kernel(ConvParams p, const T* columns, T* image) {
 void check_args(const char* what, const Conv2dGeometry& g, int64_t images, const void* a, const void* b) {
   check_conv2d_geometry(g);
   MG_CHECK(images >= 0, what, " (CUDA): the number of images must be non-negative, got ", images);
-  MG_CHECK(g.column_rows() == 0 || images == 0 || (a != nullptr && b != nullptr), what, " (CUDA): null buffer");
+  MG_CHECK(g.column_rows() == 0 || images == 0 || (a != nullptr && b != nullptr), what,
+           " (CUDA): null buffer");
 }
 
 }  // namespace

@@ -71,7 +71,7 @@ ConvBackend backend_from_environment() {
   if (env == nullptr || *env == '\0') return built_with_cudnn() ? ConvBackend::cudnn : ConvBackend::im2col;
   const std::string value = env;
   MG_CHECK(value == "cudnn" || value == "im2col", "MG_CUDA_CONV=", value,
-        ": unknown conv2d backend (choices: cudnn, im2col)");
+           ": unknown conv2d backend (choices: cudnn, im2col)");
   const ConvBackend backend = value == "cudnn" ? ConvBackend::cudnn : ConvBackend::im2col;
   MG_CHECK(backend != ConvBackend::cudnn || built_with_cudnn(), no_cudnn("MG_CUDA_CONV=cudnn"));
   return backend;
@@ -107,7 +107,7 @@ ConvBackend conv_backend() {
 
 void set_conv_backend(ConvBackend backend) {
   MG_CHECK(backend != ConvBackend::cudnn || built_with_cudnn(),
-        no_cudnn("set_conv_backend(ConvBackend::cudnn)"));
+           no_cudnn("set_conv_backend(ConvBackend::cudnn)"));
   std::lock_guard<std::mutex> lock(g_backend_mutex);
   g_backend.store(static_cast<int>(backend), std::memory_order_release);
 }
@@ -212,10 +212,11 @@ Problem make_problem(const char* what, const Conv2dGeometry& g, int64_t batch, i
                      DType dtype) {
   check_conv2d_geometry(g);
   MG_CHECK(dtype == DType::f32 || dtype == DType::f16 || dtype == DType::bf16, what,
-        ": cuDNN conv2d takes f32, f16 or bf16, got ", dtype, " (f64 convolutions run as im2col + GEMM)");
+           ": cuDNN conv2d takes f32, f16 or bf16, got ", dtype, " (f64 convolutions run as im2col + GEMM)");
   MG_CHECK(cudnn_conv2d_supported(g, batch, out_channels, dtype), what, ": batch ", batch, ", ", g.channels,
-        " -> ", out_channels, " channels, ", g.height, "x", g.width, " image, ", g.kernel_h, "x", g.kernel_w,
-        " kernel: a size or a tensor's element count is beyond cuDNN's 32-bit indexing (or not positive)");
+           " -> ", out_channels, " channels, ", g.height, "x", g.width, " image, ", g.kernel_h, "x",
+           g.kernel_w,
+           " kernel: a size or a tensor's element count is beyond cuDNN's 32-bit indexing (or not positive)");
   auto i = [](int64_t v) { return static_cast<int>(v); };
   return Problem{dtype,           i(batch),        i(g.channels), i(g.height), i(g.width),    i(out_channels),
                  i(g.kernel_h),   i(g.kernel_w),   i(g.pad_h),    i(g.pad_w),  i(g.stride_h), i(g.stride_w),
@@ -460,9 +461,9 @@ std::vector<Candidate> candidates_for(Direction d, const Problem& p, cudnnHandle
   int n = 0, k = 0, oh = 0, ow = 0;
   MG_CUDNN_CHECK(
       cudnnGetConvolution2dForwardOutputDim(desc.conv.get(), desc.x.get(), desc.w.get(), &n, &k, &oh, &ow));
-  MG_CHECK(n == p.n && k == p.k && oh == p.out_h && ow == p.out_w, "cuDNN conv2d: cuDNN computes an output of [",
-        n, ", ", k, ", ", oh, ", ", ow, "] where multigrad expects [", p.n, ", ", p.k, ", ", p.out_h, ", ",
-        p.out_w, "]");
+  MG_CHECK(n == p.n && k == p.k && oh == p.out_h && ow == p.out_w,
+           "cuDNN conv2d: cuDNN computes an output of [", n, ", ", k, ", ", oh, ", ", ow,
+           "] where multigrad expects [", p.n, ", ", p.k, ", ", p.out_h, ", ", p.out_w, "]");
   const cudnnMathType_t wanted = requested_math(p.dtype);
   std::vector<Candidate> list;
   auto add = [&](int algo, cudnnMathType_t math) {
@@ -477,8 +478,8 @@ std::vector<Candidate> candidates_for(Direction d, const Problem& p, cudnnHandle
   add(general_algorithm(d), wanted);
   desc.conv.set_math(wanted);
   MG_CHECK(!list.empty(), "cuDNN conv2d ", direction_name(d), ": cuDNN offers no algorithm for batch ", p.n,
-        ", ", p.c, " -> ", p.k, " channels, ", p.h, "x", p.w, " image, ", p.kh, "x", p.kw, " kernel, ",
-        p.dtype);
+           ", ", p.c, " -> ", p.k, " channels, ", p.h, "x", p.w, " image, ", p.kh, "x", p.kw, " kernel, ",
+           p.dtype);
   std::lock_guard<std::mutex> lock(g_cache_mutex);
   ++g_cache_stats.searches;
   algo_cache()[key] = list;
@@ -536,9 +537,9 @@ void run(cudaStream_t stream, ScratchAllocator& scratch, Direction d, const char
          const Conv2dGeometry& g, DType dtype, int64_t batch, int64_t out_channels, const Buffers& buffers) {
   const Problem p = make_problem(what, g, batch, out_channels, dtype);
   MG_CHECK(buffers.out != nullptr && buffers.y != nullptr &&
-            (buffers.x != nullptr || d == Direction::backward_data) &&
-            (buffers.w != nullptr || d == Direction::backward_filter),
-        what, ": null buffer");
+               (buffers.x != nullptr || d == Direction::backward_data) &&
+               (buffers.w != nullptr || d == Direction::backward_filter),
+           what, ": null buffer");
   Descriptors desc(p);
   cudnnHandle_t h = current_handle();
   MG_CUDNN_CHECK(cudnnSetStream(h, stream));

@@ -517,12 +517,13 @@ __global__ void convert_pack_kernel(OffsetCalc<2> oc, bool contiguous, PackPlan 
 void check_same_shape(const char* what, const StridedView& v, const StridedView& out) {
   bool same = v.ndim == out.ndim;
   for (int d = 0; same && d < v.ndim; ++d) same = v.shape[d] == out.shape[d];
-  MG_CHECK(same, what, " (CUDA): an operand's shape differs from the output's (inputs must be broadcast first)");
+  MG_CHECK(same, what,
+           " (CUDA): an operand's shape differs from the output's (inputs must be broadcast first)");
 }
 
 void check_dtype(const char* what, const StridedView& v, DType expected) {
   MG_CHECK(v.dtype == expected, what, " (CUDA): operand dtype ", dtype_name(v.dtype), ", expected ",
-        dtype_name(expected));
+           dtype_name(expected));
 }
 
 }  // namespace
@@ -532,7 +533,7 @@ void unary(cudaStream_t stream, UnaryOp op, const StridedView& in, const Strided
   check_same_shape(name, in, out);
   check_dtype(name, out, in.dtype);
   MG_CHECK(is_floating(in.dtype) || (is_integral(in.dtype) && unary_op_accepts_integers(op)), name,
-        " (CUDA): unsupported dtype ", dtype_name(in.dtype));
+           " (CUDA): unsupported dtype ", dtype_name(in.dtype));
   const int64_t n = out.numel();
   if (n == 0) return;
   bool contiguous = false;
@@ -594,15 +595,15 @@ void binary_impl(cudaStream_t stream, BinaryOp op, const StridedView& a, const S
   }
   check_dtype(name, out, to_bool ? DType::boolean : a.dtype);
   MG_CHECK(a.dtype != DType::boolean || !(op == BinaryOp::Sub || op == BinaryOp::Pow), name,
-        " (CUDA): not supported for bool; convert to an integer dtype first");
+           " (CUDA): not supported for bool; convert to an integer dtype first");
   MG_CHECK(is_floating(a.dtype) || op != BinaryOp::Div, name,
-        " (CUDA): integer division is not supported; promote to a floating dtype first");
+           " (CUDA): integer division is not supported; promote to a floating dtype first");
   if (!b && !to_bool && !is_floating(a.dtype)) {
     // The scalar must fit the compute type (int32 for i32 and bool, int64 for i64), as on the CPU.
     const double limit = a.dtype == DType::i64 ? 9223372036854775808.0 : 2147483648.0;
     MG_CHECK(std::trunc(scalar) == scalar && scalar >= -limit && scalar < limit, "binary_scalar ", name,
-          " (CUDA): scalar ", scalar, " is not representable in dtype ", dtype_name(a.dtype),
-          "; promote the tensor first");
+             " (CUDA): scalar ", scalar, " is not representable in dtype ", dtype_name(a.dtype),
+             "; promote the tensor first");
   }
   const int64_t n = out.numel();
   if (n == 0) return;

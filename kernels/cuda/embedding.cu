@@ -271,8 +271,8 @@ void scatter_add(DType dtype, const char* what, const IndexShape& s, const void*
 
 void check_extents(const char* what, int64_t num_embeddings, int64_t embedding_dim, int64_t count) {
   MG_CHECK(num_embeddings >= 0 && embedding_dim >= 0 && count >= 0, what,
-        " (CUDA): negative extent (num_embeddings ", num_embeddings, ", embedding_dim ", embedding_dim,
-        ", count ", count, ")");
+           " (CUDA): negative extent (num_embeddings ", num_embeddings, ", embedding_dim ", embedding_dim,
+           ", count ", count, ")");
 }
 
 void check_embedding_backward_args(DType dtype, int64_t num_embeddings, int64_t embedding_dim, int64_t count,
@@ -280,22 +280,22 @@ void check_embedding_backward_args(DType dtype, int64_t num_embeddings, int64_t 
   const char* what = "embedding_backward";
   check_extents(what, num_embeddings, embedding_dim, count);
   MG_CHECK(padding_idx >= -1 && padding_idx < num_embeddings, what, " (CUDA): padding_idx ", padding_idx,
-        " is out of range [-1, ", num_embeddings, ")");
+           " is out of range [-1, ", num_embeddings, ")");
   MG_CHECK(is_floating(dtype), what, " (CUDA): expected a floating dtype (f32, f64, f16, bf16), got ", dtype);
 }
 
 void check_embedding_indices(cudaStream_t stream, ScratchAllocator& scratch, const char* what,
                              const int64_t* indices, int64_t count, int64_t num_embeddings) {
   const BadIndex bad = find_bad_index(stream, scratch, indices, count, num_embeddings);
-  MG_CHECK(bad.position < 0, what, ": index ", bad.value, " at position ", bad.position, " is out of range [0, ",
-        num_embeddings, ")");
+  MG_CHECK(bad.position < 0, what, ": index ", bad.value, " at position ", bad.position,
+           " is out of range [0, ", num_embeddings, ")");
 }
 
 void check_select_indices(cudaStream_t stream, ScratchAllocator& scratch, const IndexShape& s,
                           const int64_t* indices, int64_t count) {
   const BadIndex bad = find_bad_index(stream, scratch, indices, count, s.size);
   MG_CHECK(bad.position < 0, "index_select: index ", bad.value, " at position ", bad.position,
-        " is out of range for a dimension of size ", s.size);
+           " is out of range for a dimension of size ", s.size);
 }
 
 }  // namespace
@@ -362,7 +362,7 @@ void embedding_backward_unchecked(cudaStream_t stream, DType dtype, const void* 
 void index_select(cudaStream_t stream, ScratchAllocator& scratch, DType dtype, const IndexShape& shape,
                   const void* input, const int64_t* indices, int64_t count, void* out) {
   MG_CHECK(shape.outer >= 0 && shape.size >= 0 && shape.inner >= 0 && count >= 0,
-        "index_select (CUDA): negative extent");
+           "index_select (CUDA): negative extent");
   check_select_indices(stream, scratch, shape, indices, count);
   gather(dtype, shape, input, indices, count, out, stream);
 }
@@ -370,7 +370,7 @@ void index_select(cudaStream_t stream, ScratchAllocator& scratch, DType dtype, c
 void index_add(cudaStream_t stream, ScratchAllocator& scratch, DType dtype, const IndexShape& shape,
                const void* grad_out, const int64_t* indices, int64_t count, void* grad_input) {
   MG_CHECK(shape.outer >= 0 && shape.size >= 0 && shape.inner >= 0 && count >= 0,
-        "index_add (CUDA): negative extent");
+           "index_add (CUDA): negative extent");
   check_select_indices(stream, scratch, shape, indices, count);
   scatter_add(dtype, "index_add", shape, grad_out, indices, count, /*skip=*/-1, grad_input, stream);
 }

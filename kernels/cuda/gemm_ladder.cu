@@ -372,7 +372,7 @@ void validate(const GemmArgs& g, const char* step) {
   // 32-bit tile arithmetic, with room for a tile past the end.
   constexpr int64_t kMaxSize = INT_MAX - 256;
   MG_CHECK(g.m <= kMaxSize && g.n <= kMaxSize && g.k <= kMaxSize, what, ": m=", g.m, " n=", g.n, " k=", g.k,
-        " exceed the kernels' 32-bit limit of ", kMaxSize);
+           " exceed the kernels' 32-bit limit of ", kMaxSize);
 }
 
 template <class T>
@@ -416,7 +416,7 @@ bool allow_tf32() {
       value = 1;
     } else {
       MG_CHECK(s == "0" || s == "false" || s == "off",
-            "MG_CUDA_ALLOW_TF32: expected 1/true/on or 0/false/off, got '", s, "'");
+               "MG_CUDA_ALLOW_TF32: expected 1/true/on or 0/false/off, got '", s, "'");
     }
   }
   int expected = -1;
@@ -432,8 +432,8 @@ void gemm_ladder(cudaStream_t stream, ScratchAllocator& scratch, GemmKernel kern
   if (kernel == GemmKernel::cublas) return gemm_cublas(stream, scratch, g);
   const char* step = gemm_kernel_name(kernel);
   MG_CHECK(gemm_kernel_supports(kernel, g.dtype), "gemm_ladder (", step, "): the ", step, " kernel takes ",
-        kernel == GemmKernel::tensor_core ? "bf16 or f16 (f32 accumulation)" : "f32", ", got ",
-        dtype_name(g.dtype), " (cuBLAS takes every floating dtype: GemmKernel::cublas)");
+           kernel == GemmKernel::tensor_core ? "bf16 or f16 (f32 accumulation)" : "f32", ", got ",
+           dtype_name(g.dtype), " (cuBLAS takes every floating dtype: GemmKernel::cublas)");
   validate(g, step);
   if (g.m == 0 || g.n == 0 || g.batch == 0) return;
   if (g.k == 0 || g.alpha == 0.0) {  // no product: A and B are not read

@@ -509,9 +509,9 @@ void launch_tensor_core(const Problem& p, int64_t batch, cudaStream_t stream) {
   MG_CUDA_CHECK(cudaGetDevice(&device));
   MG_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   MG_CHECK(major >= 8,
-        "gemm_ladder (tensor_core): needs a GPU of compute capability 8.0 or newer (mma.sync "
-        "bf16/f16, ldmatrix, cp.async); device ",
-        device, " is ", major, ".x");
+           "gemm_ladder (tensor_core): needs a GPU of compute capability 8.0 or newer (mma.sync "
+           "bf16/f16, ldmatrix, cp.async); device ",
+           device, " is ", major, ".x");
   const int tile_n = tensor_core_tile_n(p, batch, device);
   if (p.a.k_contiguous) {
     if (p.b.k_contiguous) return launch_tensor_core_layout<T, true, true>(p, batch, tile_n, stream);
@@ -527,8 +527,8 @@ template void launch_tensor_core<f16_t>(const Problem& p, int64_t batch, cudaStr
 }  // namespace gemm_ladder_internal
 
 void set_tensor_core_tile_n(int tile_n) {
-  MG_CHECK(tile_n == 0 || tile_n == 128 || tile_n == 256, "set_tensor_core_tile_n: expected 0, 128 or 256, got ",
-        tile_n);
+  MG_CHECK(tile_n == 0 || tile_n == 128 || tile_n == 256,
+           "set_tensor_core_tile_n: expected 0, 128 or 256, got ", tile_n);
   g_tensor_core_tile_n.store(tile_n, std::memory_order_release);
 }
 

@@ -345,12 +345,12 @@ void launch_multi(cudaStream_t stream, ScratchAllocator& scratch, const char* wh
   for (size_t t = 0; t < sizes.size(); ++t) {
     const int64_t chunks = (sizes[t] + chunk - 1) / chunk;
     MG_CHECK(chunks <= INT32_MAX && t <= INT32_MAX, what, " (CUDA): tensor ", t, " has ", sizes[t],
-          " elements, more than the block table can address (", int64_t(INT32_MAX) * chunk, ")");
+             " elements, more than the block table can address (", int64_t(INT32_MAX) * chunk, ")");
     for (int64_t c = 0; c < chunks; ++c) blocks.push_back(BlockRow{int32_t(t), int32_t(c)});
   }
   if (blocks.empty()) return;  // every tensor is empty
   MG_CHECK(blocks.size() <= size_t(INT32_MAX), what, " (CUDA): ", blocks.size(),
-        " blocks exceed the grid limit ", INT32_MAX);
+           " blocks exceed the grid limit ", INT32_MAX);
   // One host buffer [rows | blocks] (rows first: their alignment is the larger),
   // copied with one cudaMemcpyAsync. From pageable memory the copy returns once
   // the bytes are staged, so `host` may go out of scope right after.
@@ -419,7 +419,7 @@ AdamStepScalars<T> adam_step_scalars(const AdamHyper& h, int64_t step) {
 void check_adam_tensor(const char* what, const AdamHyper& h, int64_t step, const void* max_exp_avg_sq,
                        size_t index) {
   MG_CHECK(!h.amsgrad || max_exp_avg_sq != nullptr, what, ": amsgrad needs a max_exp_avg_sq buffer (tensor ",
-        index, ")");
+           index, ")");
   MG_CHECK(step >= 1, what, ": step counts from 1, got ", step, " (tensor ", index, ")");
 }
 
@@ -475,7 +475,8 @@ void adam_multi_common(cudaStream_t stream, ScratchAllocator& scratch, const cha
 
 void sgd_step(cudaStream_t stream, DType dtype, int64_t n, void* param, const void* grad,
               void* momentum_buffer, bool first_step, const SgdHyper& h) {
-  MG_CHECK(h.momentum == 0.0 || momentum_buffer != nullptr, "sgd_step (CUDA): momentum needs a momentum buffer");
+  MG_CHECK(h.momentum == 0.0 || momentum_buffer != nullptr,
+           "sgd_step (CUDA): momentum needs a momentum buffer");
   if (n == 0) return;
   visit_param(dtype, "sgd_step", [&](auto tg) {
     using T = typename decltype(tg)::type;
@@ -503,7 +504,7 @@ void sgd_step_multi(cudaStream_t stream, ScratchAllocator& scratch, DType dtype,
                     const std::vector<SgdTensor>& tensors, const SgdHyper& h) {
   for (size_t t = 0; t < tensors.size(); ++t)
     MG_CHECK(h.momentum == 0.0 || tensors[t].momentum_buffer != nullptr,
-          "sgd_step_multi (CUDA): momentum needs a momentum buffer (tensor ", t, ")");
+             "sgd_step_multi (CUDA): momentum needs a momentum buffer (tensor ", t, ")");
   if (tensors.size() == 1) {  // no table to build: the per-tensor launch
     const SgdTensor& t = tensors.front();
     // Qualified: SgdHyper would make argument-dependent lookup find cpu::sgd_step as well.

@@ -429,7 +429,7 @@ unsigned pool_grid(const Pool2dGeometry& g, int path, int64_t general_threads) {
 void check_args(const Pool2dGeometry& g, const char* what, const void* in, const void* out) {
   check_pool2d_geometry(g);
   MG_CHECK(g.planes * g.height * g.width == 0 || (in != nullptr && out != nullptr), what,
-        " (CUDA): null buffer");
+           " (CUDA): null buffer");
 }
 
 }  // namespace

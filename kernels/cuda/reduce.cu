@@ -391,14 +391,15 @@ void reduce(cudaStream_t stream, ScratchAllocator& scratch, ReduceOp op, const R
   const char* name = reduce_op_name(op);
   const bool arg = op == ReduceOp::Argmax || op == ReduceOp::Argmin;
   MG_CHECK(shape.reduce > 0 || !(arg || op == ReduceOp::Max || op == ReduceOp::Min), name,
-        " (CUDA): cannot reduce over an empty dimension (no identity)");
+           " (CUDA): cannot reduce over an empty dimension (no identity)");
   MG_CHECK(!arg || out_dtype == DType::i64, name, " (CUDA): the output must be i64, got ",
-        dtype_name(out_dtype));
-  MG_CHECK(!(op == ReduceOp::Mean || op == ReduceOp::Var) || (is_floating(in_dtype) && is_floating(out_dtype)),
-        name, " (CUDA): needs floating input and output, got ", dtype_name(in_dtype), " -> ",
-        dtype_name(out_dtype));
+           dtype_name(out_dtype));
+  MG_CHECK(
+      !(op == ReduceOp::Mean || op == ReduceOp::Var) || (is_floating(in_dtype) && is_floating(out_dtype)),
+      name, " (CUDA): needs floating input and output, got ", dtype_name(in_dtype), " -> ",
+      dtype_name(out_dtype));
   MG_CHECK(!(op == ReduceOp::Max || op == ReduceOp::Min) || out_dtype == in_dtype, name,
-        " (CUDA): output dtype must equal the input's");
+           " (CUDA): output dtype must equal the input's");
   if (shape.outer == 0 || shape.inner == 0) return;
   int tx = 1;
   while (tx < 32 && tx < shape.inner) tx *= 2;

@@ -595,7 +595,7 @@ void cross_entropy_forward_counted(cudaStream_t stream, DType dtype, const void*
                                    int64_t ignore_index, double label_smoothing, void* losses,
                                    void* row_stats, float* counted, void* check_words) {
   MG_CHECK(label_smoothing >= 0.0 && label_smoothing < 1.0,
-        "cross_entropy (CUDA): label_smoothing must be in [0, 1), got ", label_smoothing);
+           "cross_entropy (CUDA): label_smoothing must be in [0, 1), got ", label_smoothing);
   MG_CHECK(classes > 0 || rows == 0, "cross_entropy (CUDA): no classes");
   static_assert(kCrossEntropyCheckWords == 3, "rows counted, the first row with a bad target, its value");
   unsigned long long* status = static_cast<unsigned long long*>(check_words);

@@ -11,7 +11,7 @@ namespace mg::parallel {
 GroupGrid new_group_grid(const ProcessGroup& group, int tensor_size) {
   const int world = group.size();
   MG_CHECK(tensor_size >= 1 && world % tensor_size == 0, "new_group_grid: tensor_size ", tensor_size,
-        " does not divide the group's ", world, " ranks");
+           " does not divide the group's ", world, " ranks");
   GroupGrid grid;
   grid.tensor_size = tensor_size;
   grid.data_size = world / tensor_size;

@@ -55,7 +55,7 @@ std::optional<int> env_int(const char* name) {
   char* end = nullptr;
   long value = std::strtol(text, &end, 10);
   MG_CHECK(end != text && *end == '\0', "init_process_group: environment variable ", name, "='", text,
-        "' is not an integer");
+           "' is not an integer");
   return static_cast<int>(value);
 }
 
@@ -89,8 +89,8 @@ LaunchInfo detect_launch() {
     auto rank = env_int(names.rank);
     auto size = env_int(names.size);
     if (!rank || !size) continue;
-    MG_CHECK(*size >= 1 && *rank >= 0 && *rank < *size, "init_process_group: ", names.rank, "=", *rank, " and ",
-          names.size, "=", *size, " do not describe a rank of the job");
+    MG_CHECK(*size >= 1 && *rank >= 0 && *rank < *size, "init_process_group: ", names.rank, "=", *rank,
+             " and ", names.size, "=", *size, " do not describe a rank of the job");
     info.launcher = names.launcher;
     info.rank = *rank;
     info.world_size = *size;
@@ -106,7 +106,7 @@ ProcessGroup init_process_group(const InitOptions& options) {
   std::chrono::milliseconds timeout = options.timeout;
   if (auto seconds = env_int("MG_TIMEOUT_S")) timeout = std::chrono::seconds(*seconds);
   MG_CHECK(timeout.count() > 0, "init_process_group: the timeout must be positive, got ", timeout.count(),
-        " ms");
+           " ms");
 
   // The device: asked for, else cuda:<local rank> when this build can hold CUDA tensors and a
   // GPU is there, else cpu:0. Ranks on one node thus each take their own GPU.
@@ -126,16 +126,16 @@ ProcessGroup init_process_group(const InitOptions& options) {
     backend = make_single_process_backend();
   } else {
     backend = make_mpi_backend(launch, timeout, options.verify_collectives);
-    MG_CHECK(backend != nullptr, "init_process_group: launched as rank ", launch.rank, " of ", launch.world_size,
-          " by ", launch.launcher,
-          ", but multigrad was built without MPI (install libopenmpi-dev and rebuild)");
+    MG_CHECK(backend != nullptr, "init_process_group: launched as rank ", launch.rank, " of ",
+             launch.world_size, " by ", launch.launcher,
+             ", but multigrad was built without MPI (install libopenmpi-dev and rebuild)");
     std::chrono::milliseconds failure_detection = options.failure_detection;
     if (const char* text = std::getenv("MG_FAILURE_DETECTION_S"); text != nullptr && *text != '\0') {
       char* end = nullptr;
       const double seconds = std::strtod(text, &end);
       MG_CHECK(end != text && *end == '\0' && seconds >= 0,
-            "init_process_group: MG_FAILURE_DETECTION_S must be ", "a number of seconds (0 = off), got '",
-            text, "'");
+               "init_process_group: MG_FAILURE_DETECTION_S must be ", "a number of seconds (0 = off), got '",
+               text, "'");
       failure_detection = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
     }
     detail::start_heartbeat(failure_detection);
@@ -196,8 +196,8 @@ std::string ProcessGroup::backend_name(DeviceType type) const {
 }
 
 void ProcessGroup::set_timeout(std::chrono::milliseconds timeout) {
-  MG_CHECK(timeout.count() > 0, "ProcessGroup::set_timeout: the timeout must be positive, got ", timeout.count(),
-        " ms");
+  MG_CHECK(timeout.count() > 0, "ProcessGroup::set_timeout: the timeout must be positive, got ",
+           timeout.count(), " ms");
   any_backend("set_timeout").set_timeout(timeout);
   if (cuda_ != nullptr && cuda_ != cpu_) cuda_->set_timeout(timeout);
 }
@@ -206,7 +206,7 @@ std::chrono::milliseconds ProcessGroup::timeout() const { return any_backend("ti
 
 Backend& ProcessGroup::any_backend(const char* op) const {
   MG_CHECK(cpu_ != nullptr, "ProcessGroup::", op,
-        ": the group is undefined (use parallel::init_process_group())");
+           ": the group is undefined (use parallel::init_process_group())");
   return *cpu_;
 }
 
@@ -214,26 +214,27 @@ Backend& ProcessGroup::backend_for(const Tensor& tensor, const char* op) const {
   Backend& backend = any_backend(op);
   MG_CHECK(tensor.defined(), "ProcessGroup::", op, ": the tensor is undefined");
   MG_CHECK(tensor.is_contiguous(), "ProcessGroup::", op, ": the tensor must be contiguous (shape ",
-        shape_str(tensor.shape()), ", strides ", shape_str(tensor.strides()), "); call .contiguous() first");
+           shape_str(tensor.shape()), ", strides ", shape_str(tensor.strides()),
+           "); call .contiguous() first");
   if (!tensor.device().is_cuda()) return backend;
   MG_CHECK(cuda_ != nullptr, "ProcessGroup::", op, ": the tensor is on ", tensor.device(),
-        " but this group has no ", "backend for CUDA tensors: ", backend_name(DeviceType::CUDA), " (the ",
-        backend.name(), " backend takes CPU tensors)");
+           " but this group has no ", "backend for CUDA tensors: ", backend_name(DeviceType::CUDA), " (the ",
+           backend.name(), " backend takes CPU tensors)");
   return *cuda_;
 }
 
 WorkPtr ProcessGroup::allreduce(Tensor& tensor, ReduceOp op) {
   Backend& backend = backend_for(tensor, "allreduce");
   MG_CHECK(op != ReduceOp::Avg || is_floating(tensor.dtype()),
-        "ProcessGroup::allreduce: avg needs a floating dtype, the tensor is ", tensor.dtype());
+           "ProcessGroup::allreduce: avg needs a floating dtype, the tensor is ", tensor.dtype());
   count_requested(2.0 * ring_share(size()) * static_cast<double>(tensor.nbytes()));
   return backend.allreduce(tensor, op);
 }
 
 WorkPtr ProcessGroup::broadcast(Tensor& tensor, int root) {
   Backend& backend = backend_for(tensor, "broadcast");
-  MG_CHECK(root >= 0 && root < size(), "ProcessGroup::broadcast: root ", root, " is not a rank of a world of ",
-        size());
+  MG_CHECK(root >= 0 && root < size(), "ProcessGroup::broadcast: root ", root,
+           " is not a rank of a world of ", size());
   count_requested(ring_share(size()) * static_cast<double>(tensor.nbytes()));
   return backend.broadcast(tensor, root);
 }
@@ -241,9 +242,9 @@ WorkPtr ProcessGroup::broadcast(Tensor& tensor, int root) {
 WorkPtr ProcessGroup::reduce(Tensor& tensor, int root, ReduceOp op) {
   Backend& backend = backend_for(tensor, "reduce");
   MG_CHECK(root >= 0 && root < size(), "ProcessGroup::reduce: root ", root, " is not a rank of a world of ",
-        size());
+           size());
   MG_CHECK(op != ReduceOp::Avg || is_floating(tensor.dtype()),
-        "ProcessGroup::reduce: avg needs a floating dtype, the tensor is ", tensor.dtype());
+           "ProcessGroup::reduce: avg needs a floating dtype, the tensor is ", tensor.dtype());
   count_requested(ring_share(size()) * static_cast<double>(tensor.nbytes()));
   return backend.reduce(tensor, root, op);
 }
@@ -252,11 +253,11 @@ WorkPtr ProcessGroup::allgather(Tensor& output, const Tensor& input) {
   Backend& backend = backend_for(input, "allgather");
   backend_for(output, "allgather");
   MG_CHECK(output.device() == input.device(), "ProcessGroup::allgather: output is on ", output.device(),
-        " but input is on ", input.device());
+           " but input is on ", input.device());
   MG_CHECK(output.dtype() == input.dtype(), "ProcessGroup::allgather: output dtype ", output.dtype(),
-        " differs from input dtype ", input.dtype());
+           " differs from input dtype ", input.dtype());
   MG_CHECK(output.numel() == input.numel() * size(), "ProcessGroup::allgather: output has ", output.numel(),
-        " elements but needs world size (", size(), ") x input (", input.numel(), ")");
+           " elements but needs world size (", size(), ") x input (", input.numel(), ")");
   count_requested(ring_share(size()) * static_cast<double>(output.nbytes()));
   return backend.allgather(output, input);
 }
@@ -265,13 +266,13 @@ WorkPtr ProcessGroup::reduce_scatter(Tensor& output, const Tensor& input, Reduce
   Backend& backend = backend_for(input, "reduce_scatter");
   backend_for(output, "reduce_scatter");
   MG_CHECK(output.device() == input.device(), "ProcessGroup::reduce_scatter: output is on ", output.device(),
-        " but input is on ", input.device());
+           " but input is on ", input.device());
   MG_CHECK(output.dtype() == input.dtype(), "ProcessGroup::reduce_scatter: output dtype ", output.dtype(),
-        " differs from input dtype ", input.dtype());
-  MG_CHECK(input.numel() == output.numel() * size(), "ProcessGroup::reduce_scatter: input has ", input.numel(),
-        " elements but needs world size (", size(), ") x output (", output.numel(), ")");
+           " differs from input dtype ", input.dtype());
+  MG_CHECK(input.numel() == output.numel() * size(), "ProcessGroup::reduce_scatter: input has ",
+           input.numel(), " elements but needs world size (", size(), ") x output (", output.numel(), ")");
   MG_CHECK(op != ReduceOp::Avg || is_floating(input.dtype()),
-        "ProcessGroup::reduce_scatter: avg needs a floating dtype, the tensor is ", input.dtype());
+           "ProcessGroup::reduce_scatter: avg needs a floating dtype, the tensor is ", input.dtype());
   count_requested(ring_share(size()) * static_cast<double>(input.nbytes()));
   return backend.reduce_scatter(output, input, op);
 }
@@ -280,14 +281,14 @@ WorkPtr ProcessGroup::reduce_scatter(Tensor& output, const Tensor& input, Reduce
 WorkPtr ProcessGroup::gather(Tensor& output, const Tensor& input, int root) {
   Backend& backend = backend_for(input, "gather");
   MG_CHECK(root >= 0 && root < size(), "ProcessGroup::gather: root ", root, " is not a rank of a world of ",
-        size());
+           size());
   if (rank() == root) {
     backend_for(output, "gather");
     MG_CHECK(output.device() == input.device() && output.dtype() == input.dtype(),
-          "ProcessGroup::gather: output is ", output.dtype(), " on ", output.device(), " but input is ",
-          input.dtype(), " on ", input.device());
+             "ProcessGroup::gather: output is ", output.dtype(), " on ", output.device(), " but input is ",
+             input.dtype(), " on ", input.device());
     MG_CHECK(output.numel() == input.numel() * size(), "ProcessGroup::gather: output has ", output.numel(),
-          " elements but needs world size (", size(), ") x input (", input.numel(), ")");
+             " elements but needs world size (", size(), ") x input (", input.numel(), ")");
   }
   count_requested(rank() == root ? 0.0 : static_cast<double>(input.nbytes()));
   return backend.gather(output, input, root);
@@ -296,14 +297,14 @@ WorkPtr ProcessGroup::gather(Tensor& output, const Tensor& input, int root) {
 WorkPtr ProcessGroup::scatter(Tensor& output, const Tensor& input, int root) {
   Backend& backend = backend_for(output, "scatter");
   MG_CHECK(root >= 0 && root < size(), "ProcessGroup::scatter: root ", root, " is not a rank of a world of ",
-        size());
+           size());
   if (rank() == root) {
     backend_for(input, "scatter");
     MG_CHECK(output.device() == input.device() && output.dtype() == input.dtype(),
-          "ProcessGroup::scatter: output is ", output.dtype(), " on ", output.device(), " but input is ",
-          input.dtype(), " on ", input.device());
+             "ProcessGroup::scatter: output is ", output.dtype(), " on ", output.device(), " but input is ",
+             input.dtype(), " on ", input.device());
     MG_CHECK(input.numel() == output.numel() * size(), "ProcessGroup::scatter: input has ", input.numel(),
-          " elements but needs world size (", size(), ") x output (", output.numel(), ")");
+             " elements but needs world size (", size(), ") x output (", output.numel(), ")");
   }
   count_requested(rank() == root ? ring_share(size()) * static_cast<double>(input.nbytes()) : 0.0);
   return backend.scatter(output, input, root);
@@ -313,11 +314,11 @@ WorkPtr ProcessGroup::all_to_all(Tensor& output, const Tensor& input) {
   Backend& backend = backend_for(input, "all_to_all");
   backend_for(output, "all_to_all");
   MG_CHECK(output.device() == input.device() && output.dtype() == input.dtype(),
-        "ProcessGroup::all_to_all: output is ", output.dtype(), " on ", output.device(), " but input is ",
-        input.dtype(), " on ", input.device());
-  MG_CHECK(output.numel() == input.numel() && input.numel() % size() == 0, "ProcessGroup::all_to_all: input (",
-        input.numel(), " elements) and output (", output.numel(),
-        ") must be equal and divide into world size (", size(), ") blocks");
+           "ProcessGroup::all_to_all: output is ", output.dtype(), " on ", output.device(), " but input is ",
+           input.dtype(), " on ", input.device());
+  MG_CHECK(output.numel() == input.numel() && input.numel() % size() == 0,
+           "ProcessGroup::all_to_all: input (", input.numel(), " elements) and output (", output.numel(),
+           ") must be equal and divide into world size (", size(), ") blocks");
   count_requested(ring_share(size()) * static_cast<double>(input.nbytes()));
   return backend.all_to_all(output, input);
 }
@@ -377,7 +378,7 @@ void ProcessGroup::monitored_barrier(std::chrono::milliseconds timeout) {
     }
   }
   MG_CHECK(missing.empty(), "monitored_barrier: rank", missing.size() > 1 ? "s " : " ", join_ranks(missing),
-        " of ", world, " did not arrive within ", std::chrono::duration<double>(timeout).count(), " s");
+           " of ", world, " did not arrive within ", std::chrono::duration<double>(timeout).count(), " s");
 }
 
 ProcessGroup ProcessGroup::new_group(std::vector<int> ranks) const {
@@ -386,8 +387,9 @@ ProcessGroup ProcessGroup::new_group(std::vector<int> ranks) const {
   MG_CHECK(!ranks.empty(), "ProcessGroup::new_group: no ranks");
   for (size_t i = 0; i < ranks.size(); ++i) {
     MG_CHECK(ranks[i] >= 0 && ranks[i] < size(), "ProcessGroup::new_group: rank ", ranks[i],
-          " is not a rank of this group of ", size());
-    MG_CHECK(i == 0 || ranks[i] != ranks[i - 1], "ProcessGroup::new_group: rank ", ranks[i], " is named twice");
+             " is not a rank of this group of ", size());
+    MG_CHECK(i == 0 || ranks[i] != ranks[i - 1], "ProcessGroup::new_group: rank ", ranks[i],
+             " is named twice");
   }
   std::shared_ptr<Backend> sub = backend.new_group(ranks);
   // CUDA tensors: the single-process backend serves both; NCCL makes communicators of its own
@@ -405,7 +407,7 @@ ProcessGroup ProcessGroup::new_group(std::vector<int> ranks) const {
 WorkPtr ProcessGroup::send(const Tensor& tensor, int dst, int tag) {
   Backend& backend = backend_for(tensor, "send");
   MG_CHECK(dst >= 0 && dst < size() && dst != rank(), "ProcessGroup::send: destination ", dst,
-        " must be another rank of a world of ", size(), " (this is rank ", rank(), ")");
+           " must be another rank of a world of ", size(), " (this is rank ", rank(), ")");
   MG_CHECK(tag >= 0, "ProcessGroup::send: tag must be >= 0, got ", tag);
   count_requested(static_cast<double>(tensor.nbytes()));
   return backend.send(tensor, dst, tag);
@@ -414,7 +416,7 @@ WorkPtr ProcessGroup::send(const Tensor& tensor, int dst, int tag) {
 WorkPtr ProcessGroup::recv(Tensor& tensor, int src, int tag) {
   Backend& backend = backend_for(tensor, "recv");
   MG_CHECK(src >= 0 && src < size() && src != rank(), "ProcessGroup::recv: source ", src,
-        " must be another rank of a world of ", size(), " (this is rank ", rank(), ")");
+           " must be another rank of a world of ", size(), " (this is rank ", rank(), ")");
   MG_CHECK(tag >= 0, "ProcessGroup::recv: tag must be >= 0, got ", tag);
   return backend.recv(tensor, src, tag);
 }

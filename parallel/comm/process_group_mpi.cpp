@@ -152,8 +152,8 @@ class MpiRuntime {
       MPI_Query_thread(&provided);
     }
     MG_CHECK(provided >= MPI_THREAD_MULTIPLE, "init_process_group: the MPI library offers thread level ",
-          provided, " but multigrad's two communication threads need MPI_THREAD_MULTIPLE (",
-          MPI_THREAD_MULTIPLE, "); use an MPI built with thread support (Debian's OpenMPI is)");
+             provided, " but multigrad's two communication threads need MPI_THREAD_MULTIPLE (",
+             MPI_THREAD_MULTIPLE, "); use an MPI built with thread support (Debian's OpenMPI is)");
     MPI_Op_create(&reduce_halves<bf16, SumFloat>, 1, &half_ops_[0]);
     MPI_Op_create(&reduce_halves<bf16, MaxFloat>, 1, &half_ops_[1]);
     MPI_Op_create(&reduce_halves<bf16, MinFloat>, 1, &half_ops_[2]);
@@ -389,7 +389,7 @@ class MpiBackend : public Backend {
           int received = 0;
           MPI_Get_count(&status, type, &received);
           MG_CHECK(received == count, what, ": the sender sent ", received, " elements, this rank expected ",
-                count);
+                   count);
         });
   }
 
@@ -403,14 +403,14 @@ class MpiBackend : public Backend {
 
   static int checked_count(const Tensor& tensor, const char* op) {
     MG_CHECK(tensor.numel() <= INT_MAX, "ProcessGroup::", op, ": ", tensor.numel(),
-          " elements exceed MPI's int count; split the tensor");
+             " elements exceed MPI's int count; split the tensor");
     return static_cast<int>(tensor.numel());
   }
 
   MPI_Op reduction(DType dtype, ReduceOp op, const char* what) const {
     if (dtype == DType::bf16 || dtype == DType::f16) return runtime_->half_op(dtype, op);
-    MG_CHECK(dtype != DType::boolean || op == ReduceOp::Max || op == ReduceOp::Min, "ProcessGroup::", what, "(",
-          reduce_op_name(op), "): bool tensors reduce with max (any) or min (all) only");
+    MG_CHECK(dtype != DType::boolean || op == ReduceOp::Max || op == ReduceOp::Min, "ProcessGroup::", what,
+             "(", reduce_op_name(op), "): bool tensors reduce with max (any) or min (all) only");
     switch (op) {
       case ReduceOp::Sum:
       case ReduceOp::Avg: return MPI_SUM;
@@ -693,9 +693,9 @@ std::shared_ptr<Backend> make_mpi_backend(const LaunchInfo& launch, std::chrono:
                                           bool verify_collectives) {
   auto backend = std::make_shared<MpiBackend>(MPI_COMM_WORLD, timeout, verify_collectives);
   MG_CHECK(backend->rank() == launch.rank && backend->size() == launch.world_size,
-        "init_process_group: the launcher (", launch.launcher, ") says rank ", launch.rank, " of ",
-        launch.world_size, " but MPI says rank ", backend->rank(), " of ", backend->size(),
-        " (was the program started by a different MPI's mpirun?)");
+           "init_process_group: the launcher (", launch.launcher, ") says rank ", launch.rank, " of ",
+           launch.world_size, " but MPI says rank ", backend->rank(), " of ", backend->size(),
+           " (was the program started by a different MPI's mpirun?)");
   return backend;
 }
 

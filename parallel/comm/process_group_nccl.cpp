@@ -112,7 +112,7 @@ ncclDataType_t nccl_datatype(DType dtype) {
 
 ncclRedOp_t nccl_reduction(DType dtype, ReduceOp op, const char* what) {
   MG_CHECK(dtype != DType::boolean || op == ReduceOp::Max || op == ReduceOp::Min, "ProcessGroup::", what, "(",
-        reduce_op_name(op), "): bool tensors reduce with max (any) or min (all) only");
+           reduce_op_name(op), "): bool tensors reduce with max (any) or min (all) only");
   switch (op) {
     case ReduceOp::Sum: return ncclSum;
     case ReduceOp::Avg: return ncclAvg;
@@ -434,7 +434,8 @@ class NcclBackend : public Backend {
 
   void check_device(const Tensor& tensor, const char* op) const {
     MG_CHECK(tensor.device() == device_, "ProcessGroup::", op, ": the tensor is on ", tensor.device(),
-          " but this rank's NCCL communicator is on ", device_, " (move the tensor with .to(", device_, "))");
+             " but this rank's NCCL communicator is on ", device_, " (move the tensor with .to(", device_,
+             "))");
   }
 
   WorkPtr collective(CallShape shape, std::vector<Tensor> keep_alive, Call call) {

@@ -196,7 +196,7 @@ class RingWorker {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       MG_CHECK(!stopping_, "ring_allreduce: the ring thread of ", name_, " is shutting down (process exit); ",
-            work->description(), " was not started");
+               work->description(), " was not started");
       queue_.push_back(Job{std::move(work), std::move(job)});
     }
     wake_.notify_one();
@@ -287,15 +287,17 @@ cuda::Stream ring_stream(int device) {
 }  // namespace
 
 WorkPtr ring_allreduce_async(ProcessGroup& pg, Tensor& tensor, ReduceOp op, RingOptions opts) {
-  MG_CHECK(pg.defined(), "ring_allreduce: the process group is undefined (use parallel::init_process_group())");
+  MG_CHECK(pg.defined(),
+           "ring_allreduce: the process group is undefined (use parallel::init_process_group())");
   MG_CHECK(tensor.defined(), "ring_allreduce: the tensor is undefined");
   MG_CHECK(tensor.is_contiguous(), "ring_allreduce: the tensor must be contiguous (shape ",
-        shape_str(tensor.shape()), ", strides ", shape_str(tensor.strides()), "); call .contiguous() first");
+           shape_str(tensor.shape()), ", strides ", shape_str(tensor.strides()),
+           "); call .contiguous() first");
   const DType dtype = tensor.dtype();
   MG_CHECK(dtype == DType::f32 || dtype == DType::f64 || dtype == DType::f16 || dtype == DType::bf16,
-        "ring_allreduce: dtype ", dtype, " is not supported (f32, f64, f16 or bf16)");
+           "ring_allreduce: dtype ", dtype, " is not supported (f32, f64, f16 or bf16)");
   MG_CHECK(opts.chunk_bytes >= tensor.itemsize(), "ring_allreduce: chunk_bytes (", opts.chunk_bytes,
-        ") is smaller than one element of ", dtype, " (", tensor.itemsize(), " bytes)");
+           ") is smaller than one element of ", dtype, " (", tensor.itemsize(), " bytes)");
   MG_CHECK(opts.tag_base >= 0, "ring_allreduce: tag_base must be >= 0, got ", opts.tag_base);
 
   auto work = std::make_shared<Work>(str_cat("ring_allreduce(", reduce_op_name(op), ") ", dtype,

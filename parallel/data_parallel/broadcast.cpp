@@ -12,7 +12,7 @@ void check_devices(const std::vector<Device>& devices, const char* who) {
   for (size_t i = 0; i < devices.size(); ++i)
     for (size_t j = 0; j < i; ++j)
       MG_CHECK(devices[i] != devices[j], who, ": device ", devices[i], " is listed twice (positions ", j,
-            " and ", i, ")");
+               " and ", i, ")");
 }
 
 Tensor reduce_add(const std::vector<Tensor>& tensors, Device destination) {
@@ -23,8 +23,8 @@ Tensor reduce_add(const std::vector<Tensor>& tensors, Device destination) {
     const Tensor& t = tensors[i];
     MG_CHECK(t.defined(), "reduce_add: tensor ", i, " is undefined");
     MG_CHECK(t.shape() == tensors[0].shape() && t.dtype() == tensors[0].dtype(), "reduce_add: tensor 0 is ",
-          shape_str(tensors[0].shape()), " ", tensors[0].dtype(), " but tensor ", i, " is ",
-          shape_str(t.shape()), " ", t.dtype());
+             shape_str(tensors[0].shape()), " ", tensors[0].dtype(), " but tensor ", i, " is ",
+             shape_str(t.shape()), " ", t.dtype());
     Tensor here = t.to(destination);
     total = total.defined() ? add(total, here) : here;
   }
@@ -38,8 +38,9 @@ std::vector<std::vector<Tensor>> broadcast(const std::vector<Tensor>& tensors,
   const Device source = tensors[0].device();
   for (size_t i = 0; i < tensors.size(); ++i) {
     MG_CHECK(tensors[i].defined(), "broadcast: tensor ", i, " is undefined");
-    MG_CHECK(tensors[i].device() == source, "broadcast: all tensors must be on one device, but tensor 0 is on ",
-          source, " and tensor ", i, " is on ", tensors[i].device());
+    MG_CHECK(tensors[i].device() == source,
+             "broadcast: all tensors must be on one device, but tensor 0 is on ", source, " and tensor ", i,
+             " is on ", tensors[i].device());
   }
 
   // 1. The copies, without history (an alias on the source device).

@@ -64,13 +64,13 @@ void DataParallel::init(std::vector<Device> devices, std::optional<Device> outpu
   check_devices(devices_, "DataParallel");
   for (const Device& d : devices_)
     MG_CHECK(d.type == devices_[0].type, "DataParallel: devices must all be CPU or all be CUDA, got ",
-          devices_[0], " and ", d);
+             devices_[0], " and ", d);
   output_device_ = output_device.value_or(devices_[0]);
   // Fail now rather than at the first forward when the module is elsewhere.
   for (const auto& [name, p] : module_->named_parameters())
     MG_CHECK(p.device() == devices_[0],
-          "DataParallel: the module's parameters must be on devices[0] = ", devices_[0], ", but '", name,
-          "' is on ", p.device(), "; call .to(", devices_[0], ") on the module first");
+             "DataParallel: the module's parameters must be on devices[0] = ", devices_[0], ", but '", name,
+             "' is on ", p.device(), "; call .to(", devices_[0], ") on the module first");
   // Registered as "module", so dp.parameters() are the module's own and state_dict keys
   // read "module.<name>", as in PyTorch.
   register_module("module", *module_);

@@ -43,11 +43,12 @@ std::vector<std::string> split_lines(const std::string& text) {
 DistributedDataParallel::DistributedDataParallel(nn::Module& module, ProcessGroup group, DDPOptions options)
     : module_(&module), group_(std::move(group)), options_(options) {
   MG_CHECK(group_.defined(),
-        "DistributedDataParallel: the process group is undefined (use init_process_group())");
+           "DistributedDataParallel: the process group is undefined (use init_process_group())");
   register_module("module", module);
   for (auto& [name, p] : module.named_parameters()) {
-    MG_CHECK(p.device() == group_.device(), "DistributedDataParallel: parameter '", name, "' is on ", p.device(),
-          " but this rank's device is ", group_.device(), "; call module.to(pg.device()) before wrapping it");
+    MG_CHECK(p.device() == group_.device(), "DistributedDataParallel: parameter '", name, "' is on ",
+             p.device(), " but this rank's device is ", group_.device(),
+             "; call module.to(pg.device()) before wrapping it");
   }
   verify_same_parameters_everywhere();
   broadcast_state_from_rank0(/*parameters=*/true, /*buffers=*/true);
@@ -79,8 +80,8 @@ void DistributedDataParallel::verify_same_parameters_everywhere() const {
     throw Error(str_cat("DistributedDataParallel: the ranks hold different models: ", problem,
                         " (every rank must build the same model before wrapping it)"));
   MG_CHECK(everyone_ok,
-        "DistributedDataParallel: another rank holds a different model than rank 0 (its error names "
-        "the first difference)");
+           "DistributedDataParallel: another rank holds a different model than rank 0 (its error names "
+           "the first difference)");
 }
 
 // One broadcast per dtype, of the tensors packed into one flat buffer: every forward re-sends the

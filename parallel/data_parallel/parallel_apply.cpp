@@ -29,9 +29,9 @@ std::vector<Tensor> parallel_apply(const std::vector<std::shared_ptr<nn::Module>
                                    const std::vector<Tensor>& inputs, const std::vector<Device>& devices_in) {
   MG_CHECK(!replicas.empty(), "parallel_apply: expected at least one replica");
   MG_CHECK(replicas.size() == inputs.size(), "parallel_apply: ", replicas.size(), " replicas but ",
-        inputs.size(), " inputs");
+           inputs.size(), " inputs");
   MG_CHECK(devices_in.empty() || devices_in.size() == replicas.size(), "parallel_apply: ", replicas.size(),
-        " replicas but ", devices_in.size(), " devices");
+           " replicas but ", devices_in.size(), " devices");
   const size_t n = replicas.size();
   std::vector<Device> devices = devices_in;
   for (size_t i = 0; i < n; ++i) {
@@ -39,10 +39,10 @@ std::vector<Tensor> parallel_apply(const std::vector<std::shared_ptr<nn::Module>
     MG_CHECK(inputs[i].defined(), "parallel_apply: input ", i, " is undefined");
     if (devices_in.empty()) devices.push_back(inputs[i].device());
     MG_CHECK(inputs[i].device() == devices[i], "parallel_apply: input ", i, " is on ", inputs[i].device(),
-          " but replica ", i, " runs on ", devices[i]);
+             " but replica ", i, " runs on ", devices[i]);
     for (const auto& [name, p] : replicas[i]->named_parameters())
       MG_CHECK(p.device() == devices[i], "parallel_apply: replica ", i, " should be on ", devices[i],
-            " but its parameter '", name, "' is on ", p.device());
+               " but its parameter '", name, "' is on ", p.device());
   }
 
   std::vector<Tensor> outputs(n);
@@ -85,7 +85,7 @@ std::vector<Tensor> parallel_apply(const std::vector<std::shared_ptr<nn::Module>
   for (size_t i = 0; i < n; ++i) {
     if (errors[i]) throw Error(str_cat("replica ", i, " on ", devices[i], " failed: ", describe(errors[i])));
     MG_CHECK(outputs[i].defined(), "parallel_apply: replica ", i, " on ", devices[i],
-          " returned an undefined tensor");
+             " returned an undefined tensor");
   }
   return outputs;
 }

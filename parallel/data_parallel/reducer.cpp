@@ -53,8 +53,8 @@ Reducer::Reducer(std::vector<std::pair<std::string, Tensor>> named_parameters, P
                  ReducerOptions options)
     : group_(std::move(group)), options_(options) {
   MG_CHECK(options_.bucket_cap_mb > 0 && options_.first_bucket_cap_mb > 0,
-        "DistributedDataParallel: bucket caps must be positive, got bucket_cap_mb=", options_.bucket_cap_mb,
-        " first_bucket_cap_mb=", options_.first_bucket_cap_mb);
+           "DistributedDataParallel: bucket caps must be positive, got bucket_cap_mb=",
+           options_.bucket_cap_mb, " first_bucket_cap_mb=", options_.first_bucket_cap_mb);
   for (auto& [name, param] : named_parameters) {
     if (!param.requires_grad()) continue;  // frozen parameters take no part
     names_.push_back(name);
@@ -127,8 +127,8 @@ void Reducer::on_gradient_ready(size_t index) {
     });
   }
   MG_CHECK(!arrived_[index], "DistributedDataParallel: parameter '", names_[index],
-        "' received two gradients in one backward pass (it is used twice through a reentrant or "
-        "retain_graph backward); DDP reduces each parameter once per pass");
+           "' received two gradients in one backward pass (it is used twice through a reentrant or "
+           "retain_graph backward); DDP reduces each parameter once per pass");
   mark_ready(index, params_[index].grad());
 }
 

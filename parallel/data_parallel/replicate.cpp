@@ -25,9 +25,9 @@ std::vector<Tensor> values(const Slots& slots) {
 void check_on_device(const nn::Module& module, const Slots& slots, Device source, const char* what) {
   for (const auto& [name, tensor] : slots)
     MG_CHECK(tensor->defined() && tensor->device() == source, "replicate: the module's ", what, " '", name,
-          "' is on ", tensor->defined() ? tensor->device().str() : std::string("(undefined)"),
-          " but the replicas are made from devices[0] = ", source, "; call ", module.type_name(), ".to(",
-          source, ") first");
+             "' is on ", tensor->defined() ? tensor->device().str() : std::string("(undefined)"),
+             " but the replicas are made from devices[0] = ", source, "; call ", module.type_name(), ".to(",
+             source, ") first");
 }
 
 // Writes per_device[d][i] into the i-th slot of replicas[d], after checking that the
@@ -37,11 +37,11 @@ void write_slots(const Slots& module_slots, const std::vector<std::shared_ptr<nn
   for (size_t d = 0; d < replicas.size(); ++d) {
     const Slots slots = params ? replicas[d]->named_parameter_slots() : replicas[d]->named_buffer_slots();
     MG_CHECK(slots.size() == module_slots.size(), "replicate: replica ", d, " has ", slots.size(),
-          params ? " parameters" : " buffers", " but the module has ", module_slots.size());
+             params ? " parameters" : " buffers", " but the module has ", module_slots.size());
     for (size_t i = 0; i < slots.size(); ++i) {
       MG_CHECK(slots[i].first == module_slots[i].first, "replicate: replica ", d, "'s ",
-            params ? "parameter " : "buffer ", i, " is '", slots[i].first, "' but the module's is '",
-            module_slots[i].first, "'");
+               params ? "parameter " : "buffer ", i, " is '", slots[i].first, "' but the module's is '",
+               module_slots[i].first, "'");
       *slots[i].second = per_device[d][i];
     }
   }
@@ -68,8 +68,8 @@ std::shared_ptr<nn::Module> make_replica_shell(const nn::Module& module) {
 void fill_replicas(const nn::Module& module, const std::vector<std::shared_ptr<nn::Module>>& replicas,
                    const std::vector<Device>& devices) {
   check_devices(devices, "replicate");
-  MG_CHECK(replicas.size() == devices.size(), "replicate: ", replicas.size(), " replicas for ", devices.size(),
-        " devices");
+  MG_CHECK(replicas.size() == devices.size(), "replicate: ", replicas.size(), " replicas for ",
+           devices.size(), " devices");
   const Device source = devices[0];
   const Slots params = module.named_parameter_slots(), buffers = module.named_buffer_slots();
   check_on_device(module, params, source, "parameter");
@@ -89,7 +89,7 @@ void fill_replicas(const nn::Module& module, const std::vector<std::shared_ptr<n
   for (size_t d = 0; d < replicas.size(); ++d) {
     const auto to = replicas[d]->named_modules();
     MG_CHECK(to.size() == from.size(), "replicate: replica ", d, " has ", to.size(),
-          " submodules but the module has ", from.size());
+             " submodules but the module has ", from.size());
     for (size_t m = 0; m < from.size(); ++m) to[m].second->train(from[m].second->is_training());
   }
 }

@@ -27,7 +27,7 @@ constexpr int kMaxDims = 6;             // header: [ndim, dtype, d0 .. d5]
 std::shared_ptr<nn::Sequential> pipeline_stage(const nn::Sequential& model, int stage, int num_stages) {
   const int n = static_cast<int>(model.size());
   MG_CHECK(num_stages >= 1 && stage >= 0 && stage < num_stages, "pipeline_stage: stage ", stage, " of ",
-        num_stages);
+           num_stages);
   MG_CHECK(n >= num_stages, "pipeline_stage: ", n, " layers cannot fill ", num_stages, " stages");
   const int begin = stage * n / num_stages, end = (stage + 1) * n / num_stages;
   auto part = std::make_shared<nn::Sequential>();
@@ -75,7 +75,7 @@ PipelineStepResult Pipeline::train_step(const Tensor& input, const Tensor& targe
   auto cut = [m](const Tensor& whole, const char* what) {
     MG_CHECK(whole.defined(), "Pipeline::train_step: this stage needs the ", what);
     MG_CHECK(whole.size(0) % m == 0, "Pipeline::train_step: the ", what, "'s ", whole.size(0),
-          " rows do not divide into ", m, " micro-batches");
+             " rows do not divide into ", m, " micro-batches");
     std::vector<Tensor> parts;
     const int64_t rows = whole.size(0) / m;
     for (int i = 0; i < m; ++i) parts.push_back(whole.narrow(0, i * rows, rows));

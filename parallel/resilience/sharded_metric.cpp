@@ -11,7 +11,7 @@ namespace mg::parallel {
 
 void ShardedMetric::add(const Tensor& per_sample) {
   MG_CHECK(per_sample.dim() == 1, "ShardedMetric::add: expected one value per sample (1-D), got shape ",
-        shape_str(per_sample.shape()));
+           shape_str(per_sample.shape()));
   NoGradGuard no_grad;
   const int64_t n = per_sample.numel();
   const int64_t keep = std::clamp<int64_t>(real_ - offered_, 0, n);

@@ -31,8 +31,8 @@ Tensor with_backward(const char* name, const Tensor& x, Tensor out,
 
 void check_divides(int64_t features, const ProcessGroup& group, const char* layer, const char* which) {
   MG_CHECK(group.defined(), layer, ": the process group is undefined");
-  MG_CHECK(features % group.size() == 0, layer, ": ", which, " ", features, " do not divide over the group's ",
-        group.size(), " ranks");
+  MG_CHECK(features % group.size() == 0, layer, ": ", which, " ", features,
+           " do not divide over the group's ", group.size(), " ranks");
 }
 
 // This rank's slice of each of `blocks` equal blocks of `full` along dim 0, side by side.
@@ -95,7 +95,7 @@ ColumnParallelLinear::ColumnParallelLinear(const nn::Linear& full, ProcessGroup 
       blocks(out_blocks),
       group_(std::move(group)) {
   MG_CHECK(blocks > 0 && out_features % blocks == 0, "ColumnParallelLinear: out_features ", out_features,
-        " are not ", blocks, " equal blocks");
+           " are not ", blocks, " equal blocks");
   check_divides(out_features / blocks, group_, "ColumnParallelLinear",
                 blocks > 1 ? "out_features per block" : "out_features");
   MG_CHECK(!(gather_output && blocks > 1), "ColumnParallelLinear: gather_output needs blocks = 1");
@@ -151,7 +151,7 @@ Tensor RowParallelLinear::forward(const Tensor& x) {
                                   : copy_to_tensor_parallel(x, group_).narrow(
                                         x.dim() - 1, group_.rank() * in_per_rank, in_per_rank);
   MG_CHECK(mine.size(-1) == in_per_rank, "RowParallelLinear: this rank expects ", in_per_rank,
-        " input features (its slice of ", in_features, "), got ", mine.size(-1));
+           " input features (its slice of ", in_features, "), got ", mine.size(-1));
   Tensor y = reduce_from_tensor_parallel(linear(mine, weight), group_);
   return bias.defined() ? y + bias : y;
 }

@@ -26,7 +26,7 @@ TensorParallelAttention::TensorParallelAttention(const nn::CausalSelfAttention& 
       group_(std::move(group)) {
   MG_CHECK(group_.defined(), "TensorParallelAttention: the process group is undefined");
   MG_CHECK(n_head % group_.size() == 0, "TensorParallelAttention: n_head ", n_head,
-        " does not divide over the group's ", group_.size(), " ranks");
+           " does not divide over the group's ", group_.size(), " ranks");
   c_attn = register_module("c_attn",
                            std::make_shared<ColumnParallelLinear>(full.c_attn, group_,
                                                                   /*gather_output=*/false, /*blocks=*/3));
@@ -36,8 +36,9 @@ TensorParallelAttention::TensorParallelAttention(const nn::CausalSelfAttention& 
 }
 
 Tensor TensorParallelAttention::forward(const Tensor& x) {
-  MG_CHECK(x.defined() && x.dim() == 3 && x.size(2) == n_embd, "TensorParallelAttention: expected input [B, T, ",
-        n_embd, "], got ", x.defined() ? shape_str(x.shape()) : std::string("an undefined tensor"));
+  MG_CHECK(x.defined() && x.dim() == 3 && x.size(2) == n_embd,
+           "TensorParallelAttention: expected input [B, T, ", n_embd, "], got ",
+           x.defined() ? shape_str(x.shape()) : std::string("an undefined tensor"));
   const int64_t B = x.size(0), T = x.size(1), D = n_embd / n_head, H = heads_per_rank;
   std::vector<Tensor> qkv = split((*c_attn)(x), H * D, /*dim=*/2);  // this rank's q, k, v: [B, T, H D]
   auto heads = [&](const Tensor& t) { return t.reshape({B, T, H, D}).transpose(1, 2); };
@@ -133,7 +134,7 @@ Tensor TensorParallelGPT::forward(const Tensor& idx) {
       idx.defined() ? str_cat(shape_str(idx.shape()), " ", idx.dtype()) : std::string("an undefined tensor"));
   const int64_t T = idx.size(1);
   MG_CHECK(T <= config.block_size, "TensorParallelGPT: sequence length ", T, " exceeds block_size ",
-        config.block_size);
+           config.block_size);
   Tensor x = drop(add(wte(idx), wpe(arange(T, TensorOptions{DType::i64, idx.device()}))));
   for (const auto& block : h) x = (*block)(x);
   return lm_head(ln_f(x));
