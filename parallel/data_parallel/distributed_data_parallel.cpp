@@ -117,11 +117,16 @@ void DistributedDataParallel::broadcast_state_from_rank0(bool parameters, bool b
   }
 }
 
-Tensor DistributedDataParallel::forward(const Tensor& x) {
+// What every forward does before the module runs, whatever its signature.
+void DistributedDataParallel::prepare_forward() {
   ++forward_count_;
   if (options_.broadcast_buffers) broadcast_state_from_rank0(/*parameters=*/false, /*buffers=*/true);
   if (options_.check_replicas_every > 0 && forward_count_ % options_.check_replicas_every == 0)
     check_replicas();
+}
+
+Tensor DistributedDataParallel::forward(const Tensor& x) {
+  prepare_forward();
   return module_->forward(x);
 }
 

@@ -73,6 +73,7 @@ class DistributedDataParallel : public nn::Module {
   std::string extra_repr() const override;
 
  private:
+  void prepare_forward();  // buffers from rank 0, the replica check: before every forward
   void verify_same_parameters_everywhere() const;
   void broadcast_state_from_rank0(bool parameters, bool buffers);
 
