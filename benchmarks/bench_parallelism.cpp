@@ -7,6 +7,7 @@
 //   dp         DataParallel over N logical devices in rank 0's process
 //   ddp        DistributedDataParallel over the N ranks
 //   ddp+zero1  the same, AdamW's state sharded (ZeroRedundancyOptimizer, flat partition)
+//   zero2      no DDP: gradients reduce-scattered bucket by bucket in backward (ZeRO stage 2)
 //   tp         TensorParallelGPT: every block's heads and MLP features split over the N ranks
 //   pp-gpipe   the GPT cut into N pipeline stages, m micro-batches, GPipe
 //   pp-1f1b    the same, one-forward-one-backward
@@ -414,6 +415,41 @@ Strategy ddp(const Config& c, ProcessGroup& pg, double param_bytes, bool zero) {
   return s;
 }
 
+// ZeRO-2 without DDP: each gradient bucket reduce-scattered during backward into the rank's shard,
+// AdamW on the shard, parameters all-gathered after the step (parallel/zero/zero2.h).
+Strategy zero2(const Config& c, ProcessGroup& pg, double param_bytes) {
+  auto gpt = std::shared_ptr<nn::TinyGPT>(fresh_gpt(c));
+  const int n = pg.size(), r = pg.rank();
+  const int64_t per_rank = c.global_batch / n;
+  parallel::ZeroOptions options;
+  options.stage = parallel::ZeroStage::Gradients;
+  auto opt = std::make_shared<parallel::ZeroRedundancyOptimizer>(
+      gpt->parameters(), pg, [](std::vector<Tensor> shard) { return adamw(std::move(shard)); }, options);
+  Strategy s;
+  s.name = "zero2";
+  s.note = "grads reduce-scattered in backward";
+  s.groups = {pg};
+  // A reduce-scatter of the gradients and an all-gather of the parameters: (N-1)/N P each, the
+  // same total as DDP's all-reduce. Each bucket is padded to a multiple of N elements.
+  const double share = (n - 1.0) / n;
+  s.predicted_bytes = 2 * share * param_bytes;
+  s.slack_per_call = 0.5 + 4.0 * n;
+  s.step = [=, &c](int i) {
+    auto [x, y] = batch(c, i);
+    opt->zero_grad();
+    Tensor loss = lm_loss((*gpt)(x.narrow(0, r * per_rank, per_rank)), y.narrow(0, r * per_rank, per_rank));
+    loss.backward();
+    opt->step();
+    return std::make_pair(loss.item<double>() / n, 0.0);
+  };
+  s.memory = [=] {
+    Memory m = memory_of(gpt->parameters(), opt->state_bytes(), 0);
+    m.grads += static_cast<int64_t>(opt->gradient_reducer()->grad_shard().nbytes());  // .grad is freed
+    return std::vector<Memory>{m};
+  };
+  return s;
+}
+
 // Tensor parallelism over `tensor` (and, for the hybrid, DDP over `data`).
 Strategy tensor_parallel(const Config& c, ProcessGroup tensor, ProcessGroup data, const std::string& name) {
   auto full = fresh_gpt(c);
@@ -621,6 +657,7 @@ int main(int argc, char** argv) {
     if (dp_devices > 1) add(data_parallel(c, dp_devices, param_bytes));
     add(ddp(c, world, param_bytes, false));
     add(ddp(c, world, param_bytes, true));
+    add(zero2(c, world, param_bytes));
     if (c.heads % n == 0) add(tensor_parallel(c, world, ProcessGroup(), "tp"));
     if (n <= c.layers + 2 && (c.global_batch % c.micro_batches) == 0) {
       add(pipeline(c, world, PipelineSchedule::GPipe));

@@ -4,6 +4,7 @@
 //
 //   mpirun -np 2 build/examples/train_gpt_parallel --strategy ddp     data parallel
 //   mpirun -np 2 build/examples/train_gpt_parallel --strategy zero    + AdamW state sharded (ZeRO-1)
+//   mpirun -np 2 build/examples/train_gpt_parallel --strategy zero2   grads sharded too, no DDP (ZeRO-2)
 //   mpirun -np 2 build/examples/train_gpt_parallel --strategy tp      heads and MLP split (Megatron)
 //   mpirun -np 2 build/examples/train_gpt_parallel --strategy pp      4 micro-batches through 2 stages (1F1B)
 //   mpirun -np 4 build/examples/train_gpt_parallel --strategy hybrid  DDP over 2 replicas x TP over 2
@@ -26,6 +27,7 @@ namespace {
 
 struct Flags {
   std::string strategy = "ddp", text = "README.md";
+  bool checkpoint_activations = false;
   int steps = 30;
   int64_t batch = 8, seq = 64;
 };
@@ -53,7 +55,9 @@ Tensor next_byte_loss(const Tensor& logits, const Tensor& targets) {
 int main(int argc, char** argv) {
   Flags f;
   CLI::App app{"TinyGPT trained data-, tensor-, pipeline-parallel or hybrid"};
-  app.add_option("--strategy", f.strategy, "ddp, zero, tp, pp or hybrid");
+  app.add_option("--strategy", f.strategy, "ddp, zero, zero2, tp, pp or hybrid");
+  app.add_flag("--checkpoint-activations", f.checkpoint_activations,
+               "recompute each block's activations in backward instead of keeping them");
   app.add_option("--text", f.text, "the text to learn (bytes)");
   app.add_option("--steps", f.steps, "training steps");
   app.add_option("--batch", f.batch, "sequences per step, over all ranks");
@@ -76,6 +80,7 @@ int main(int argc, char** argv) {
     config.n_layer = 2;
     config.n_head = 4;
     config.n_embd = 64;
+    config.checkpoint_activations = f.checkpoint_activations;
     manual_seed(1);  // the same initial weights on every rank, whatever the strategy
     nn::TinyGPT gpt(config);
 
@@ -88,7 +93,12 @@ int main(int argc, char** argv) {
     std::shared_ptr<nn::Sequential> layers;              // pp: the GPT as a Sequential (views of gpt)
     std::shared_ptr<TensorParallelGPT> tensor_parallel;  // hybrid: what DDP wraps
     MG_CHECK(f.batch % n == 0, "--batch ", f.batch, " must divide by the ", n, " ranks");
-    if (f.strategy == "ddp" || f.strategy == "zero") {
+    if (f.strategy == "zero2") {  // no DDP: ZeRO-2 reduce-scatters the gradients itself
+      model = std::shared_ptr<nn::Module>(&gpt, [](nn::Module*) {});
+      params = gpt.parameters();
+      rows = f.batch / n;
+      first_row = rank * rows;
+    } else if (f.strategy == "ddp" || f.strategy == "zero") {
       auto ddp = std::make_shared<DistributedDataParallel>(gpt, world);
       model = ddp;
       params = ddp->parameters();
@@ -112,18 +122,20 @@ int main(int argc, char** argv) {
       params = stage->parameters();
       loss_weight = 1.0;  // only the last stage has the loss
     } else {
-      throw Error("--strategy must be ddp, zero, tp, pp or hybrid, got '" + f.strategy + "'");
+      throw Error("--strategy must be ddp, zero, zero2, tp, pp or hybrid, got '" + f.strategy + "'");
     }
 
     optim::AdamWOptions adamw;
     adamw.lr = 3e-3;
     std::unique_ptr<optim::Optimizer> opt;
     std::unique_ptr<parallel::ZeroRedundancyOptimizer> zero;
-    if (f.strategy == "zero")
+    if (f.strategy == "zero" || f.strategy == "zero2") {
+      ZeroOptions options;
+      if (f.strategy == "zero2") options.stage = ZeroStage::Gradients;
       zero = std::make_unique<parallel::ZeroRedundancyOptimizer>(
           params, world,
-          [&](std::vector<Tensor> shard) { return std::make_unique<optim::AdamW>(shard, adamw); });
-    else
+          [&](std::vector<Tensor> shard) { return std::make_unique<optim::AdamW>(shard, adamw); }, options);
+    } else
       opt = std::make_unique<optim::AdamW>(params, adamw);
 
     int64_t mine = 0;
