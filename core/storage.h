@@ -29,6 +29,15 @@ class Storage {
   Device device() const { return device_; }
   bool pinned() const { return pinned_; }
 
+  // Fully sharded data parallel's resharding (parallel/fsdp/flat_param.h): frees the memory but
+  // keeps this Storage, so every tensor viewing it -- parameters saved for backward included --
+  // stays a valid handle; reallocate_memory() gives them memory again (same size, new address,
+  // contents undefined until written). The version is left alone: the caller writes back the
+  // same values. Between the two, data() is null and the tensors must not be read.
+  void release_memory();
+  void reallocate_memory();
+  bool has_memory() const { return data_ != nullptr || nbytes_ == 0; }
+
   uint64_t version() const { return version_.load(std::memory_order_relaxed); }
   void bump_version() { version_.fetch_add(1, std::memory_order_relaxed); }
 

@@ -114,11 +114,12 @@ Tensor checkpoint_module(Module& module, const Tensor& x) {
   Module* inner = &module;
   return checkpoint(
       [inner](const Tensor& input) {
-        if (!autograd::in_backward()) return inner->forward(input);
+        // Through operator(), so forward hooks run (FSDP gathers the unit for the recompute).
+        if (!autograd::in_backward()) return (*inner)(input);
         // The recompute: run with the buffers' values saved, then put them back.
         std::vector<std::pair<Tensor*, Tensor>> saved;
         for (const auto& [name, slot] : inner->named_buffer_slots()) saved.emplace_back(slot, slot->clone());
-        Tensor out = inner->forward(input);
+        Tensor out = (*inner)(input);
         NoGradGuard no_history;
         for (auto& [slot, value] : saved) slot->copy_(value);
         return out;

@@ -24,7 +24,7 @@ const std::shared_ptr<Module>& Sequential::ptr(size_t i) const {
 
 Tensor Sequential::forward(const Tensor& x) {
   Tensor h = x;
-  for (const auto& layer : layers_) h = layer->forward(h);
+  for (const auto& layer : layers_) h = (*layer)(h);  // through operator(): its forward hooks run
   return h;
 }
 

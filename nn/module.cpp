@@ -16,8 +16,83 @@
 namespace mg::nn {
 
 // ---- the computation ---------------------------------------------------------
-Tensor Module::forward(const Tensor&) {
-  throw Error(str_cat(type_name(), " has no forward(const Tensor&); call its submodules directly"));
+// The two defaults call each other; this marks the module whose default forward(x) is asking
+// forward_values, so that a module overriding neither gets an error instead of endless recursion.
+namespace {
+thread_local const Module* g_tensor_forward_fallback = nullptr;
+}  // namespace
+
+Tensor Module::forward(const Tensor& x) {
+  MG_CHECK(
+      g_tensor_forward_fallback != this, type_name(),
+      " has no forward(const Tensor&) and no forward_values(const Values&); call its submodules directly");
+  const Module* outer = g_tensor_forward_fallback;
+  g_tensor_forward_fallback = this;
+  Values outputs;
+  try {
+    outputs = forward_values({Value(x)});
+  } catch (...) {
+    g_tensor_forward_fallback = outer;
+    throw;
+  }
+  g_tensor_forward_fallback = outer;
+  MG_CHECK(outputs.size() == 1 && outputs[0].is_tensor(), type_name(),
+           ".forward(const Tensor&): forward_values returned ", describe(outputs),
+           ", not one tensor; call forward_values (or module(nn::Values{...})) to get all of it");
+  return outputs[0].tensor();
+}
+
+Values Module::forward_values(const Values& inputs) {
+  MG_CHECK(
+      g_tensor_forward_fallback != this, type_name(),
+      " has no forward(const Tensor&) and no forward_values(const Values&); call its submodules directly");
+  MG_CHECK(inputs.size() == 1 && inputs[0].is_tensor(), type_name(),
+           " takes one tensor (forward(const Tensor&)) but got ", describe(inputs),
+           "; a module with several inputs overrides forward_values(const Values&)");
+  return {Value(forward(inputs[0].tensor()))};
+}
+
+Tensor Module::operator()(const Tensor& x) {
+  if (forward_pre_hooks_.empty() && forward_hooks_.empty()) return forward(x);
+  // Copies: a hook may register or remove hooks.
+  for (auto [handle, hook] : std::vector<std::pair<int64_t, ForwardPreHook>>(forward_pre_hooks_))
+    hook(*this, x);
+  Tensor out = forward(x);
+  for (auto [handle, hook] : std::vector<std::pair<int64_t, ForwardHook>>(forward_hooks_))
+    out = hook(*this, x, out);
+  return out;
+}
+
+Values Module::operator()(const Values& inputs) {
+  if (forward_pre_hooks_.empty() && forward_hooks_.empty()) return forward_values(inputs);
+  MG_CHECK(inputs.size() == 1 && inputs[0].is_tensor(), type_name(),
+           " has forward hooks, which take one tensor, but was called with ", describe(inputs));
+  return {Value((*this)(inputs[0].tensor()))};
+}
+
+int64_t Module::register_forward_pre_hook(ForwardPreHook hook) {
+  MG_CHECK(static_cast<bool>(hook), type_name(), ": register_forward_pre_hook got an empty hook");
+  forward_pre_hooks_.emplace_back(next_hook_handle_, std::move(hook));
+  return next_hook_handle_++;
+}
+
+int64_t Module::register_forward_hook(ForwardHook hook) {
+  MG_CHECK(static_cast<bool>(hook), type_name(), ": register_forward_hook got an empty hook");
+  forward_hooks_.emplace_back(next_hook_handle_, std::move(hook));
+  return next_hook_handle_++;
+}
+
+void Module::remove_forward_hook(int64_t handle) {
+  auto drop = [handle](auto& hooks) {
+    for (auto it = hooks.begin(); it != hooks.end(); ++it) {
+      if (it->first == handle) {
+        hooks.erase(it);
+        return;
+      }
+    }
+  };
+  drop(forward_pre_hooks_);
+  drop(forward_hooks_);
 }
 
 // ---- registration ------------------------------------------------------------

@@ -41,6 +41,7 @@
 #include "core/base/dtype.h"
 #include "core/state_dict.h"
 #include "core/tensor.h"
+#include "nn/value.h"
 
 namespace mg::nn {
 
@@ -58,7 +59,28 @@ class Module {
   // One tensor in, one tensor out (all of multigrad's layers and models). Modules
   // that are only containers (ModuleList) leave it unimplemented.
   virtual Tensor forward(const Tensor& x);
-  Tensor operator()(const Tensor& x) { return forward(x); }
+  // forward(x) between the forward hooks below (calling forward() directly skips them).
+  Tensor operator()(const Tensor& x);
+  // Any signature (nn/value.h): several inputs, nested lists of them, several outputs; what
+  // DataParallel and DDP call. The two defaults stand in for each other, so a module overrides
+  // either: forward_values of one tensor returns {forward(x)}, and forward(x) of a module that
+  // overrides only forward_values returns forward_values({x}) when that is one tensor. Anything
+  // else is an error naming the module and the inputs it got.
+  virtual Values forward_values(const Values& inputs);
+  // forward_values(inputs); with forward hooks (which take one tensor), one tensor input goes
+  // through operator()(x) and anything else is an error rather than skipping the hooks.
+  Values operator()(const Values& inputs);
+
+  // ---- forward hooks (PyTorch's register_forward_pre_hook / register_forward_hook) ----
+  // operator() runs every pre-hook with the input, then forward, then every hook with the input
+  // and the output; a hook returns the output to use (the one it got, or a replacement).
+  // FullyShardedDataParallel (parallel/fsdp) gathers a unit's parameters in them. The returned
+  // handle removes the hook.
+  using ForwardPreHook = std::function<void(Module& module, const Tensor& input)>;
+  using ForwardHook = std::function<Tensor(Module& module, const Tensor& input, const Tensor& output)>;
+  int64_t register_forward_pre_hook(ForwardPreHook hook);
+  int64_t register_forward_hook(ForwardHook hook);
+  void remove_forward_hook(int64_t handle);
 
   // ---- registration (names must be unique within this module and contain no '.') ----
   // Binds a member tensor: the module keeps &member, so `member` must live as long
@@ -161,6 +183,9 @@ class Module {
   std::vector<std::pair<std::string, Module*>> children_;
   std::deque<Tensor> owned_tensors_;  // owning registrations (a deque never moves its elements)
   std::vector<std::shared_ptr<Module>> owned_children_;
+  std::vector<std::pair<int64_t, ForwardPreHook>> forward_pre_hooks_;
+  std::vector<std::pair<int64_t, ForwardHook>> forward_hooks_;
+  int64_t next_hook_handle_ = 0;
   bool training_ = true;
 };
 
