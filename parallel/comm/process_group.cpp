@@ -8,13 +8,17 @@
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
+#include <exception>
+#include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "core/allocator.h"
 #include "core/base/error.h"
 #include "core/cuda_runtime.h"
 #include "core/grad_mode.h"
+#include "parallel/comm/flight_recorder.h"
 #include "parallel/resilience/heartbeat.h"
 
 namespace mg::parallel {
@@ -31,6 +35,18 @@ std::shared_ptr<Backend> make_nccl_backend(std::shared_ptr<Backend> cpu_backend,
 struct TrafficCounter {
   std::atomic<int64_t> calls{0};
   std::atomic<int64_t> bytes{0};
+};
+
+// What the flight recorder calls a group: every rank must give the same group the same name, so
+// names come from the order of collective calls -- "world" for the first init_process_group,
+// "world#2" for a second one, "<parent>/<k>[<world ranks>]" for the parent's k-th new_group.
+struct FlightGroup {
+  std::string name = "unnamed";  // a ProcessGroup built directly from a backend
+  std::vector<int> world_ranks;  // world_ranks[r]: the world rank of this group's rank r
+  std::atomic<int64_t> sequence{0};
+  std::atomic<int> subgroups{0};
+  std::once_flag registered;
+  int index = -1;  // in the recorder's table of groups
 };
 
 const char* reduce_op_name(ReduceOp op) {
@@ -57,6 +73,35 @@ std::optional<int> env_int(const char* name) {
   MG_CHECK(end != text && *end == '\0', "init_process_group: environment variable ", name, "='", text,
            "' is not an integer");
   return static_cast<int>(value);
+}
+
+// Issues a recorded collective: the record fails with the exception when issuing throws,
+// otherwise it follows the Work.
+template <class Issue>
+WorkPtr issue_recorded(int64_t flight_id, Issue&& issue) {
+  WorkPtr work;
+  try {
+    work = issue();
+  } catch (const std::exception& e) {
+    detail::flight_finished(flight_id, false, detail::flight_now_ns(), e.what());
+    throw;
+  }
+  work->attach_flight_record(flight_id);
+  return work;
+}
+
+// The same for a blocking collective (no Work): started at once, finished when `run` returns.
+template <class Run>
+auto run_recorded(int64_t flight_id, Run&& run) {
+  detail::flight_started(flight_id, detail::flight_now_ns());
+  try {
+    auto result = run();
+    detail::flight_finished(flight_id, true, detail::flight_now_ns(), "");
+    return result;
+  } catch (const std::exception& e) {
+    detail::flight_finished(flight_id, false, detail::flight_now_ns(), e.what());
+    throw;
+  }
 }
 
 // "1, 3" for error messages.
@@ -103,6 +148,8 @@ LaunchInfo detect_launch() {
 
 ProcessGroup init_process_group(const InitOptions& options) {
   LaunchInfo launch = detect_launch();
+  detail::flight_set_process(launch.rank, launch.world_size);  // reads MG_FLIGHT_RECORDER_*
+  detail::flight_install_signal_handler();
   std::chrono::milliseconds timeout = options.timeout;
   if (auto seconds = env_int("MG_TIMEOUT_S")) timeout = std::chrono::seconds(*seconds);
   MG_CHECK(timeout.count() > 0, "init_process_group: the timeout must be positive, got ", timeout.count(),
@@ -151,7 +198,11 @@ ProcessGroup init_process_group(const InitOptions& options) {
     else
       cuda_backend = make_nccl_backend(backend, device, timeout, options.verify_collectives);
   }
-  return ProcessGroup(std::move(backend), device, launch, std::move(cuda_backend));
+  ProcessGroup group(std::move(backend), device, launch, std::move(cuda_backend));
+  static std::atomic<int> worlds_made{0};
+  const int world_number = ++worlds_made;
+  group.flight_->name = world_number == 1 ? std::string("world") : str_cat("world#", world_number);
+  return group;
 }
 
 // ---- the handle ----------------------------------------------------------------------------------
@@ -162,10 +213,12 @@ ProcessGroup::ProcessGroup(std::shared_ptr<Backend> cpu_backend, Device device, 
       cuda_(std::move(cuda_backend)),
       device_(device),
       launch_(std::move(launch)),
-      requested_(std::make_shared<TrafficCounter>()) {
+      requested_(std::make_shared<TrafficCounter>()),
+      flight_(std::make_shared<FlightGroup>()) {
   MG_CHECK(cpu_ != nullptr, "ProcessGroup: null backend");
   launch_.rank = cpu_->rank();
   launch_.world_size = cpu_->size();
+  for (int r = 0; r < launch_.world_size; ++r) flight_->world_ranks.push_back(r);
 }
 
 RequestedTraffic ProcessGroup::requested_traffic() const {
@@ -182,6 +235,28 @@ void ProcessGroup::reset_requested_traffic() {
 void ProcessGroup::count_requested(double bytes) const {
   requested_->calls += 1;
   requested_->bytes += static_cast<int64_t>(std::llround(bytes));
+}
+
+int64_t ProcessGroup::flight_record(const char* op, const char* reduce, int root, int64_t in_count,
+                                    int64_t out_count, const char* dtype, bool on_cuda,
+                                    const void* return_address) const {
+  FlightGroup& group = *flight_;
+  std::call_once(group.registered, [&] {
+    group.index = detail::flight_register_group(group.name, cpu_->size(), cpu_->rank(), cpu_->name(),
+                                                cuda_ != nullptr ? cuda_->name() : std::string("none"));
+  });
+  detail::FlightCall call;
+  call.group = group.index;
+  call.sequence = ++group.sequence;
+  call.op = op;
+  call.reduce = reduce;
+  call.root = root;
+  call.in_count = in_count;
+  call.out_count = out_count;
+  call.dtype = dtype;
+  call.on_cuda = on_cuda;
+  call.return_address = return_address;
+  return detail::flight_record(call);
 }
 
 int ProcessGroup::rank() const { return any_backend("rank").rank(); }
@@ -228,7 +303,10 @@ WorkPtr ProcessGroup::allreduce(Tensor& tensor, ReduceOp op) {
   MG_CHECK(op != ReduceOp::Avg || is_floating(tensor.dtype()),
            "ProcessGroup::allreduce: avg needs a floating dtype, the tensor is ", tensor.dtype());
   count_requested(2.0 * ring_share(size()) * static_cast<double>(tensor.nbytes()));
-  return backend.allreduce(tensor, op);
+  const int64_t id =
+      flight_record("allreduce", reduce_op_name(op), -1, tensor.numel(), tensor.numel(),
+                    dtype_name(tensor.dtype()), tensor.device().is_cuda(), __builtin_return_address(0));
+  return issue_recorded(id, [&] { return backend.allreduce(tensor, op); });
 }
 
 WorkPtr ProcessGroup::broadcast(Tensor& tensor, int root) {
@@ -236,7 +314,10 @@ WorkPtr ProcessGroup::broadcast(Tensor& tensor, int root) {
   MG_CHECK(root >= 0 && root < size(), "ProcessGroup::broadcast: root ", root,
            " is not a rank of a world of ", size());
   count_requested(ring_share(size()) * static_cast<double>(tensor.nbytes()));
-  return backend.broadcast(tensor, root);
+  const int64_t id =
+      flight_record("broadcast", nullptr, root, tensor.numel(), tensor.numel(), dtype_name(tensor.dtype()),
+                    tensor.device().is_cuda(), __builtin_return_address(0));
+  return issue_recorded(id, [&] { return backend.broadcast(tensor, root); });
 }
 
 WorkPtr ProcessGroup::reduce(Tensor& tensor, int root, ReduceOp op) {
@@ -246,7 +327,10 @@ WorkPtr ProcessGroup::reduce(Tensor& tensor, int root, ReduceOp op) {
   MG_CHECK(op != ReduceOp::Avg || is_floating(tensor.dtype()),
            "ProcessGroup::reduce: avg needs a floating dtype, the tensor is ", tensor.dtype());
   count_requested(ring_share(size()) * static_cast<double>(tensor.nbytes()));
-  return backend.reduce(tensor, root, op);
+  const int64_t id =
+      flight_record("reduce", reduce_op_name(op), root, tensor.numel(), tensor.numel(),
+                    dtype_name(tensor.dtype()), tensor.device().is_cuda(), __builtin_return_address(0));
+  return issue_recorded(id, [&] { return backend.reduce(tensor, root, op); });
 }
 
 WorkPtr ProcessGroup::allgather(Tensor& output, const Tensor& input) {
@@ -259,7 +343,10 @@ WorkPtr ProcessGroup::allgather(Tensor& output, const Tensor& input) {
   MG_CHECK(output.numel() == input.numel() * size(), "ProcessGroup::allgather: output has ", output.numel(),
            " elements but needs world size (", size(), ") x input (", input.numel(), ")");
   count_requested(ring_share(size()) * static_cast<double>(output.nbytes()));
-  return backend.allgather(output, input);
+  const int64_t id =
+      flight_record("allgather", nullptr, -1, input.numel(), output.numel(), dtype_name(input.dtype()),
+                    input.device().is_cuda(), __builtin_return_address(0));
+  return issue_recorded(id, [&] { return backend.allgather(output, input); });
 }
 
 WorkPtr ProcessGroup::reduce_scatter(Tensor& output, const Tensor& input, ReduceOp op) {
@@ -274,7 +361,10 @@ WorkPtr ProcessGroup::reduce_scatter(Tensor& output, const Tensor& input, Reduce
   MG_CHECK(op != ReduceOp::Avg || is_floating(input.dtype()),
            "ProcessGroup::reduce_scatter: avg needs a floating dtype, the tensor is ", input.dtype());
   count_requested(ring_share(size()) * static_cast<double>(input.nbytes()));
-  return backend.reduce_scatter(output, input, op);
+  const int64_t id =
+      flight_record("reduce_scatter", reduce_op_name(op), -1, input.numel(), output.numel(),
+                    dtype_name(input.dtype()), input.device().is_cuda(), __builtin_return_address(0));
+  return issue_recorded(id, [&] { return backend.reduce_scatter(output, input, op); });
 }
 
 // Root-only buffers of gather (output) and scatter (input) are checked on the root only.
@@ -291,7 +381,10 @@ WorkPtr ProcessGroup::gather(Tensor& output, const Tensor& input, int root) {
              " elements but needs world size (", size(), ") x input (", input.numel(), ")");
   }
   count_requested(rank() == root ? 0.0 : static_cast<double>(input.nbytes()));
-  return backend.gather(output, input, root);
+  const int64_t id =
+      flight_record("gather", nullptr, root, input.numel(), input.numel() * size(), dtype_name(input.dtype()),
+                    input.device().is_cuda(), __builtin_return_address(0));
+  return issue_recorded(id, [&] { return backend.gather(output, input, root); });
 }
 
 WorkPtr ProcessGroup::scatter(Tensor& output, const Tensor& input, int root) {
@@ -307,7 +400,10 @@ WorkPtr ProcessGroup::scatter(Tensor& output, const Tensor& input, int root) {
              " elements but needs world size (", size(), ") x output (", output.numel(), ")");
   }
   count_requested(rank() == root ? ring_share(size()) * static_cast<double>(input.nbytes()) : 0.0);
-  return backend.scatter(output, input, root);
+  const int64_t id =
+      flight_record("scatter", nullptr, root, output.numel() * size(), output.numel(),
+                    dtype_name(output.dtype()), output.device().is_cuda(), __builtin_return_address(0));
+  return issue_recorded(id, [&] { return backend.scatter(output, input, root); });
 }
 
 WorkPtr ProcessGroup::all_to_all(Tensor& output, const Tensor& input) {
@@ -320,13 +416,27 @@ WorkPtr ProcessGroup::all_to_all(Tensor& output, const Tensor& input) {
            "ProcessGroup::all_to_all: input (", input.numel(), " elements) and output (", output.numel(),
            ") must be equal and divide into world size (", size(), ") blocks");
   count_requested(ring_share(size()) * static_cast<double>(input.nbytes()));
-  return backend.all_to_all(output, input);
+  const int64_t id =
+      flight_record("all_to_all", nullptr, -1, input.numel(), output.numel(), dtype_name(input.dtype()),
+                    input.device().is_cuda(), __builtin_return_address(0));
+  return issue_recorded(id, [&] { return backend.all_to_all(output, input); });
 }
 
 void ProcessGroup::monitored_barrier(std::chrono::milliseconds timeout) {
   Backend& backend = any_backend("monitored_barrier");
   const int world = size(), me = rank();
   if (world == 1) return;
+  // In the flight recorder from here until it returns (failed when it throws).
+  struct Recorded {
+    int64_t id;
+    int exceptions_before = std::uncaught_exceptions();
+    ~Recorded() {
+      const bool ok = std::uncaught_exceptions() == exceptions_before;
+      detail::flight_finished(id, ok, detail::flight_now_ns(),
+                              ok ? "" : "monitored_barrier threw (see its error)");
+    }
+  } recorded{flight_record("monitored_barrier", nullptr, -1, 0, 0, "", false, __builtin_return_address(0))};
+  detail::flight_started(recorded.id, detail::flight_now_ns());
   const int tag = 0x6d62;  // "mb"
   // Arrival: every rank tells rank 0; release: rank 0 answers each arrived rank with the number of
   // missing ranks, followed by their list, so every arrived rank can name them.
@@ -391,7 +501,11 @@ ProcessGroup ProcessGroup::new_group(std::vector<int> ranks) const {
     MG_CHECK(i == 0 || ranks[i] != ranks[i - 1], "ProcessGroup::new_group: rank ", ranks[i],
              " is named twice");
   }
-  std::shared_ptr<Backend> sub = backend.new_group(ranks);
+  const int64_t flight_id =
+      flight_record("new_group", nullptr, -1, static_cast<int64_t>(ranks.size()),
+                    static_cast<int64_t>(ranks.size()), "", false, __builtin_return_address(0));
+  std::shared_ptr<Backend> sub = run_recorded(flight_id, [&] { return backend.new_group(ranks); });
+  const int subgroup_number = ++flight_->subgroups;  // on every rank, member or not: names stay in step
   // CUDA tensors: the single-process backend serves both; NCCL makes communicators of its own
   // for the members (a collective of the parent's NCCL backend, right after the CPU one: every
   // rank takes part, members or not).
@@ -401,7 +515,16 @@ ProcessGroup ProcessGroup::new_group(std::vector<int> ranks) const {
   else if (cuda_ != nullptr)
     cuda_sub = cuda_->new_group(ranks);
   if (sub == nullptr) return ProcessGroup();  // not a member
-  return ProcessGroup(sub, device_, launch_, cuda_sub);
+  ProcessGroup subgroup(sub, device_, launch_, cuda_sub);
+  std::string members;
+  subgroup.flight_->world_ranks.clear();
+  for (int r : ranks) {
+    const int world_rank = flight_->world_ranks.at(static_cast<size_t>(r));
+    subgroup.flight_->world_ranks.push_back(world_rank);
+    members += str_cat(members.empty() ? "" : ",", world_rank);
+  }
+  subgroup.flight_->name = str_cat(flight_->name, "/", subgroup_number, "[", members, "]");
+  return subgroup;
 }
 
 WorkPtr ProcessGroup::send(const Tensor& tensor, int dst, int tag) {
@@ -421,7 +544,11 @@ WorkPtr ProcessGroup::recv(Tensor& tensor, int src, int tag) {
   return backend.recv(tensor, src, tag);
 }
 
-WorkPtr ProcessGroup::barrier() { return any_backend("barrier").barrier(); }
+WorkPtr ProcessGroup::barrier() {
+  Backend& backend = any_backend("barrier");
+  const int64_t id = flight_record("barrier", nullptr, -1, 0, 0, "", false, __builtin_return_address(0));
+  return issue_recorded(id, [&] { return backend.barrier(); });
+}
 
 // ---- the world of one ------------------------------------------------------------------------------
 

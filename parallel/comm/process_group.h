@@ -23,6 +23,8 @@
 // instead of finalized. With `verify_collectives` (the default) each collective first
 // exchanges a small signature (op, dtype, element count, sequence number) so that ranks calling
 // different things fail at once with both sides named, instead of corrupting memory or hanging.
+// Every collective is also recorded in the flight recorder (flight_recorder.h), whose dumps after
+// such a failure let scripts/flight-report name the rank and the call that went astray.
 #pragma once
 
 #include <chrono>
@@ -118,6 +120,7 @@ struct RequestedTraffic {
   int64_t bytes = 0;  // the sum of the per-call figures above
 };
 struct TrafficCounter;
+struct FlightGroup;  // the group's name and sequence numbers for the flight recorder (flight_recorder.h)
 
 // A cheap, copyable handle (copies share the same communicators).
 class ProcessGroup {
@@ -183,12 +186,17 @@ class ProcessGroup {
   Backend& backend_for(const Tensor& tensor, const char* op) const;
   Backend& any_backend(const char* op) const;
   void count_requested(double bytes) const;
+  friend ProcessGroup init_process_group(const InitOptions& options);  // names the world for the recorder
+  // Records a collective this handle issues in the flight recorder; returns its id (-1: off).
+  int64_t flight_record(const char* op, const char* reduce, int root, int64_t in_count, int64_t out_count,
+                        const char* dtype, bool on_cuda, const void* return_address) const;
 
   std::shared_ptr<Backend> cpu_;
   std::shared_ptr<Backend> cuda_;  // nullptr when CUDA tensors have no backend
   Device device_;
   LaunchInfo launch_;
   std::shared_ptr<TrafficCounter> requested_;  // shared by copies; a subgroup has its own
+  std::shared_ptr<FlightGroup> flight_;        // likewise
 };
 
 // Builds the group from the launcher's environment (a world of one without a launcher).

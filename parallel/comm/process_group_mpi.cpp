@@ -47,6 +47,7 @@
 #include "core/base/error.h"
 #include "core/base/half.h"
 #include "core/grad_mode.h"
+#include "parallel/comm/flight_recorder.h"
 #include "parallel/comm/process_group.h"
 #include "parallel/comm/process_group_signature.h"
 #include "parallel/resilience/heartbeat.h"
@@ -436,7 +437,7 @@ class MpiBackend : public Backend {
                              std::function<void(const MPI_Status&)> finish = nullptr) {
     auto op = std::make_unique<Op>();
     op->signature.kind = static_cast<int64_t>(shape.kind);
-    op->signature.detail = shape.detail;
+    op->signature.detail = shape.detail | detail::current_signature_tag;
     if (shape.tensor.defined()) {
       op->signature.dtype = static_cast<int64_t>(shape.tensor.dtype());
       op->signature.count = shape.tensor.numel();
@@ -527,6 +528,7 @@ class MpiBackend : public Backend {
 
   void run_collective(Op& op) {
     detail::note_operation(op.work);  // what the heartbeat tells the peers; in flight until it completes
+    op.work->mark_started();
     if (verify_ && size_ > 1) {
       std::vector<Signature> all(static_cast<size_t>(size_));
       int code = MPI_Allgather(&op.signature, 4, MPI_INT64_T, all.data(), 4, MPI_INT64_T, check_comm_);
@@ -541,6 +543,9 @@ class MpiBackend : public Backend {
         // Every rank sees the same table, so every rank fails this op with the same words and
         // the group stays in step for the next call.
         op.work->mark_failed(mismatch_message(op.work->description(), rank_, op.signature, r, theirs));
+        detail::flight_dump_on_failure(
+            mismatch_message(op.work->description(), rank_, op.signature, r, theirs),
+            /*ask_peers=*/false);  // every rank sees the mismatch and dumps
         return;
       }
     }
@@ -660,8 +665,13 @@ class MpiBackend : public Backend {
     }
     for (auto& op : queued)
       op->work->mark_failed(str_cat(op->work->description(), ": not started: ", message));
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (auto& op : queued) abandoned_.insert(abandoned_.end(), op->keep_alive.begin(), op->keep_alive.end());
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (auto& op : queued)
+        abandoned_.insert(abandoned_.end(), op->keep_alive.begin(), op->keep_alive.end());
+    }
+    // The flight recorder's dump, which asks the peers for theirs (a lost peer: the heartbeat dumps).
+    if (report) detail::flight_dump_on_failure(message, /*ask_peers=*/true);
   }
 
   std::shared_ptr<MpiRuntime> runtime_;

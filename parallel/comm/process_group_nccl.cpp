@@ -57,6 +57,7 @@
 #include <vector>
 
 #include "core/base/error.h"
+#include "parallel/comm/flight_recorder.h"
 #include "parallel/comm/process_group.h"
 #include "parallel/resilience/heartbeat.h"
 
@@ -441,7 +442,7 @@ class NcclBackend : public Backend {
   WorkPtr collective(CallShape shape, std::vector<Tensor> keep_alive, Call call) {
     Signature signature;
     signature.kind = static_cast<int64_t>(shape.kind);
-    signature.detail = shape.detail;
+    signature.detail = shape.detail | detail::current_signature_tag;
     if (shape.tensor.defined()) {
       signature.dtype = static_cast<int64_t>(shape.tensor.dtype());
       signature.count = shape.tensor.numel();
@@ -495,6 +496,7 @@ class NcclBackend : public Backend {
     // Kernels queued on the waiting thread after wait() run after the communication.
     const int device_index = device_.index;
     work->set_wait_hook([done, device_index] { done->wait(cuda::current_stream(device_index)); });
+    work->mark_started();  // queued on the device
     std::string abandoned;
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -541,6 +543,8 @@ class NcclBackend : public Backend {
     for (int r = 0; r < size_; ++r) {
       if (theirs[r] == mine) continue;
       work->mark_failed(detail::mismatch_message(work->description(), rank_, mine, r, theirs[r]));
+      detail::flight_dump_on_failure(detail::mismatch_message(work->description(), rank_, mine, r, theirs[r]),
+                                     /*ask_peers=*/false);  // every rank sees the mismatch and dumps
       return false;
     }
     return true;
@@ -696,9 +700,12 @@ class NcclBackend : public Backend {
     // Aborting stops NCCL's kernels and proxy threads; the buffers they used are kept until the
     // backend is destroyed all the same. (The caller never holds calls_mutex_ here.)
     abort_communicators();
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (InFlight& op : pending)
-      abandoned_.insert(abandoned_.end(), op.keep_alive.begin(), op.keep_alive.end());
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (InFlight& op : pending)
+        abandoned_.insert(abandoned_.end(), op.keep_alive.begin(), op.keep_alive.end());
+    }
+    detail::flight_dump_on_failure(message, /*ask_peers=*/true);  // and ask the peers for theirs
   }
 
   std::shared_ptr<Backend> cpu_;  // carries the unique ids and the signatures

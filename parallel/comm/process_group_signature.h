@@ -48,6 +48,30 @@ inline const char* op_kind_name(OpKind kind) {
   return "?";
 }
 
+// A purpose stamped into a signature's `detail` (above bit 32) by the calling thread, so that a
+// mismatch can say what the other side was doing. Join's "who is still training" all-reduce
+// carries kJoinNotificationTag: a rank that has joined (parallel/data_parallel/join.h) answers only
+// that and the collectives Join shadows, and a rank meeting it with anything else is told so.
+// DDP's bucket all-reduces sent (as zeros) by a rank whose parameters got no gradient carry
+// kUnusedParametersTag: the other ranks' all-reduces of those buckets fail at once instead of
+// waiting, and all ranks then exchange the parameters' names (reducer.cpp).
+constexpr int64_t kJoinNotificationTag = int64_t{1} << 32;
+constexpr int64_t kUnusedParametersTag = int64_t{2} << 32;
+constexpr int64_t kSignatureTagMask = ~((int64_t{1} << 32) - 1);
+inline thread_local int64_t current_signature_tag = 0;
+
+// Stamps `tag` on the collectives this thread issues in its scope.
+class SignatureTagScope {
+ public:
+  explicit SignatureTagScope(int64_t tag) : previous_(current_signature_tag) { current_signature_tag = tag; }
+  ~SignatureTagScope() { current_signature_tag = previous_; }
+  SignatureTagScope(const SignatureTagScope&) = delete;
+  SignatureTagScope& operator=(const SignatureTagScope&) = delete;
+
+ private:
+  int64_t previous_;
+};
+
 // What a collective call looks like. Laid out as four int64 so it travels as one small array.
 struct Signature {
   int64_t kind = 0;
@@ -59,18 +83,28 @@ struct Signature {
   bool operator==(const Signature& o) const {
     return kind == o.kind && detail == o.detail && dtype == o.dtype && count == o.count;
   }
+  // The calling thread's SignatureTagScope tag (new_group's detail is a 62-bit hash, not a tag).
+  int64_t tag() const {
+    return static_cast<OpKind>(kind) == OpKind::NewGroup ? 0 : detail & kSignatureTagMask;
+  }
+  bool is_join_notification() const { return tag() == kJoinNotificationTag; }
   // "allreduce(sum) f32[1024]", "broadcast(root 0) f32[10]", "barrier"
   std::string str() const {
     auto op_kind = static_cast<OpKind>(kind);
-    std::string text = op_kind_name(op_kind);
+    const int64_t op_detail = detail & ~tag();
+    std::string text = is_join_notification() ? str_cat("Join's notification ", op_kind_name(op_kind))
+                       : tag() == kUnusedParametersTag
+                           ? str_cat("DDP's zeros for unused parameters: ", op_kind_name(op_kind))
+                           : std::string(op_kind_name(op_kind));
     if (op_kind == OpKind::Barrier) return text;
-    if (op_kind == OpKind::NewGroup) return str_cat(text, "(", count, " ranks, id ", detail, ")");
+    if (op_kind == OpKind::NewGroup) return str_cat(text, "(", count, " ranks, id ", op_detail, ")");
     if (op_kind == OpKind::Broadcast || op_kind == OpKind::Gather || op_kind == OpKind::Scatter)
-      text += str_cat("(root ", detail, ")");
+      text += str_cat("(root ", op_detail, ")");
     else if (op_kind == OpKind::Reduce)
-      text += str_cat("(", reduce_op_name(static_cast<ReduceOp>(detail % 16)), ", root ", detail / 16, ")");
+      text +=
+          str_cat("(", reduce_op_name(static_cast<ReduceOp>(op_detail % 16)), ", root ", op_detail / 16, ")");
     else if (op_kind != OpKind::Allgather && op_kind != OpKind::AllToAll)
-      text += str_cat("(", reduce_op_name(static_cast<ReduceOp>(detail)), ")");
+      text += str_cat("(", reduce_op_name(static_cast<ReduceOp>(op_detail)), ")");
     return str_cat(text, " ", dtype_name(static_cast<DType>(dtype)), "[", count, "]");
   }
 };
@@ -79,9 +113,24 @@ static_assert(sizeof(Signature) == 4 * sizeof(int64_t), "Signature travels as fo
 // The message every rank reports when the signatures it gathered differ from its own.
 inline std::string mismatch_message(const std::string& description, int rank, const Signature& mine,
                                     int other, const Signature& theirs) {
+  std::string explanation;
+  if (theirs.is_join_notification() != mine.is_join_notification()) {
+    const int joined_rank = theirs.is_join_notification() ? other : rank;
+    explanation =
+        str_cat(": rank ", joined_rank,
+                " has joined (parallel::Join: it ran out of inputs) and answers only the collectives "
+                "Join shadows (DDP's forward, buffer broadcast and gradient buckets), so a collective "
+                "of your own cannot run while a rank has joined");
+  } else if ((theirs.tag() == kUnusedParametersTag) != (mine.tag() == kUnusedParametersTag)) {
+    const int lacking_rank = theirs.tag() == kUnusedParametersTag ? other : rank;
+    explanation =
+        str_cat(": on rank ", lacking_rank,
+                " some parameters received no gradient in this backward pass (DistributedDataParallel "
+                "names them next)");
+  }
   return str_cat(
       description, ": the ranks' calls do not match: rank ", rank, " called ", mine.str(), ", rank ", other,
-      " called ", theirs.str(),
+      " called ", theirs.str(), explanation,
       " (collectives must be called in the same order with the same dtype and element count on every "
       "rank)");
 }

@@ -4,6 +4,7 @@
 #include <atomic>
 
 #include "core/base/error.h"
+#include "parallel/comm/flight_recorder.h"
 
 namespace mg::parallel {
 
@@ -67,6 +68,8 @@ void Work::mark_completed() {
       if (callbacks_.empty()) {
         done_ = true;
         error_ = callback_error;
+        finished_ns_ = detail::flight_now_ns();
+        detail::flight_finished(flight_id_, error_.empty(), finished_ns_, error_);
         break;
       }
       callbacks.swap(callbacks_);
@@ -90,8 +93,26 @@ void Work::mark_failed(const std::string& message) {
     done_ = true;
     error_ = message.empty() ? description_ + ": failed" : message;
     callbacks_.clear();
+    finished_ns_ = detail::flight_now_ns();
+    detail::flight_finished(flight_id_, false, finished_ns_, error_);
   }
   done_cv_.notify_all();
+}
+
+void Work::mark_started() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (started_ns_ != 0 || done_) return;
+  started_ns_ = detail::flight_now_ns();
+  detail::flight_started(flight_id_, started_ns_);
+}
+
+void Work::attach_flight_record(int64_t id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  flight_id_ = id;
+  if (id < 0) return;
+  // An op that finished without a start of its own (a world of one, a refused call) started when it finished.
+  if (started_ns_ != 0 || done_) detail::flight_started(id, started_ns_ != 0 ? started_ns_ : finished_ns_);
+  if (done_) detail::flight_finished(id, error_.empty(), finished_ns_, error_);
 }
 
 WorkPtr completed_work(const std::string& description) {

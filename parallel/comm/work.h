@@ -50,10 +50,16 @@ class Work {
   // on the progress thread, so it must be short and must not call back into the group.
   void then(std::function<void()> fn);
 
+  // ---- for ProcessGroup: the flight recorder's entry for this op (flight_recorder.h) ----
+  // Its transitions so far are replayed into the entry; later ones update it as they happen.
+  void attach_flight_record(int64_t id);
+
   // ---- for backends ----
   // Runs on the waiting thread at the end of every successful wait(); set it before handing the
   // Work out (it is not synchronised with a concurrent wait()).
   void set_wait_hook(std::function<void()> hook) { wait_hook_ = std::move(hook); }
+  // The op has begun to talk to its peers (for the flight recorder: queued -> started).
+  void mark_started();
   void mark_completed();
   void mark_failed(const std::string& message);
 
@@ -65,6 +71,9 @@ class Work {
   std::string error_;
   std::vector<std::function<void()>> callbacks_;
   std::function<void()> wait_hook_;
+  int64_t flight_id_ = -1;  // the flight recorder's entry (-1: none)
+  int64_t started_ns_ = 0;  // when mark_started ran (the recorder's clock; 0: not yet)
+  int64_t finished_ns_ = 0;
 };
 
 using WorkPtr = std::shared_ptr<Work>;

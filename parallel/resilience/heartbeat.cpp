@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "core/base/error.h"
+#include "parallel/comm/flight_recorder.h"
 #include "parallel/comm/work.h"
 
 #ifdef MG_HAS_MPI
@@ -173,8 +174,9 @@ struct Beat {
   int32_t leaving = 0;
   int32_t ops_in_flight = 0;
   int32_t slow_phase = 0;
+  int32_t flight_dumps = 0;  // the sender's flight-recorder dumps after a failure: more = "dump yours too"
   char host[56] = {};
-  char operation[120] = {};
+  char operation[116] = {};
 };
 static_assert(sizeof(Beat) == 224, "a beat is 224 bytes");
 
@@ -320,6 +322,7 @@ class Heartbeat {
     beat.slowest_step_us = own_.slowest_step_us;
     beat.slow_phase = own_.slow_phase;
     beat.pid = static_cast<int32_t>(getpid());
+    beat.flight_dumps = detail::flight_dumps_asking_peers();
     copy_text(beat.host, sizeof(beat.host), hostname_);
     copy_text(beat.operation, sizeof(beat.operation), own_.operation);
     return beat;
@@ -411,6 +414,8 @@ class Heartbeat {
         }
         if (done) {
           if (!same_progress(peer.incoming, peer.last)) peer.progress_changed_at = now;
+          // A peer that dumped its flight recorder after a failure asks for this rank's history too.
+          if (peer.incoming.flight_dumps > peer.last.flight_dumps) flight_dump_for_peer(r, peer.host);
           peer.last = peer.incoming;
           peer.last_heard = now;
           if (peer.last.leaving) {
@@ -423,6 +428,12 @@ class Heartbeat {
         }
       }
       check_for_stalls(now);
+      // A flight-recorder dump the peers must hear about goes out with the next round, not the next interval.
+      const int32_t flight_dumps = flight_dumps_asking_peers();
+      if (flight_dumps != flight_dumps_announced_) {
+        flight_dumps_announced_ = flight_dumps;
+        next_beat = now;
+      }
       if (now >= next_beat) {
         next_beat = now + interval_;
         const Beat beat = make_beat();
@@ -471,8 +482,12 @@ class Heartbeat {
     std::fprintf(stderr, "[multigrad rank %d] peer lost: %s\n", rank_, message.c_str());
     std::fflush(stderr);
     Registry& r = registry();
-    std::lock_guard<std::mutex> lock(r.callbacks_mutex);
-    for (auto& [id, callback] : r.callbacks) callback(message);
+    {
+      std::lock_guard<std::mutex> lock(r.callbacks_mutex);
+      for (auto& [id, callback] : r.callbacks) callback(message);
+    }
+    // After the groups failed their ops, so the dump shows them failed; the peers are asked for theirs.
+    flight_dump_on_failure(str_cat("peer lost: ", message), /*ask_peers=*/true);
   }
 
   const std::chrono::milliseconds bound_, interval_;
@@ -484,6 +499,7 @@ class Heartbeat {
   Progress own_;                      // sampled once per round, on the heartbeat's thread
   Clock::time_point own_changed_at_;  // when own_ last differed from the round before
   int64_t sequence_ = 0;
+  int32_t flight_dumps_announced_ = 0;
   bool any_lost_ = false;  // then the communicator is not freed: the job is aborted at exit
   std::atomic<bool> stop_{false};
   std::thread thread_;
