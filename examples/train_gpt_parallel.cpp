@@ -5,10 +5,12 @@
 //   mpirun -np 2 build/examples/train_gpt_parallel --strategy ddp     data parallel
 //   mpirun -np 2 build/examples/train_gpt_parallel --strategy zero    + AdamW state sharded (ZeRO-1)
 //   mpirun -np 2 build/examples/train_gpt_parallel --strategy zero2   grads sharded too, no DDP (ZeRO-2)
+//   mpirun -np 2 build/examples/train_gpt_parallel --strategy fsdp    parameters sharded too (ZeRO-3)
 //   mpirun -np 2 build/examples/train_gpt_parallel --strategy tp      heads and MLP split (Megatron)
 //   mpirun -np 2 build/examples/train_gpt_parallel --strategy pp      4 micro-batches through 2 stages (1F1B)
 //   mpirun -np 4 build/examples/train_gpt_parallel --strategy hybrid  DDP over 2 replicas x TP over 2
 //
+// Add --checkpoint-activations (ddp, zero, zero2, fsdp) to recompute each block's activations in backward.
 // (as root: mpirun --allow-run-as-root --oversubscribe ...). Without mpirun it runs on one rank.
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -55,7 +57,7 @@ Tensor next_byte_loss(const Tensor& logits, const Tensor& targets) {
 int main(int argc, char** argv) {
   Flags f;
   CLI::App app{"TinyGPT trained data-, tensor-, pipeline-parallel or hybrid"};
-  app.add_option("--strategy", f.strategy, "ddp, zero, zero2, tp, pp or hybrid");
+  app.add_option("--strategy", f.strategy, "ddp, zero, zero2, fsdp, tp, pp or hybrid");
   app.add_flag("--checkpoint-activations", f.checkpoint_activations,
                "recompute each block's activations in backward instead of keeping them");
   app.add_option("--text", f.text, "the text to learn (bytes)");
@@ -92,10 +94,19 @@ int main(int argc, char** argv) {
     double loss_weight = 1.0 / n;                        // the ranks' weighted losses sum to the global loss
     std::shared_ptr<nn::Sequential> layers;              // pp: the GPT as a Sequential (views of gpt)
     std::shared_ptr<TensorParallelGPT> tensor_parallel;  // hybrid: what DDP wraps
+    std::shared_ptr<FullyShardedDataParallel> fsdp;      // fsdp: declared after gpt, destroyed before it
     MG_CHECK(f.batch % n == 0, "--batch ", f.batch, " must divide by the ", n, " ranks");
     if (f.strategy == "zero2") {  // no DDP: ZeRO-2 reduce-scatters the gradients itself
       model = std::shared_ptr<nn::Module>(&gpt, [](nn::Module*) {});
       params = gpt.parameters();
+      rows = f.batch / n;
+      first_row = rank * rows;
+    } else if (f.strategy == "fsdp") {  // one unit per block, the root keeps the embeddings and head
+      FSDPOptions options;
+      options.auto_wrap = AutoWrapPolicy::module_types_of({"TransformerBlock"});
+      fsdp = std::make_shared<FullyShardedDataParallel>(gpt, world, options);
+      model = std::shared_ptr<nn::Module>(&gpt, [](nn::Module*) {});  // FSDP's hooks are on gpt itself
+      params = fsdp->parameters();                                    // this rank's shards
       rows = f.batch / n;
       first_row = rank * rows;
     } else if (f.strategy == "ddp" || f.strategy == "zero") {
@@ -122,7 +133,7 @@ int main(int argc, char** argv) {
       params = stage->parameters();
       loss_weight = 1.0;  // only the last stage has the loss
     } else {
-      throw Error("--strategy must be ddp, zero, zero2, tp, pp or hybrid, got '" + f.strategy + "'");
+      throw Error("--strategy must be ddp, zero, zero2, fsdp, tp, pp or hybrid, got '" + f.strategy + "'");
     }
 
     optim::AdamWOptions adamw;
