@@ -3,6 +3,7 @@
 //
 //   mpirun -np 2 build/benchmarks/bench_allreduce [--min-bytes 8] [--max-bytes 64M]
 //          [--dtype f32|f64|bf16|f16] [-w 5] [-n 20] [--chunk-bytes 1M] [--json PATH] [--quick]
+//          [--latency] [--verify]
 //
 // (as root, and with more ranks than cores: mpirun --allow-run-as-root --oversubscribe ...).
 // Launched without mpirun it runs as a world of one, where every all-reduce is a no-op, and says
@@ -32,7 +33,12 @@
 // from the closed-form sum; #wrong is the total over ranks. The exit status is 1 if any is wrong.
 //
 // Measurement settings: the group's timeout is one hour and verify_collectives is off (it adds a
-// small signature exchange before each native collective).
+// small signature exchange before each native collective; --verify turns it on to measure that).
+//
+// --latency: the small-message view, where a framework's own overhead shows (thread hand-offs,
+// the signature exchange, the heartbeat's MPI traffic): native and mpi only, 8 B to 64 KB, -w 20
+// -n 300 (explicit flags still win). The native/mpi time ratio is printed per size. Compare runs
+// with MG_FAILURE_DETECTION_S=0 (heartbeat off) and --verify to see what each costs.
 //
 // JSON goes to --json PATH, or else to $MG_BENCH_OUT_DIR/bench_allreduce.json when that is set.
 #include <algorithm>
@@ -74,15 +80,18 @@ struct Flags {
   size_t chunk_bytes = par::RingOptions{}.chunk_bytes;
   std::string json_path;
   bool quick = false;
+  bool latency = false;                        // small sizes, native vs mpi, many iterations
+  bool verify = false;                         // InitOptions::verify_collectives
   std::string algorithms = "ring,native,mpi";  // which columns to run (investigation aid)
 };
 
 const char* usage =
     "usage: mpirun -np N bench_allreduce [--min-bytes B] [--max-bytes B] [--dtype f32|f64|bf16|f16]\n"
     "                                    [-w|--warmup N] [-n|--iters N] [--chunk-bytes B] [--json PATH]\n"
-    "                                    [--algos ring,native,mpi] [--quick]\n"
+    "                                    [--algos ring,native,mpi] [--quick] [--latency] [--verify]\n"
     "  sizes accept K, M, G suffixes (powers of 1024); defaults: 8 B to 64M, f32, -w 5 -n 20,\n"
-    "  chunk 1M; --quick: up to 4M, -w 2 -n 5\n";
+    "  chunk 1M; --quick: up to 4M, -w 2 -n 5; --latency: native,mpi, up to 64K, -w 20 -n 300;\n"
+    "  --verify: verify_collectives on (the signature exchange before each native collective)\n";
 
 // "64M" -> 67108864. Suffixes K, M, G (powers of 1024), optional trailing B.
 int64_t parse_bytes(const std::string& text, const char* flag) {
@@ -126,7 +135,7 @@ const char* type_name(DType dtype) {
 
 Flags parse_flags(int argc, char** argv) {
   Flags f;
-  bool iters_set = false, warmup_set = false, max_set = false;
+  bool iters_set = false, warmup_set = false, max_set = false, algos_set = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     auto value = [&]() -> std::string {
@@ -150,10 +159,15 @@ Flags parse_flags(int argc, char** argv) {
       f.chunk_bytes = static_cast<size_t>(parse_bytes(value(), "--chunk-bytes"));
     } else if (arg == "--algos") {
       f.algorithms = value();
+      algos_set = true;
     } else if (arg == "--json") {
       f.json_path = value();
     } else if (arg == "--quick") {
       f.quick = true;
+    } else if (arg == "--latency") {
+      f.latency = true;
+    } else if (arg == "--verify") {
+      f.verify = true;
     } else if (arg == "--help" || arg == "-h") {
       std::printf("%s", usage);
       std::exit(0);
@@ -165,6 +179,12 @@ Flags parse_flags(int argc, char** argv) {
     if (!max_set) f.max_bytes = int64_t{4} << 20;
     if (!warmup_set) f.warmup = 2;
     if (!iters_set) f.iters = 5;
+  }
+  if (f.latency) {
+    if (!max_set) f.max_bytes = int64_t{64} << 10;
+    if (!warmup_set) f.warmup = 20;
+    if (!iters_set) f.iters = 300;
+    if (!algos_set) f.algorithms = "native,mpi";
   }
   MG_CHECK(f.min_bytes >= 1, "--min-bytes must be >= 1, got ", f.min_bytes);
   MG_CHECK(f.max_bytes >= f.min_bytes, "--max-bytes (", f.max_bytes, ") is below --min-bytes (", f.min_bytes,
@@ -268,7 +288,7 @@ int run(int argc, char** argv) {
 
   par::InitOptions init;
   init.timeout = std::chrono::hours(1);  // a 64 MiB ring on oversubscribed cores is slow, not dead
-  init.verify_collectives = false;       // no signature exchange in front of each native collective
+  init.verify_collectives = f.verify;    // off: no signature exchange in front of each native collective
   init.device = mg::Device::cpu();
   par::ProcessGroup pg = par::init_process_group(init);
   const int world = pg.size();
@@ -302,6 +322,9 @@ int run(int argc, char** argv) {
     std::printf("# bench_allreduce: world size %d, %s, op sum, -w %d -n %d, ring chunk %zu B\n", world,
                 mg::dtype_name(f.dtype), f.warmup, f.iters, f.chunk_bytes);
     std::printf("# backend %s; MPI: %s\n", pg.backend_name().c_str(), mpi_library.c_str());
+    const char* detection = std::getenv("MG_FAILURE_DETECTION_S");
+    std::printf("# verify_collectives %s; heartbeat: MG_FAILURE_DETECTION_S=%s\n", f.verify ? "on" : "off",
+                detection != nullptr && *detection != '\0' ? detection : "(unset: default on)");
     std::printf(
         "# time = median per iteration (barrier before each), max over ranks; busbw = algbw * 2(N-1)/N\n#\n");
   }
@@ -333,6 +356,14 @@ int run(int argc, char** argv) {
   MG_CHECK(!algorithms.empty(), "--algos '", f.algorithms, "' names none of ring, native, mpi");
   const size_t n_alg = algorithms.size();
   const bool ratios = algorithms[0].name == "ring" && n_alg > 1;
+  // The framework's overhead on a native collective: its time over the bare MPI_Allreduce's.
+  auto index_of = [&](const char* name) {
+    for (size_t a = 0; a < n_alg; ++a)
+      if (algorithms[a].name == name) return static_cast<int>(a);
+    return -1;
+  };
+  const int native_index = index_of("native"), mpi_index = index_of("mpi");
+  const bool overhead = native_index >= 0 && mpi_index >= 0;
 
   if (main_rank) {
     std::string groups = "#                                     ";
@@ -350,6 +381,7 @@ int run(int argc, char** argv) {
       std::snprintf(title, sizeof title, "  %11s", ("ring/" + algorithms[a].name).c_str());
       heads += title;
     }
+    if (overhead) heads += "  native/mpi";
     std::printf("%s\n%s\n%s\n", groups.c_str(), heads.c_str(), units.c_str());
     std::fflush(stdout);
   }
@@ -414,6 +446,11 @@ int run(int argc, char** argv) {
         return den > 0 ? fixed(row.results[0].busbw / den, 3) : std::string("n/a");
       };
       for (size_t a = 1; ratios && a < n_alg; ++a) std::printf("  %11s", ratio(a).c_str());
+      if (overhead) {
+        const double mpi_time = row.results[static_cast<size_t>(mpi_index)].time_us;
+        const double native_time = row.results[static_cast<size_t>(native_index)].time_us;
+        std::printf("  %10s", mpi_time > 0 ? fixed(native_time / mpi_time, 2).c_str() : "n/a");
+      }
       std::printf("\n");
       std::fflush(stdout);
     }

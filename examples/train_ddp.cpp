@@ -49,6 +49,7 @@
 #include "optim/lr_scheduler.h"
 #include "parallel/data_parallel/distributed.h"
 #include "parallel/data_parallel/distributed_data_parallel.h"
+#include "parallel/data_parallel/powersgd.h"
 #include "parallel/resilience/checkpoint_manager.h"
 #include "parallel/resilience/heartbeat.h"
 #include "parallel/resilience/sharded_metric.h"
@@ -77,6 +78,8 @@ struct Flags {
   std::string zero_partition = "parameters";
   bool resume = false;
   uint64_t seed = 42;
+  std::string comm_hook = "none";  // none, fp16, bf16, powersgd (comm_hooks.h, powersgd.h)
+  int64_t powersgd_rank = 1, powersgd_start = 10;
 };
 
 void add_flags(CLI::App& app, Flags& f) {
@@ -121,6 +124,11 @@ void add_flags(CLI::App& app, Flags& f) {
   app.add_option("--algo", f.algo, "all-reduce: native (MPI/NCCL) or ring (multigrad's own)");
   app.add_option("--check-replicas-every", f.check_replicas_every,
                  "compare parameter checksums across ranks every K steps (0 = never)");
+  app.add_option("--comm-hook", f.comm_hook, "gradient compression: none, fp16, bf16 or powersgd");
+  app.add_option("--powersgd-rank", f.powersgd_rank,
+                 "with --comm-hook powersgd: the matrix approximation rank");
+  app.add_option("--powersgd-start", f.powersgd_start,
+                 "with --comm-hook powersgd: plain all-reduce for the steps before this one");
 }
 
 // ---- Setup -----------------------------------------------------------------------------------
@@ -218,6 +226,23 @@ parallel::DDPOptions ddp_options(const Flags& f) {
   options.algo = f.algo == "ring" ? parallel::AllreduceAlgo::Ring : parallel::AllreduceAlgo::Native;
   options.check_replicas_every = f.check_replicas_every;
   return options;
+}
+
+// --comm-hook: how each gradient bucket is averaged (plain, half precision, or PowerSGD).
+void register_comm_hook(const Flags& f, parallel::DistributedDataParallel& ddp,
+                        const parallel::ProcessGroup& pg) {
+  MG_CHECK(
+      f.comm_hook == "none" || f.comm_hook == "fp16" || f.comm_hook == "bf16" || f.comm_hook == "powersgd",
+      "--comm-hook must be none, fp16, bf16 or powersgd, got '", f.comm_hook, "'");
+  auto group = std::make_shared<parallel::ProcessGroup>(pg);
+  if (f.comm_hook == "fp16") ddp.register_comm_hook(group, parallel::fp16_compress_hook);
+  if (f.comm_hook == "bf16") ddp.register_comm_hook(group, parallel::bf16_compress_hook);
+  if (f.comm_hook == "powersgd") {
+    parallel::PowerSGDOptions options;
+    options.matrix_approximation_rank = f.powersgd_rank;
+    options.start_powerSGD_iter = f.powersgd_start;
+    ddp.register_comm_hook(std::make_shared<parallel::PowerSGDState>(pg, options), parallel::powersgd_hook);
+  }
 }
 
 // AdamW, either replicated (every rank holds all of its state) or, with --zero, ZeRO-1: each
@@ -452,9 +477,10 @@ void train(Job& job, parallel::TrainingPosition position) {
     if (main_rank)
       std::printf(
           "\nepoch %d: train loss %.4f (rank 0), test accuracy %.4f, %.1f s; all-reduce %.0f ms busy, %.0f "
-          "ms exposed\n",
+          "ms exposed, %lld bytes/step\n",
           epoch + 1, loss.sum / static_cast<double>(std::max<int64_t>(loss.batches, 1)), accuracy,
-          seconds_since(epoch_start), stats.comm_ms, stats.exposed_ms);
+          seconds_since(epoch_start), stats.comm_ms, stats.exposed_ms,
+          static_cast<long long>(stats.bytes / std::max<int64_t>(stats.backward_passes, 1)));
     position.epoch = epoch + 1;
     position.samples_into_epoch = 0;
     job.checkpoints.at_epoch_end(position);
@@ -479,6 +505,7 @@ void run(const Flags& f) {
   model->to(pg.device());
   parallel::DistributedDataParallel ddp(*model, pg, ddp_options(f));  // ...verified and broadcast
   manual_seed(parallel::seed_for_rank(f.seed, pg.rank()));            // ...while dropout differs per rank
+  register_comm_hook(f, ddp, pg);
   AdamWOrZero opt(f, ddp, pg);
   const int64_t steps_per_epoch =
       f.limit_train > 0 ? std::min(f.limit_train, data.train_loader.size()) : data.train_loader.size();

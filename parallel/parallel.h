@@ -14,6 +14,7 @@
 //                   heartbeat that turns a dead or hung rank into an error on every survivor
 #pragma once
 
+#include "parallel/comm/flight_recorder.h"
 #include "parallel/comm/group_grid.h"
 #include "parallel/comm/object_collectives.h"
 #include "parallel/comm/process_group.h"
@@ -23,11 +24,14 @@
 #include "parallel/data_parallel/data_parallel.h"
 #include "parallel/data_parallel/distributed.h"
 #include "parallel/data_parallel/distributed_data_parallel.h"
+#include "parallel/data_parallel/join.h"
 #include "parallel/data_parallel/parallel_apply.h"
 #include "parallel/data_parallel/reducer.h"
 #include "parallel/data_parallel/replicate.h"
 #include "parallel/data_parallel/scatter_gather.h"
 #include "parallel/data_parallel/sync_batch_norm.h"
+#include "parallel/fsdp/fsdp_state_dict.h"
+#include "parallel/fsdp/fully_sharded_data_parallel.h"
 #include "parallel/pipeline/pipeline.h"
 #include "parallel/resilience/checkpoint_manager.h"
 #include "parallel/resilience/sharded_metric.h"

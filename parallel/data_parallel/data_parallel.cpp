@@ -78,24 +78,40 @@ void DataParallel::init(std::vector<Device> devices, std::optional<Device> outpu
 
 Tensor DataParallel::forward(const Tensor& x) {
   MG_CHECK(x.defined(), "DataParallel: the input is undefined");
+  nn::Values outputs = forward_values({nn::Value(x)});
+  MG_CHECK(outputs.size() == 1 && outputs[0].is_tensor(), "DataParallel: the module returned ",
+           nn::describe(outputs),
+           ", not one tensor; call forward_values (or dp(nn::Values{x})) to get all of it");
+  return outputs[0].tensor();
+}
+
+nn::Values DataParallel::forward_values(const nn::Values& inputs) {
   timings_ = DataParallelTimings{};
 
-  // 1. scatter: chunk i of the batch goes to devices[i] (maybe fewer chunks than devices).
+  // 1. scatter: chunk i of every tensor input goes to devices[i] (maybe fewer chunks than devices).
   auto start = Clock::now();
-  std::vector<Tensor> inputs =
-      devices_.size() == 1 ? std::vector<Tensor>{x.to(devices_[0])} : scatter(x, devices_, dim_);
+  std::vector<nn::Values> per_replica;
+  if (devices_.size() == 1)
+    per_replica.push_back(
+        nn::map_tensors(inputs, [&](const std::string&, const Tensor& t) { return t.to(devices_[0]); }));
+  else
+    per_replica = scatter(inputs, devices_, dim_);
   timings_.scatter_ms = ms_since(start);
-  const size_t n = inputs.size();
+  const size_t n = per_replica.size();
   timings_.replicas = static_cast<int>(n);
 
   if (n == 1) {  // nothing to replicate: run the module itself
     start = Clock::now();
-    Tensor y = module_->forward(inputs[0]);
+    nn::Values outputs = module_->forward_values(per_replica[0]);
     timings_.apply_ms = ms_since(start);
     start = Clock::now();
-    y = y.to(output_device_);
+    // As before any splitting: outputs are only moved (a scalar stays a scalar).
+    outputs = nn::map_tensors(outputs, [&](const std::string& path, const Tensor& t) {
+      MG_CHECK(t.defined(), "DataParallel: the module returned an undefined tensor at ", path);
+      return t.to(output_device_);
+    });
     timings_.gather_ms = ms_since(start);
-    return y;
+    return outputs;
   }
 
   // 2. replicate: fill the first n shells with broadcast parameters and buffers.
@@ -120,14 +136,14 @@ Tensor DataParallel::forward(const Tensor& x) {
 
   // 3. parallel_apply: one thread per replica.
   start = Clock::now();
-  std::vector<Tensor> outputs = parallel_apply(replicas, inputs, used);
+  std::vector<nn::Values> outputs = parallel_apply(replicas, per_replica, used);
   timings_.apply_ms = ms_since(start);
 
-  // 4. gather onto output_device.
+  // 4. gather every tensor output onto output_device.
   start = Clock::now();
-  Tensor y = gather(outputs, output_device_, dim_);
+  nn::Values joined = gather(outputs, output_device_, dim_);
   timings_.gather_ms = ms_since(start);
-  return y;
+  return joined;
 }
 
 std::string DataParallel::extra_repr() const {

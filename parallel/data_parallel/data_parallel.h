@@ -31,6 +31,11 @@
 //   Tensor loss = nn::cross_entropy(dp(x), y);   // output and loss on cpu:0
 //   opt.zero_grad(); loss.backward(); opt.step();
 //
+// Several inputs and outputs (nested lists of them too) go through forward_values:
+//
+//   nn::Values out = dp(nn::Values{x, nn::Value{mask, lengths}});   // each tensor split by rows
+//   Tensor loss = nn::cross_entropy(out[0].tensor(), y) + out[1].tensor().mean();
+//
 // Works for CPU devices (logical: cpu:0, cpu:1, ... share host memory) and CUDA devices
 // alike; it only moves tensors with Tensor::to. With one device (or a batch of one row)
 // it simply calls the module. See docs/data-parallel.md for why device 0 becomes the
@@ -74,7 +79,10 @@ class DataParallel : public nn::Module {
   explicit DataParallel(std::shared_ptr<nn::Module> module, std::vector<Device> devices = {},
                         std::optional<Device> output_device = std::nullopt, int64_t dim = 0);
 
-  Tensor forward(const Tensor& x) override;
+  Tensor forward(const Tensor& x) override;  // forward_values({x}), which must give one tensor
+  // Any signature (nn/value.h): every tensor input is scattered along `dim`, every other input
+  // copied to each replica, and every tensor output gathered onto output_device (scatter_gather.h).
+  nn::Values forward_values(const nn::Values& inputs) override;
 
   nn::Module& module() const { return *module_; }
   const std::vector<Device>& devices() const { return devices_; }

@@ -51,14 +51,21 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, ProcessGrou
              "; call module.to(pg.device()) before wrapping it");
   }
   verify_same_parameters_everywhere();
-  broadcast_state_from_rank0(/*parameters=*/true, /*buffers=*/true);
+  broadcast_state(/*parameters=*/true, /*buffers=*/true);
 
+  if (options_.bucket_cap_auto) {
+    bucket_cap_choice_ = autotune_bucket_cap(module.parameters(), group_, options_.first_bucket_cap_mb,
+                                             options_.bucket_cap_mb, options_.bucket_cap_auto_backward_ms);
+    options_.bucket_cap_mb = bucket_cap_choice_.bucket_cap_mb;
+    options_.first_bucket_cap_mb = bucket_cap_choice_.first_bucket_cap_mb;
+  }
   ReducerOptions reducer_options;
   reducer_options.bucket_cap_mb = options_.bucket_cap_mb;
   reducer_options.first_bucket_cap_mb = options_.first_bucket_cap_mb;
   reducer_options.algo = options_.algo;
   reducer_options.find_unused_parameters = options_.find_unused_parameters;
   reducer_options.gradient_as_bucket_view = options_.gradient_as_bucket_view;
+  reducer_options.static_graph = options_.static_graph;
   reducer_ = Reducer::create(module.named_parameters(), group_, reducer_options);
 }
 
@@ -87,7 +94,7 @@ void DistributedDataParallel::verify_same_parameters_everywhere() const {
 // One broadcast per dtype, of the tensors packed into one flat buffer: every forward re-sends the
 // buffers, and BatchNorm alone has three small ones per layer, each of which would otherwise pay
 // a collective's latency (and its signature check) on its own.
-void DistributedDataParallel::broadcast_state_from_rank0(bool parameters, bool buffers) {
+void DistributedDataParallel::broadcast_state(bool parameters, bool buffers, int root_rank) {
   if (group_.size() == 1) return;
   std::map<DType, std::vector<Tensor>> by_dtype;
   if (parameters)
@@ -95,7 +102,7 @@ void DistributedDataParallel::broadcast_state_from_rank0(bool parameters, bool b
   if (buffers)
     for (Tensor& b : module_->buffers()) by_dtype[b.dtype()].push_back(b);
   NoGradGuard no_grad;  // plain copies into the module's tensors, nothing to differentiate
-  const bool root = group_.rank() == 0;
+  const bool root = group_.rank() == root_rank;
   for (auto& [dtype, tensors] : by_dtype) {
     int64_t total = 0;
     for (const Tensor& t : tensors) total += t.numel();
@@ -107,7 +114,7 @@ void DistributedDataParallel::broadcast_state_from_rank0(bool parameters, bool b
         offset += t.numel();
       }
     }
-    group_.broadcast(flat, 0)->wait();
+    group_.broadcast(flat, root_rank)->wait();
     if (root) continue;
     int64_t offset = 0;
     for (Tensor& t : tensors) {
@@ -118,16 +125,62 @@ void DistributedDataParallel::broadcast_state_from_rank0(bool parameters, bool b
 }
 
 // What every forward does before the module runs, whatever its signature.
+// Inside a Join, first the notification (join.h): who still trains, the root of the buffer
+// broadcast (the lowest active rank: a joined rank's buffers are stale) and the gradient divisor.
 void DistributedDataParallel::prepare_forward() {
   ++forward_count_;
-  if (options_.broadcast_buffers) broadcast_state_from_rank0(/*parameters=*/false, /*buffers=*/true);
-  if (options_.check_replicas_every > 0 && forward_count_ % options_.check_replicas_every == 0)
+  int buffer_root = 0;
+  bool someone_joined = false;
+  int divisor = group_.size();
+  if (const JoinRound* round = notify_join_context(reducer_->sync() && GradMode::is_enabled())) {
+    buffer_root = round->first_active;
+    someone_joined = round->someone_joined();
+    if (!divide_by_initial_world_size_) divisor = round->active_count;
+  }
+  reducer_->set_gradient_divisor(divisor);
+  if (options_.broadcast_buffers) broadcast_state(/*parameters=*/false, /*buffers=*/true, buffer_root);
+  // A joined rank's parameters are stale until the Join ends: no replica check meanwhile.
+  if (options_.check_replicas_every > 0 && forward_count_ % options_.check_replicas_every == 0 &&
+      !someone_joined)
     check_replicas();
+}
+
+// What a joined rank does for DDP in each round of the others' training, and at the end.
+class DDPJoinHook : public JoinHook {
+ public:
+  explicit DDPJoinHook(DistributedDataParallel& ddp) : ddp_(ddp) {}
+
+  void main_hook(const JoinRound& round) override {
+    if (ddp_.options_.broadcast_buffers)
+      ddp_.broadcast_state(/*parameters=*/false, /*buffers=*/true, round.first_active);
+    if (round.sync_count > 0) ddp_.reducer_->run_joined_pass();
+  }
+
+  // Joined ranks stopped stepping: every rank takes the model of the highest last joiner.
+  void post_hook(bool is_last_joiner) override {
+    Tensor candidate = full({1}, is_last_joiner ? ddp_.group_.rank() : -1, TensorOptions{DType::i64});
+    ddp_.group_.allreduce(candidate, ReduceOp::Max)->wait();
+    const auto root = static_cast<int>(candidate.item<int64_t>());
+    if (root >= 0) ddp_.broadcast_state(/*parameters=*/true, /*buffers=*/true, root);
+  }
+
+ private:
+  DistributedDataParallel& ddp_;
+};
+
+std::unique_ptr<JoinHook> DistributedDataParallel::join_hook(const JoinHookOptions& options) {
+  divide_by_initial_world_size_ = options.divide_by_initial_world_size;
+  return std::make_unique<DDPJoinHook>(*this);
 }
 
 Tensor DistributedDataParallel::forward(const Tensor& x) {
   prepare_forward();
   return module_->forward(x);
+}
+
+nn::Values DistributedDataParallel::forward_values(const nn::Values& inputs) {
+  prepare_forward();
+  return module_->forward_values(inputs);
 }
 
 // Each parameter's checksum (sum and sum of squares, in f64) is all-gathered; a rank whose
@@ -165,8 +218,10 @@ void DistributedDataParallel::check_replicas() const {
 }
 
 std::string DistributedDataParallel::extra_repr() const {
-  return str_cat("world_size=", group_.size(), ", device=", group_.device(),
-                 ", algo=", allreduce_algo_name(options_.algo), ", bucket_cap_mb=", options_.bucket_cap_mb);
+  return str_cat(
+      "world_size=", group_.size(), ", device=", group_.device(),
+      ", algo=", allreduce_algo_name(options_.algo), ", bucket_cap_mb=", options_.bucket_cap_mb,
+      options_.bucket_cap_auto && group_.size() > 1 ? str_cat(" (", bucket_cap_choice_.summary(), ")") : "");
 }
 
 }  // namespace mg::parallel

@@ -2,6 +2,7 @@
 #include "parallel/data_parallel/parallel_apply.h"
 
 #include <exception>
+#include <functional>
 #include <optional>
 #include <string>
 #include <thread>
@@ -23,29 +24,19 @@ std::string describe(const std::exception_ptr& error) {
   }
 }
 
-}  // namespace
+// Checks that replica i's parameters are on devices[i].
+void check_replica(const std::shared_ptr<nn::Module>& replica, size_t i, Device device) {
+  MG_CHECK(replica != nullptr, "parallel_apply: replica ", i, " is null");
+  for (const auto& [name, p] : replica->named_parameters())
+    MG_CHECK(p.device() == device, "parallel_apply: replica ", i, " should be on ", device,
+             " but its parameter '", name, "' is on ", p.device());
+}
 
-std::vector<Tensor> parallel_apply(const std::vector<std::shared_ptr<nn::Module>>& replicas,
-                                   const std::vector<Tensor>& inputs, const std::vector<Device>& devices_in) {
-  MG_CHECK(!replicas.empty(), "parallel_apply: expected at least one replica");
-  MG_CHECK(replicas.size() == inputs.size(), "parallel_apply: ", replicas.size(), " replicas but ",
-           inputs.size(), " inputs");
-  MG_CHECK(devices_in.empty() || devices_in.size() == replicas.size(), "parallel_apply: ", replicas.size(),
-           " replicas but ", devices_in.size(), " devices");
-  const size_t n = replicas.size();
-  std::vector<Device> devices = devices_in;
-  for (size_t i = 0; i < n; ++i) {
-    MG_CHECK(replicas[i] != nullptr, "parallel_apply: replica ", i, " is null");
-    MG_CHECK(inputs[i].defined(), "parallel_apply: input ", i, " is undefined");
-    if (devices_in.empty()) devices.push_back(inputs[i].device());
-    MG_CHECK(inputs[i].device() == devices[i], "parallel_apply: input ", i, " is on ", inputs[i].device(),
-             " but replica ", i, " runs on ", devices[i]);
-    for (const auto& [name, p] : replicas[i]->named_parameters())
-      MG_CHECK(p.device() == devices[i], "parallel_apply: replica ", i, " should be on ", devices[i],
-               " but its parameter '", name, "' is on ", p.device());
-  }
-
-  std::vector<Tensor> outputs(n);
+// Runs apply(i) for every replica, one thread each (none for a single replica), with the
+// caller's grad mode, autocast state and current CUDA streams; rethrows the first failure
+// naming its replica and device.
+void run_replicas(const std::vector<Device>& devices, const std::function<void(size_t)>& apply) {
+  const size_t n = devices.size();
   std::vector<std::exception_ptr> errors(n);
   const bool grad_enabled = GradMode::is_enabled();
   const AutocastState autocast = autocast_state();
@@ -62,7 +53,7 @@ std::vector<Tensor> parallel_apply(const std::vector<std::shared_ptr<nn::Module>
       if (devices[i].is_cuda()) stream_guard.emplace(streams[i]);
       GradMode::set_enabled(grad_enabled);
       AutocastGuard autocast_guard(autocast.dtype, autocast.enabled);
-      outputs[i] = replicas[i]->forward(inputs[i]);
+      apply(i);
     } catch (...) {
       errors[i] = std::current_exception();
     }
@@ -81,12 +72,67 @@ std::vector<Tensor> parallel_apply(const std::vector<std::shared_ptr<nn::Module>
     }
     for (std::thread& t : threads) t.join();
   }
-
-  for (size_t i = 0; i < n; ++i) {
+  for (size_t i = 0; i < n; ++i)
     if (errors[i]) throw Error(str_cat("replica ", i, " on ", devices[i], " failed: ", describe(errors[i])));
+}
+
+void check_counts(size_t replicas, size_t inputs, size_t devices) {
+  MG_CHECK(replicas > 0, "parallel_apply: expected at least one replica");
+  MG_CHECK(replicas == inputs, "parallel_apply: ", replicas, " replicas but ", inputs, " inputs");
+  MG_CHECK(devices == 0 || devices == replicas, "parallel_apply: ", replicas, " replicas but ", devices,
+           " devices");
+}
+
+}  // namespace
+
+std::vector<Tensor> parallel_apply(const std::vector<std::shared_ptr<nn::Module>>& replicas,
+                                   const std::vector<Tensor>& inputs, const std::vector<Device>& devices_in) {
+  check_counts(replicas.size(), inputs.size(), devices_in.size());
+  const size_t n = replicas.size();
+  std::vector<Device> devices = devices_in;
+  for (size_t i = 0; i < n; ++i) {
+    MG_CHECK(replicas[i] != nullptr, "parallel_apply: replica ", i, " is null");
+    MG_CHECK(inputs[i].defined(), "parallel_apply: input ", i, " is undefined");
+    if (devices_in.empty()) devices.push_back(inputs[i].device());
+    MG_CHECK(inputs[i].device() == devices[i], "parallel_apply: input ", i, " is on ", inputs[i].device(),
+             " but replica ", i, " runs on ", devices[i]);
+    check_replica(replicas[i], i, devices[i]);
+  }
+  std::vector<Tensor> outputs(n);
+  run_replicas(devices, [&](size_t i) { outputs[i] = replicas[i]->forward(inputs[i]); });
+  for (size_t i = 0; i < n; ++i)
     MG_CHECK(outputs[i].defined(), "parallel_apply: replica ", i, " on ", devices[i],
              " returned an undefined tensor");
+  return outputs;
+}
+
+std::vector<nn::Values> parallel_apply(const std::vector<std::shared_ptr<nn::Module>>& replicas,
+                                       const std::vector<nn::Values>& inputs,
+                                       const std::vector<Device>& devices_in) {
+  check_counts(replicas.size(), inputs.size(), devices_in.size());
+  const size_t n = replicas.size();
+  std::vector<Device> devices = devices_in;
+  for (size_t i = 0; i < n; ++i) {
+    const auto leaves = nn::named_tensors(inputs[i]);
+    if (devices_in.empty()) {
+      MG_CHECK(!leaves.empty() && leaves.front().second.defined(), "parallel_apply: input ", i, " ",
+               nn::describe(inputs[i]), " holds no tensor to take replica ", i,
+               "'s device from; pass the devices");
+      devices.push_back(leaves.front().second.device());
+    }
+    for (const auto& [path, tensor] : leaves) {
+      MG_CHECK(tensor.defined(), "parallel_apply: input ", i, path, " is undefined");
+      MG_CHECK(tensor.device() == devices[i], "parallel_apply: input ", i, path, " is on ", tensor.device(),
+               " but replica ", i, " runs on ", devices[i]);
+    }
+    check_replica(replicas[i], i, devices[i]);
   }
+  std::vector<nn::Values> outputs(n);
+  run_replicas(devices, [&](size_t i) { outputs[i] = replicas[i]->forward_values(inputs[i]); });
+  for (size_t i = 0; i < n; ++i)
+    for (const auto& [path, tensor] : nn::named_tensors(outputs[i]))
+      MG_CHECK(tensor.defined(), "parallel_apply: replica ", i, " on ", devices[i],
+               " returned an undefined tensor at ", path);
   return outputs;
 }
 

@@ -32,4 +32,11 @@ std::vector<Tensor> parallel_apply(const std::vector<std::shared_ptr<nn::Module>
                                    const std::vector<Tensor>& inputs,
                                    const std::vector<Device>& devices = {});
 
+// The same for modules of any signature: outputs[i] = replicas[i]->forward_values(inputs[i]).
+// Every tensor leaf of inputs[i] must be on devices[i]; with `devices` empty, devices[i] is
+// the device of inputs[i]'s first tensor leaf (an error when it has none).
+std::vector<nn::Values> parallel_apply(const std::vector<std::shared_ptr<nn::Module>>& replicas,
+                                       const std::vector<nn::Values>& inputs,
+                                       const std::vector<Device>& devices = {});
+
 }  // namespace mg::parallel

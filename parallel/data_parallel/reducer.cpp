@@ -6,6 +6,9 @@
 #include "core/autograd/node.h"
 #include "core/base/error.h"
 #include "core/grad_mode.h"
+#include "parallel/comm/flight_recorder.h"
+#include "parallel/comm/object_collectives.h"
+#include "parallel/comm/process_group_signature.h"
 #include "parallel/comm/ring_allreduce.h"
 
 namespace mg::parallel {
@@ -65,6 +68,9 @@ Reducer::Reducer(std::vector<std::pair<std::string, Tensor>> named_parameters, P
   for (size_t i = 0; i < order.size(); ++i) order[i] = order.size() - 1 - i;
   build_buckets(order);
   arrived_.assign(params_.size(), false);
+  arrivals_.assign(params_.size(), 0);
+  last_arrival_.assign(params_.size(), 0);
+  expected_arrivals_.assign(params_.size(), 1);
 }
 
 void Reducer::install_hooks() {
@@ -125,11 +131,62 @@ void Reducer::on_gradient_ready(size_t index) {
     autograd::queue_callback([weak] {
       if (auto reducer = weak.lock()) reducer->finalize();
     });
+    if (static_recorded_) {
+      // static_graph: the first pass's unused parameters contribute zeros from the start, so
+      // their buckets need not wait for the end of backward.
+      for (size_t i = 0; i < params_.size(); ++i)
+        if (expected_arrivals_[i] == 0) mark_ready(i, Tensor());
+    }
   }
-  MG_CHECK(!arrived_[index], "DistributedDataParallel: parameter '", names_[index],
-           "' received two gradients in one backward pass (it is used twice through a reentrant or "
-           "retain_graph backward); DDP reduces each parameter once per pass");
+  if (options_.static_graph) {
+    on_static_graph_arrival(index);
+    return;
+  }
+  if (arrived_[index]) {
+    const std::string name = names_[index];
+    reset_pass();
+    throw Error(
+        str_cat("DistributedDataParallel: parameter '", name,
+                "' became ready twice in one backward pass (its gradient hook fired again: it is used "
+                "both inside and outside an activation-checkpointed block, or through a reentrant or "
+                "retain_graph backward); DDP reduces each parameter once per pass. If the graph is "
+                "the same every iteration, construct DDP with static_graph = true"));
+  }
   mark_ready(index, params_[index].grad());
+}
+
+// static_graph: the first pass only counts each parameter's arrivals (its buckets are reduced
+// at the end, in finalize); later passes mark a parameter ready at its last expected arrival. A
+// surplus arrival updates its slot while the bucket waits, and is an error once it has launched.
+void Reducer::on_static_graph_arrival(size_t index) {
+  ++arrivals_[index];
+  if (!static_recorded_) {
+    last_arrival_[index] = arrival_seq_++;
+    return;
+  }
+  const int expected = expected_arrivals_[index];
+  if (arrivals_[index] < expected) return;  // more of its gradient is still to come
+  if (arrivals_[index] == expected) {
+    mark_ready(index, params_[index].grad());
+    return;
+  }
+  const size_t b = slot_of_[index].first;
+  if (b < next_to_launch_) {
+    const std::string name = names_[index];
+    const int arrivals = arrivals_[index];
+    reset_pass();
+    throw Error(
+        str_cat("DistributedDataParallel (static_graph): parameter '", name, "' became ready ", arrivals,
+                " times in this backward pass but ", expected,
+                " in the first; its bucket was already all-reduced, so this part of its gradient would "
+                "be lost. static_graph needs the same graph (and the same parameters used) in every "
+                "iteration"));
+  }
+  NoGradGuard no_grad;  // the bucket waits for other members: the slot takes the accumulated .grad
+  Bucket& bucket = buckets_[b];
+  Tensor slot = bucket.flat.narrow(0, bucket.offsets[slot_of_[index].second], params_[index].numel());
+  const Tensor& grad = params_[index].grad();
+  if (grad.data_ptr() != slot.data_ptr()) slot.copy_(grad.reshape({-1}));
 }
 
 void Reducer::mark_ready(size_t index, const Tensor& grad) {
@@ -155,20 +212,9 @@ void Reducer::launch_ready_buckets() {
   // Strictly in bucket order: every rank must issue the same collectives in the same order.
   while (next_to_launch_ < buckets_.size() && buckets_[next_to_launch_].pending == 0) {
     Bucket& bucket = buckets_[next_to_launch_];
-    {
-      // Pre-divide by the world size, once per bucket: the all-reduce's sum is then the mean.
-      NoGradGuard no_grad;
-      bucket.flat.mul_(1.0 / group_.size());
-    }
     bucket.timing = std::make_shared<BucketTiming>();
     bucket.timing->launched = Clock::now();
-    bucket.work = options_.algo == AllreduceAlgo::Ring
-                      ? ring_allreduce_async(group_, bucket.flat, ReduceOp::Sum)
-                      : group_.allreduce(bucket.flat, ReduceOp::Sum);
-    bucket.work->then([timing = bucket.timing] {
-      timing->finished_ns =
-          std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
-    });
+    bucket.future = launch_bucket(next_to_launch_);
     ++next_to_launch_;
   }
 }
@@ -177,23 +223,42 @@ void Reducer::launch_ready_buckets() {
 
 void Reducer::finalize() {
   auto backward_end = Clock::now();
+  const bool recording_static_graph = options_.static_graph && !static_recorded_;
+  if (recording_static_graph) {
+    // The first static_graph pass: every gradient is complete now; unused parameters give zeros.
+    for (size_t i = 0; i < params_.size(); ++i)
+      mark_ready(i, arrivals_[i] > 0 ? params_[i].grad() : Tensor());
+  }
   // Parameters that received no gradient keep their buckets unready.
   std::vector<size_t> missing;
   for (size_t i = 0; i < params_.size(); ++i)
     if (!arrived_[i]) missing.push_back(i);
+  std::string missing_names;  // without find_unused_parameters: an error naming them
   if (!missing.empty()) {
-    if (!options_.find_unused_parameters) {
+    if (options_.static_graph) {
       std::string names;
-      for (size_t k = 0; k < missing.size() && k < 10; ++k) names += (k ? ", " : "") + names_[missing[k]];
-      if (missing.size() > 10) names += str_cat(", ... (", missing.size(), " in all)");
+      for (size_t k = 0; k < missing.size() && k < 10; ++k)
+        names += str_cat(k ? ", " : "", names_[missing[k]], " (", arrivals_[missing[k]], " of ",
+                         expected_arrivals_[missing[k]], ")");
       reset_pass();
-      throw Error(str_cat(
-          "DistributedDataParallel: these parameters received no gradient in this backward pass: ", names,
-          ". Their buckets can never be all-reduced, which would hang every rank. Make every "
-          "parameter take part in forward's output, or construct DDP with "
-          "find_unused_parameters = true"));
+      throw Error(
+          str_cat("DistributedDataParallel (static_graph): these parameters became ready fewer times "
+                  "in this backward pass than in the first: ",
+                  names, ". static_graph needs the same graph in every iteration"));
     }
-    for (size_t index : missing) mark_ready(index, Tensor());
+    if (!options_.find_unused_parameters) {
+      for (size_t k = 0; k < missing.size() && k < 10; ++k)
+        missing_names += (k ? ", " : "") + names_[missing[k]];
+      if (missing.size() > 10) missing_names += str_cat(", ... (", missing.size(), " in all)");
+      // An error -- but the remaining buckets still go out (zeros), tagged: where other ranks have
+      // every gradient, their all-reduces of these buckets fail at once instead of waiting for
+      // ever, and below all ranks learn the names (the tag never reaches a rank that lacks the
+      // same parameters: there the signatures match and each rank names its own).
+      detail::SignatureTagScope tag(detail::kUnusedParametersTag);
+      for (size_t index : missing) mark_ready(index, Tensor());
+    } else {
+      for (size_t index : missing) mark_ready(index, Tensor());
+    }
   }
 
   // Wait for every bucket, in order, then write the averaged gradients back. On a GPU (NCCL) the
@@ -202,19 +267,22 @@ void Reducer::finalize() {
   std::string error;
   for (Bucket& bucket : buckets_) {
     try {
-      bucket.work->wait_on_device();
+      wait_for_bucket(bucket);
     } catch (const std::exception& e) {
       if (error.empty()) error = e.what();
     }
   }
-  if (!error.empty()) {
-    reset_pass();
-    throw Error(str_cat("DistributedDataParallel: gradient all-reduce failed: ", error));
-  }
+  if (!error.empty() || !missing_names.empty()) fail_pass(missing_names, error);
 
   auto copy_start = Clock::now();
   {
     NoGradGuard no_grad;
+    if (gradient_divisor_ > 0 && gradient_divisor_ != group_.size()) {
+      // Join without divide_by_initial_world_size: the sum over the ranks still active, divided
+      // by their number (the buckets hold sum / world).
+      for (Bucket& bucket : buckets_)
+        bucket.flat.mul_(static_cast<double>(group_.size()) / gradient_divisor_);
+    }
     for (Bucket& bucket : buckets_) {
       for (size_t m = 0; m < bucket.members.size(); ++m) {
         Tensor& param = params_[bucket.members[m]];
@@ -237,35 +305,138 @@ void Reducer::finalize() {
   record.copy_ms = copy_ms_this_pass_;
   for (Bucket& bucket : buckets_) {
     record.buckets.emplace_back(bucket.work, bucket.timing);
-    record.bytes += static_cast<int64_t>(bucket.flat.nbytes());
+    record.bytes += bucket.future.bytes();
   }
   uncounted_.push_back(std::move(record));
-  const bool first_pass = ++synchronised_passes_ == 1;
+  ++synchronised_passes_;
+  const bool first_pass = !first_pass_done_;
+  first_pass_done_ = true;
   count_finished_passes(/*wait=*/false);
 
   std::vector<size_t> order = arrival_order_;
-  reset_pass();
-  if (first_pass && options_.rebuild_buckets && !options_.gradient_as_bucket_view) {
-    arrival_order_ = order;
-    rebuild_from_arrival_order();
-    arrival_order_.clear();
+  if (recording_static_graph) {
+    // Buckets in the order parameters became ready for the last time; the unused ones (zeros
+    // from the start of each pass) first.
+    order.clear();
+    for (size_t i = 0; i < params_.size(); ++i)
+      if (arrivals_[i] == 0) order.push_back(i);
+    std::vector<size_t> used;
+    for (size_t i = 0; i < params_.size(); ++i)
+      if (arrivals_[i] > 0) used.push_back(i);
+    std::sort(used.begin(), used.end(),
+              [&](size_t a, size_t b) { return last_arrival_[a] < last_arrival_[b]; });
+    order.insert(order.end(), used.begin(), used.end());
   }
+  std::vector<int> arrivals = arrivals_;
+  reset_pass();
+  if (first_pass) after_first_pass(order, arrivals, /*counts_known=*/true);
 }
 
-// After the first iteration: buckets in the order gradients really arrived. All ranks must build
-// identical buckets, so rank 0's order is broadcast and used everywhere.
-void Reducer::rebuild_from_arrival_order() {
-  Tensor order = zeros({static_cast<int64_t>(params_.size())}, TensorOptions{DType::i64});
-  int64_t* data = order.data<int64_t>();
-  for (size_t k = 0; k < arrival_order_.size(); ++k) data[k] = static_cast<int64_t>(arrival_order_[k]);
-  group_.broadcast(order, 0)->wait();
+// A bucket all-reduce that failed on a signature mismatch failed on every rank alike, and the
+// group is still in step: all ranks then exchange the names of the parameters each lacked (a
+// rank that sent tagged zeros), so every rank's error names them. Otherwise (a timeout, a lost
+// peer) the exchange fails too and the all-reduce's error is reported.
+void Reducer::fail_pass(const std::string& missing_names, const std::string& error) {
+  std::string named;
+  if (error.empty()) {
+    named = str_cat(missing_names, " (on rank ", group_.rank(), ")");
+  } else {
+    try {
+      std::vector<std::string> all = all_gather_object(group_, missing_names);
+      for (size_t r = 0; r < all.size(); ++r)
+        if (!all[r].empty()) named += str_cat(named.empty() ? "" : "; ", all[r], " (on rank ", r, ")");
+    } catch (const std::exception&) {  // the group itself failed
+    }
+  }
+  reset_pass();
+  if (named.empty()) throw Error(str_cat("DistributedDataParallel: gradient all-reduce failed: ", error));
+  throw Error(
+      str_cat("DistributedDataParallel: these parameters received no gradient in this backward pass: ", named,
+              ". Their buckets cannot be all-reduced as they are: make every parameter take part in "
+              "forward's output on every rank, or construct DDP with find_unused_parameters = true"));
+}
+
+// After the first pass, one broadcast of rank 0's [arrival order, arrival counts]: the buckets are
+// rebuilt in the order gradients really arrived (identical on every rank), and static_graph
+// records how many times each parameter becomes ready (0: unused), checked equal on all ranks.
+void Reducer::after_first_pass(const std::vector<size_t>& order, const std::vector<int>& arrivals,
+                               bool counts_known) {
+  const bool rebuild = options_.rebuild_buckets && !options_.gradient_as_bucket_view;
+  if (!rebuild && !options_.static_graph) return;
+  const auto count = static_cast<int64_t>(params_.size());
+  Tensor shared = zeros({2 * count}, TensorOptions{DType::i64});
+  int64_t* data = shared.data<int64_t>();
+  for (size_t k = 0; k < order.size(); ++k) data[k] = static_cast<int64_t>(order[k]);
+  for (size_t i = 0; i < arrivals.size(); ++i) data[count + static_cast<int64_t>(i)] = arrivals[i];
+  group_.broadcast(shared, 0)->wait();
+  if (options_.static_graph) {
+    std::string difference;
+    for (size_t i = 0; counts_known && i < params_.size() && difference.empty(); ++i)
+      if (data[count + static_cast<int64_t>(i)] != arrivals[i])
+        difference = str_cat("parameter '", names_[i], "' became ready ", arrivals[i], " times on rank ",
+                             group_.rank(), " but ", data[count + static_cast<int64_t>(i)], " on rank 0");
+    const bool everyone_agrees = all_ranks(group_, difference.empty());
+    MG_CHECK(everyone_agrees, "DistributedDataParallel (static_graph): the ranks' first iterations differ: ",
+             difference.empty() ? std::string("another rank's error names the parameter") : difference,
+             " (static_graph needs the same graph on every rank)");
+    expected_arrivals_.assign(params_.size(), 0);
+    for (size_t i = 0; i < params_.size(); ++i)
+      expected_arrivals_[i] = static_cast<int>(data[count + static_cast<int64_t>(i)]);
+    static_recorded_ = true;
+  }
+  if (!rebuild) return;
   std::vector<size_t> new_order;
-  for (size_t k = 0; k < params_.size(); ++k) new_order.push_back(static_cast<size_t>(data[k]));
+  for (int64_t k = 0; k < count; ++k) new_order.push_back(static_cast<size_t>(data[k]));
   std::vector<size_t> current;
   for (const Bucket& bucket : buckets_)
     current.insert(current.end(), bucket.members.begin(), bucket.members.end());
   if (new_order != current) build_buckets(new_order);
   rebuilt_ = true;
+}
+
+// ---- Join --------------------------------------------------------------------------------------
+
+void Reducer::set_gradient_divisor(int ranks) {
+  MG_CHECK(ranks >= 1 && ranks <= group_.size(),
+           "DistributedDataParallel: the gradient divisor must be "
+           "between 1 and the world size ",
+           group_.size(), ", got ", ranks);
+  gradient_divisor_ = ranks;
+}
+
+void Reducer::run_joined_pass() {
+  MG_CHECK(!pass_active_,
+           "DistributedDataParallel (Join): a joined rank cannot shadow a backward pass while "
+           "its own is running");
+  std::vector<size_t> order;
+  {
+    NoGradGuard no_grad;
+    for (Bucket& bucket : buckets_) {
+      bucket.flat.zero_();
+      bucket.pending = 0;
+      order.insert(order.end(), bucket.members.begin(), bucket.members.end());
+    }
+  }
+  next_to_launch_ = 0;
+  launch_ready_buckets();  // the same path as a real pass: same order, same comm hook
+  std::string error;
+  for (Bucket& bucket : buckets_) {
+    try {
+      wait_for_bucket(bucket);
+    } catch (const std::exception& e) {
+      if (error.empty()) error = e.what();
+    }
+  }
+  const bool first_pass = !first_pass_done_;
+  first_pass_done_ = true;
+  reset_pass();
+  if (!error.empty())
+    throw Error(
+        str_cat("DistributedDataParallel (Join): this rank has joined; shadowing the others' gradient "
+                "all-reduce failed: ",
+                error));
+  // Its own order is used only where this rank is rank 0; static_graph's counts come from rank 0.
+  if (first_pass) after_first_pass(order, std::vector<int>(params_.size(), 0), /*counts_known=*/false);
 }
 
 // The link is busy with bucket k from max(its launch, bucket k-1 done) to its end; the exposed
@@ -317,12 +488,88 @@ void Reducer::reset_pass() {
   for (Bucket& bucket : buckets_) {
     bucket.pending = bucket.members.size();
     bucket.work.reset();
+    bucket.future = BucketFuture();
   }
   arrived_.assign(params_.size(), false);
+  arrivals_.assign(params_.size(), 0);
+  last_arrival_.assign(params_.size(), 0);
+  arrival_seq_ = 0;
   arrival_order_.clear();
   next_to_launch_ = 0;
   pass_active_ = false;
   copy_ms_this_pass_ = 0;
+}
+
+// ---- communication hooks ----------------------------------------------------------------------
+
+void Reducer::register_comm_hook(CommHook hook) {
+  MG_CHECK(hook != nullptr, "DistributedDataParallel::register_comm_hook: the hook is empty");
+  MG_CHECK(!comm_hook_,
+           "DistributedDataParallel::register_comm_hook: a communication hook is already "
+           "registered (at most one, as in PyTorch)");
+  MG_CHECK(synchronised_passes_ == 0 && !pass_active_,
+           "DistributedDataParallel::register_comm_hook: register the hook before the first backward pass "
+           "(every rank must reduce every bucket the same way from the start)");
+  MG_CHECK(options_.algo == AllreduceAlgo::Native,
+           "DistributedDataParallel::register_comm_hook: the hook decides how buckets are reduced; "
+           "construct DDP with algo = Native (the ring is not used with a hook)");
+  comm_hook_ = std::move(hook);
+}
+
+BucketFuture Reducer::launch_bucket(size_t index) {
+  CollectiveCaller caller(str_cat("Reducer bucket ", index));  // names its collectives in the flight recorder
+  Bucket& bucket = buckets_[index];
+  BucketFuture future;
+  if (comm_hook_) {
+    GradBucket view;
+    view.index = index;
+    view.is_last = index + 1 == buckets_.size();
+    view.buffer = bucket.flat;
+    view.offsets = bucket.offsets;
+    for (size_t member : bucket.members) view.parameters.push_back(params_[member]);
+    future = comm_hook_(view);
+    MG_CHECK(future.defined(),
+             "DistributedDataParallel: the communication hook returned an empty future "
+             "for bucket ",
+             index);
+  } else {
+    {
+      // Pre-divide by the world size, once per bucket: the all-reduce's sum is then the mean.
+      NoGradGuard no_grad;
+      bucket.flat.mul_(1.0 / group_.size());
+    }
+    WorkPtr work = options_.algo == AllreduceAlgo::Ring
+                       ? ring_allreduce_async(group_, bucket.flat, ReduceOp::Sum)
+                       : group_.allreduce(bucket.flat, ReduceOp::Sum);
+    future = BucketFuture::after({work}, bucket.flat, static_cast<int64_t>(bucket.flat.nbytes()));
+  }
+  // The bucket's communication ends when its last collective so far does (wait_for_bucket
+  // re-times it if continuations launch more).
+  bucket.work =
+      future.works().empty() ? completed_work("communication hook (no collective)") : future.works().back();
+  bucket.work->then([timing = bucket.timing] {
+    timing->finished_ns =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+  });
+  return future;
+}
+
+void Reducer::wait_for_bucket(Bucket& bucket) {
+  Tensor averaged = bucket.future.wait();
+  if (!bucket.future.works().empty() && bucket.future.works().back() != bucket.work) {
+    bucket.work = bucket.future.works().back();  // a continuation launched more collectives
+    bucket.timing->finished_ns = 0;
+    bucket.work->then([timing = bucket.timing] {
+      timing->finished_ns =
+          std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+    });
+  }
+  if (averaged.data_ptr() == bucket.flat.data_ptr() && averaged.numel() == bucket.flat.numel()) return;
+  MG_CHECK(averaged.numel() == bucket.flat.numel() && averaged.device() == bucket.flat.device(),
+           "DistributedDataParallel: the communication hook's result has ", averaged.numel(), " elements on ",
+           averaged.device(), "; the bucket has ", bucket.flat.numel(), " on ", bucket.flat.device());
+  NoGradGuard no_grad;
+  bucket.flat.copy_(averaged.reshape({-1}));
 }
 
 }  // namespace mg::parallel

@@ -33,7 +33,12 @@
 //   synchronised backward all-reduces the accumulated sum (gradient accumulation).
 // * A parameter that got no gradient would leave its bucket forever unready (the classic DDP
 //   hang); finalize names such parameters in an error, or, with find_unused_parameters,
-//   contributes zeros for them.
+//   contributes zeros for them. Where only some ranks lack them, those ranks still send the
+//   remaining buckets, under a signature tag that makes the others' all-reduces fail at once;
+//   then all ranks exchange the names, so every rank's error names them.
+// * static_graph: the first pass counts each parameter's arrivals; later passes mark it ready at
+//   its last one (a parameter whose hook fires twice, as under activation checkpointing).
+// * Join (join.h): on a rank out of inputs, run_joined_pass() sends zeros for every bucket.
 #pragma once
 
 #include <atomic>
@@ -46,6 +51,7 @@
 
 #include "core/tensor.h"
 #include "parallel/comm/process_group.h"
+#include "parallel/data_parallel/comm_hooks.h"
 
 namespace mg::parallel {
 
@@ -59,6 +65,11 @@ struct ReducerOptions {
   bool find_unused_parameters = false;
   bool gradient_as_bucket_view = false;
   bool rebuild_buckets = true;  // after the first iteration, from the gradients' arrival order
+  // The graph is the same every iteration: the first pass records how many times each
+  // parameter's gradient hook fires (0: unused) and reduces everything at its end; later passes
+  // reduce a parameter once, at its last arrival (activation checkpointing, a parameter used
+  // inside and outside a checkpointed block), and give the unused ones zeros.
+  bool static_graph = false;
 };
 
 // What one synchronised backward pass cost in communication (all in milliseconds).
@@ -67,7 +78,7 @@ struct ReducerStats {
   double comm_ms = 0;           // time the all-reduces kept the link busy (per bucket, in order)
   double exposed_ms = 0;        // end of backward -> all buckets reduced (not hidden by compute)
   double copy_ms = 0;           // grads into buckets and results back into .grad
-  int64_t bytes = 0;            // bytes all-reduced (sum of bucket sizes)
+  int64_t bytes = 0;            // bytes all-reduced (sum of bucket sizes; a comm hook's compressed size)
 };
 
 // Splits tensors (given in the order their gradients are expected) into buckets: a new bucket
@@ -96,6 +107,16 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   // Each bucket's parameter names, in bucket order (for tests, benchmarks and printing).
   std::vector<std::vector<std::string>> bucket_layout() const;
   bool buckets_rebuilt() const { return rebuilt_; }
+  // Replaces the bucket all-reduce (comm_hooks.h): before the first backward, at most once.
+  void register_comm_hook(CommHook hook);
+
+  // Join (join.h): the next passes divide the gradient sum by `ranks` (default: the world size).
+  void set_gradient_divisor(int ranks);
+  // Join, on a rank that has joined: shadows one synchronised backward of the others -- every
+  // bucket, zeros, launched in order through the same path (comm hook included) and waited for;
+  // .grad is not written.
+  void run_joined_pass();
+  bool has_comm_hook() const { return static_cast<bool>(comm_hook_); }
 
  private:
   // When one bucket's all-reduce was launched and when it finished (set by the backend's
@@ -110,6 +131,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
     Tensor flat;                   // contiguous, one dtype
     size_t pending = 0;            // members whose gradient has not arrived this pass
     WorkPtr work;
+    BucketFuture future;  // the averaged bucket (the comm hook's, or the plain all-reduce's)
     std::shared_ptr<BucketTiming> timing;
   };
   // A synchronised pass whose statistics wait for its all-reduces to finish.
@@ -129,8 +151,13 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void on_gradient_ready(size_t index);
   void mark_ready(size_t index, const Tensor& grad);
   void launch_ready_buckets();
+  BucketFuture launch_bucket(size_t index);  // the hook, or the plain all-reduce
+  void wait_for_bucket(Bucket& bucket);      // the averaged result in bucket.flat
   void finalize();
-  void rebuild_from_arrival_order();
+  void on_static_graph_arrival(size_t index);
+  [[noreturn]] void fail_pass(const std::string& missing_names, const std::string& error);
+  void after_first_pass(const std::vector<size_t>& order, const std::vector<int>& arrivals,
+                        bool counts_known);
   void reset_pass();
 
   std::vector<std::string> names_;
@@ -138,6 +165,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   ProcessGroup group_;
   ReducerOptions options_;
   bool sync_ = true;
+  CommHook comm_hook_;
 
   std::vector<Bucket> buckets_;
   std::vector<std::pair<size_t, size_t>> slot_of_;  // parameter -> (bucket, member index)
@@ -146,6 +174,14 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   size_t next_to_launch_ = 0;
   bool pass_active_ = false;
   bool rebuilt_ = false;
+  bool first_pass_done_ = false;  // a synchronised (or, under Join, shadowed) pass has finished
+  int gradient_divisor_ = 0;      // 0: the world size (Join may set fewer ranks)
+  // static_graph
+  bool static_recorded_ = false;
+  std::vector<int> expected_arrivals_;  // per parameter, from the first pass (0: unused)
+  std::vector<int> arrivals_;           // this pass
+  std::vector<int64_t> last_arrival_;   // first pass: when each parameter arrived for the last time
+  int64_t arrival_seq_ = 0;
   std::chrono::steady_clock::time_point pass_start_;
   double copy_ms_this_pass_ = 0;
   int64_t synchronised_passes_ = 0;  // ever (stats can be reset)

@@ -20,6 +20,7 @@
 
 #include "core/base/device.h"
 #include "core/tensor.h"
+#include "nn/value.h"
 
 namespace mg::parallel {
 
@@ -34,5 +35,25 @@ std::vector<Tensor> scatter(const Tensor& input, const std::vector<Device>& devi
 // zero dims (a scalar per replica, e.g. a loss) are stacked into a vector instead, as
 // PyTorch's gather does.
 Tensor gather(const std::vector<Tensor>& outputs, Device destination, int64_t dim = 0);
+
+// The same for a module of any signature (nn/value.h), as PyTorch's scatter and gather walk
+// tuples and lists:
+//
+//   scatter((x [10, 3], [m [10], 0.5]), 4 devices)  →  (x[0:3], [m[0:3], 0.5]) on d0, ... ,
+//                                                      (x[9:10], [m[9:10], 0.5]) on d3
+//
+// Every tensor leaf is split on its own as above (so tensors with different row counts are
+// fine) and must give the same number of pieces -- PyTorch would silently drop the rows of the
+// longer ones, this is an error naming both leaves. A tensor with zero dims cannot be split (an
+// error, as in PyTorch: pass a number leaf, which is copied). Every other leaf (None, int,
+// double, string) is copied to every replica. Inputs with no tensor at all go to every device;
+// no inputs at all make one replica.
+std::vector<nn::Values> scatter(const nn::Values& inputs, const std::vector<Device>& devices,
+                                int64_t dim = 0);
+
+// Joins the replicas' outputs leaf by leaf: every replica must return the same structure;
+// each tensor leaf is gathered as above (zero-dim leaves stacked into a vector), None stays
+// None; any other leaf is an error (PyTorch cannot gather those either).
+nn::Values gather(const std::vector<nn::Values>& outputs, Device destination, int64_t dim = 0);
 
 }  // namespace mg::parallel

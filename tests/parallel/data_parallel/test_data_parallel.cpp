@@ -456,3 +456,278 @@ TEST_CASE("devices that do not fit are errors naming both sides", "[parallel]") 
   CHECK_THROWS_WITH(dp(x),
                     Contains("'conv.weight' is on cpu:1 but the replicas are made from devices[0] = cpu:0"));
 }
+
+// ---- bucket_cap_mb = auto (parallel/data_parallel/bucket_autotune.h) --------------------------------
+
+TEST_CASE("fit_alpha_beta recovers a link's latency and bandwidth from all-reduce timings",
+          "[parallel][autotune]") {
+  const double alpha = 30e-6, beta = 1.0 / 1.2e9;  // 30 us, 1.2 GB/s
+  std::vector<std::pair<double, double>> exact, noisy;
+  const double wobble[] = {1.03, 0.97, 1.02, 0.98, 1.01, 0.99};  // +-3%, like repeated medians
+  int i = 0;
+  for (double bytes = 4096; bytes <= 16 << 20; bytes *= 4, ++i) {
+    exact.emplace_back(bytes, alpha + beta * bytes);
+    noisy.emplace_back(bytes, (alpha + beta * bytes) * wobble[i % 6]);
+  }
+  parallel::LinkFit fit = parallel::fit_alpha_beta(exact);
+  CHECK(fit.points == 7);
+  CHECK(fit.alpha_s == Approx(alpha).epsilon(1e-9));
+  CHECK(fit.beta_s_per_byte == Approx(beta).epsilon(1e-9));
+  // Weighted by 1/T^2: 3% noise moves alpha (carried by the small sizes) by about as much.
+  parallel::LinkFit rough = parallel::fit_alpha_beta(noisy);
+  CHECK(rough.alpha_s == Approx(alpha).epsilon(0.06));
+  CHECK(rough.beta_s_per_byte == Approx(beta).epsilon(0.06));
+  // Timings that fall with size would give a negative beta: it is 0, alpha their weighted mean.
+  parallel::LinkFit flat = parallel::fit_alpha_beta({{1000, 2e-3}, {2000, 1e-3}});
+  CHECK(flat.beta_s_per_byte == 0);
+  CHECK(flat.alpha_s == Approx(1.2e-3));
+  CHECK_THROWS_WITH(parallel::fit_alpha_beta({{1000, 1e-3}, {1000, 2e-3}}), Contains("two distinct sizes"));
+}
+
+TEST_CASE("predicted exposed communication follows the buckets through the link", "[parallel][autotune]") {
+  // Two 1 MiB gradients ready at 1 s and 2 s; backward ends at 2 s; T(S) = 0.5 s + S us/B.
+  const int64_t mib = 1 << 20;
+  parallel::GradientTimeline timeline =
+      parallel::proportional_timeline({mib, mib}, {DType::f32, DType::f32}, 2.0);
+  REQUIRE(timeline.ready_s == std::vector<double>{1.0, 2.0});
+  parallel::LinkFit link;
+  link.alpha_s = 0.5;
+  link.beta_s_per_byte = 1e-6;
+  // One bucket each: the first runs 1 -> 2.548576, the second 2.548576 -> 4.097152.
+  CHECK(parallel::predicted_exposed_s(timeline, link, 1, 1) == Approx(2.097152));
+  // One bucket: ready at 2 s, all of its 2.597152 s exposed.
+  CHECK(parallel::predicted_exposed_s(timeline, link, 2, 2) == Approx(2.597152));
+}
+
+TEST_CASE("the chosen bucket cap: small for a fast-starting link, one bucket for a slow-starting one",
+          "[parallel][autotune]") {
+  // 40 gradients of 512 KiB (20 MiB), backward lasting as long as their all-reduce in one piece.
+  const int64_t grad = 512 << 10, count = 40;
+  auto link_of = [](double alpha, double beta) {
+    parallel::LinkFit link;
+    link.alpha_s = alpha;
+    link.beta_s_per_byte = beta;
+    return link;
+  };
+  auto timeline_for = [&](const parallel::LinkFit& link) {
+    return parallel::proportional_timeline(std::vector<int64_t>(count, grad),
+                                           std::vector<DType>(count, DType::f32),
+                                           link.seconds(static_cast<double>(grad * count)));
+  };
+  auto choose = [&](double alpha, double beta) {
+    return parallel::choose_bucket_cap(timeline_for(link_of(alpha, beta)), link_of(alpha, beta), 1.0);
+  };
+  const double beta = 1e-9;  // 1 GB/s
+  parallel::BucketCapChoice tiny = choose(1e-9, beta);
+  CHECK(tiny.bucket_cap_mb == 0.5);  // one gradient per bucket: latency costs nothing
+  CHECK(tiny.buckets == count);
+  parallel::BucketCapChoice huge = choose(10.0, beta);
+  CHECK(huge.buckets == 1);  // every extra all-reduce costs 10 s: one bucket, no small first one
+  CHECK(huge.bucket_cap_mb >= 20.0);
+  CHECK(huge.first_bucket_cap_mb == huge.bucket_cap_mb);
+  // In between, the square-root law: s* = sqrt(2 alpha P / beta) = 6.5 MB for alpha = 1 ms.
+  parallel::BucketCapChoice middle = choose(1e-3, beta);
+  CHECK(middle.bucket_cap_mb >= 2.0);
+  CHECK(middle.bucket_cap_mb <= 8.0);
+  // ... and it beats PyTorch's fixed 25 MB and the smallest cap on the model's own cost.
+  const auto& link = middle.link;
+  auto cost = [&](double first, double cap, int buckets) {
+    return parallel::predicted_exposed_s(timeline_for(link), link, first, cap) + buckets * link.alpha_s;
+  };
+  CHECK(cost(middle.first_bucket_cap_mb, middle.bucket_cap_mb, middle.buckets) < cost(1.0, 25.0, 2));
+  CHECK(cost(middle.first_bucket_cap_mb, middle.bucket_cap_mb, middle.buckets) < cost(0.5, 0.5, count));
+  CHECK(middle.summary().find("chose bucket_cap_mb=") != std::string::npos);
+}
+
+// ---- any forward signature (nn/value.h): several inputs, nested lists, several outputs ----------
+
+namespace {
+
+// Inputs (x [N, 4], [z [N, 3], scale]) and outputs (logits [N, 5], [aux [N, 2], None]): a tensor
+// and a nested list each way, with a number input (copied to every replica) and a None output.
+struct TwoInTwoOut : nn::Module {
+  nn::Linear fx{4, 6};
+  nn::Linear fz{3, 6};
+  nn::Linear head{6, 5};
+  nn::Linear aux{3, 2};
+  TwoInTwoOut() {
+    register_module("fx", fx);
+    register_module("fz", fz);
+    register_module("head", head);
+    register_module("aux", aux);
+  }
+  nn::Values forward_values(const nn::Values& in) override {
+    const Tensor& x = in.at(0).tensor();
+    const Tensor& z = in.at(1).list().at(0).tensor();
+    const double scale = in.at(1).list().at(1).to_double();
+    Tensor hidden = relu(add(fx(x), mul(fz(z), scale)));
+    return {head(hidden), nn::Values{tanh(aux(z)), nn::Value()}};
+  }
+  std::shared_ptr<nn::Module> clone_empty() const override { return std::make_shared<TwoInTwoOut>(); }
+};
+
+// One tensor in, one out, but written as forward_values only: forward(x) falls back to it.
+struct OnlyValues : nn::Module {
+  nn::Linear fc{2, 3};
+  OnlyValues() { register_module("fc", fc); }
+  nn::Values forward_values(const nn::Values& in) override { return {fc(in.at(0).tensor())}; }
+  std::shared_ptr<nn::Module> clone_empty() const override { return std::make_shared<OnlyValues>(); }
+};
+
+// Returns a different structure on cpu:1, or a number: outputs gather cannot join.
+struct BadOutputs : nn::Module {
+  nn::Linear fc{2, 2};
+  bool number = false;  // copied by clone_empty, so the replicas do the same
+  BadOutputs() { register_module("fc", fc); }
+  nn::Values forward_values(const nn::Values& in) override {
+    const Tensor& x = in.at(0).tensor();
+    if (number) return {fc(x), 3};
+    if (x.device() == Device::cpu(1)) return {fc(x), fc(x)};
+    return {fc(x)};
+  }
+  std::shared_ptr<nn::Module> clone_empty() const override {
+    auto copy = std::make_shared<BadOutputs>();
+    copy->number = number;
+    return copy;
+  }
+};
+
+Tensor two_output_loss(const nn::Values& out, const Tensor& y) {
+  return add(cross_entropy(out.at(0).tensor(), y), mean(mul(out.at(1).list().at(0).tensor(), 2.0)));
+}
+
+}  // namespace
+
+TEST_CASE("scatter and gather of nested inputs and outputs: tensors split, everything else copied",
+          "[parallel]") {
+  Tensor x = arange(10).to(DType::f32).reshape({5, 2});
+  Tensor m = arange(5).to(DType::f32);
+  const nn::Values inputs{x, nn::Value{m, 0.5, "tag"}, nn::Value()};
+  const auto pieces = parallel::scatter(inputs, cpus(3));
+  REQUIRE(pieces.size() == 3);  // 2, 2, 1 rows
+  for (int r = 0; r < 3; ++r) {
+    INFO("replica " << r);
+    const nn::Values& mine = pieces[r];
+    CHECK(nn::describe(mine) == (r < 2 ? "(Tensor[2, 2], [Tensor[2], 0.5, \"tag\"], None)"
+                                       : "(Tensor[1, 2], [Tensor[1], 0.5, \"tag\"], None)"));
+    CHECK(mine[0].tensor().device() == Device::cpu(r));
+    CHECK(mine[1].list()[0].tensor().device() == Device::cpu(r));
+    CHECK(mine[1].list()[0].tensor().to_vector<float>()[0] == static_cast<float>(2 * r));
+  }
+  // Tensors of different row counts split on their own as long as the piece counts agree...
+  CHECK(parallel::scatter(nn::Values{x, arange(10).to(DType::f32)}, cpus(3))[2][1].tensor().size(0) == 2);
+  // ...otherwise rows would reach no replica (PyTorch drops them silently).
+  CHECK_THROWS_WITH(parallel::scatter(nn::Values{x, nn::Value{x.narrow(0, 0, 2)}}, cpus(3)),
+                    Contains("input [0] [5, 2] splits into 3 pieces but input [1][0] [2, 2] into 2"));
+  CHECK_THROWS_WITH(parallel::scatter(nn::Values{x, scalar_tensor(1.0)}, cpus(2)),
+                    Contains("input [1] is a tensor with zero dims"));
+  // No tensor: a copy for every device; no inputs at all: one replica.
+  CHECK(parallel::scatter(nn::Values{1, "a"}, cpus(3)).size() == 3);
+  CHECK(parallel::scatter(nn::Values{}, cpus(3)).size() == 1);
+
+  // gather joins every tensor leaf on the destination; zero-dim leaves become a vector; None stays.
+  std::vector<nn::Values> outputs;
+  for (int r = 0; r < 3; ++r) {
+    const nn::Values& mine = pieces[r];
+    outputs.push_back({nn::Value{mul(mine[0].tensor(), 2.0), sum(mine[1].list()[0].tensor())}, nn::Value()});
+  }
+  const nn::Values joined = parallel::gather(outputs, Device::cpu(1));
+  REQUIRE(nn::describe(joined) == "([Tensor[5, 2], Tensor[3]], None)");
+  CHECK(joined[0].list()[0].tensor().device() == Device::cpu(1));
+  CHECK(joined[0].list()[0].tensor().to_vector<float>() == mul(x, 2.0).to_vector<float>());
+  CHECK(joined[0].list()[1].tensor().to_vector<float>() == std::vector<float>{1, 5, 4});  // 0+1, 2+3, 4
+  std::vector<nn::Values> uneven = outputs;
+  uneven[2] = {nn::Value{x}, nn::Value()};
+  CHECK_THROWS_WITH(parallel::gather(uneven, Device::cpu(0)),
+                    Contains("replica 2 returned ([Tensor[5, 2]], None)") && Contains("differ at [0]"));
+  CHECK_THROWS_WITH(parallel::gather({nn::Values{1}, nn::Values{1}}, Device::cpu(0)),
+                    Contains("output [0] is 1; only tensors (and None) can be gathered"));
+}
+
+TEST_CASE("K optimizer steps with DataParallel of a two-input, two-output module give one device's",
+          "[parallel]") {
+  // Batch 7 over 2 devices (4 + 3 rows) and batch 10 over 3 (4 + 4 + 2).
+  for (const int n : {2, 3}) {
+    const int64_t batch = n == 2 ? 7 : 10;
+    INFO(n << " devices, batch " << batch);
+    manual_seed(21);
+    const std::vector<Device> devices = test_devices(n);
+    TwoInTwoOut net;
+    net.to(devices[0]);
+    std::shared_ptr<nn::Module> single = net.clone();
+    parallel::DataParallel dp(net, devices);
+    optim::SGDOptions sgd;
+    sgd.lr = 0.1;
+    sgd.momentum = 0.9;
+    optim::SGD dp_opt(dp.parameters(), sgd), single_opt(single->parameters(), sgd);
+    for (int step = 0; step < 3; ++step) {
+      Tensor x = randn({batch, 4}).to(devices[0]);
+      Tensor z = randn({batch, 3}).to(devices[0]);
+      Tensor y = randint(0, 5, {batch}).to(devices[0]);
+      const nn::Values inputs{x, nn::Value{z, 0.5}};
+      const nn::Values out = dp(inputs);
+      CHECK(dp.last_timings().replicas == n);
+      const nn::Values want = (*single)(inputs);
+      REQUIRE(nn::describe(out) == nn::describe(want));
+      CHECK(out[0].tensor().device() == devices[0]);
+      CHECK(relative_error(out[0].tensor(), want[0].tensor()) < 1e-5);
+      CHECK(relative_error(out[1].list()[0].tensor(), want[1].list()[0].tensor()) < 1e-5);
+      dp_opt.zero_grad();
+      two_output_loss(out, y).backward();
+      single_opt.zero_grad();
+      two_output_loss(want, y).backward();
+      const auto got = net.named_parameters(), expected = single->named_parameters();
+      for (size_t i = 0; i < got.size(); ++i) {
+        INFO(got[i].first);
+        REQUIRE(got[i].second.grad().defined());  // both outputs' parameters got their gradient
+        CHECK(relative_error(got[i].second.grad(), expected[i].second.grad()) < 1e-5);
+      }
+      dp_opt.step();
+      single_opt.step();
+    }
+    const auto got = net.named_parameters(), expected = single->named_parameters();
+    for (size_t i = 0; i < got.size(); ++i) {
+      INFO(got[i].first);
+      CHECK(relative_error(got[i].second, expected[i].second) < 1e-5);
+    }
+  }
+}
+
+TEST_CASE("a module with only forward_values works through forward(x), DataParallel and replicate",
+          "[parallel]") {
+  manual_seed(4);
+  OnlyValues net;
+  Tensor x = randn({5, 2});
+  Tensor direct = net(x);  // Module::forward falls back to forward_values
+  CHECK(direct.shape() == Shape{5, 3});
+  parallel::DataParallel dp(net, cpus(2));
+  CHECK(relative_error(dp(x), direct) < 1e-6);
+  CHECK(dp.last_timings().replicas == 2);
+  const auto replicas = parallel::replicate(net, cpus(2));
+  CHECK(relative_error(replicas[1]->forward(x.to(Device::cpu(1))).to(Device::cpu(0)), direct) < 1e-6);
+
+  // A module with neither forward is an error, not endless recursion; one-tensor modules refuse more.
+  nn::ModuleList empty;
+  CHECK_THROWS_WITH(empty(x), Contains("has no forward(const Tensor&) and no forward_values"));
+  CHECK_THROWS_WITH(empty(nn::Values{x}), Contains("has no forward(const Tensor&) and no forward_values"));
+  nn::Linear fc(2, 2);
+  CHECK_THROWS_WITH(fc(nn::Values{x, x}), Contains("Linear takes one tensor") && Contains("(Tensor[5, 2], "
+                                                                                          "Tensor[5, 2])"));
+  CHECK(fc(nn::Values{x}).at(0).tensor().shape() == Shape{5, 2});
+
+  // Outputs gather cannot join, and several outputs asked for as one tensor.
+  BadOutputs bad;
+  parallel::DataParallel bad_dp(bad, cpus(2));
+  CHECK_THROWS_WITH(
+      bad_dp(nn::Values{randn({4, 2})}),
+      Contains("replica 1 returned (Tensor[2, 2], Tensor[2, 2]) but replica 0 returned (Tensor[2, 2])"));
+  BadOutputs numbers;
+  numbers.number = true;
+  CHECK_THROWS_WITH(parallel::DataParallel(numbers, cpus(2))(randn({4, 2})),
+                    Contains("output [1] is 3; only tensors (and None) can be gathered"));
+  BadOutputs on_cpu1;
+  on_cpu1.to(Device::cpu(1));
+  parallel::DataParallel one_device(on_cpu1, {Device::cpu(1)});
+  CHECK_THROWS_WITH(one_device(randn({4, 2})),
+                    Contains("the module returned (Tensor[4, 2], Tensor[4, 2]), not one tensor"));
+}

@@ -237,6 +237,34 @@ TEST_CASE("DDP names parameters that got no gradient; find_unused_parameters cop
   }
 }
 
+TEST_CASE("a parameter unused on one rank only is named on every rank, without a hang", "[mpi][ddp]") {
+  ProcessGroup pg = testing::mpi_test_group();
+  if (pg.size() == 1) return;
+  struct UnusedOnRank1 : nn::Module {
+    nn::Linear used{kFeatures, 4};
+    nn::Linear sometimes{kFeatures, 4};
+    bool use_sometimes = true;
+    UnusedOnRank1() {
+      register_module("used", used);
+      register_module("sometimes", sometimes);
+    }
+    Tensor forward(const Tensor& x) override { return use_sometimes ? used(x) + sometimes(x) : used(x); }
+  };
+  auto [x, y] = global_batch(pg.size(), 0);
+  manual_seed(5);
+  UnusedOnRank1 model;
+  model.use_sometimes = pg.rank() != 1;
+  DistributedDataParallel ddp(model, pg, tiny_buckets());
+  const auto start = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH(nn::cross_entropy(ddp(x), y).backward(),
+                    Catch::Contains("received no gradient") &&
+                        Catch::Contains("sometimes.weight, sometimes.bias (on rank 1)"));
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(20));  // not the 60 s timeout
+  // The group is still in step: the next (even) step works on every rank.
+  model.use_sometimes = true;
+  nn::cross_entropy(ddp(x), y).backward();
+}
+
 TEST_CASE("check_replicas names the first divergent parameter on every rank", "[mpi][ddp]") {
   ProcessGroup pg = testing::mpi_test_group();
   if (pg.size() == 1) return;
@@ -356,4 +384,272 @@ TEST_CASE("uneven datasets: every rank gets the same number of batches", "[mpi][
     CHECK(most.item<int64_t>() == least.item<int64_t>());  // nobody waits for a rank with one more batch
     CHECK(least.item<int64_t>() * pg.size() >= n);         // padding by wrapping: nothing is left out
   }
+}
+
+TEST_CASE("DDP with bucket_cap_mb = auto: every rank chooses the same caps and trains as one process",
+          "[mpi][ddp][autotune]") {
+  ProcessGroup pg = testing::mpi_test_group();
+  DDPOptions options;
+  options.bucket_cap_auto = true;
+  auto reference = train_single(sgd_momentum, pg.size(), 3);
+  require_close(train_ddp(pg, sgd_momentum, 3, 1, options), reference, 1e-5);
+
+  auto model = make_model(7);
+  model->to(pg.device());
+  DistributedDataParallel ddp(*model, pg, options);
+  const BucketCapChoice& choice = ddp.bucket_cap_choice();
+  if (pg.size() > 1) {
+    CHECK(choice.link.points >= 3);  // 4 KiB, 16 KiB, 64 KiB, 256 KiB for this small model
+    // >= 0, not > 0: on a loaded machine the timing noise can hide the bandwidth term (the fit
+    // then says so with beta = 0); the caps below must agree on every rank either way.
+    CHECK(choice.link.beta_s_per_byte >= 0);
+    CHECK(choice.link.alpha_s >= 0);
+    CHECK_FALSE(choice.backward_given);
+    CHECK(ddp.extra_repr().find("bucket_cap_mb=auto: all-reduce T(S)") != std::string::npos);
+  }
+  CHECK(ddp.options().bucket_cap_mb == choice.bucket_cap_mb);
+  CHECK(ddp.options().first_bucket_cap_mb == choice.first_bucket_cap_mb);
+  CHECK(static_cast<int>(ddp.bucket_layout().size()) == (pg.size() > 1 ? choice.buckets : 1));
+  // Rank 0's fit is broadcast: the caps (and so the collectives each rank issues) agree bitwise.
+  Tensor mine = full({3}, 0.0, TensorOptions{DType::f64});
+  mine.data<double>()[0] = choice.bucket_cap_mb;
+  mine.data<double>()[1] = choice.first_bucket_cap_mb;
+  mine.data<double>()[2] = choice.link.alpha_s;
+  Tensor most = mine.clone(), least = mine.clone();
+  pg.allreduce(most, ReduceOp::Max)->wait();
+  pg.allreduce(least, ReduceOp::Min)->wait();
+  for (int i = 0; i < 3; ++i) CHECK(most.data<double>()[i] == least.data<double>()[i]);
+}
+
+// ---- any forward signature (nn/value.h) --------------------------------------------------------
+
+namespace {
+
+// Inputs (x [N, kFeatures], [z [N, 3], scale]) and outputs (logits [N, 4], [aux [N, 2], None]).
+struct TwoInTwoOut : nn::Module {
+  nn::Linear fx{kFeatures, 6};
+  nn::Linear fz{3, 6};
+  nn::Linear head{6, 4};
+  nn::Linear aux{3, 2};
+  TwoInTwoOut() {
+    register_module("fx", fx);
+    register_module("fz", fz);
+    register_module("head", head);
+    register_module("aux", aux);
+  }
+  nn::Values forward_values(const nn::Values& in) override {
+    const Tensor& x = in.at(0).tensor();
+    const Tensor& z = in.at(1).list().at(0).tensor();
+    Tensor hidden = relu(fx(x) + fz(z) * in.at(1).list().at(1).to_double());
+    return {head(hidden), nn::Values{tanh(aux(z)), nn::Value()}};
+  }
+};
+
+// The inputs and targets of step `step`, rows [first, first + rows) of the global batch.
+struct TwoInputBatch {
+  nn::Values inputs;
+  Tensor y;
+};
+TwoInputBatch two_input_batch(int world, int step, int64_t first, int64_t rows, Device device) {
+  manual_seed(2000 + static_cast<uint64_t>(step));
+  Tensor x = randn({world * kPerRank, kFeatures}), z = randn({world * kPerRank, 3});
+  Tensor y = randint(0, 4, {world * kPerRank});
+  return {{x.narrow(0, first, rows).to(device), nn::Value{z.narrow(0, first, rows).to(device), 0.5}},
+          y.narrow(0, first, rows).to(device)};
+}
+
+Tensor two_output_loss(const nn::Values& out, const Tensor& y) {
+  return nn::cross_entropy(out.at(0).tensor(), y) + (out.at(1).list().at(0).tensor() * 2.0).mean();
+}
+
+}  // namespace
+
+TEST_CASE("DDP of a two-input, two-output module: each rank's slice gives the full batch's gradients",
+          "[mpi][ddp]") {
+  ProcessGroup pg = testing::mpi_test_group();
+  constexpr int kSteps = 3;
+  manual_seed(8);
+  TwoInTwoOut single;
+  auto single_opt = sgd_momentum(single.parameters());
+  manual_seed(8);
+  TwoInTwoOut model;
+  model.to(pg.device());
+  DistributedDataParallel ddp(model, pg, tiny_buckets());
+  auto opt = sgd_momentum(ddp.parameters());
+  for (int s = 0; s < kSteps; ++s) {
+    INFO("step " << s);
+    TwoInputBatch all = two_input_batch(pg.size(), s, 0, pg.size() * kPerRank, Device::cpu());
+    single_opt->zero_grad();
+    two_output_loss(single(all.inputs), all.y).backward();
+    TwoInputBatch mine = two_input_batch(pg.size(), s, pg.rank() * kPerRank, kPerRank, pg.device());
+    opt->zero_grad();
+    two_output_loss(ddp(mine.inputs), mine.y).backward();
+    const auto got = model.named_parameters(), want = single.named_parameters();
+    for (size_t i = 0; i < got.size(); ++i) {
+      INFO(got[i].first);
+      REQUIRE(got[i].second.grad().defined());
+      testing::require_close(got[i].second.grad(), want[i].second.grad(), 1e-5, 1e-9);
+    }
+    opt->step();
+    single_opt->step();
+  }
+  CHECK(ddp.stats().backward_passes == kSteps);
+  require_close(model.parameters(), single.parameters(), 1e-5);
+}
+
+TEST_CASE("DDP with two outputs and a loss of one: the other's parameters are unused", "[mpi][ddp]") {
+  ProcessGroup pg = testing::mpi_test_group();
+  TwoInputBatch mine = two_input_batch(pg.size(), 0, pg.rank() * kPerRank, kPerRank, pg.device());
+  {
+    manual_seed(8);
+    TwoInTwoOut model;
+    model.to(pg.device());
+    DistributedDataParallel ddp(model, pg);
+    CHECK_THROWS_WITH(nn::cross_entropy(ddp(mine.inputs).at(0).tensor(), mine.y).backward(),
+                      Catch::Contains("aux.weight, aux.bias") && Catch::Contains("find_unused_parameters"));
+  }
+  manual_seed(8);
+  TwoInTwoOut single;
+  TwoInputBatch all = two_input_batch(pg.size(), 0, 0, pg.size() * kPerRank, Device::cpu());
+  nn::cross_entropy(single(all.inputs).at(0).tensor(), all.y).backward();
+  manual_seed(8);
+  TwoInTwoOut model;
+  model.to(pg.device());
+  DDPOptions options;
+  options.find_unused_parameters = true;
+  DistributedDataParallel ddp(model, pg, options);
+  nn::cross_entropy(ddp(mine.inputs).at(0).tensor(), mine.y).backward();
+  CHECK(model.aux.weight.grad().abs().sum().item<double>() == 0.0);  // zeros, reduced like the rest
+  const auto got = model.named_parameters(), want = single.named_parameters();
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (got[i].first.rfind("aux.", 0) == 0) continue;
+    INFO(got[i].first);
+    testing::require_close(got[i].second.grad(), want[i].second.grad(), 1e-5, 1e-9);
+  }
+}
+
+TEST_CASE("DDP's forward of any signature does the per-forward work too (the replica check)", "[mpi][ddp]") {
+  ProcessGroup pg = testing::mpi_test_group();
+  if (pg.size() == 1) return;
+  TwoInTwoOut model;
+  model.to(pg.device());
+  DDPOptions options;
+  options.check_replicas_every = 1;
+  DistributedDataParallel ddp(model, pg, options);
+  TwoInputBatch mine = two_input_batch(pg.size(), 0, pg.rank() * kPerRank, kPerRank, pg.device());
+  ddp(mine.inputs);  // identical: passes
+  if (pg.rank() == 1) {
+    NoGradGuard no_grad;
+    model.head.weight.add_(1e-3);  // drifts on rank 1 only
+  }
+  CHECK_THROWS_WITH(ddp(mine.inputs), Catch::Contains("replicas diverged") && Catch::Contains("head.weight"));
+}
+
+namespace {
+// `shared` runs twice per forward: inside an activation-checkpointed block and after it. Its
+// gradient hook fires twice in one backward (once in the recompute's inner backward, once in the
+// outer one) -- PyTorch's "marked ready twice".
+struct UsedTwice : nn::Module {
+  nn::Linear shared{kFeatures, kFeatures};
+  nn::Linear head{kFeatures, 4};
+  bool second_use = true;
+  UsedTwice() {
+    register_module("shared", shared);
+    register_module("head", head);
+  }
+  Tensor forward(const Tensor& x) override {
+    Tensor h = relu(nn::checkpoint([this](const Tensor& t) { return shared(t); }, x));
+    return head(second_use ? relu(shared(h)) : h);
+  }
+};
+
+std::vector<Tensor> train_used_twice(ProcessGroup* pg, int steps, DDPOptions options) {
+  manual_seed(21);
+  UsedTwice model;
+  std::unique_ptr<DistributedDataParallel> ddp;
+  if (pg) {
+    model.to(pg->device());
+    ddp = std::make_unique<DistributedDataParallel>(model, *pg, options);
+  }
+  auto opt = sgd_momentum(model.parameters());
+  const int world = pg ? pg->size() : 1;
+  for (int s = 0; s < steps; ++s) {
+    auto [x, y] = global_batch(pg ? pg->size() : world, s);
+    opt->zero_grad();
+    if (pg) {
+      nn::cross_entropy((*ddp)(x.narrow(0, pg->rank() * kPerRank, kPerRank).to(pg->device())),
+                        y.narrow(0, pg->rank() * kPerRank, kPerRank).to(pg->device()))
+          .backward();
+    } else {
+      nn::cross_entropy(model(x), y).backward();
+    }
+    opt->step();
+  }
+  if (ddp) {
+    CHECK(ddp->buckets_rebuilt());
+    CHECK(ddp->stats().bytes == steps * model.num_parameters() * 4);  // each parameter once per step
+  }
+  return model.parameters();
+}
+}  // namespace
+
+TEST_CASE("DDP static_graph: a parameter that becomes ready twice per step is reduced once", "[mpi][ddp]") {
+  ProcessGroup pg = testing::mpi_test_group();
+  {
+    manual_seed(21);
+    UsedTwice model;
+    model.to(pg.device());
+    DistributedDataParallel ddp(model, pg, tiny_buckets());
+    auto [x, y] = global_batch(pg.size(), 0);
+    CHECK_THROWS_WITH(nn::cross_entropy(ddp(x.to(pg.device())), y.to(pg.device())).backward(),
+                      Catch::Contains("parameter 'shared.") && Catch::Contains("became ready twice") &&
+                          Catch::Contains("static_graph = true"));
+  }
+  // The reference: one process on the whole batch, without DDP (global_batch's world is pg's).
+  manual_seed(21);
+  UsedTwice reference_model;
+  auto opt = sgd_momentum(reference_model.parameters());
+  for (int s = 0; s < 4; ++s) {
+    auto [x, y] = global_batch(pg.size(), s);
+    opt->zero_grad();
+    nn::cross_entropy(reference_model(x), y).backward();
+    opt->step();
+  }
+  DDPOptions options = tiny_buckets();
+  options.static_graph = true;
+  require_close(train_used_twice(&pg, 4, options), reference_model.parameters(), 1e-5);
+}
+
+TEST_CASE("DDP static_graph: unused parameters get zeros", "[mpi][ddp]") {
+  ProcessGroup pg = testing::mpi_test_group();
+  auto [cpu_x, cpu_y] = global_batch(pg.size(), 0);
+  Tensor x = cpu_x.to(pg.device()), y = cpu_y.to(pg.device());
+  manual_seed(5);
+  WithUnused model;
+  model.to(pg.device());
+  DDPOptions options = tiny_buckets();
+  options.static_graph = true;
+  DistributedDataParallel ddp(model, pg, options);
+  for (int s = 0; s < 2; ++s) {  // the first pass records, the second uses the record
+    model.zero_grad();
+    nn::cross_entropy(ddp(x), y).backward();
+    CHECK(model.unused.weight.grad().abs().sum().item<double>() == 0.0);
+    CHECK(model.used.weight.grad().abs().sum().item<double>() > 0.0);
+  }
+}
+
+TEST_CASE("DDP static_graph: a graph that changes after the first pass is named", "[mpi][ddp]") {
+  ProcessGroup pg = testing::mpi_test_group();
+  auto [cpu_x, cpu_y] = global_batch(pg.size(), 0);
+  Tensor x = cpu_x.to(pg.device()), y = cpu_y.to(pg.device());
+  manual_seed(21);
+  UsedTwice model;
+  model.to(pg.device());
+  DDPOptions options;
+  options.static_graph = true;
+  DistributedDataParallel ddp(model, pg, options);
+  nn::cross_entropy(ddp(x), y).backward();  // recorded: shared.* become ready twice
+  model.second_use = false;                 // now once: the bucket would wait for ever
+  CHECK_THROWS_WITH(nn::cross_entropy(ddp(x), y).backward(),
+                    Catch::Contains("static_graph") && Catch::Contains("shared.weight (1 of 2)"));
 }
