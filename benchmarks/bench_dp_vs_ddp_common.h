@@ -51,19 +51,19 @@ struct Config {
   std::string algo = "native";
   std::string device_type = "auto";  // cuda when this build has CUDA tensors and a GPU, else cpu
   std::string modes = "single,dp,ddp";
-  std::string data = "synthetic";    // or "fashion": real Fashion-MNIST images (mlp, cnn, resnet)
-  std::string precision = "f32";     // or "bf16" (autocast)
+  std::string data = "synthetic";  // or "fashion": real Fashion-MNIST images (mlp, cnn, resnet)
+  std::string precision = "f32";   // or "bf16" (autocast)
   std::string json_path;
   std::string role = "launcher";  // or "ddp-worker"
   std::string result_file;
   std::string work_dir;
   double lr = 0.01;
-  std::string sweep_buckets;     // "1,5,25,100": DDP step vs bucket size
-  bool bucket_cap_auto = false;  // --bucket-cap-mb auto (bucket_autotune.h)
-  bool no_overlap = false;       // one bucket, reduced after backward
-  std::string launcher;          // starts the DDP ranks; default "mpiexec -n N"
-  std::string wire_interface;    // e.g. eth0: bytes on the wire per step from its counters
-  bool predict = false;          // the scaling model (scaling_model.h)
+  std::string sweep_buckets;       // "1,5,25,100": DDP step vs bucket size
+  bool bucket_cap_auto = false;    // --bucket-cap-mb auto (bucket_autotune.h)
+  bool no_overlap = false;         // one bucket, reduced after backward
+  std::string launcher;            // starts the DDP ranks; default "mpiexec -n N"
+  std::string wire_interface;      // e.g. eth0: bytes on the wire per step from its counters
+  bool predict = false;            // the scaling model (scaling_model.h)
   std::string comm_hook = "none";  // DDP's bucket averaging: none, fp16, bf16 or powersgd (comm_hooks.h)
   int64_t powersgd_rank = 1;       // with powersgd: the matrix approximation rank
   int64_t powersgd_start = -1;     // with powersgd: first compressed step (-1: the first timed one)
