@@ -41,6 +41,9 @@
 // with MG_FAILURE_DETECTION_S=0 (heartbeat off) and --verify to see what each costs.
 //
 // JSON goes to --json PATH, or else to $MG_BENCH_OUT_DIR/bench_allreduce.json when that is set.
+#include <sched.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -198,6 +201,26 @@ Flags parse_flags(int argc, char** argv) {
   return f;
 }
 
+// This process's host name and the CPUs it may run on ("node0 cpus 0-1"): the benchmark prints
+// every rank's, because where the ranks run decides small-message latency (see --latency).
+[[maybe_unused]] std::string placement() {
+  char host[64] = {};
+  gethostname(host, sizeof host - 1);
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  std::string list;
+  if (sched_getaffinity(0, sizeof cpus, &cpus) == 0) {
+    for (int c = 0; c < CPU_SETSIZE; ++c) {
+      if (!CPU_ISSET(c, &cpus)) continue;
+      int last = c;
+      while (last + 1 < CPU_SETSIZE && CPU_ISSET(last + 1, &cpus)) ++last;
+      list += (list.empty() ? "" : ",") + (last > c ? mg::str_cat(c, "-", last) : mg::str_cat(c));
+      c = last;
+    }
+  }
+  return mg::str_cat(host, " cpus ", list.empty() ? "?" : list);
+}
+
 // Rank r's check data at element i, and the closed-form sum over N ranks.
 double pattern(int rank, int64_t i) { return 1.0 + static_cast<double>((rank + i) % 7); }
 double pattern_sum(int world, int64_t i) {
@@ -297,6 +320,7 @@ int run(int argc, char** argv) {
 
   std::string mpi_library = "none (world of one, MPI not initialised)";
   bool mpi_direct = false;
+  std::vector<std::string> placements;  // every rank's host and CPUs (rank 0 only)
 #ifdef MG_HAS_MPI
   int mpi_up = 0;
   MPI_Initialized(&mpi_up);
@@ -307,6 +331,18 @@ int run(int argc, char** argv) {
     mpi_library = std::string(version, static_cast<size_t>(length));
     mpi_library = mpi_library.substr(0, mpi_library.find_first_of(",\n"));
     mpi_direct = f.dtype == DType::f32 || f.dtype == DType::f64;
+  }
+  // Every rank's host and CPUs, printed by rank 0. Ranks on different host names bound to the
+  // same single CPU are one core's worth of ranks when those hosts are network namespaces of one
+  // machine (scripts/cluster): Open MPI busy-polls, so each message then waits for a scheduler
+  // time slice (~8 ms measured, against ~20 us with --bind-to none).
+  if (mpi_up && world > 1) {
+    constexpr int kWidth = 128;
+    std::string mine = placement();
+    mine.resize(kWidth - 1);
+    std::vector<char> all(static_cast<size_t>(kWidth) * static_cast<size_t>(world), '\0');
+    MPI_Gather(mine.c_str(), kWidth, MPI_CHAR, all.data(), kWidth, MPI_CHAR, 0, MPI_COMM_WORLD);
+    for (int r = 0; r < world; ++r) placements.emplace_back(all.data() + static_cast<size_t>(r) * kWidth);
   }
 #endif
 
@@ -325,6 +361,25 @@ int run(int argc, char** argv) {
     const char* detection = std::getenv("MG_FAILURE_DETECTION_S");
     std::printf("# verify_collectives %s; heartbeat: MG_FAILURE_DETECTION_S=%s\n", f.verify ? "on" : "off",
                 detection != nullptr && *detection != '\0' ? detection : "(unset: default on)");
+    bool shared_single_cpu = false;
+    for (size_t r = 0; r < placements.size(); ++r) {
+      std::printf("# rank %zu: %s\n", r, placements[r].c_str());
+      for (size_t q = 0; q < r; ++q) {
+        const std::string& a = placements[q];
+        const std::string& b = placements[r];
+        const size_t cut_a = a.find(" cpus "), cut_b = b.find(" cpus ");
+        const std::string cpus = a.substr(cut_a);
+        shared_single_cpu =
+            shared_single_cpu || (a.substr(0, cut_a) != b.substr(0, cut_b) && cpus == b.substr(cut_b) &&
+                                  cpus.find_first_of(",-") == std::string::npos);
+      }
+    }
+    if (shared_single_cpu) {
+      std::printf(
+          "# note: ranks on different hosts are bound to the same single CPU; if those hosts are\n"
+          "# namespaces of one machine (scripts/cluster), they share that core and every message waits\n"
+          "# for a time slice (milliseconds): launch with --bind-to none or --mca mpi_yield_when_idle 1\n");
+    }
     std::printf(
         "# time = median per iteration (barrier before each), max over ranks; busbw = algbw * 2(N-1)/N\n#\n");
   }
