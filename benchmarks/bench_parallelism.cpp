@@ -182,7 +182,8 @@ Row summarise(ProcessGroup& world, const Config& c, Strategy& s, Measured& m) {
   for (size_t k = 0; k < mine.size() && k < 8; ++k) {
     const Memory& e = mine[k];
     const double v[5] = {1.0, static_cast<double>(e.params), static_cast<double>(e.grads),
-                         static_cast<double>(e.optimizer), static_cast<double>(m.rise[e.device & 7])};
+                         static_cast<double>(e.optimizer),
+                         static_cast<double>(m.rise[e.device & 7] + e.buffers)};
     std::copy(v, v + 5, slots.begin() + static_cast<std::ptrdiff_t>(5 * k));
   }
   Tensor all = zeros({world.size() * 40}, TensorOptions{DType::f64});
@@ -319,7 +320,9 @@ Strategy ddp(const Config& c, ProcessGroup& pg, double param_bytes, bool zero) {
   };
   s.memory = [=] {
     const int64_t state = zero_opt ? zero_opt->state_bytes() : optimizer_state_bytes(*opt);
-    return std::vector<Memory>{memory_of(gpt->parameters(), state, 0)};
+    Memory m = memory_of(gpt->parameters(), state, 0);
+    m.buffers = model->bucket_bytes();
+    return std::vector<Memory>{m};
   };
   return s;
 }
@@ -440,7 +443,11 @@ Strategy tensor_parallel(const Config& c, ProcessGroup tensor, ProcessGroup data
     opt->step();
     return std::make_pair(loss.item<double>() / world, 0.0);  // the replicas' mean, over all ranks
   };
-  s.memory = [=] { return std::vector<Memory>{memory_of(tp->parameters(), optimizer_state_bytes(*opt), 0)}; };
+  s.memory = [=] {
+    Memory m = memory_of(tp->parameters(), optimizer_state_bytes(*opt), 0);
+    if (replica) m.buffers = replica->bucket_bytes();
+    return std::vector<Memory>{m};
+  };
   return s;
 }
 
@@ -527,8 +534,8 @@ void print_table(const Config& c, int world, const std::vector<Row>& rows, doubl
   std::printf(
       "\nmemory: MB on the fullest device: params, grads, optimizer state, and rest = the most one step "
       "raised\n"
-      "the device's memory (activations, temporaries, communication buffers). The strategies' steps "
-      "interleave.\n"
+      "the device's memory (activations, temporaries, communication buffers), plus DDP's buckets (kept "
+      "between\nsteps). The strategies' steps interleave.\n"
       "moved MB: per rank per step, what the collectives were asked to move "
       "(ProcessGroup::requested_traffic(),\n"
       "the ring algorithms' bytes, a figure per call and not a link measurement); for dp the bytes "

@@ -83,10 +83,12 @@ inline int64_t optimizer_state_bytes(const optim::Optimizer& opt) {
 
 // One rank's (or one logical device's) memory at the end of the run, bytes.
 // `rest`: the most a step of this strategy raised the device's memory above where it started
-// (activations, temporaries, communication buffers, the gradients being rebuilt).
+// (activations, temporaries, communication buffers, the gradients being rebuilt), plus
+// `buffers`: communication buffers that outlive the steps and so never show as a rise (DDP's
+// buckets, P bytes, allocated when DDP is built).
 struct Memory {
   int device = 0;
-  int64_t params = 0, grads = 0, optimizer = 0, rest = 0;
+  int64_t params = 0, grads = 0, optimizer = 0, rest = 0, buffers = 0;
   int64_t peak() const { return params + grads + optimizer + rest; }
 };
 

@@ -81,6 +81,7 @@ class DistributedDataParallel : public nn::Module, public Joinable {
   const ReducerStats& stats() const { return reducer_->stats(); }
   void reset_stats() { reducer_->reset_stats(); }
   std::vector<std::vector<std::string>> bucket_layout() const { return reducer_->bucket_layout(); }
+  int64_t bucket_bytes() const { return reducer_->bucket_bytes(); }  // the persistent buckets
   bool buckets_rebuilt() const { return reducer_->buckets_rebuilt(); }
 
   // Communication hook (comm_hooks.h, PyTorch's register_comm_hook): each ready bucket goes to

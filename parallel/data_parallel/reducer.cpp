@@ -120,6 +120,13 @@ std::vector<std::vector<std::string>> Reducer::bucket_layout() const {
   return out;
 }
 
+int64_t Reducer::bucket_bytes() const {
+  int64_t bytes = 0;
+  for (const Bucket& bucket : buckets_)
+    if (bucket.flat.defined()) bytes += static_cast<int64_t>(bucket.flat.nbytes());
+  return bytes;
+}
+
 // ---- during backward ------------------------------------------------------------------------------
 
 void Reducer::on_gradient_ready(size_t index) {

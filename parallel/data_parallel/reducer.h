@@ -106,6 +106,9 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void reset_stats();
   // Each bucket's parameter names, in bucket order (for tests, benchmarks and printing).
   std::vector<std::vector<std::string>> bucket_layout() const;
+  // Bytes of the flat bucket buffers, allocated once and kept for the model's lifetime (with
+  // gradient_as_bucket_view they are the gradients themselves).
+  int64_t bucket_bytes() const;
   bool buckets_rebuilt() const { return rebuilt_; }
   // Replaces the bucket all-reduce (comm_hooks.h): before the first backward, at most once.
   void register_comm_hook(CommHook hook);
