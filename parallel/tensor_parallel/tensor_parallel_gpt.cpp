@@ -4,6 +4,7 @@
 
 #include "core/base/error.h"
 #include "core/ops.h"
+#include "nn/activation_checkpoint.h"
 #include "nn/attention.h"
 
 namespace mg::parallel {
@@ -136,7 +137,10 @@ Tensor TensorParallelGPT::forward(const Tensor& idx) {
   MG_CHECK(T <= config.block_size, "TensorParallelGPT: sequence length ", T, " exceeds block_size ",
            config.block_size);
   Tensor x = drop(add(wte(idx), wpe(arange(T, TensorOptions{DType::i64, idx.device()}))));
-  for (const auto& block : h) x = (*block)(x);
+  // As TinyGPT: checkpoint_activations recomputes each block in backward -- its all-reduces too, on
+  // every rank in the same order, since every rank recomputes the same blocks.
+  for (const auto& block : h)
+    x = config.checkpoint_activations ? nn::checkpoint_module(*block, x) : (*block)(x);
   return lm_head(ln_f(x));
 }
 

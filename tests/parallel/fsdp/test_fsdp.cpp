@@ -226,7 +226,8 @@ TEST_CASE("FSDP bf16 policy: bf16 compute, f32 masters, within bf16 rounding of 
     for (const auto& [name, t] : got) REQUIRE(t.dtype() == reference.at(name).dtype());
     // One device with the same policy (FSDP over a world of one on the whole batch): the ranks
     // differ from it only by where bf16 rounds (per-rank partial batches).
-    ProcessGroup one(make_single_process_backend(), pg.device(), LaunchInfo{});
+    auto one_rank = make_single_process_backend();  // for CPU and CUDA tensors alike
+    ProcessGroup one(one_rank, pg.device(), LaunchInfo{}, one_rank);
     const StateDict single_bf16 = train_fsdp_whole_batch(one, pg.size(), options);
     for (const auto& [name, t] : got) {
       INFO(name);

@@ -275,3 +275,112 @@ TEST_CASE("TensorParallelGPT refuses heads that do not divide", "[mpi][tensor-pa
   c.n_embd = 4 * pg.size();
   REQUIRE_THROWS_WITH(TensorParallelGPT(c, pg), Catch::Contains("n_head 1 does not divide over the group's"));
 }
+
+// ---- activation checkpointing: the recompute re-runs the forward's all-reduces in backward ----
+namespace {
+
+std::vector<std::vector<float>> parameter_gradients(const nn::Module& model) {
+  std::vector<std::vector<float>> out;
+  for (const auto& [name, p] : model.named_parameters()) {
+    INFO(name);
+    REQUIRE(p.grad().defined());
+    out.push_back(p.grad().to(Device::cpu()).to_vector<float>());
+  }
+  return out;
+}
+
+// Every parameter (or its gradient) of `got` equal to `want`'s: bitwise on the CPU. On a GPU the
+// embedding's backward adds its rows with atomics (two runs of one model differ there): gradients
+// to 1e-6, and values to 1e-4 -- AdamW turns the rounding noise of the key bias's gradient (zero
+// up to rounding, see require_block_matches) into steps of size lr.
+void require_same(const nn::Module& got, const nn::Module& want, bool gradients, Device device) {
+  const auto a = got.named_parameters(), b = want.named_parameters();
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    INFO(b[i].first << (gradients ? " (gradient)" : " (value)"));
+    const Tensor u = gradients ? a[i].second.grad() : a[i].second,
+                 v = gradients ? b[i].second.grad() : b[i].second;
+    REQUIRE(u.defined());
+    if (device.is_cpu())
+      CHECK(u.to_vector<float>() == v.to_vector<float>());
+    else
+      testing::require_close(u, v, gradients ? 1e-6 : 1e-4);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("TensorParallelMLP in a checkpoint equals it without; backward re-runs its all-reduce",
+          "[mpi][tensor-parallel][checkpoint]") {
+  ProcessGroup pg = testing::mpi_test_group();
+  const Device device = pg.device();
+  // Two blocks in a row, the first checkpointed: backward all-reduces the second's input gradient
+  // (f), then recomputes the first (g's all-reduce), then all-reduces its input gradient (f) -- the
+  // same order on every rank, or the ranks would pair different all-reduces and hang.
+  manual_seed(42);
+  TensorParallelMLP first(kFeatures, kHidden, pg), second(kFeatures, kHidden, pg);
+  manual_seed(42);
+  TensorParallelMLP first_checkpointed(kFeatures, kHidden, pg), second_checkpointed(kFeatures, kHidden, pg);
+  for (nn::Module* m :
+       {static_cast<nn::Module*>(&first), static_cast<nn::Module*>(&second),
+        static_cast<nn::Module*>(&first_checkpointed), static_cast<nn::Module*>(&second_checkpointed)})
+    m->to(device);
+  const Tensor x = batch(0).first.to(device), y = batch(0).second.to(device);
+  // Returns the collectives one step issued.
+  auto step = [&](TensorParallelMLP& a, TensorParallelMLP& b, bool checkpointed, Tensor& input) {
+    input = x.clone().set_requires_grad(true);
+    pg.reset_requested_traffic();
+    Tensor h = checkpointed ? nn::checkpoint_module(a, input) : a(input);
+    nn::cross_entropy(b(relu(h)), y).backward();
+    return pg.requested_traffic().calls;
+  };
+  Tensor x_plain, x_checkpointed;
+  const int64_t plain_calls = step(first, second, false, x_plain);
+  const int64_t checkpointed_calls = step(first_checkpointed, second_checkpointed, true, x_checkpointed);
+  CHECK(plain_calls == 4);                       // per block: g forward, f backward
+  CHECK(checkpointed_calls == plain_calls + 1);  // + the first block's g again, in the recompute
+  CHECK(x_checkpointed.grad().to(Device::cpu()).to_vector<float>() ==
+        x_plain.grad().to(Device::cpu()).to_vector<float>());
+  CHECK(parameter_gradients(first_checkpointed) == parameter_gradients(first));
+  CHECK(parameter_gradients(second_checkpointed) == parameter_gradients(second));
+}
+
+TEST_CASE("TensorParallelGPT with checkpoint_activations and dropout equals it without",
+          "[mpi][tensor-parallel][gpt][checkpoint]") {
+  ProcessGroup pg = testing::mpi_test_group();
+  const Device device = pg.device();
+  nn::GPTConfig config = tiny_gpt_config();
+  config.dropout = 0.1;  // the recompute must replay every dropout mask, per-rank heads included
+  manual_seed(42);
+  TensorParallelGPT plain(config, pg);
+  config.checkpoint_activations = true;
+  manual_seed(42);
+  TensorParallelGPT checkpointed(config, pg);
+  plain.to(device);
+  checkpointed.to(device);
+  auto opt_plain = adamw(plain.parameters());
+  auto opt_checkpointed = adamw(checkpointed.parameters());
+  // Gradients bitwise equal at every step (see require_same), and the collectives: each block's two forward
+  // all-reduces (the g's) run again in backward, nothing else is added.
+  for (int s = 0; s < 3; ++s) {
+    INFO("step " << s);
+    const auto tokens = token_batch(s, config, device);
+    const Tensor &xs = tokens.first, &ys = tokens.second;
+    auto run = [&](TensorParallelGPT& model, optim::Optimizer& opt) {
+      opt.zero_grad();
+      manual_seed(800 + static_cast<uint64_t>(s));
+      pg.reset_requested_traffic();
+      lm_loss(model(xs), ys).backward();
+      return std::make_pair(pg.requested_traffic().calls, generator_state().offset);
+    };
+    const auto [plain_calls, plain_offset] = run(plain, *opt_plain);
+    const auto [checkpointed_calls, checkpointed_offset] = run(checkpointed, *opt_checkpointed);
+    CHECK(plain_calls == 4 * config.n_layer);
+    CHECK(checkpointed_calls == plain_calls + 2 * config.n_layer);
+    CHECK(checkpointed_offset == plain_offset);  // the replay left the generator where it was
+    require_same(checkpointed, plain, /*gradients=*/true, device);
+    opt_plain->step();
+    opt_checkpointed->step();
+  }
+  require_same(checkpointed, plain, /*gradients=*/false, device);
+}
