@@ -228,6 +228,20 @@ void Reducer::launch_ready_buckets() {
 
 // ---- end of backward ----------------------------------------------------------------------------
 
+// Waits for every bucket in order (each wait is tried even after one fails, so no collective is
+// left pending) and returns the first failure's message, empty when all succeeded.
+std::string Reducer::wait_for_all_buckets() {
+  std::string error;
+  for (Bucket& bucket : buckets_) {
+    try {
+      wait_for_bucket(bucket);
+    } catch (const std::exception& e) {
+      if (error.empty()) error = e.what();
+    }
+  }
+  return error;
+}
+
 void Reducer::finalize() {
   auto backward_end = Clock::now();
   const bool recording_static_graph = options_.static_graph && !static_recorded_;
@@ -271,14 +285,7 @@ void Reducer::finalize() {
   // Wait for every bucket, in order, then write the averaged gradients back. On a GPU (NCCL) the
   // wait is the stream's, not the host's: the copies below and the optimizer's kernels queue
   // behind the all-reduces, and the host runs on to the next step.
-  std::string error;
-  for (Bucket& bucket : buckets_) {
-    try {
-      wait_for_bucket(bucket);
-    } catch (const std::exception& e) {
-      if (error.empty()) error = e.what();
-    }
-  }
+  const std::string error = wait_for_all_buckets();
   if (!error.empty() || !missing_names.empty()) fail_pass(missing_names, error);
 
   auto copy_start = Clock::now();
@@ -426,14 +433,7 @@ void Reducer::run_joined_pass() {
   }
   next_to_launch_ = 0;
   launch_ready_buckets();  // the same path as a real pass: same order, same comm hook
-  std::string error;
-  for (Bucket& bucket : buckets_) {
-    try {
-      wait_for_bucket(bucket);
-    } catch (const std::exception& e) {
-      if (error.empty()) error = e.what();
-    }
-  }
+  const std::string error = wait_for_all_buckets();
   const bool first_pass = !first_pass_done_;
   first_pass_done_ = true;
   reset_pass();

@@ -156,6 +156,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void launch_ready_buckets();
   BucketFuture launch_bucket(size_t index);  // the hook, or the plain all-reduce
   void wait_for_bucket(Bucket& bucket);      // the averaged result in bucket.flat
+  std::string wait_for_all_buckets();        // in order; the first failure's message, or ""
   void finalize();
   void on_static_graph_arrival(size_t index);
   [[noreturn]] void fail_pass(const std::string& missing_names, const std::string& error);
