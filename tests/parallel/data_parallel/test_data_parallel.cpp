@@ -14,6 +14,7 @@
 #include "optim/adam.h"
 #include "optim/sgd.h"
 #include "parallel/parallel.h"
+#include "tests/parallel/data_parallel/two_in_two_out.h"
 #include "tests/test_device.h"
 
 using namespace mg;
@@ -543,27 +544,8 @@ TEST_CASE("the chosen bucket cap: small for a fast-starting link, one bucket for
 
 namespace {
 
-// Inputs (x [N, 4], [z [N, 3], scale]) and outputs (logits [N, 5], [aux [N, 2], None]): a tensor
-// and a nested list each way, with a number input (copied to every replica) and a None output.
-struct TwoInTwoOut : nn::Module {
-  nn::Linear fx{4, 6};
-  nn::Linear fz{3, 6};
-  nn::Linear head{6, 5};
-  nn::Linear aux{3, 2};
-  TwoInTwoOut() {
-    register_module("fx", fx);
-    register_module("fz", fz);
-    register_module("head", head);
-    register_module("aux", aux);
-  }
-  nn::Values forward_values(const nn::Values& in) override {
-    const Tensor& x = in.at(0).tensor();
-    const Tensor& z = in.at(1).list().at(0).tensor();
-    const double scale = in.at(1).list().at(1).to_double();
-    Tensor hidden = relu(add(fx(x), mul(fz(z), scale)));
-    return {head(hidden), nn::Values{tanh(aux(z)), nn::Value()}};
-  }
-  std::shared_ptr<nn::Module> clone_empty() const override { return std::make_shared<TwoInTwoOut>(); }
+struct TwoInTwoOut : testing::TwoInTwoOut {
+  TwoInTwoOut() : testing::TwoInTwoOut(4, 5) {}
 };
 
 // One tensor in, one out, but written as forward_values only: forward(x) falls back to it.

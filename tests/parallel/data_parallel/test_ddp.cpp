@@ -15,6 +15,7 @@
 #include "multigrad.h"
 #include "parallel/data_parallel/distributed.h"
 #include "parallel/data_parallel/distributed_data_parallel.h"
+#include "tests/parallel/data_parallel/two_in_two_out.h"
 #include "tests/parallel/mpi_test_support.h"
 
 using namespace mg;
@@ -425,24 +426,8 @@ TEST_CASE("DDP with bucket_cap_mb = auto: every rank chooses the same caps and t
 
 namespace {
 
-// Inputs (x [N, kFeatures], [z [N, 3], scale]) and outputs (logits [N, 4], [aux [N, 2], None]).
-struct TwoInTwoOut : nn::Module {
-  nn::Linear fx{kFeatures, 6};
-  nn::Linear fz{3, 6};
-  nn::Linear head{6, 4};
-  nn::Linear aux{3, 2};
-  TwoInTwoOut() {
-    register_module("fx", fx);
-    register_module("fz", fz);
-    register_module("head", head);
-    register_module("aux", aux);
-  }
-  nn::Values forward_values(const nn::Values& in) override {
-    const Tensor& x = in.at(0).tensor();
-    const Tensor& z = in.at(1).list().at(0).tensor();
-    Tensor hidden = relu(fx(x) + fz(z) * in.at(1).list().at(1).to_double());
-    return {head(hidden), nn::Values{tanh(aux(z)), nn::Value()}};
-  }
+struct TwoInTwoOut : testing::TwoInTwoOut {
+  TwoInTwoOut() : testing::TwoInTwoOut(kFeatures, 4) {}
 };
 
 // The inputs and targets of step `step`, rows [first, first + rows) of the global batch.
