@@ -43,6 +43,7 @@ TEST_CASE("SyncBatchNorm with unequal per-rank batches equals one device on the 
   }
   nn::BatchNorm2d synced(3);
   synced.load_state_dict(reference.state_dict());
+  synced.to(pg.device());  // the reference stays on the CPU: one device, the whole batch
   REQUIRE(convert_sync_batchnorm(synced, pg) == 1);
   CHECK(synced.synchronizes_statistics());
 
