@@ -152,8 +152,8 @@ struct Block {
   EmuThread* current = nullptr;
   ctx::fiber scheduler;  // held by the running fiber: the way back
   std::string fault;
-  uint64_t serial = 0;             // unique per block run: shared_array() poisons once per block
-  size_t static_shared_bytes = 0;  // claimed through shared_array() so far
+  uint64_t serial = 0;             // unique per block run: a __shared__ array is poisoned once per block
+  size_t static_shared_bytes = 0;  // claimed by __shared__ arrays so far
 };
 
 std::atomic<uint64_t> g_block_serial{0};
@@ -165,6 +165,7 @@ std::string coords(uint3 v) {
   return "(" + std::to_string(v.x) + "," + std::to_string(v.y) + "," + std::to_string(v.z) + ")";
 }
 std::string where(const char* file, int line) {
+  if (line < 0) return file;  // already "file:line" (the memcheck's resolved instruction)
   const char* slash = std::strrchr(file, '/');
   return std::string(slash ? slash + 1 : file) + ":" + std::to_string(line);
 }
@@ -335,6 +336,8 @@ std::string run_block(const Launch& launch, uint3 block_index, ThreadOrder order
 
   Block* outer = t_block;
   t_block = &b;
+  const bool memcheck_outer = t_memcheck;
+  t_memcheck = memcheck_enabled();
   blockIdx = block_index;
   blockDim = launch.block;
   gridDim = launch.grid;
@@ -365,6 +368,8 @@ std::string run_block(const Launch& launch, uint3 block_index, ThreadOrder order
     }
   }
   t_block = outer;
+  t_memcheck = memcheck_outer;
+  note_static_shared(launch.kernel, b.static_shared_bytes);
   if (b.fault.empty()) traced.finish(b.static_shared_bytes);
   // Fibers still suspended (after a fault) are unwound here, as `b` goes away.
   return b.fault.empty() ? std::string() : "block " + coords(block_index) + ", " + b.fault;
@@ -532,7 +537,8 @@ void claim_static_shared(uint64_t* claimed_by, void* storage, size_t bytes, cons
   trace_static_shared(storage, bytes);
   // A GPU refuses the launch ("too many resources requested"): static arrays may have 48 KiB, and
   // static + dynamic 48 KiB unless the kernel opted in (cudaFuncSetAttribute), then 227 KiB. The
-  // emulator sees the static arrays only as they are first used, so it stops the grid here.
+  // emulator sees the static arrays only as they are first used, so it stops the grid here; the
+  // kernel's later launches are refused up front (note_static_shared, launch() in streams.cpp).
   const size_t dynamic = b.launch->dynamic_shared_bytes, total = b.static_shared_bytes + dynamic;
   const bool opted_in = b.launch->shared_opt_in;
   std::string what;

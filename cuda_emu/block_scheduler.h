@@ -20,4 +20,10 @@ struct LaunchTrace;
 std::string run_block(const Launch& launch, uint3 block_index, ThreadOrder order, uint64_t seed,
                       LaunchTrace* trace = nullptr, uint64_t linear_block = 0);
 
+// A kernel's static __shared__ bytes as its blocks found them (a GPU knows them from the compiled
+// kernel; the emulator learns them as the arrays are first used): every block reports what it
+// claimed, and launch() checks the next launches of that kernel against the limit up front.
+void note_static_shared(const void* kernel, size_t bytes);
+size_t known_static_shared(const void* kernel);  // 0 until a block of it has run
+
 }  // namespace mg_emu

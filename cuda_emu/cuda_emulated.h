@@ -21,12 +21,14 @@
 // threadIdx/blockIdx/blockDim/gridDim are per-OS-thread variables the scheduler sets before it
 // resumes a fiber, so reading them costs a thread-local load and no fiber can see another's.
 //
-// __shared__ arrays declared inside a kernel are `thread_local`: one copy per OS thread, and an
-// OS thread runs one block at a time, so the fibers of a block share it exactly as the threads
-// of a block share shared memory. Arrays declared through shared_array() (kernels/cuda/native.cuh,
-// static_shared_array below) are also poisoned at each block's first use and counted against the
-// block's shared-memory limit. Dynamic shared memory (the launch's third argument) is a per-
-// block arena filled with 0xff bytes (a NaN in every float format) at block start.
+// `__shared__` declarations and `<<<>>>` launches never reach the compiler as written: the build's
+// CUDA front end (cuda_emu/cu_rewrite/, run on the preprocessed text of every .cu file) turns them
+// into calls of cuda_emu/cuda_syntax.h, included at the end of this header. A `__shared__` array is
+// then one per block (per-OS-thread storage: an OS thread runs one block at a time, so the fibers
+// of a block share it as the threads of a block share shared memory), poisoned at each block's
+// start, counted against the block's shared-memory limit and traced as shared memory. Dynamic
+// shared memory (the launch's third argument) is a per-block arena filled with 0xff bytes (a NaN
+// in every float format) at block start.
 #pragma once
 
 #if !defined(MG_CUDA_EMULATE)
@@ -54,7 +56,7 @@
 // initial-exec: a thread-local read is one load off the thread pointer, not a __tls_get_addr call
 // (libmg_cuda_emu and libmultigrad are loaded with the program, never dlopen'ed later).
 #define MG_EMU_TLS __attribute__((tls_model("initial-exec")))
-#define __shared__ thread_local MG_EMU_TLS
+// __shared__ stays undefined: the front end rewrites every declaration that holds it.
 #define __launch_bounds__(...)
 
 // ---- built-in variables -------------------------------------------------------------------------
@@ -99,19 +101,6 @@ struct WarpOpArgs {
 using WarpCompletion = void (*)(WarpLane (&lanes)[32], uint32_t mask, WarpOpArgs args);
 void warp_collective(const char* op, uint32_t mask, WarpOpArgs args, const uint32_t* in, int in_words,
                      uint32_t* out, int out_words, WarpCompletion complete, const char* file, int line);
-
-// Static shared memory through shared_array() (kernels/cuda/native.cuh): the first thread of a
-// block to use an array poisons it and counts its bytes against the block's limit. The storage is
-// one per (A, Id) instantiation and per OS thread, so two arrays of one type in one kernel need
-// two ids (as on a GPU, where the __shared__ variable of one instantiation is one per block).
-void claim_static_shared(uint64_t* claimed_by, void* storage, size_t bytes, const char* file, int line);
-template <class A, int Id>
-A& static_shared_array(const char* file, int line) {
-  alignas(16) static thread_local A storage MG_EMU_TLS;
-  static thread_local uint64_t claimed_by MG_EMU_TLS = 0;
-  claim_static_shared(&claimed_by, &storage, sizeof(A), file, line);
-  return storage;
-}
 
 // Shared memory: the 32-bit address space of the current block's dynamic shared memory.
 unsigned char* dynamic_shared_base();
@@ -341,5 +330,8 @@ inline size_t __cvta_generic_to_shared(const void* p, const char* file = __built
   return mg_emu::shared_address_of(p, file, line);
 }
 
-// ---- the twins of kernels/cuda/native.cuh (launch, shared memory, inline PTX) -----------------
+// ---- what the front end's rewrites call: <<<>>> launches, __shared__ declarations ---------------
+#include "cuda_emu/cuda_syntax.h"
+
+// ---- the twins of kernels/cuda/native.cuh (launch helper, inline PTX) --------------------------
 #include "cuda_emu/native_twins.h"

@@ -12,7 +12,7 @@
 
 namespace mg_emu {
 
-// One launch as the launch helper (launch_grid, cuda_emu/native_twins.h) describes it. `body` runs one CUDA
+// One launch as a `<<<>>>` launch describes it (cuda_launch, cuda_emu/cuda_syntax.h). `body` runs one CUDA
 // thread: it calls the kernel with the launch's (already converted, by-value) arguments; it is called once
 // per thread, from fibers, so it must not modify what it captured.
 struct Launch {
@@ -31,10 +31,10 @@ struct Launch {
 // grid on the stream. A rejected launch returns its error, leaves it for cudaGetLastError (as a
 // <<<>>> launch does) and prints why, naming the kernel.
 //
-// Static shared memory is not part of a Launch: an array declared through shared_array()
-// (kernels/cuda/native.cuh) is poisoned at each block's first use and counted then, with the
-// dynamic bytes, against the per-block limit (a fault of the grid if over); a plain __shared__
-// variable is thread-local storage here, which the emulator cannot see.
+// Static shared memory is not part of a Launch: a __shared__ array (cuda_syntax.h) is poisoned at
+// each block's first use and counted then, with the dynamic bytes, against the per-block limit (a
+// fault of the grid if over). What a kernel's blocks claimed is remembered, so a later launch of it
+// that cannot fit is refused here, with cudaErrorLaunchOutOfResources, as a GPU refuses it.
 cudaError_t launch(Launch launch);
 
 struct Counters {

@@ -1,4 +1,4 @@
-// The emulated twins of kernels/cuda/native.cuh: the same names, with the same signatures, in the
+// The emulated twins of kernels/cuda/native.cuh (the inline PTX): the same names, with the same signatures, in the
 // same namespace, as calls into the emulator. Included by cuda_emu/cuda_emulated.h (forced in first
 // in the emulation build), which then defines native.cuh's include guard, so that when a kernel
 // file includes native.cuh the compiler skips it and the kernels call these instead. The kernel
@@ -23,60 +23,6 @@
 namespace mg::kernels::cuda {
 
 struct bf16_t;  // kernels/cuda/common.cuh
-
-namespace launch_detail {
-template <class F>
-struct Parameters;
-template <class... P>
-struct Parameters<void (*)(P...)> {
-  using tuple = std::tuple<std::decay_t<P>...>;
-};
-// "void launch_grid(...) [with auto Kernel = ns::name<float>; Args = {...}]" -> "ns::name<float>"
-inline std::string kernel_name_from(const char* pretty) {
-  std::string s(pretty);
-  const std::string key = "Kernel = ";
-  const size_t start = s.find(key);
-  if (start == std::string::npos) return s;
-  size_t end = start + key.size();
-  int depth = 0;
-  for (; end < s.size(); ++end) {
-    const char c = s[end];
-    if (c == '<' || c == '(') ++depth;
-    if (c == '>' || c == ')') --depth;
-    if (depth < 0 || (depth == 0 && (c == ';' || c == ']'))) break;
-  }
-  return s.substr(start + key.size(), end - start - key.size());
-}
-}  // namespace launch_detail
-
-// `Kernel<<<grid, block, shared_bytes, stream>>>(args...)`: converts the arguments to the kernel's
-// parameter types, as a launch does, and hands the grid to the emulator with the kernel's name,
-// which checks the configuration as the runtime would and enqueues it on the stream.
-template <auto Kernel, class... Args>
-void launch_grid(dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream, const Args&... args) {
-  using Params = typename launch_detail::Parameters<decltype(Kernel)>::tuple;
-  static const std::string name = launch_detail::kernel_name_from(__PRETTY_FUNCTION__);
-  mg_emu::Launch launch;
-  launch.kernel_name = name.c_str();
-  launch.kernel = reinterpret_cast<const void*>(Kernel);
-  launch.grid = grid;
-  launch.block = block;
-  launch.dynamic_shared_bytes = shared_bytes;
-  launch.stream = stream;
-  launch.body = [params = Params(args...)] { std::apply(Kernel, params); };
-  mg_emu::launch(std::move(launch));
-}
-
-// ---- shared memory -------------------------------------------------------------------------------
-inline unsigned char* dynamic_shared_memory() { return mg_emu::dynamic_shared_base(); }
-
-// A plain __shared__ variable is thread-local storage here, which no launch knows the size of;
-// through this function the emulator poisons the array at each block's first use and counts it
-// against the block's shared-memory limit (mg_emu::static_shared_array, cuda_emulated.h).
-template <class A, int Id>
-A& shared_array(const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
-  return mg_emu::static_shared_array<A, Id>(file, line);
-}
 
 // ---- cvt: 16-bit float conversions ---------------------------------------------------------------
 inline float cvt_f32_f16(uint16_t h) { return __half2float(__ushort_as_half(h)); }        // exact

@@ -71,7 +71,7 @@ struct LaunchProfile {
   std::string kernel;  // "mg::kernels::cuda::{anonymous}::softmax_rows_kernel<float>"
   dim3 grid, block;
   uint64_t blocks = 0, traced_blocks = 0;
-  uint64_t shared_bytes_per_block = 0;  // dynamic + static shared_array()s
+  uint64_t shared_bytes_per_block = 0;  // dynamic + static __shared__ arrays
   double scale = 1;                     // blocks / traced_blocks: the counts below are scaled
   AccessCounts global_load, global_store, global_atomic, shared_load, shared_store, shared_atomic;
   double mma = 0, ldmatrix = 0, cp_async = 0;  // warp-level instructions

@@ -43,6 +43,9 @@ int device_of_pointer(const void* p);
 
 // The live allocation (device or pinned) whose requested bytes contain p: its start and size.
 bool allocation_containing(const void* p, uintptr_t* start, size_t* bytes);
+// True when [p, p + bytes) reaches past the requested bytes of a device allocation into the guard
+// bytes behind it (an out-of-bounds access the memcheck reports): that allocation's start and size.
+bool past_end_of_allocation(const void* p, size_t bytes, uintptr_t* start, size_t* size);
 // Changes whenever an allocation is freed: what allocation_containing answered stays true until then.
 uint64_t allocation_generation();
 

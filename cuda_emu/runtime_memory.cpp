@@ -197,6 +197,19 @@ bool allocation_containing(const void* p, uintptr_t* start, size_t* bytes) {
   return true;
 }
 
+bool past_end_of_allocation(const void* p, size_t bytes, uintptr_t* start, size_t* size) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  std::lock_guard<std::mutex> lock(g_mutex);
+  auto it = g_allocations.upper_bound(a);
+  if (it == g_allocations.begin()) return false;
+  --it;
+  if (it->second.kind != Kind::device || a >= it->first + padded(it->second.bytes)) return false;
+  if (a + bytes <= it->first + it->second.bytes) return false;  // inside: fine
+  *start = it->first;
+  *size = it->second.bytes;
+  return true;
+}
+
 uint64_t allocation_generation() { return g_generation.load(std::memory_order_acquire); }
 
 int device_of_pointer(const void* p) {

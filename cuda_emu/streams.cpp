@@ -15,6 +15,7 @@
 // mg_emu::last_fault().
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -31,6 +32,7 @@
 
 #include "cuda_emu/block_scheduler.h"
 #include "cuda_emu/emulator.h"
+#include "cuda_emu/profile_report.h"
 #include "cuda_emu/runtime_internal.h"
 #include "cuda_emu/trace.h"
 
@@ -275,6 +277,7 @@ const char* order_name(ThreadOrder o) {
 
 std::mutex g_attr_mutex;
 std::map<const void*, int> g_max_dynamic_shared;  // cudaFuncAttributeMaxDynamicSharedMemorySize
+std::map<const void*, size_t> g_static_shared;    // what the kernel's blocks claimed (note_static_shared)
 
 std::string dims(dim3 d) {
   return "(" + std::to_string(d.x) + "," + std::to_string(d.y) + "," + std::to_string(d.z) + ")";
@@ -370,17 +373,32 @@ void set_thread_order_seed(uint64_t seed) {
 
 uint64_t thread_order_seed() { return base_seed(); }
 
+void note_static_shared(const void* kernel, size_t bytes) {
+  std::lock_guard<std::mutex> lock(g_attr_mutex);
+  size_t& known = g_static_shared[kernel];
+  known = std::max(known, bytes);
+}
+
+size_t known_static_shared(const void* kernel) {
+  std::lock_guard<std::mutex> lock(g_attr_mutex);
+  auto it = g_static_shared.find(kernel);
+  return it == g_static_shared.end() ? 0 : it->second;
+}
+
 cudaError_t launch(Launch l) {
   const dim3 b = l.block, g = l.grid;
   const uint64_t threads = uint64_t(b.x) * b.y * b.z;
   std::string why;
   cudaError_t err = cudaSuccess;
   int max_dynamic = 48 * 1024;
+  size_t static_bytes = 0;
   {
     std::lock_guard<std::mutex> lock(g_attr_mutex);
     auto it = g_max_dynamic_shared.find(l.kernel);
     if (it != g_max_dynamic_shared.end()) max_dynamic = it->second;
-    l.shared_opt_in = it != g_max_dynamic_shared.end();  // the static arrays are checked in the block
+    l.shared_opt_in = it != g_max_dynamic_shared.end();
+    auto known = g_static_shared.find(l.kernel);  // a kernel not run yet: its first block checks
+    if (known != g_static_shared.end()) static_bytes = known->second;
   }
   if (b.x == 0 || b.y == 0 || b.z == 0 || g.x == 0 || g.y == 0 || g.z == 0) {
     err = cudaErrorInvalidConfiguration;
@@ -400,6 +418,13 @@ cudaError_t launch(Launch l) {
                ? " (48 KiB unless cudaFuncSetAttribute(cudaFuncAttributeMaxDynamicSharedMemorySize) "
                  "raises it, up to 227 KiB)"
                : " (its cudaFuncAttributeMaxDynamicSharedMemorySize)");
+  } else if (static_bytes + l.dynamic_shared_bytes > (l.shared_opt_in ? 227u : 48u) * 1024) {
+    err = cudaErrorLaunchOutOfResources;
+    why = std::to_string(static_bytes) + " bytes of static __shared__ memory + " +
+          std::to_string(l.dynamic_shared_bytes) + " dynamic, over the " + (l.shared_opt_in ? "227" : "48") +
+          " KiB a block may have" +
+          (l.shared_opt_in ? "" : " (cudaFuncSetAttribute(cudaFuncAttributeMaxDynamicSharedMemorySize) opts in "
+                                  "to 227 KiB)");
   } else if (!stream_exists(l.stream)) {
     err = cudaErrorInvalidResourceHandle;
     why = "unknown stream";
@@ -411,6 +436,7 @@ cudaError_t launch(Launch l) {
   auto shared = std::make_shared<Launch>(std::move(l));
   const ThreadOrder order = next_order();
   const uint64_t seed = base_seed();
+  profile::start_from_environment();  // MG_EMU_PROFILE: the first launch starts the profile
   std::shared_ptr<LaunchTrace> trace = trace_new_launch(*shared);
   enqueue(shared->stream, "kernel", [shared, order, seed, number, trace] {
     auto grid = std::make_shared<Grid>();
@@ -452,6 +478,14 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   if (!mg_emu::stream_exists(stream)) return fail(cudaErrorInvalidResourceHandle, "cudaStreamSynchronize");
   const cudaError_t e = mg_emu::drain_stream(stream);
   return e == cudaSuccess ? e : fail(e, "cudaStreamSynchronize");
+}
+
+// The stream's queued work still runs to its end, as on a GPU; the emulator keeps the stream's
+// thread (streams are never freed), so a destroyed handle stays harmless.
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  if (stream == nullptr || !mg_emu::stream_exists(stream))
+    return fail(cudaErrorInvalidResourceHandle, "cudaStreamDestroy");
+  return cudaSuccess;
 }
 
 cudaError_t cudaStreamQuery(cudaStream_t stream) {

@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <list>
 #include <map>
@@ -37,11 +38,16 @@
 #include "cuda_emu/runtime_internal.h"
 
 namespace mg_emu {
+[[noreturn]] void device_fault(const char* what, const char* file, int line);  // block_scheduler.cpp
+}
+
+namespace mg_emu {
 
 using profile::AccessCounts;
 using profile::Op;
 using profile::Space;
 
+thread_local bool t_memcheck __attribute__((tls_model("initial-exec"))) = false;
 thread_local BlockTrace* t_block_trace __attribute__((tls_model("initial-exec"))) = nullptr;
 
 namespace {
@@ -649,4 +655,26 @@ std::vector<LaunchProfile> end() {
 }
 
 }  // namespace profile
+// ---- the memcheck ------------------------------------------------------------------------------
+bool memcheck_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("MG_EMU_MEMCHECK");
+    return v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0;
+  }();
+  return on;
+}
+
+void memcheck_access(const void* address, unsigned bytes, Op op, uintptr_t site) {
+  uintptr_t start = 0;
+  size_t size = 0;
+  if (!past_end_of_allocation(address, bytes, &start, &size)) return;
+  const std::map<uintptr_t, std::string> names = profile::resolve({site});
+  const auto it = names.find(site);
+  const std::string offset = std::to_string(reinterpret_cast<uintptr_t>(address) - start);
+  const std::string what = std::string("out-of-bounds ") + (op == Op::store ? "write" : "read") + " of " +
+                           std::to_string(bytes) + " bytes at byte " + offset + " of a " + std::to_string(size) +
+                           "-byte device allocation (MG_EMU_MEMCHECK)";
+  device_fault(what.c_str(), it == names.end() ? "an instrumented kernel" : it->second.c_str(), -1);
+}
+
 }  // namespace mg_emu

@@ -43,8 +43,17 @@ extern thread_local BlockTrace* t_block_trace __attribute__((tls_model("initial-
 
 void trace_switch_thread(int linear_thread);                  // the scheduler resumed this thread
 void trace_barrier_opened();                                  // every request before it is complete
-void trace_static_shared(const void* storage, size_t bytes);  // a shared_array() of this block
+void trace_static_shared(const void* storage, size_t bytes);  // a __shared__ array of this block
 void trace_async_wait(double round_trips);                    // a cp.async.wait_group that waits
+
+// ---- the memcheck (MG_EMU_MEMCHECK=1, instrumented kernels only) --------------------------------
+// Set by the block scheduler while it runs a block and the memcheck is on: every instrumented
+// load and store is then checked against the device allocations' guard bytes.
+extern thread_local bool t_memcheck __attribute__((tls_model("initial-exec")));
+bool memcheck_enabled();  // MG_EMU_MEMCHECK, read once
+// A load or store of `bytes` at `address` from the instruction at `site`: a fault naming the
+// instruction's file:line when it reaches past the end of a device allocation.
+void memcheck_access(const void* address, unsigned bytes, profile::Op op, uintptr_t site);
 
 // ---- accesses ------------------------------------------------------------------------------------
 // From the compiler's instrumentation (trace_hooks.cpp): `site` is the call's return address.

@@ -5,6 +5,9 @@
 // __tsan_atomicN_<op>, which must then be performed here. Outside a traced block a callback costs
 // a thread-local load and a branch (trace.h: t_block_trace).
 //
+// With MG_EMU_MEMCHECK=1 every load and store is also checked against the device allocations
+// (memcheck_access, trace.cpp), profile or not.
+//
 // The call site is the callback's return address: one instruction of the kernel, resolved to
 // file:line when the profile ends (trace.cpp). Function entry/exit callbacks are switched off at
 // compile time (--param=tsan-instrument-func-entry-exit=0); the rest are here so that whatever the
@@ -21,6 +24,7 @@ namespace {
 using mg_emu::profile::Op;
 
 inline void record(void* address, unsigned bytes, Op op, void* site) {
+  if (mg_emu::t_memcheck) mg_emu::memcheck_access(address, bytes, op, reinterpret_cast<uintptr_t>(site));
   if (mg_emu::t_block_trace != nullptr)
     mg_emu::trace_access(address, bytes, op, reinterpret_cast<uintptr_t>(site));
 }

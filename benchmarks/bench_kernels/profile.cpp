@@ -20,6 +20,7 @@
 #if defined(MG_CUDA_EMULATE)
 #include "cuda_emu/emulator.h"
 #include "cuda_emu/h200_model.h"
+#include "cuda_emu/profile_report.h"
 #include "cuda_emu/profiler.h"
 #endif
 
@@ -33,63 +34,6 @@ namespace profile = mg_emu::profile;
 std::vector<profile::LaunchProfile>& last_launches() {
   static std::vector<profile::LaunchProfile> launches;
   return launches;
-}
-
-// The model's input for one launch; `fp32_flops` is this launch's share of the row's declared FLOPs.
-mg_emu::KernelWork work_of(const profile::LaunchProfile& l, double fp32_flops) {
-  mg_emu::KernelWork w;
-  if (l.library) {  // a cuBLAS/cuDNN call: its FLOPs and ideal bytes over a full GPU
-    w.blocks = 132;
-    w.threads_per_block = 256;
-    w.dram_bytes = l.dram_bytes_lru();
-    w.l2_sectors = w.dram_bytes / 32;
-    w.fp32_flops = l.fp32_flops;
-    w.tensor_flops = l.tensor_flops;
-    w.load_round_trips = 0;
-    return w;
-  }
-  w.blocks = l.blocks;
-  w.threads_per_block = static_cast<int>(l.block.x * l.block.y * l.block.z);
-  w.shared_bytes_per_block = l.shared_bytes_per_block;
-  w.dram_bytes = l.dram_bytes_lru();
-  w.l2_sectors = l.global_load.sectors + l.global_store.sectors + l.global_atomic.sectors;
-  w.global_load_requests = l.global_load.requests;
-  w.global_load_sectors = l.global_load.sectors;
-  w.load_round_trips = l.load_round_trips;
-  w.shared_wavefronts = l.shared_load.wavefronts + l.shared_store.wavefronts + l.shared_atomic.wavefronts;
-  w.fp32_flops = fp32_flops;
-  w.tensor_flops = l.tensor_flops;
-  w.atomics = l.global_atomic.lanes;
-  return w;
-}
-
-// --profile-sites: each launch of the call, then each of its instructions with its counts.
-void print_sites(const std::vector<profile::LaunchProfile>& launches) {
-  for (const auto& l : launches) {
-    if (l.library) {
-      std::printf("    launch %s (library call: %.3g FLOPs, %.3g bytes)\n", l.kernel.c_str(),
-                  l.fp32_flops + l.tensor_flops, l.dram_bytes_lru());
-      continue;
-    }
-    std::printf("    launch %s grid %ux%ux%u block %ux%ux%u, %llu of %llu blocks traced, DRAM %.3g bytes\n",
-                l.kernel.c_str(), l.grid.x, l.grid.y, l.grid.z, l.block.x, l.block.y, l.block.z,
-                static_cast<unsigned long long>(l.traced_blocks), static_cast<unsigned long long>(l.blocks),
-                l.dram_bytes_lru());
-    for (const profile::SiteCounts& s : l.sites) {
-      const profile::AccessCounts& c = s.counts;
-      if (s.space == profile::Space::global)
-        std::printf("      %-44s global %-8s %10.0f requests %6.2f sectors/req %4.0f%% efficiency\n",
-                    s.where.c_str(), profile::name_of(s.op), c.requests, c.sectors / c.requests,
-                    c.sectors > 0 ? 100 * c.bytes / (32 * c.sectors) : 0.0);
-      else if (s.space == profile::Space::shared)
-        std::printf("      %-44s shared %-8s %10.0f requests %6.2f wavefronts/req (%.2f of ideal)\n",
-                    s.where.c_str(), profile::name_of(s.op), c.requests, c.wavefronts / c.requests,
-                    c.ideal_wavefronts > 0 ? c.wavefronts / c.ideal_wavefronts : 0.0);
-      else
-        std::printf("      %-44s %-15s %10.0f instructions\n", s.where.c_str(), profile::name_of(s.op),
-                    c.requests);
-    }
-  }
 }
 
 // Runs fn between profile::begin(options) and profile::end(); its launches become last_launches().
@@ -119,7 +63,7 @@ double profiled_seconds(const std::function<void()>& fn, const BenchOptions& o) 
   options.min_traced_rows = 2;
   options.skip_untraced_blocks = true;
   run_traced(fn, options);
-  if (o.profile_sites) print_sites(last_launches());
+  if (o.profile_sites) profile::print_sites(stdout, last_launches());
   return take_profile(0, 0).predicted_seconds;
 }
 
@@ -129,11 +73,11 @@ ProfileRow profile_step(const std::function<void()>& fn, bool sites) {
   const mg_emu::Counters before = mg_emu::counters();
   run_traced(fn, profile::Options{});  // every block traced and run: the step must compute right
   const mg_emu::Counters after = mg_emu::counters();
-  if (sites) print_sites(last_launches());
+  if (sites) profile::print_sites(stdout, last_launches());
   ProfileRow p = take_profile(0, 0);
   std::vector<mg_emu::Prediction> predictions;
   for (const auto& l : last_launches()) {
-    predictions.push_back(mg_emu::predict_h200(work_of(l, 0)));
+    predictions.push_back(mg_emu::predict_h200(profile::work_of(l, 0)));
     p.library_calls += l.library ? 1 : 0;
     p.launch_seconds += mg_emu::H200{}.launch_latency_s;
   }
@@ -176,7 +120,7 @@ ProfileRow take_profile(double ideal_bytes, double fp32_flops) {
     p.dram_bytes += l.dram_bytes_lru();
     p.dram_bytes_first_touch += l.dram_bytes_first_touch();
     const double share = all_threads > 0 ? fp32_flops * threads_of(l) / all_threads : 0;
-    const mg_emu::Prediction pred = mg_emu::predict_h200(work_of(l, share));
+    const mg_emu::Prediction pred = mg_emu::predict_h200(profile::work_of(l, share));
     p.predicted_seconds += pred.seconds;
     ideal_seconds += pred.ideal_seconds;
     if (pred.seconds > slowest) {

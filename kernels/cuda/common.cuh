@@ -237,28 +237,13 @@ __device__ __forceinline__ V warp_max(V v) {
   }
   return v;
 }
-// ---- statically sized shared memory ------------------------------------------------------------
-// shared_array<A, Id>() (native.cuh) is a __shared__ array of type A (e.g. float[32][33]), declared
-// through a function so that the CUDA emulation can see it: there a plain __shared__ variable is
-// thread-local storage, which no launch knows the size of, and the emulator's shared_array
-// poisons it at each block's first use (NaN bytes, as the dynamic shared memory) and counts it,
-// with the dynamic bytes, against the 48 KiB a block may have without cudaFuncSetAttribute. On a
-// GPU it is exactly `__shared__ A storage`.
-//
-// The id says which static __shared__ array of the kernel a call stands for. The storage is one
-// per (A, Id) -- on a GPU the __shared__ variable of one instantiation of shared_array, one per
-// block; under emulation a thread_local of one instantiation of mg_emu::static_shared_array, one
-// per OS thread -- so two arrays of one type that a kernel uses at once need two ids, or they are
-// the same memory. A kernel names its ids (kATileId, kBTileId, ...); the block reductions below
-// have ids of their own, far from a kernel's, so a kernel's array of V[32] never aliases them.
-constexpr int kBlockSumPartialsId = 1000;  // block_sum's partial sums, one per warp
-constexpr int kBlockMaxPartialsId = 1001;  // block_max's partial maxima, one per warp
+// ---- block-wide reductions through shared memory -------------------------------------------------
 
 // Sum / max over the whole block (blockDim.x a multiple of 32, <= 1024); every
 // thread gets the result. Uses 32 V of shared memory each; callable repeatedly.
 template <class V>
 __device__ V block_sum(V v) {
-  V(&partial)[32] = shared_array<V[32], kBlockSumPartialsId>();
+  __shared__ V partial[32];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   v = warp_sum(v);
   __syncthreads();  // a previous call may still be reading `partial`
@@ -269,7 +254,7 @@ __device__ V block_sum(V v) {
 }
 template <class V>
 __device__ V block_max(V v) {
-  V(&partial)[32] = shared_array<V[32], kBlockMaxPartialsId>();
+  __shared__ V partial[32];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   v = warp_max(v);
   __syncthreads();

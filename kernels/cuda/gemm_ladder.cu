@@ -79,11 +79,6 @@ namespace {
 
 using namespace gemm_ladder_internal;  // Problem, the index helpers, the grid and batch helpers
 
-// The shared_array ids (common.cuh) of a kernel's two static operand tiles: A's and B's tiles have
-// one type, so each needs an id of its own to be an array of its own.
-constexpr int kATileId = 0;
-constexpr int kBTileId = 1;
-
 // C = alpha * acc + beta * C for one f32 element; beta == 0 never reads C (it may hold NaN).
 __device__ __forceinline__ void write_c(float* c, float acc, float alpha, float beta) {
   float v = alpha * acc;
@@ -141,10 +136,8 @@ __device__ __forceinline__ void load_smem_tile_element(const Operand& op, const 
 }
 
 __global__ void __launch_bounds__(kSmemTile* kSmemTile) gemm_smem_tiled(const Problem p) {
-  float(&a_tile)[kSmemTile][kSmemTile + 1] =
-      shared_array<float[kSmemTile][kSmemTile + 1], kATileId>();  // [k][m]
-  float(&b_tile)[kSmemTile][kSmemTile + 1] =
-      shared_array<float[kSmemTile][kSmemTile + 1], kBTileId>();  // [k][n]
+  __shared__ float a_tile[kSmemTile][kSmemTile + 1];  // [k][m]
+  __shared__ float b_tile[kSmemTile][kSmemTile + 1];  // [k][n]
   const int tiles_n = ceil_div(p.n, kSmemTile);
   const int m0 = (blockIdx.x / tiles_n) * kSmemTile, n0 = (blockIdx.x % tiles_n) * kSmemTile;
   const float* a = batch_entry<float>(p.a);
@@ -253,10 +246,8 @@ __host__ __device__ __forceinline__ void rt_store(const RtTileLoader& l, const f
 }
 
 __global__ void __launch_bounds__(kRtThreads, 2) gemm_register_tiled(const Problem p) {
-  float(&a_tile)[2][kRtDepth][kRtRow] =
-      shared_array<float[2][kRtDepth][kRtRow], kATileId>();  // [buffer][k][m]
-  float(&b_tile)[2][kRtDepth][kRtRow] =
-      shared_array<float[2][kRtDepth][kRtRow], kBTileId>();  // [buffer][k][n]
+  __shared__ float a_tile[2][kRtDepth][kRtRow];  // [buffer][k][m]
+  __shared__ float b_tile[2][kRtDepth][kRtRow];  // [buffer][k][n]
   const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
   const TileCorner t0 =
       grouped_tile(blockIdx.x, ceil_div(p.m, kRtTile), ceil_div(p.n, kRtTile), kRtTile, kRtTile);

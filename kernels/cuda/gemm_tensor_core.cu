@@ -327,7 +327,8 @@ __global__ void __launch_bounds__(TcConfig<kTileN>::kThreads, kTileN == 128 ? 2 
   __trap();  // mma.sync bf16, ldmatrix and cp.async need sm_80 (the host refuses older GPUs)
 #else
   using Cfg = TcConfig<kTileN>;
-  uint16_t* const smem = reinterpret_cast<uint16_t*>(dynamic_shared_memory());
+  extern __shared__ __align__(16) unsigned char dynamic_smem[];
+  uint16_t* const smem = reinterpret_cast<uint16_t*>(dynamic_smem);
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   // This warp's 64 x 64 of the block tile.
   const int warp_m = (warp / Cfg::kWarpsN) * kTcWarpTile, warp_n = (warp % Cfg::kWarpsN) * kTcWarpTile;

@@ -1,16 +1,16 @@
-// One way to launch a kernel, for nvcc and for the CUDA emulation alike.
+// The one launch helper of multigrad's kernels: the `<<<>>>` launch and its error check.
 //
 //   launch_kernel<softmax_rows_kernel<T>>(grid, block, shared_bytes, stream, args...);
 //
-// It is `kernel<<<grid, block, shared_bytes, stream>>>(args...)` (launch_grid, native.cuh)
-// followed by the launch error check. In the emulation build (-DMG_CUDA=EMULATE) launch_grid is
-// the emulator's (cuda_emu/native_twins.h): it converts the arguments to the kernel's parameter
-// types, as a launch does, and hands the grid to the emulator, which checks the configuration as
-// the runtime would and enqueues it on the stream. The kernel is a template argument so the
-// emulator can name it in its errors.
+// is `softmax_rows_kernel<T><<<grid, block, shared_bytes, stream>>>(args...)` followed by
+// MG_CUDA_CHECK_LAUNCH(), which turns a refused launch (a bad configuration, too much shared
+// memory) into an exception. A launch site then reads as one line and can never forget the check.
+// The kernel is a template argument so that the emulator's messages name the instantiation
+// (`mg::kernels::cuda::{anonymous}::softmax_rows_kernel<float>`, from __PRETTY_FUNCTION__).
 //
-// dynamic_shared_memory() (native.cuh) is the block's dynamic shared memory (the launch's
-// shared_bytes), the one `extern __shared__` array every kernel that needs it shares.
+// In the emulation build (-DMG_CUDA=EMULATE) the `<<<>>>` line below is rewritten by the build's
+// CUDA front end (cuda_emu/cu_rewrite/) into a call of the emulator's launch, as is any `<<<>>>` a
+// user writes; nothing here differs between nvcc and the emulator.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -18,13 +18,14 @@
 #include <cstddef>
 
 #include "core/base/cuda_check.cuh"
-#include "kernels/cuda/native.cuh"
 
 namespace mg::kernels::cuda {
 
 template <auto Kernel, class... Args>
 void launch_kernel(dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream, const Args&... args) {
-  launch_grid<Kernel>(grid, block, shared_bytes, stream, args...);
+  // clang-format off
+  Kernel<<<grid, block, shared_bytes, stream>>>(args...);
+  // clang-format on
   MG_CUDA_CHECK_LAUNCH();
 }
 

@@ -97,7 +97,8 @@ template <class T>
 __device__ void stage_params(const T*& weight, const T*& bias, int64_t cols, bool staged) {
   constexpr int V = pack_width<T>();
   if (!staged) return;
-  T* sw = reinterpret_cast<T*>(dynamic_shared_memory());
+  extern __shared__ __align__(16) unsigned char dynamic_smem[];
+  T* sw = reinterpret_cast<T*>(dynamic_smem);
   T* sb = sw + (cols + V - 1) / V * V;  // 16-byte aligned
   for (int i = 0; i < 2; ++i) {
     const T* from = i == 0 ? weight : bias;
@@ -220,10 +221,9 @@ __device__ __forceinline__ Welford<S> warp_welford(Welford<S> w) {
   }
   return w;
 }
-constexpr int kWelfordPartialsId = 1300;
 template <class S>
 __device__ Welford<S> block_welford(Welford<S> w) {
-  Welford<S>(&partial)[32] = shared_array<Welford<S>[32], kWelfordPartialsId>();
+  __shared__ Welford<S> partial[32];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   w = warp_welford(w);
   __syncthreads();  // the previous row's merge may still be reading `partial`
@@ -330,11 +330,6 @@ constexpr int kColumnThreads = 32, kRowThreads = 8;
 // and the partials it writes.
 constexpr int64_t kTargetBlocks = 4 * 132;
 constexpr int64_t kMinSliceRows = 8 * kRowThreads;
-// The shared_array ids (common.cuh) of the params kernels' static arrays: the weight's and the
-// bias's partial sums have one type, so each needs an id of its own to be an array of its own.
-constexpr int kWeightPartialsId = 0;
-constexpr int kBiasPartialsId = 1;
-
 // Elements per vector load: 16 bytes, when every row of gy and x starts 16-byte aligned.
 template <class T>
 constexpr int vector_width() {
@@ -361,8 +356,8 @@ __global__ void params_partials_kernel(const T* gy, const T* x, const acc_t<T>* 
                                        int64_t rows, int64_t cols, int64_t slice_rows, acc_t<T>* partial_w,
                                        acc_t<T>* partial_b, T* grad_weight, T* grad_bias) {
   using S = acc_t<T>;
-  auto& shared_w = shared_array<S[kRowThreads][V][kColumnThreads], kWeightPartialsId>();
-  auto& shared_b = shared_array<S[kRowThreads][V][kColumnThreads], kBiasPartialsId>();
+  __shared__ S shared_w[kRowThreads][V][kColumnThreads];
+  __shared__ S shared_b[kRowThreads][V][kColumnThreads];
   const int64_t c = (int64_t(blockIdx.x) * kColumnThreads + threadIdx.x) * V;  // cols % V == 0
   const int64_t first = int64_t(blockIdx.y) * slice_rows;
   const int64_t last = first + slice_rows < rows ? first + slice_rows : rows;
@@ -417,8 +412,8 @@ template <class T>
 __global__ void params_finish_kernel(const acc_t<T>* partial_w, const acc_t<T>* partial_b, int64_t slices,
                                      int64_t cols, T* grad_weight, T* grad_bias) {
   using S = acc_t<T>;
-  auto& shared_w = shared_array<S[kRowThreads][kColumnThreads], kWeightPartialsId>();
-  auto& shared_b = shared_array<S[kRowThreads][kColumnThreads], kBiasPartialsId>();
+  __shared__ S shared_w[kRowThreads][kColumnThreads];
+  __shared__ S shared_b[kRowThreads][kColumnThreads];
   const int64_t c = int64_t(blockIdx.x) * kColumnThreads + threadIdx.x;
   S sum_w = 0, sum_b = 0;
   if (c < cols) {

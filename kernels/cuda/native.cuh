@@ -1,6 +1,5 @@
-// The few definitions of the CUDA kernels whose bodies only nvcc compiles: the `<<<>>>` launch,
-// the `__shared__` declarations, and the inline PTX (cvt, cp.async, ldmatrix, mma). Everything
-// else in kernels/cuda/ is written on top of these names.
+// The few definitions of the CUDA kernels whose bodies are inline PTX (cvt, cp.async, ldmatrix,
+// mma), which only nvcc compiles. Everything else in kernels/cuda/ is plain CUDA on top of them.
 //
 // The emulation build (-DMG_CUDA=EMULATE) compiles the kernels with g++ and forces
 // cuda_emu/cuda_emulated.h in first. That header defines every name below itself, with the same
@@ -22,29 +21,6 @@
 namespace mg::kernels::cuda {
 
 struct bf16_t;  // kernels/cuda/common.cuh
-
-// `Kernel<<<grid, block, shared_bytes, stream>>>(args...)`; launch_kernel (launch.cuh) checks it.
-template <auto Kernel, class... Args>
-void launch_grid(dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream, const Args&... args) {
-  // (clang-format would split the closing >>> apart)
-  // clang-format off
-  Kernel<<<grid, block, shared_bytes, stream>>>(args...);
-  // clang-format on
-}
-
-// ---- shared memory -------------------------------------------------------------------------------
-// The block's dynamic shared memory (the launch's shared_bytes).
-__device__ __forceinline__ unsigned char* dynamic_shared_memory() {
-  extern __shared__ __align__(128) unsigned char mg_dynamic_shared[];
-  return mg_dynamic_shared;
-}
-
-// `__shared__ A storage`: one array per block for each (A, Id) (see common.cuh).
-template <class A, int Id>
-__device__ __forceinline__ A& shared_array() {
-  __shared__ __align__(16) A storage;
-  return storage;
-}
 
 // ---- cvt: 16-bit float conversions ---------------------------------------------------------------
 __device__ __forceinline__ float cvt_f32_f16(uint16_t h) {  // exact

@@ -236,7 +236,8 @@ template <class T>
 __global__ void reduce_kernel(int op, int64_t outer, int64_t reduce, int64_t inner, const T* in, void* out,
                               DType out_dtype, int64_t correction) {
   using A = reduce_acc_t<T>;
-  Partial<A>* shared = reinterpret_cast<Partial<A>*>(dynamic_shared_memory());
+  extern __shared__ __align__(16) unsigned char dynamic_smem[];
+  Partial<A>* shared = reinterpret_cast<Partial<A>*>(dynamic_smem);
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const bool active = i < inner;
   for (int64_t o = blockIdx.y; o < outer; o += gridDim.y) {
@@ -264,7 +265,8 @@ template <class T>
 __global__ void reduce_slices_kernel(int op, int64_t outer, int64_t reduce, int64_t inner, int64_t slice_rows,
                                      const T* in, Partial<reduce_acc_t<T>>* partials) {
   using A = reduce_acc_t<T>;
-  Partial<A>* shared = reinterpret_cast<Partial<A>*>(dynamic_shared_memory());
+  extern __shared__ __align__(16) unsigned char dynamic_smem[];
+  Partial<A>* shared = reinterpret_cast<Partial<A>*>(dynamic_smem);
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const bool active = i < inner;
   const int64_t first = int64_t(blockIdx.z) * slice_rows;
@@ -286,7 +288,8 @@ template <class T>
 __global__ void reduce_finish_kernel(int op, int64_t outer, int64_t reduce, int64_t inner, int64_t slices,
                                      const Partial<reduce_acc_t<T>>* partials, void* out, DType out_dtype) {
   using A = reduce_acc_t<T>;
-  Partial<A>* shared = reinterpret_cast<Partial<A>*>(dynamic_shared_memory());
+  extern __shared__ __align__(16) unsigned char dynamic_smem[];
+  Partial<A>* shared = reinterpret_cast<Partial<A>*>(dynamic_smem);
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const bool active = i < inner;
   for (int64_t o = blockIdx.y; o < outer; o += gridDim.y) {
@@ -307,7 +310,8 @@ template <class T>
 __global__ void var_slices_kernel(int64_t outer, int64_t reduce, int64_t inner, int64_t slice_rows,
                                   const T* in, Moments<acc_t<T>>* partials) {
   using A = acc_t<T>;
-  Moments<A>* shared = reinterpret_cast<Moments<A>*>(dynamic_shared_memory());
+  extern __shared__ __align__(16) unsigned char dynamic_smem[];
+  Moments<A>* shared = reinterpret_cast<Moments<A>*>(dynamic_smem);
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const bool active = i < inner;
   const int64_t first = int64_t(blockIdx.z) * slice_rows + threadIdx.y;
@@ -354,7 +358,8 @@ __global__ void var_finish_kernel(int64_t outer, int64_t reduce, int64_t inner, 
                                   const Moments<acc_t<T>>* partials, void* out, DType out_dtype,
                                   int64_t correction) {
   using A = acc_t<T>;
-  Moments<A>* shared = reinterpret_cast<Moments<A>*>(dynamic_shared_memory());
+  extern __shared__ __align__(16) unsigned char dynamic_smem[];
+  Moments<A>* shared = reinterpret_cast<Moments<A>*>(dynamic_smem);
   const auto merge = [](Moments<A>& a, const Moments<A>& b) { merge_moments(a, b); };
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const bool active = i < inner;

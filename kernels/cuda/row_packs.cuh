@@ -194,8 +194,6 @@ struct RowRegisters {
 };
 
 // ---- sums over the threads of a row: a warp's (shuffles) or the block's ----------------------------
-constexpr int kRowPairPartialsId = 1200;  // block_sum_pair's partials (far from the kernels' ids)
-
 template <class V>
 struct SumPair {
   V a, b;
@@ -204,7 +202,7 @@ struct SumPair {
 // Both sums over the block in one exchange (one pair of barriers, not two); every thread gets them.
 template <class V>
 __device__ SumPair<V> block_sum_pair(V a, V b) {
-  V(&partial)[2][32] = shared_array<V[2][32], kRowPairPartialsId>();
+  __shared__ V partial[2][32];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   a = warp_sum(a);
   b = warp_sum(b);

@@ -258,9 +258,6 @@ __device__ __forceinline__ OnlineLse<A> warp_merge(OnlineLse<A> v, bool smooth) 
   return v;
 }
 
-// The block's partial states, one per warp (an id far from the kernels' and block_sum's).
-constexpr int kOnlineLsePartialsId = 1100;
-
 // The row's state over `classes` logits, every thread of the block getting it: one read of each
 // logit, as 16-byte packs (row_packs.cuh: a loose head up to the first 16-byte boundary, packs
 // rank, rank + threads, ... four in flight a thread, a loose tail; `vector` false: the same cut
@@ -283,7 +280,7 @@ __device__ OnlineLse<A> row_online_lse(const T* x, int64_t classes, bool smooth,
   }
   const int64_t loose = loose_column<T>(cut, rank);
   if (loose >= 0) online_add(st, A(load(x + loose)), smooth);
-  OnlineLse<A>(&partial)[32] = shared_array<OnlineLse<A>[32], kOnlineLsePartialsId>();
+  __shared__ OnlineLse<A> partial[32];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   st = warp_merge(st, smooth);
   __syncthreads();  // the previous row's merge may still be reading `partial`
@@ -304,10 +301,9 @@ __device__ OnlineLse<A> row_online_lse(const T* x, int64_t classes, bool smooth,
 
 // The block's merge of its threads' states (a warp's merged, then one per warp through shared
 // memory); every thread gets the row's. Every thread of the block must call it.
-constexpr int kSoftmaxPartialsId = 1101;
 template <class A>
 __device__ OnlineLse<A> block_merge(OnlineLse<A> st) {
-  OnlineLse<A>(&partial)[32] = shared_array<OnlineLse<A>[32], kSoftmaxPartialsId>();
+  __shared__ OnlineLse<A> partial[32];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   st = warp_merge(st, false);
   __syncthreads();  // the previous row's merge may still be reading `partial`

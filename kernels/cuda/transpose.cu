@@ -108,8 +108,6 @@ __global__ void move_kernel(MoveIndex index, PackPlan plan, int64_t n, const W* 
 constexpr int kTile = 32;        // a tile is kTile x kTile elements (kPairTile for 16-bit pairs)
 constexpr int kPairTile = 64;    // 16-bit elements moved as 4-byte pairs
 constexpr int kTileRows = 8;     // 256 threads: 8 warps
-constexpr int kTileArrayId = 1;  // shared_array ids of the tiles
-constexpr int kPairArrayId = 2;
 
 struct TilePlan {
   int64_t size_a = 0, size_b = 0;  // A: the output's unit-stride dim; B: the input's
@@ -148,7 +146,7 @@ constexpr int tile_pitch() {
 
 template <class W>
 __global__ void transpose_kernel(TilePlan p, const W* in, W* out) {
-  W(&tile)[kTile][tile_pitch<W>()] = shared_array<W[kTile][tile_pitch<W>()], kTileArrayId>();
+  __shared__ W tile[kTile][tile_pitch<W>()];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const TileOrigin o = tile_origin<kTile>(p, blockIdx.x);
   // Read: lanes along B (the input's unit stride), a warp per row of A; tile[a][b].
@@ -177,8 +175,7 @@ __global__ void transpose_kernel(TilePlan p, const W* in, W* out) {
 // warp writes an output row: lane l stores the word of A rows 2l, 2l+1, read down a column (rows
 // of 65 words: 32 banks). Needs every pair 4-byte aligned on both sides (plan_pairs).
 __global__ void transpose_pairs_kernel(TilePlan p, const uint16_t* in, uint16_t* out) {
-  uint32_t(&tile)[kPairTile / 2][kPairTile + 1] =
-      shared_array<uint32_t[kPairTile / 2][kPairTile + 1], kPairArrayId>();
+  __shared__ uint32_t tile[kPairTile / 2][kPairTile + 1];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const TileOrigin o = tile_origin<kPairTile>(p, blockIdx.x);
   const int64_t b_in = o.b0 + 2 * lane;

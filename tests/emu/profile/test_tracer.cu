@@ -16,7 +16,6 @@
 
 using mg::kernels::cuda::bf16_t;
 using mg::kernels::cuda::launch_kernel;
-using mg::kernels::cuda::shared_array;
 namespace profile = mg_emu::profile;
 
 namespace {
@@ -44,7 +43,7 @@ __global__ void vector_copy_kernel(const Float4* in, Float4* out) {
 // Every lane reads the word at column 0 of its own row of a [32][32] tile: 32 distinct words in
 // bank 0, a 32-way conflict. Then every lane reads tile[0][0]: one word, a broadcast.
 __global__ void bank_kernel(float* out) {
-  float(&tile)[32][32] = shared_array<float[32][32], 0>();
+  __shared__ float tile[32][32];
   const int lane = static_cast<int>(threadIdx.x);
   for (int c = 0; c < 32; ++c) tile[lane][c] = float(lane * 32 + c);
   __syncthreads();
@@ -57,11 +56,29 @@ __global__ void bank_kernel(float* out) {
 // the column read hits one bank 32 times; a 33-float row spreads it over all 32 banks.
 template <int Pad>
 __global__ void transpose_kernel(const float* in, float* out) {
-  float(&tile)[32][32 + Pad] = shared_array<float[32][32 + Pad], 0>();
+  __shared__ float tile[32][32 + Pad];
   const int x = static_cast<int>(threadIdx.x), y = static_cast<int>(threadIdx.y);
   tile[y][x] = in[y * 32 + x];
   __syncthreads();
   out[y * 32 + x] = tile[x][y];
+}
+
+// The same transpose in dynamic shared memory (the launch's third argument), rows `pitch` floats.
+__global__ void transpose_dynamic_kernel(const float* in, float* out, int pitch) {
+  extern __shared__ float rows[];
+  const int x = static_cast<int>(threadIdx.x), y = static_cast<int>(threadIdx.y);
+  rows[y * pitch + x] = in[y * 32 + x];
+  __syncthreads();
+  out[y * 32 + x] = rows[x * pitch + y];
+}
+
+// And with the tile declared at namespace scope, as older CUDA code declares it.
+__shared__ float g_padded_tile[32][33];
+__global__ void transpose_namespace_scope_kernel(const float* in, float* out) {
+  const int x = static_cast<int>(threadIdx.x), y = static_cast<int>(threadIdx.y);
+  g_padded_tile[y][x] = in[y * 32 + x];
+  __syncthreads();
+  out[y * 32 + x] = g_padded_tile[x][y];
 }
 
 __global__ void histogram_kernel(const int* values, unsigned* bins, int n, int nbins) {
@@ -240,6 +257,24 @@ TEST_CASE("a shared-memory transpose: 32 wavefronts per column read, 1 after pad
   std::vector<float> back(32 * 32);
   REQUIRE(cudaMemcpy(back.data(), out, back.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
   CHECK(back[1] == 32.f);  // the padded run transposed
+
+  // The same kernels with the tile in dynamic shared memory, and at namespace scope: the same counts.
+  for (int pitch : {32, 33}) {
+    const profile::LaunchProfile dynamic = profile_one([&] {
+      transpose_dynamic_kernel<<<1, dim3(32, 32), 32 * pitch * sizeof(float)>>>(in, out, pitch);
+    });
+    const profile::LaunchProfile& same = pitch == 32 ? plain : padded;
+    CHECK(dynamic.shared_bytes_per_block == same.shared_bytes_per_block);
+    CHECK(dynamic.shared_store.requests == same.shared_store.requests);
+    CHECK(dynamic.shared_store.wavefronts == same.shared_store.wavefronts);
+    CHECK(dynamic.shared_load.requests == same.shared_load.requests);
+    CHECK(dynamic.shared_load.wavefronts == same.shared_load.wavefronts);
+  }
+  const profile::LaunchProfile global_tile =
+      profile_one([&] { transpose_namespace_scope_kernel<<<1, dim3(32, 32)>>>(in, out); });
+  CHECK(global_tile.shared_bytes_per_block == padded.shared_bytes_per_block);
+  CHECK(global_tile.shared_load.wavefronts == padded.shared_load.wavefronts);
+  CHECK(global_tile.shared_store.wavefronts == padded.shared_store.wavefronts);
   cudaFree(in);
   cudaFree(out);
 }

@@ -1,0 +1,150 @@
+// The profiler's report (profile_report.h).
+#include "cuda_emu/profile_report.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+
+namespace mg_emu::profile {
+
+KernelWork work_of(const LaunchProfile& l, double fp32_flops) {
+  KernelWork w;
+  if (l.library) {  // a cuBLAS/cuDNN call: its FLOPs and ideal bytes over a full GPU
+    w.blocks = 132;
+    w.threads_per_block = 256;
+    w.dram_bytes = l.dram_bytes_lru();
+    w.l2_sectors = w.dram_bytes / 32;
+    w.fp32_flops = l.fp32_flops;
+    w.tensor_flops = l.tensor_flops;
+    w.load_round_trips = 0;
+    return w;
+  }
+  w.blocks = l.blocks;
+  w.threads_per_block = static_cast<int>(l.block.x * l.block.y * l.block.z);
+  w.shared_bytes_per_block = l.shared_bytes_per_block;
+  w.dram_bytes = l.dram_bytes_lru();
+  w.l2_sectors = l.global_load.sectors + l.global_store.sectors + l.global_atomic.sectors;
+  w.global_load_requests = l.global_load.requests;
+  w.global_load_sectors = l.global_load.sectors;
+  w.load_round_trips = l.load_round_trips;
+  w.shared_wavefronts = l.shared_load.wavefronts + l.shared_store.wavefronts + l.shared_atomic.wavefronts;
+  w.fp32_flops = fp32_flops;
+  w.tensor_flops = l.tensor_flops;
+  w.atomics = l.global_atomic.lanes;
+  return w;
+}
+
+void print_sites(std::FILE* out, const std::vector<LaunchProfile>& launches, int indent) {
+  const int in = indent, in2 = indent + 2;
+  for (const auto& l : launches) {
+    if (l.library) {
+      std::fprintf(out, "%*slaunch %s (library call: %.3g FLOPs, %.3g bytes)\n", in, "", l.kernel.c_str(),
+                   l.fp32_flops + l.tensor_flops, l.dram_bytes_lru());
+      continue;
+    }
+    std::fprintf(out, "%*slaunch %s grid %ux%ux%u block %ux%ux%u, %llu of %llu blocks traced, DRAM %.3g bytes\n",
+                 in, "", l.kernel.c_str(), l.grid.x, l.grid.y, l.grid.z, l.block.x, l.block.y, l.block.z,
+                 static_cast<unsigned long long>(l.traced_blocks), static_cast<unsigned long long>(l.blocks),
+                 l.dram_bytes_lru());
+    for (const SiteCounts& s : l.sites) {
+      const AccessCounts& c = s.counts;
+      if (s.space == Space::global)
+        std::fprintf(out, "%*s%-44s global %-8s %10.0f requests %6.2f sectors/req %4.0f%% efficiency\n", in2, "",
+                     s.where.c_str(), name_of(s.op), c.requests, c.sectors / c.requests,
+                     c.sectors > 0 ? 100 * c.bytes / (32 * c.sectors) : 0.0);
+      else if (s.space == Space::shared)
+        std::fprintf(out, "%*s%-44s shared %-8s %10.0f requests %6.2f wavefronts/req (%.2f of ideal)\n", in2, "",
+                     s.where.c_str(), name_of(s.op), c.requests, c.wavefronts / c.requests,
+                     c.ideal_wavefronts > 0 ? c.wavefronts / c.ideal_wavefronts : 0.0);
+      else
+        std::fprintf(out, "%*s%-44s %-15s %10.0f instructions\n", in2, "", s.where.c_str(), name_of(s.op),
+                     c.requests);
+    }
+  }
+}
+
+namespace {
+
+void print_counts(std::FILE* out, const char* what, const AccessCounts& c, double scale, bool shared) {
+  if (c.requests == 0) return;
+  if (shared)
+    std::fprintf(out, "    %-14s %12.0f requests %8.0f wavefronts (%.2f per request, %.2fx the ideal %.0f)\n", what,
+                 c.requests * scale, c.wavefronts * scale, c.wavefronts / c.requests,
+                 c.ideal_wavefronts > 0 ? c.wavefronts / c.ideal_wavefronts : 0.0, c.ideal_wavefronts * scale);
+  else
+    std::fprintf(out, "    %-14s %12.0f requests %8.0f sectors (%.2f per request, %.0f%% of their bytes used)\n", what,
+                 c.requests * scale, c.sectors * scale, c.sectors / c.requests,
+                 c.sectors > 0 ? 100 * c.bytes / (32 * c.sectors) : 0.0);
+}
+
+}  // namespace
+
+void print_report(std::FILE* out, const std::vector<LaunchProfile>& launches, bool sites) {
+  std::fprintf(out,
+               "\n== cuda_emu profile: %zu launch%s (counts from the emulator's access tracer; H200 times are "
+               "PREDICTIONS of cuda_emu/h200_model.h, not measurements) ==\n",
+               launches.size(), launches.size() == 1 ? "" : "es");
+  for (size_t i = 0; i < launches.size(); ++i) {
+    const LaunchProfile& l = launches[i];
+    const Prediction p = predict_h200(work_of(l, 0));
+    if (l.library) {
+      std::fprintf(out, "[%zu] %s (library call): predicted H200 %.2f us\n", i, l.kernel.c_str(), p.seconds * 1e6);
+      continue;
+    }
+    std::fprintf(out, "[%zu] %s  grid (%u,%u,%u) block (%u,%u,%u)  shared %llu B/block", i, l.kernel.c_str(), l.grid.x,
+                 l.grid.y, l.grid.z, l.block.x, l.block.y, l.block.z,
+                 static_cast<unsigned long long>(l.shared_bytes_per_block));
+    if (l.traced_blocks < l.blocks)
+      std::fprintf(out, "  (%llu of %llu blocks traced, counts scaled)", static_cast<unsigned long long>(l.traced_blocks),
+                   static_cast<unsigned long long>(l.blocks));
+    std::fprintf(out, "\n");
+    print_counts(out, "global loads", l.global_load, l.scale, false);
+    print_counts(out, "global stores", l.global_store, l.scale, false);
+    print_counts(out, "global atomics", l.global_atomic, l.scale, false);
+    print_counts(out, "shared loads", l.shared_load, l.scale, true);
+    print_counts(out, "shared stores", l.shared_store, l.scale, true);
+    print_counts(out, "shared atomics", l.shared_atomic, l.scale, true);
+    std::fprintf(out, "    %-14s %12.0f bytes (L2 of %.0f MB, LRU)\n", "DRAM", l.dram_bytes_lru(), 50.0);
+    std::fprintf(out, "    predicted H200 %.2f us, bound by %s (%.0f%% of the roofline)\n", p.seconds * 1e6,
+                 p.binding.c_str(), 100 * p.roofline_fraction);
+  }
+  if (sites) {
+    std::fprintf(out, "-- every instruction, per launch --\n");
+    print_sites(out, launches, 2);
+  }
+}
+
+namespace {
+
+bool g_report_sites = false;
+
+void report_at_exit() {
+  const std::vector<LaunchProfile> launches = end();
+  print_report(stderr, launches, g_report_sites);
+}
+
+}  // namespace
+
+void start_from_environment() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const char* v = std::getenv("MG_EMU_PROFILE");
+    if (v == nullptr || *v == '\0' || std::strcmp(v, "0") == 0) return;
+    if (!available()) {
+      std::fprintf(stderr,
+                   "cuda_emu: MG_EMU_PROFILE is set, but this program's kernels are not instrumented: build "
+                   "them with `mg-nvcc --profile` (or link libmultigrad_traced); nothing is profiled\n");
+      return;
+    }
+    g_report_sites = std::strcmp(v, "sites") == 0;
+    Options options;
+    if (const char* b = std::getenv("MG_EMU_PROFILE_BLOCKS")) options.max_traced_blocks = std::strtoull(b, nullptr, 10);
+    begin(options);
+    std::atexit(report_at_exit);
+  });
+}
+
+}  // namespace mg_emu::profile
