@@ -68,15 +68,16 @@ void print_sites(std::FILE* out, const std::vector<LaunchProfile>& launches, int
 
 namespace {
 
-void print_counts(std::FILE* out, const char* what, const AccessCounts& c, double scale, bool shared) {
+// The launch's counts (already scaled to the whole grid when only its first blocks were traced).
+void print_counts(std::FILE* out, const char* what, const AccessCounts& c, bool shared) {
   if (c.requests == 0) return;
   if (shared)
     std::fprintf(out, "    %-14s %12.0f requests %8.0f wavefronts (%.2f per request, %.2fx the ideal %.0f)\n", what,
-                 c.requests * scale, c.wavefronts * scale, c.wavefronts / c.requests,
-                 c.ideal_wavefronts > 0 ? c.wavefronts / c.ideal_wavefronts : 0.0, c.ideal_wavefronts * scale);
+                 c.requests, c.wavefronts, c.wavefronts / c.requests,
+                 c.ideal_wavefronts > 0 ? c.wavefronts / c.ideal_wavefronts : 0.0, c.ideal_wavefronts);
   else
     std::fprintf(out, "    %-14s %12.0f requests %8.0f sectors (%.2f per request, %.0f%% of their bytes used)\n", what,
-                 c.requests * scale, c.sectors * scale, c.sectors / c.requests,
+                 c.requests, c.sectors, c.sectors / c.requests,
                  c.sectors > 0 ? 100 * c.bytes / (32 * c.sectors) : 0.0);
 }
 
@@ -98,15 +99,15 @@ void print_report(std::FILE* out, const std::vector<LaunchProfile>& launches, bo
                  l.grid.y, l.grid.z, l.block.x, l.block.y, l.block.z,
                  static_cast<unsigned long long>(l.shared_bytes_per_block));
     if (l.traced_blocks < l.blocks)
-      std::fprintf(out, "  (%llu of %llu blocks traced, counts scaled)", static_cast<unsigned long long>(l.traced_blocks),
+      std::fprintf(out, "  (%llu of %llu blocks traced, counts scaled to the grid)", static_cast<unsigned long long>(l.traced_blocks),
                    static_cast<unsigned long long>(l.blocks));
     std::fprintf(out, "\n");
-    print_counts(out, "global loads", l.global_load, l.scale, false);
-    print_counts(out, "global stores", l.global_store, l.scale, false);
-    print_counts(out, "global atomics", l.global_atomic, l.scale, false);
-    print_counts(out, "shared loads", l.shared_load, l.scale, true);
-    print_counts(out, "shared stores", l.shared_store, l.scale, true);
-    print_counts(out, "shared atomics", l.shared_atomic, l.scale, true);
+    print_counts(out, "global loads", l.global_load, false);
+    print_counts(out, "global stores", l.global_store, false);
+    print_counts(out, "global atomics", l.global_atomic, false);
+    print_counts(out, "shared loads", l.shared_load, true);
+    print_counts(out, "shared stores", l.shared_store, true);
+    print_counts(out, "shared atomics", l.shared_atomic, true);
     std::fprintf(out, "    %-14s %12.0f bytes (L2 of %.0f MB, LRU)\n", "DRAM", l.dram_bytes_lru(), 50.0);
     std::fprintf(out, "    predicted H200 %.2f us, bound by %s (%.0f%% of the roofline)\n", p.seconds * 1e6,
                  p.binding.c_str(), 100 * p.roofline_fraction);
