@@ -56,7 +56,7 @@
 #include <vector>
 
 #include "bench_common.h"
-#include "core/base/error.h"
+#include "base/error.h"
 #include "core/tensor.h"
 #include "parallel/comm/process_group.h"
 #include "parallel/comm/ring_allreduce.h"

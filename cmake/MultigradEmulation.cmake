@@ -49,27 +49,32 @@ function(mg_emulate_cuda)
 endfunction()
 
 # mg-nvcc: plain .cu files -> a program on the emulator, in one step (cuda_emu/cu_rewrite/mg-nvcc.in).
-# Two copies: bin/mg-nvcc in this build tree (the tutorial's test uses it), and the installed one,
-# which names the install prefix's paths.
+# Two copies: bin/mg-nvcc in this build tree (the tutorial's test uses it), with absolute paths,
+# and the installed one, whose paths are relative to the install prefix (found from the script's
+# own location, so an installed tree can move).
 include(GNUInstallDirs)
-function(_mg_configure_nvcc out rewrite header includes libdir)
+function(_mg_configure_nvcc out relocatable rewrite header includes libdir)
+  set(MG_NVCC_RELOCATABLE ${relocatable})
   set(MG_NVCC_CXX "${CMAKE_CXX_COMPILER}")
   set(MG_NVCC_REWRITE "${rewrite}")
   set(MG_NVCC_HEADER "${header}")
   set(MG_NVCC_LIBDIR "${libdir}")
   set(MG_NVCC_INCLUDES "")
   foreach(_d IN LISTS includes)
-    string(APPEND MG_NVCC_INCLUDES " \"-I${_d}\"")
+    if(relocatable AND NOT IS_ABSOLUTE "${_d}")
+      string(APPEND MG_NVCC_INCLUDES " \"-I\${PREFIX}${_d}\"")
+    else()
+      string(APPEND MG_NVCC_INCLUDES " \"-I${_d}\"")
+    endif()
   endforeach()
   string(REPLACE ";" " " MG_NVCC_TRACE_FLAGS "${MG_TRACE_FLAGS}")
   configure_file("${PROJECT_SOURCE_DIR}/cuda_emu/cu_rewrite/mg-nvcc.in" "${out}" @ONLY
                  FILE_PERMISSIONS OWNER_READ OWNER_WRITE OWNER_EXECUTE GROUP_READ GROUP_EXECUTE WORLD_READ WORLD_EXECUTE)
 endfunction()
-_mg_configure_nvcc("${PROJECT_BINARY_DIR}/bin/mg-nvcc" "${MG_CU_REWRITE}"
+_mg_configure_nvcc("${PROJECT_BINARY_DIR}/bin/mg-nvcc" 0 "${MG_CU_REWRITE}"
   "${PROJECT_SOURCE_DIR}/cuda_emu/cuda_emulated.h" "${PROJECT_SOURCE_DIR};${MG_CUDA_EMU_INCLUDE_DIR}"
   "${PROJECT_BINARY_DIR}/cuda_emu")
-set(_mg_prefix_include "${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_INCLUDEDIR}/multigrad")
-_mg_configure_nvcc("${PROJECT_BINARY_DIR}/install-bin/mg-nvcc" "${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_BINDIR}/mg-cu-rewrite"
-  "${_mg_prefix_include}/cuda_emu/cuda_emulated.h" "${_mg_prefix_include};${MG_CUDA_EMU_INCLUDE_DIR}"
-  "${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_LIBDIR}")
+set(_mg_inc "${CMAKE_INSTALL_INCLUDEDIR}/multigrad")
+_mg_configure_nvcc("${PROJECT_BINARY_DIR}/install-bin/mg-nvcc" 1 "${CMAKE_INSTALL_BINDIR}/mg-cu-rewrite"
+  "${_mg_inc}/cuda_emu/cuda_emulated.h" "${_mg_inc};${MG_CUDA_EMU_INCLUDE_DIR}" "${CMAKE_INSTALL_LIBDIR}")
 install(PROGRAMS "${MG_CU_REWRITE}" "${PROJECT_BINARY_DIR}/install-bin/mg-nvcc" DESTINATION "${CMAKE_INSTALL_BINDIR}")

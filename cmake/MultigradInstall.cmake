@@ -19,7 +19,7 @@ install(TARGETS ${_mg_install_targets} EXPORT multigradTargets
   INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/multigrad)
 
 # Headers are collected at install time (install(DIRECTORY)), so new ones need no re-configure.
-set(MG_HEADER_DIRS core kernels nn optim data parallel cuda_emu)
+set(MG_HEADER_DIRS base core kernels nn optim data parallel cuda_emu)
 foreach(_dir IN LISTS MG_HEADER_DIRS)
   if(IS_DIRECTORY "${PROJECT_SOURCE_DIR}/${_dir}")
     install(DIRECTORY "${PROJECT_SOURCE_DIR}/${_dir}/"

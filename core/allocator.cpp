@@ -8,7 +8,7 @@
 #include <memory>
 #include <mutex>
 
-#include "core/base/error.h"
+#include "base/error.h"
 
 namespace mg {
 namespace {

@@ -15,7 +15,7 @@
 #include <cstdint>
 #include <functional>
 
-#include "core/base/device.h"
+#include "base/device.h"
 
 namespace mg {
 

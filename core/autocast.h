@@ -11,7 +11,7 @@
 // Thread-local, like grad mode: DataParallel's replica threads each set their own.
 #pragma once
 
-#include "core/base/dtype.h"
+#include "base/dtype.h"
 
 namespace mg {
 

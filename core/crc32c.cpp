@@ -7,7 +7,7 @@
 #include <array>
 #include <cstring>
 
-#include "core/base/error.h"
+#include "base/error.h"
 
 namespace mg {
 namespace {

@@ -56,8 +56,8 @@
 #include <vector>
 
 #include "core/allocator.h"
-#include "core/base/cuda_check.cuh"
-#include "core/base/error.h"
+#include "base/cuda_check.cuh"
+#include "base/error.h"
 #include "core/cuda_allocator.h"
 #include "core/cuda_device_checks.h"
 #include "core/cuda_runtime.h"

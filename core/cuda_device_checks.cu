@@ -10,8 +10,8 @@
 #include <cuda_runtime.h>
 
 #include "core/allocator.h"
-#include "core/base/cuda_check.cuh"
-#include "core/base/error.h"
+#include "base/cuda_check.cuh"
+#include "base/error.h"
 #include "core/cuda_runtime.h"
 #include "core/cuda_stream.h"
 

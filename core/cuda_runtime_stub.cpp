@@ -3,7 +3,7 @@
 // build compiles it anyway.
 #ifndef MG_HAS_CUDA
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "core/cuda_allocator.h"
 #include "core/cuda_runtime.h"
 #include "core/cuda_stream.h"

@@ -11,7 +11,7 @@
 #include <cstddef>
 
 #include "core/allocator.h"
-#include "core/base/device.h"
+#include "base/device.h"
 #include "core/cuda_stream.h"
 #include "kernels/cuda/stream.h"
 

@@ -1,5 +1,5 @@
 // Streams, events, the current device and the error helpers (see core/cuda_stream.h
-// and core/base/cuda_check.cuh).
+// and base/cuda_check.cuh).
 //
 // State: which logical device this thread works on (thread-local, set by
 // DeviceGuard) and, per thread and logical device, its current stream. The
@@ -12,8 +12,8 @@
 #include <mutex>
 #include <string>
 
-#include "core/base/cuda_check.cuh"
-#include "core/base/error.h"
+#include "base/cuda_check.cuh"
+#include "base/error.h"
 #include "core/cuda_device_checks.h"
 #include "core/cuda_runtime.h"
 #include "core/cuda_stream.h"

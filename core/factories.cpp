@@ -2,8 +2,8 @@
 // and tensors built from host values.
 #include <cmath>
 
-#include "core/base/checked_size.h"
-#include "core/base/philox.h"
+#include "base/checked_size.h"
+#include "base/philox.h"
 #include "core/ops.h"
 #include "core/ops/op_common.h"
 #include "core/random.h"

@@ -1,5 +1,5 @@
 // The default random generator: a seed and a call counter for Philox
-// (core/base/philox.h). Every random op takes the next call offset, so successive
+// (base/philox.h). Every random op takes the next call offset, so successive
 // calls differ while each element of a call is computable on its own.
 #pragma once
 

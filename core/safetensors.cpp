@@ -13,7 +13,7 @@
 #include <tuple>
 #include <vector>
 
-#include "core/base/checked_size.h"
+#include "base/checked_size.h"
 #include "core/crc32c.h"
 #include "core/files.h"
 #include "core/grad_mode.h"

@@ -1,7 +1,7 @@
 #include "core/storage.h"
 
 #include "core/allocator.h"
-#include "core/base/error.h"
+#include "base/error.h"
 
 namespace mg {
 

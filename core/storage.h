@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "core/base/device.h"
+#include "base/device.h"
 
 namespace mg {
 

@@ -8,7 +8,7 @@
 
 #include "core/allocator.h"
 #include "core/autograd/node.h"
-#include "core/base/checked_size.h"
+#include "base/checked_size.h"
 #include "core/grad_mode.h"
 #include "core/ops.h"
 #include "core/ops/op_common.h"  // MG_KERNEL: the CPU or CUDA twin by device

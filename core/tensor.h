@@ -19,9 +19,9 @@
 #include <string>
 #include <vector>
 
-#include "core/base/device.h"
-#include "core/base/dtype.h"
-#include "core/base/strided_view.h"
+#include "base/device.h"
+#include "base/dtype.h"
+#include "base/strided_view.h"
 #include "core/storage.h"
 
 namespace mg {

@@ -28,7 +28,7 @@
 #include <vector>
 
 #include "core/allocator.h"
-#include "core/base/error.h"
+#include "base/error.h"
 #include "core/cuda_runtime.h"
 #include "core/cuda_stream.h"
 #include "core/grad_mode.h"

@@ -35,7 +35,7 @@
 #include <memory>
 #include <optional>
 
-#include "core/base/device.h"
+#include "base/device.h"
 #include "data/dataset.h"
 #include "data/sampler.h"
 #include "data/transforms.h"

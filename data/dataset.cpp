@@ -1,7 +1,7 @@
 // Dataset's default batch path (stack get()) and TensorDataset.
 #include "data/dataset.h"
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "core/grad_mode.h"
 #include "core/ops.h"
 

@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <numeric>
 
-#include "core/base/error.h"
+#include "base/error.h"
 
 namespace mg::data {
 

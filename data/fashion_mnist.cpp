@@ -6,7 +6,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "data/gzip.h"
 #include "data/idx.h"
 

@@ -6,7 +6,7 @@
 #include <cstring>
 #include <fstream>
 
-#include "core/base/error.h"
+#include "base/error.h"
 
 #if defined(MG_HAS_ZLIB)
 #include <zlib.h>

@@ -5,8 +5,8 @@
 #include <optional>
 #include <sstream>
 
-#include "core/base/checked_size.h"
-#include "core/base/error.h"
+#include "base/checked_size.h"
+#include "base/error.h"
 #include "data/gzip.h"
 
 namespace mg::data {

@@ -11,7 +11,7 @@
 // "u8, 1 dim" (labels N). parse_idx checks the header and that the payload is exactly
 // prod(dims) * element size bytes: a truncated file and one with trailing bytes are both errors,
 // each message naming the file and the expected vs actual byte counts. The dims are multiplied
-// with overflow checks (core/base/checked_size.h) and the payload may be at most kMaxIdxPayloadBytes,
+// with overflow checks (base/checked_size.h) and the payload may be at most kMaxIdxPayloadBytes,
 // so no header can make the size wrap (2^31 x 256 x 2^25 is 2^64, which wraps to 0).
 //
 // read_idx of a .gz inflates the header first, then at most the payload that header implies plus

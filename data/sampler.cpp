@@ -3,7 +3,7 @@
 
 #include <numeric>
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "data/seeding.h"
 
 namespace mg::data {

@@ -2,7 +2,7 @@
 //
 // Every random choice the input pipeline makes (the shuffle of an epoch, where sample i is
 // cropped, whether it is flipped) is a pure function of a few integers — (seed, epoch, index) —
-// computed with Philox (core/base/philox.h), a counter-based generator: no generator state is shared
+// computed with Philox (base/philox.h), a counter-based generator: no generator state is shared
 // or advanced, so it does not matter which worker thread assembles which batch, or in what order.
 // Each use mixes its own `stream` constant into the seed, so the shuffle and a crop drawn from
 // the same user seed are independent.
@@ -10,7 +10,7 @@
 
 #include <cstdint>
 
-#include "core/base/philox.h"
+#include "base/philox.h"
 
 namespace mg::data {
 

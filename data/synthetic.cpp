@@ -1,7 +1,7 @@
 // SyntheticClassification: labels and pixels computed from Philox on demand.
 #include "data/synthetic.h"
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "data/seeding.h"
 
 namespace mg::data {

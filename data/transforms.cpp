@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "core/grad_mode.h"
 #include "data/seeding.h"
 

@@ -51,7 +51,7 @@
 #include "parallel/data_parallel/distributed_data_parallel.h"
 #include "parallel/data_parallel/powersgd.h"
 #include "parallel/resilience/checkpoint_manager.h"
-#include "parallel/resilience/heartbeat.h"
+#include "parallel/comm/heartbeat.h"
 #include "parallel/resilience/sharded_metric.h"
 #include "parallel/zero/zero_redundancy_optimizer.h"
 

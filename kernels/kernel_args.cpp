@@ -2,7 +2,7 @@
 // (kernel_args.h), so both reject the same arguments with the same message.
 #include "kernels/kernel_args.h"
 
-#include "core/base/error.h"
+#include "base/error.h"
 
 namespace mg::kernels {
 namespace {

@@ -37,8 +37,8 @@
 #include <utility>
 #include <vector>
 
-#include "core/base/device.h"
-#include "core/base/dtype.h"
+#include "base/device.h"
+#include "base/dtype.h"
 #include "core/state_dict.h"
 #include "core/tensor.h"
 #include "nn/value.h"

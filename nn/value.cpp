@@ -2,7 +2,7 @@
 // (see value.h).
 #include "nn/value.h"
 
-#include "core/base/error.h"
+#include "base/error.h"
 
 namespace mg::nn {
 namespace {

@@ -2,9 +2,9 @@
 // into the fused multi-tensor kernel (kernels/cpu/optim.cpp).
 #include "optim/adam.h"
 
-#include "core/base/checked_size.h"
+#include "base/checked_size.h"
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "core/ops/op_common.h"  // MG_KERNEL
 #include "kernels/cpu/optim.h"
 

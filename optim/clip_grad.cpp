@@ -11,7 +11,7 @@
 #include <cmath>
 #include <limits>
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "core/grad_mode.h"
 #include "core/ops.h"
 

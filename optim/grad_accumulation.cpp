@@ -2,7 +2,7 @@
 // The gradient sum itself is the autograd engine's AccumulateGrad.
 #include "optim/grad_accumulation.h"
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "core/ops.h"
 
 namespace mg::optim {

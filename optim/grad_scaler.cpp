@@ -1,6 +1,6 @@
 #include "optim/grad_scaler.h"
 
-#include "core/base/checked_size.h"
+#include "base/checked_size.h"
 
 #include <cmath>
 

@@ -2,12 +2,12 @@
 // closed-form schedules.
 #include "optim/lr_scheduler.h"
 
-#include "core/base/checked_size.h"
+#include "base/checked_size.h"
 
 #include <cmath>
 #include <sstream>
 
-#include "core/base/error.h"
+#include "base/error.h"
 
 namespace mg::optim {
 

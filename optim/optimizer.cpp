@@ -7,13 +7,13 @@
 // state on the side; only when all lists are empty does phase 2 swap them in.
 #include "optim/optimizer.h"
 
-#include "core/base/checked_size.h"
+#include "base/checked_size.h"
 
 #include <algorithm>
 #include <set>
 #include <sstream>
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "core/grad_mode.h"
 
 namespace mg::optim {

@@ -2,7 +2,7 @@
 // multi-tensor kernel (kernels/cpu/optim.cpp does the arithmetic).
 #include "optim/sgd.h"
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "core/ops/op_common.h"  // MG_KERNEL
 #include "kernels/cpu/optim.h"
 

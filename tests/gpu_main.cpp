@@ -14,7 +14,7 @@
 #include <cstring>
 #include <string>
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "core/cuda_allocator.h"
 #include "core/cuda_runtime.h"
 

@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "core/base/device.h"
+#include "base/device.h"
 #include "core/cuda_allocator.h"
 
 namespace mg::testing {

@@ -20,7 +20,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/base/error.h"
+#include "base/error.h"
 
 namespace mg::bench {
 

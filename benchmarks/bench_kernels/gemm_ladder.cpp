@@ -26,8 +26,8 @@
 #include <vector>
 
 #include "bench_kernels.h"
-#include "core/base/error.h"
-#include "core/base/half.h"
+#include "base/error.h"
+#include "base/half.h"
 #include "core/cuda_scratch.h"
 #include "core/cuda_stream.h"
 #include "kernels/cuda/gemm_ladder.h"

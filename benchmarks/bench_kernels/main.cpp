@@ -65,7 +65,7 @@
 #include <vector>
 
 #include "bench_kernels.h"
-#include "core/base/error.h"
+#include "base/error.h"
 #include "core/cuda_allocator.h"
 #include "core/cuda_runtime.h"
 #include "core/cuda_stream.h"

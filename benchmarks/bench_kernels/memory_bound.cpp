@@ -57,7 +57,7 @@
 #include <vector>
 
 #include "bench_kernels.h"
-#include "core/base/half.h"
+#include "base/half.h"
 #include "core/cuda_scratch.h"
 #include "core/cuda_stream.h"
 #include "kernels/cpu/cross_entropy.h"

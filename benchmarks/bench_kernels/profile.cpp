@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "bench_kernels.h"
-#include "core/base/error.h"
+#include "base/error.h"
 
 #if defined(MG_CUDA_EMULATE)
 #include "cuda_emu/emulator.h"

@@ -19,7 +19,7 @@
 
 #include <cmath>
 
-#include "core/base/error.h"
+#include "base/error.h"
 
 namespace mg::kernels::cpu {
 

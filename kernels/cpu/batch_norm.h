@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "core/base/dtype.h"
+#include "base/dtype.h"
 
 namespace mg::kernels::cpu {
 

@@ -32,7 +32,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "core/base/error.h"
+#include "base/error.h"
 
 namespace mg::kernels::cpu {
 

@@ -15,7 +15,7 @@
 
 #include <cstdint>
 
-#include "core/base/dtype.h"
+#include "base/dtype.h"
 #include "kernels/kernel_args.h"
 
 namespace mg::kernels::cpu {

@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "kernels/cpu/gemm.h"
 
 #ifdef _OPENMP

@@ -24,7 +24,7 @@
 
 #include <cstdint>
 
-#include "core/base/dtype.h"
+#include "base/dtype.h"
 #include "kernels/cpu/conv.h"
 
 namespace mg::kernels::cpu {

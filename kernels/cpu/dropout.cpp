@@ -19,7 +19,7 @@
 
 #include <algorithm>
 
-#include "core/base/philox.h"
+#include "base/philox.h"
 
 namespace mg::kernels::cpu {
 

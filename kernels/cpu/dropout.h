@@ -1,4 +1,4 @@
-// Dropout (CPU) driven by the counter-based Philox generator (core/base/philox.h).
+// Dropout (CPU) driven by the counter-based Philox generator (base/philox.h).
 //
 // Element i is kept iff philox_dropout_uniform(seed, i, call_offset) >= float(p)
 // (word i % 4 of Philox block i / 4: one block serves four elements): the
@@ -10,7 +10,7 @@
 
 #include <cstdint>
 
-#include "core/base/dtype.h"
+#include "base/dtype.h"
 
 namespace mg::kernels::cpu {
 

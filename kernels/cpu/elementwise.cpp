@@ -47,7 +47,7 @@ constexpr int64_t kParallelNumel = int64_t{1} << 16;  // below this, starting th
 
 // ---- element types -----------------------------------------------------------
 
-// Elements are computed in acc_t<T> (core/base/dtype.h): float for f16/bf16, and int
+// Elements are computed in acc_t<T> (base/dtype.h): float for f16/bf16, and int
 // for bool so that true + true == 2 (stored back as true) and `x == 2` is false.
 template <class T>
 inline acc_t<T> load(T v) {

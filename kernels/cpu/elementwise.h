@@ -12,7 +12,7 @@
 // written at the same position. Partial overlaps are not supported.
 #pragma once
 
-#include "core/base/strided_view.h"
+#include "base/strided_view.h"
 #include "kernels/kernel_args.h"
 
 namespace mg::kernels::cpu {

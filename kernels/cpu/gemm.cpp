@@ -43,7 +43,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "core/base/error.h"
+#include "base/error.h"
 
 #ifdef MG_HAS_OPENBLAS
 #include <cblas.h>

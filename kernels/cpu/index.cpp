@@ -2,7 +2,7 @@
 
 #include <cstring>
 
-#include "core/base/error.h"
+#include "base/error.h"
 
 namespace mg::kernels::cpu {
 namespace {

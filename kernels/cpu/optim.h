@@ -34,7 +34,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/base/dtype.h"
+#include "base/dtype.h"
 #include "kernels/kernel_args.h"
 
 namespace mg::kernels::cpu {

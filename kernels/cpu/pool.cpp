@@ -26,7 +26,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "core/base/error.h"
+#include "base/error.h"
 
 namespace mg::kernels::cpu {
 

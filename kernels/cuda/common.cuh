@@ -14,16 +14,16 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "core/base/cuda_check.cuh"
-#include "core/base/dtype.h"
-#include "core/base/strided_view.h"
+#include "base/cuda_check.cuh"
+#include "base/dtype.h"
+#include "base/strided_view.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/native.cuh"
 
 namespace mg::kernels::cuda {
 
 // ---- 16-bit floats ---------------------------------------------------------------------------
-// Device-side twins of mg::bf16 / mg::f16 (core/base/half.h, host only): the same 16
+// Device-side twins of mg::bf16 / mg::f16 (base/half.h, host only): the same 16
 // bits, converted with the same rounding (to nearest even; NaN stays NaN).
 struct bf16_t {
   uint16_t bits;
@@ -43,7 +43,7 @@ __device__ __forceinline__ f16_t make_f16(float f) { return f16_t{cvt_rn_f16_f32
 
 }  // namespace mg::kernels::cuda
 
-// The type arithmetic happens in (mg::acc_t, core/base/dtype.h) for the device-side 16-bit floats:
+// The type arithmetic happens in (mg::acc_t, base/dtype.h) for the device-side 16-bit floats:
 // float, as for mg::bf16 / mg::f16.
 namespace mg {
 template <>

@@ -36,7 +36,7 @@
 #include <mutex>
 #include <string>
 
-#include "core/base/error.h"
+#include "base/error.h"
 
 #if defined(MG_HAS_CUDNN)
 #include <cudnn.h>
@@ -45,7 +45,7 @@
 #include <map>
 #include <vector>
 
-#include "core/base/cuda_check.cuh"
+#include "base/cuda_check.cuh"
 #include "kernels/cuda/handle_pool.h"
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/workspace.h"

@@ -30,7 +30,7 @@
 #include <cstdint>
 #include <string>
 
-#include "core/base/dtype.h"
+#include "base/dtype.h"
 #include "kernels/cuda/stream.h"
 #include "kernels/kernel_args.h"
 

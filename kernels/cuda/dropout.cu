@@ -1,4 +1,4 @@
-// Dropout on the GPU with the counter-based Philox generator (core/base/philox.h).
+// Dropout on the GPU with the counter-based Philox generator (base/philox.h).
 // Semantics: kernels/cpu/dropout.h.
 //
 // Same mask as the CPU, bit for bit. Element i is kept iff
@@ -30,7 +30,7 @@
 // times that and made the forward integer-bound. Backward reads gy and the mask
 // and writes gx, draws no random numbers, and is bandwidth bound.
 // Also runs on the CPU under the emulator (MG_CUDA=EMULATE): see docs/cuda-emulation.md.
-#include "core/base/philox.h"
+#include "base/philox.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/vectorized.cuh"

@@ -198,14 +198,15 @@ __device__ __forceinline__ C binary_math(int op, C x, C y) {
 
 // ---- kernels -----------------------------------------------------------------------------------
 
-template <class T>
-__global__ void unary_kernel(int op, OffsetCalc<2> oc, bool contiguous, PackPlan plan, int64_t n, const T* in,
-                             T* out, acc_t<T> p) {
-  using C = acc_t<T>;
+// out = f(in) for one input and one output, element by element or as packs (run_elements): the
+// loop unary_kernel and clamp_kernel share. f maps an element's value (loaded as acc_t<T>).
+template <class T, class F>
+__device__ __forceinline__ void map_elements(OffsetCalc<2> oc, bool contiguous, PackPlan plan, int64_t n,
+                                             const T* in, T* out, F f) {
   auto element = [&](int64_t i) {
     int64_t off[2] = {i, i};
     if (!contiguous) oc.get(i, off);
-    store(out + off[0], unary_math<C>(op, load(in + off[1]), p));
+    store(out + off[0], f(load(in + off[1])));
   };
   constexpr int V = pack_width<T>();
   run_elements<V>(n, plan, element, [&](int64_t i) {
@@ -214,9 +215,16 @@ __global__ void unary_kernel(int op, OffsetCalc<2> oc, bool contiguous, PackPlan
     const Pack<T, V> x = load_pack_or_splat<V>(in + off[1], plan.unit & 2u);
     Pack<T, V> y;
 #pragma unroll
-    for (int j = 0; j < V; ++j) store(&y.v[j], unary_math<C>(op, load(&x.v[j]), p));
+    for (int j = 0; j < V; ++j) store(&y.v[j], f(load(&x.v[j])));
     store_pack(out + off[0], y);
   });
+}
+
+template <class T>
+__global__ void unary_kernel(int op, OffsetCalc<2> oc, bool contiguous, PackPlan plan, int64_t n, const T* in,
+                             T* out, acc_t<T> p) {
+  using C = acc_t<T>;
+  map_elements(oc, contiguous, plan, n, in, out, [&](C v) { return unary_math<C>(op, v, p); });
 }
 
 // v == nullptr: the formula reads no saved tensor (neg, sign).
@@ -348,21 +356,7 @@ __device__ __forceinline__ C clamp_value(C x, C lo, C hi, bool lo_above_hi) {
 template <class T>
 __global__ void clamp_kernel(OffsetCalc<2> oc, bool contiguous, PackPlan plan, int64_t n, const T* in, T* out,
                              acc_t<T> lo, acc_t<T> hi, bool lo_above_hi) {
-  auto element = [&](int64_t i) {
-    int64_t off[2] = {i, i};
-    if (!contiguous) oc.get(i, off);
-    store(out + off[0], clamp_value(load(in + off[1]), lo, hi, lo_above_hi));
-  };
-  constexpr int V = pack_width<T>();
-  run_elements<V>(n, plan, element, [&](int64_t i) {
-    int64_t off[2];
-    pack_offsets(oc, contiguous, i, off);
-    const Pack<T, V> x = load_pack_or_splat<V>(in + off[1], plan.unit & 2u);
-    Pack<T, V> y;
-#pragma unroll
-    for (int j = 0; j < V; ++j) store(&y.v[j], clamp_value(load(&x.v[j]), lo, hi, lo_above_hi));
-    store_pack(out + off[0], y);
-  });
+  map_elements(oc, contiguous, plan, n, in, out, [&](acc_t<T> v) { return clamp_value(v, lo, hi, lo_above_hi); });
 }
 
 template <class T>
@@ -717,7 +711,7 @@ void fill(cudaStream_t stream, const StridedView& out, double value) {
   bool contiguous = false;
   const StridedView* views[1] = {&out};
   const OffsetCalc<1> oc = make_offset_calc<1>(views, &contiguous);
-  // The value is converted on the host with the CPU's own rules (core/base/half.h),
+  // The value is converted on the host with the CPU's own rules (base/half.h),
   // then written as raw bits of the element's width.
   uint64_t bits = 0;
   ::mg::visit_dtype(out.dtype, [&](auto t) {

@@ -33,8 +33,8 @@
 
 #include <string>
 
-#include "core/base/dtype.h"
-#include "core/base/error.h"
+#include "base/dtype.h"
+#include "base/error.h"
 #include "kernels/cuda/stream.h"
 #include "kernels/kernel_args.h"
 

@@ -13,7 +13,7 @@
 #include <mutex>
 #include <vector>
 
-#include "core/base/error.h"
+#include "base/error.h"
 
 namespace mg::kernels::cuda {
 

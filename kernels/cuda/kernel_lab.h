@@ -29,8 +29,8 @@
 #include <cstdint>
 #include <string>
 
-#include "core/base/dtype.h"
-#include "core/base/error.h"
+#include "base/dtype.h"
+#include "base/error.h"
 #include "kernels/cuda/stream.h"
 
 namespace mg::kernels::cuda {

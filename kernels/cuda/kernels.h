@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "core/base/strided_view.h"
+#include "base/strided_view.h"
 #include "kernels/cuda/stream.h"
 #include "kernels/kernel_args.h"
 

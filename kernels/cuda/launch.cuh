@@ -17,7 +17,7 @@
 
 #include <cstddef>
 
-#include "core/base/cuda_check.cuh"
+#include "base/cuda_check.cuh"
 
 namespace mg::kernels::cuda {
 

@@ -503,16 +503,7 @@ void launch_params(cudaStream_t stream, ScratchAllocator& scratch, const ParamsP
 
 void layer_norm_forward(cudaStream_t stream, DType dtype, const void* x, const void* weight, const void* bias,
                         int64_t rows, int64_t cols, double eps, void* y, void* mean, void* rstd) {
-  MG_CHECK(rows >= 0 && cols >= 0, "layer_norm_forward (CUDA): negative shape [", rows, ", ", cols, "]");
-  MG_CHECK(eps >= 0, "layer_norm_forward (CUDA): eps must be >= 0, got ", eps);
-  if (rows == 0) return;
-  visit_float(dtype, "layer_norm_forward", [&](auto t) {
-    using T = typename decltype(t)::type;
-    using S = acc_t<T>;
-    launch_forward(stream, static_cast<const T*>(x), static_cast<const T*>(weight),
-                   static_cast<const T*>(bias), rows, cols, eps, static_cast<T*>(y), static_cast<S*>(mean),
-                   static_cast<S*>(rstd), false);
-  });
+  layer_norm_rows_forward(stream, dtype, x, weight, bias, rows, cols, eps, y, mean, rstd, /*online=*/false);
 }
 
 void layer_norm_rows_forward(cudaStream_t stream, DType dtype, const void* x, const void* weight,

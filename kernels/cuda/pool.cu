@@ -266,10 +266,21 @@ __device__ __forceinline__ void for_each_pair_window_gradient(const PoolParams& 
 
 // ---- the kernels -----------------------------------------------------------------------------
 
+// The general path of the forward kernels: a thread per output (grid-stride), f(e, x, win) with
+// x the output's input plane and win its window.
+template <class T, class F>
+__device__ __forceinline__ void for_each_output_window(const PoolParams& p, const T* input, F f) {
+  const int64_t outs = p.out_h * p.out_w, total = p.planes * outs;
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
+       e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t plane = e / outs, oh = (e % outs) / p.out_w, ow = e % p.out_w;
+    f(e, input + plane * p.height * p.width, Window(p, oh, ow));
+  }
+}
+
 template <class T>
 __global__ void max_forward_kernel(PoolParams p, const T* input, T* output, int64_t* argmax, int path) {
   using A = acc_t<T>;
-  const int64_t outs = p.out_h * p.out_w, total = p.planes * outs;
   if (path != kGeneral) {
     for_each_pair_window(
         p, input, path, [&](int64_t e, int64_t here, const Pack<T, 2>& top, const Pack<T, 2>& bottom) {
@@ -289,11 +300,7 @@ __global__ void max_forward_kernel(PoolParams p, const T* input, T* output, int6
         });
     return;
   }
-  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
-       e += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t plane = e / outs, oh = (e % outs) / p.out_w, ow = e % p.out_w;
-    const T* x = input + plane * p.height * p.width;
-    const Window win(p, oh, ow);
+  for_each_output_window(p, input, [&](int64_t e, const T* x, const Window& win) {
     A best = -INFINITY;
     int64_t best_index = win.h0 * p.width + win.w0;  // wins if every element is -inf
     for (int64_t ih = win.h0; ih < win.h1; ++ih) {
@@ -307,7 +314,7 @@ __global__ void max_forward_kernel(PoolParams p, const T* input, T* output, int6
     }
     store(output + e, best);
     argmax[e] = best_index;
-  }
+  });
 }
 
 template <class T>
@@ -347,7 +354,6 @@ template <class T>
 __global__ void avg_forward_kernel(PoolParams p, const T* input, T* output, bool count_include_pad,
                                    int path) {
   using A = acc_t<T>;
-  const int64_t outs = p.out_h * p.out_w, total = p.planes * outs;
   if (path != kGeneral) {  // the window lies inside the input: 4 elements, the divisor 4 either way
     for_each_pair_window(p, input, path,
                          [&](int64_t e, int64_t, const Pack<T, 2>& top, const Pack<T, 2>& bottom) {
@@ -360,16 +366,12 @@ __global__ void avg_forward_kernel(PoolParams p, const T* input, T* output, bool
                          });
     return;
   }
-  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
-       e += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t plane = e / outs, oh = (e % outs) / p.out_w, ow = e % p.out_w;
-    const T* x = input + plane * p.height * p.width;
-    const Window win(p, oh, ow);
+  for_each_output_window(p, input, [&](int64_t e, const T* x, const Window& win) {
     A sum = 0;
     for (int64_t ih = win.h0; ih < win.h1; ++ih)
       for (int64_t iw = win.w0; iw < win.w1; ++iw) sum += load(x + ih * p.width + iw);
     store(output + e, sum / A(win.divisor(count_include_pad)));
-  }
+  });
 }
 
 template <class T>

@@ -76,7 +76,7 @@ namespace {
 constexpr int64_t kSplitBlocks = 4 * 132;
 constexpr int64_t kMinRowsPerThread = 32;
 
-// Sums accumulate in acc_t<T> (core/base/dtype.h), with integers and bool widened further to
+// Sums accumulate in acc_t<T> (base/dtype.h), with integers and bool widened further to
 // int64 so that they cannot overflow, as on the CPU.
 template <class T>
 using reduce_acc_t = std::conditional_t<std::is_integral<T>::value, int64_t, acc_t<T>>;

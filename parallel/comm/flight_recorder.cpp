@@ -24,7 +24,7 @@
 #include <mutex>
 #include <thread>
 
-#include "core/base/error.h"
+#include "base/error.h"
 
 namespace mg::parallel {
 

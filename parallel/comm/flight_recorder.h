@@ -17,7 +17,7 @@
 // atomically (a temporary file renamed), when
 //   - a collective times out, the backend reports an error, or verify_collectives finds the ranks'
 //     calls differ (the backends call detail::flight_dump_on_failure);
-//   - the heartbeat finds a peer lost or stuck (parallel/resilience/heartbeat.cpp);
+//   - the heartbeat finds a peer lost or stuck (parallel/comm/heartbeat.cpp);
 //   - a peer dumped for one of the reasons above: its beats carry a count of such dumps, and a rank
 //     seeing it grow dumps too -- so a rank stuck in its own code still leaves its history;
 //   - the process gets SIGUSR1 (the handler only writes a byte to a pipe; a thread dumps);

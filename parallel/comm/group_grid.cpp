@@ -4,7 +4,7 @@
 
 #include <vector>
 
-#include "core/base/error.h"
+#include "base/error.h"
 
 namespace mg::parallel {
 

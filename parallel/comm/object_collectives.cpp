@@ -4,8 +4,8 @@
 #include <cstring>
 #include <optional>
 
-#include "core/base/checked_size.h"
-#include "core/base/error.h"
+#include "base/checked_size.h"
+#include "base/error.h"
 
 namespace mg::parallel {
 namespace {

@@ -15,11 +15,11 @@
 #include <vector>
 
 #include "core/allocator.h"
-#include "core/base/error.h"
+#include "base/error.h"
 #include "core/cuda_runtime.h"
 #include "core/grad_mode.h"
 #include "parallel/comm/flight_recorder.h"
-#include "parallel/resilience/heartbeat.h"
+#include "parallel/comm/heartbeat.h"
 
 namespace mg::parallel {
 

@@ -32,7 +32,7 @@
 #include <optional>
 #include <string>
 
-#include "core/base/device.h"
+#include "base/device.h"
 #include "core/tensor.h"
 #include "parallel/comm/work.h"
 
@@ -50,7 +50,7 @@ struct InitOptions {
   // Exchange a signature before each collective to catch mismatched calls (see above).
   bool verify_collectives = true;
   // A peer silent this long (dead, hung, or its link cut) is lost: every op of every group fails
-  // with a message naming it, on every survivor (parallel/resilience/heartbeat.h). 0 turns the heartbeat
+  // with a message naming it, on every survivor (parallel/comm/heartbeat.h). 0 turns the heartbeat
   // off. MG_FAILURE_DETECTION_S (seconds, decimals allowed) overrides.
   std::chrono::milliseconds failure_detection = std::chrono::seconds(10);
 };

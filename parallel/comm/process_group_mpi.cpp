@@ -44,13 +44,13 @@
 #include <thread>
 #include <vector>
 
-#include "core/base/error.h"
-#include "core/base/half.h"
+#include "base/error.h"
+#include "base/half.h"
 #include "core/grad_mode.h"
 #include "parallel/comm/flight_recorder.h"
 #include "parallel/comm/process_group.h"
 #include "parallel/comm/process_group_signature.h"
-#include "parallel/resilience/heartbeat.h"
+#include "parallel/comm/heartbeat.h"
 
 #ifdef MG_HAS_MPI
 #include <mpi.h>

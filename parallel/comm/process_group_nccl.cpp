@@ -56,10 +56,10 @@
 #include <thread>
 #include <vector>
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "parallel/comm/flight_recorder.h"
 #include "parallel/comm/process_group.h"
-#include "parallel/resilience/heartbeat.h"
+#include "parallel/comm/heartbeat.h"
 
 #if defined(MG_HAS_NCCL) && defined(MG_HAS_CUDA)
 #include <cuda_runtime.h>

@@ -9,8 +9,8 @@
 #include <cstdint>
 #include <string>
 
-#include "core/base/dtype.h"
-#include "core/base/error.h"
+#include "base/dtype.h"
+#include "base/error.h"
 #include "parallel/comm/process_group.h"
 
 namespace mg::parallel::detail {

@@ -14,7 +14,7 @@
 #include <thread>
 #include <utility>
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "core/cuda_stream.h"
 #include "core/grad_mode.h"
 #include "core/ops.h"

@@ -3,7 +3,7 @@
 
 #include <atomic>
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "parallel/comm/flight_recorder.h"
 
 namespace mg::parallel {

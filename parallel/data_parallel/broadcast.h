@@ -23,7 +23,7 @@
 
 #include <vector>
 
-#include "core/base/device.h"
+#include "base/device.h"
 #include "core/tensor.h"
 
 namespace mg::parallel {

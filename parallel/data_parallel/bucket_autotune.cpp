@@ -8,7 +8,7 @@
 #include <limits>
 #include <numeric>
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "core/grad_mode.h"
 #include "core/ops.h"
 #include "parallel/data_parallel/reducer.h"

@@ -25,6 +25,7 @@
 
 #include "core/tensor.h"
 #include "parallel/comm/process_group.h"
+#include "parallel/data_parallel/bucket_future.h"
 
 namespace mg::parallel {
 
@@ -39,40 +40,6 @@ struct GradBucket {
   // Member i's gradient: its slot of `buffer`, viewed with its parameter's shape (writes go to
   // the bucket).
   Tensor gradient(size_t i) const;
-};
-
-// The averaged bucket, once the collectives a hook launched have finished.
-class BucketFuture {
- public:
-  BucketFuture() = default;
-  // Complete now: `value` is the result.
-  static BucketFuture ready(Tensor value);
-  // `value` is the result once every op in `works` has completed; `bytes` is what they
-  // all-reduced (the size of the tensors sent, as ReducerStats::bytes counts).
-  static BucketFuture after(std::vector<WorkPtr> works, Tensor value, int64_t bytes);
-  // Runs `next` with this future's value once its ops have completed (on the waiting thread);
-  // the future `next` returns (it may launch more collectives) continues the chain.
-  // Returns this future (copies share one chain).
-  BucketFuture& then(std::function<BucketFuture(const Tensor&)> next);
-
-  // Waits for every op (on a GPU: orders the current stream after them) and runs the
-  // continuations; returns the final value. Throws the first failed op's error.
-  Tensor wait();
-  bool defined() const { return state_ != nullptr; }
-  // Every op launched so far, in launch order (grows while wait() runs continuations).
-  const std::vector<WorkPtr>& works() const;
-  // Bytes all-reduced so far (complete after wait()).
-  int64_t bytes() const;
-
- private:
-  struct State {
-    std::vector<WorkPtr> works;
-    size_t waited = 0;  // works[0, waited) already waited for
-    Tensor value;
-    int64_t bytes = 0;
-    std::deque<std::function<BucketFuture(const Tensor&)>> continuations;
-  };
-  std::shared_ptr<State> state_;
 };
 
 // The hook, its state bound: DistributedDataParallel::register_comm_hook(state, fn) makes one.

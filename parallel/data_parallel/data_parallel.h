@@ -47,7 +47,7 @@
 #include <string>
 #include <vector>
 
-#include "core/base/device.h"
+#include "base/device.h"
 #include "core/tensor.h"
 #include "nn/module.h"
 

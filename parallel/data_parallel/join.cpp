@@ -3,7 +3,7 @@
 
 #include <exception>
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "parallel/comm/process_group_signature.h"
 
 namespace mg::parallel {

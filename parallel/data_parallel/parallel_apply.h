@@ -19,7 +19,7 @@
 #include <memory>
 #include <vector>
 
-#include "core/base/device.h"
+#include "base/device.h"
 #include "core/tensor.h"
 #include "nn/module.h"
 

@@ -4,7 +4,7 @@
 #include <algorithm>
 
 #include "core/autograd/node.h"
-#include "core/base/error.h"
+#include "base/error.h"
 #include "core/grad_mode.h"
 #include "parallel/comm/flight_recorder.h"
 #include "parallel/comm/object_collectives.h"

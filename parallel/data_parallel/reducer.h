@@ -51,6 +51,7 @@
 
 #include "core/tensor.h"
 #include "parallel/comm/process_group.h"
+#include "parallel/data_parallel/bucket_future.h"
 #include "parallel/data_parallel/comm_hooks.h"
 
 namespace mg::parallel {

@@ -26,7 +26,7 @@
 #include <memory>
 #include <vector>
 
-#include "core/base/device.h"
+#include "base/device.h"
 #include "nn/module.h"
 
 namespace mg::parallel {

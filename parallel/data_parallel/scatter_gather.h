@@ -18,7 +18,7 @@
 
 #include <vector>
 
-#include "core/base/device.h"
+#include "base/device.h"
 #include "core/tensor.h"
 #include "nn/value.h"
 

@@ -3,7 +3,7 @@
 
 #include <algorithm>
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "core/grad_mode.h"
 #include "core/ops.h"
 #include "core/storage.h"

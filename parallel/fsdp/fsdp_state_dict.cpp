@@ -6,7 +6,7 @@
 #include <map>
 #include <vector>
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "core/grad_mode.h"
 #include "core/ops.h"
 #include "core/safetensors.h"

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "core/autograd/node.h"
-#include "core/base/error.h"
+#include "base/error.h"
 #include "core/grad_mode.h"
 
 namespace mg::parallel {

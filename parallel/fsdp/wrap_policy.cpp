@@ -3,7 +3,7 @@
 
 #include <algorithm>
 
-#include "core/base/error.h"
+#include "base/error.h"
 
 namespace mg::parallel {
 namespace {

@@ -4,7 +4,7 @@
 #include <chrono>
 #include <deque>
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "core/grad_mode.h"
 #include "core/ops.h"
 

@@ -17,12 +17,13 @@
 #include <mutex>
 #include <thread>
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "core/files.h"
 #include "core/grad_mode.h"
 #include "core/safetensors.h"
 #include "parallel/comm/object_collectives.h"
-#include "parallel/resilience/heartbeat.h"
+#include "parallel/comm/heartbeat.h"
+#include "parallel/zero/zero_redundancy_optimizer.h"
 
 namespace mg::parallel {
 namespace {

@@ -69,9 +69,12 @@
 #include "optim/lr_scheduler.h"
 #include "optim/optimizer.h"
 #include "parallel/comm/process_group.h"
-#include "parallel/zero/zero_redundancy_optimizer.h"
 
 namespace mg::parallel {
+
+// A ZeRO-1 optimizer (parallel/zero/): the manager saves its consolidated state and loads it back;
+// only checkpoint_manager.cpp needs its definition, so resilience/ does not hang on zero/ here.
+class ZeroRedundancyOptimizer;
 
 struct CheckpointManagerOptions {
   int64_t every_steps = 0;      // due(step) every this many steps (0: never; save when you like)

@@ -3,7 +3,7 @@
 #include <vector>
 
 #include "core/autograd/node.h"
-#include "core/base/error.h"
+#include "base/error.h"
 #include "core/grad_mode.h"
 #include "core/ops.h"
 #include "nn/activation.h"

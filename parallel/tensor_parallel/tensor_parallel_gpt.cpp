@@ -2,7 +2,7 @@
 // rank's heads and hidden features; the layout and the communication are in the header.
 #include "parallel/tensor_parallel/tensor_parallel_gpt.h"
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "core/ops.h"
 #include "nn/activation_checkpoint.h"
 #include "nn/attention.h"

@@ -4,7 +4,7 @@
 #include <numeric>
 #include <string>
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "core/grad_mode.h"
 #include "core/ops.h"
 #include "core/safetensors.h"

@@ -8,7 +8,7 @@
 #include <set>
 #include <vector>
 
-#include "core/base/philox.h"
+#include "base/philox.h"
 #include "multigrad.h"
 
 using namespace mg;

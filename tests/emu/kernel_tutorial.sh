@@ -4,7 +4,8 @@
 # page shows under a command must appear in what the command printed (stdout and stderr; runs of
 # spaces compared as one; a `...` line stands for lines not shown). A command that starts with
 # `nvcc` runs only where the CUDA toolkit is installed; there the other example files are compiled
-# with nvcc too, so every file of examples/kernels/ stays valid CUDA.
+# with nvcc too, so every file of examples/kernels/ stays valid CUDA. Last, the build is installed
+# into a scratch prefix and that prefix's bin/mg-nvcc builds and runs transpose.cu.
 #
 #   kernel_tutorial.sh <build-emu dir> <repository root>
 set -uo pipefail
@@ -66,5 +67,16 @@ if [[ -n "$nvcc_bin" ]]; then  # the files the page does not compile with nvcc i
     fi
   done
 fi
+# The installed mg-nvcc, from a prefix of its own: the one step a user outside the project takes.
+commands=$((commands + 1))
+if ! out="$(cmake --install "$build" --prefix "$work/prefix" 2>&1)"; then
+  printf 'FAILED: cmake --install %s:\n%s\n' "$build" "$out"
+  failures=$((failures + 1))
+elif ! out="$(cd "$work" && PATH="/usr/bin:/bin" "$work/prefix/bin/mg-nvcc" transpose.cu -o installed &&
+             ./installed 2>&1)" || ! grep -q "transpose_padded: 0 of" <<< "$out"; then
+  printf 'FAILED: the installed mg-nvcc (%s/prefix/bin/mg-nvcc):\n%s\n' "$work" "$out"
+  failures=$((failures + 1))
+fi
+
 echo "kernel tutorial: $commands commands, $failures failures"
-((commands >= 12 && failures == 0))
+((commands >= 13 && failures == 0))

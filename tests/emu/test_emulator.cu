@@ -20,31 +20,13 @@
 #include "cuda_emu/emulator.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/launch.cuh"
+#include "tests/emu/device_buffers.h"
 
 using mg::kernels::cuda::launch_kernel;
 
 namespace {
 
 // ---- helpers ----------------------------------------------------------------------------------
-template <class T>
-T* device_alloc(size_t n) {
-  void* p = nullptr;
-  REQUIRE(cudaMalloc(&p, n * sizeof(T)) == cudaSuccess);
-  return static_cast<T*>(p);
-}
-template <class T>
-std::vector<T> to_host(const T* d, size_t n) {
-  std::vector<T> h(n);
-  REQUIRE(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost) == cudaSuccess);
-  return h;
-}
-template <class T>
-T* to_device(const std::vector<T>& h) {
-  T* d = device_alloc<T>(h.size());
-  REQUIRE(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice) == cudaSuccess);
-  return d;
-}
-
 // Runs `launch`, expects the launch itself to be accepted and the kernel to fault at the next
 // synchronisation; returns the fault's message.
 template <class F>

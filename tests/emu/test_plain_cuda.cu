@@ -10,21 +10,9 @@
 #include <vector>
 
 #include "cuda_emu/emulator.h"
+#include "tests/emu/device_buffers.h"
 
 namespace {
-
-template <class T>
-T* device_alloc(size_t n) {
-  void* p = nullptr;
-  REQUIRE(cudaMalloc(&p, n * sizeof(T)) == cudaSuccess);
-  return static_cast<T*>(p);
-}
-template <class T>
-std::vector<T> to_host(const T* d, size_t n) {
-  std::vector<T> h(n);
-  REQUIRE(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost) == cudaSuccess);
-  return h;
-}
 
 // A block-wide sum in dynamic shared memory, templated on the element type and the block size: the
 // launch names its template arguments, a dynamic size and a stream.

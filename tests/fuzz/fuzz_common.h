@@ -8,7 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "core/base/error.h"
+#include "base/error.h"
 
 namespace mg::fuzz {
 

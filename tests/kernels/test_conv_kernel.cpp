@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "core/base/dtype.h"
-#include "core/base/error.h"
+#include "base/dtype.h"
+#include "base/error.h"
 #include "kernels/cpu/conv.h"
 #include "kernels/cpu/conv2d.h"
 

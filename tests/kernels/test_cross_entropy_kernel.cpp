@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-#include "core/base/dtype.h"
+#include "base/dtype.h"
 #include "kernels/cpu/cross_entropy.h"
 
 using mg::DType;

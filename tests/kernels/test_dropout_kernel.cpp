@@ -7,8 +7,8 @@
 #include <memory>
 #include <vector>
 
-#include "core/base/dtype.h"
-#include "core/base/philox.h"
+#include "base/dtype.h"
+#include "base/philox.h"
 #include "kernels/cpu/dropout.h"
 
 using mg::DType;

@@ -12,8 +12,8 @@
 #include <random>
 #include <vector>
 
-#include "core/base/dtype.h"
-#include "core/base/strided_view.h"
+#include "base/dtype.h"
+#include "base/strided_view.h"
 #include "kernels/cpu/elementwise.h"
 
 using mg::bf16;

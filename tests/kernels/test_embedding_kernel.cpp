@@ -7,7 +7,7 @@
 #include <random>
 #include <vector>
 
-#include "core/base/dtype.h"
+#include "base/dtype.h"
 #include "kernels/cpu/embedding.h"
 
 using mg::DType;

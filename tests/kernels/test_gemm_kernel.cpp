@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "core/base/dtype.h"
-#include "core/base/error.h"
+#include "base/dtype.h"
+#include "base/error.h"
 #include "kernels/cpu/gemm.h"
 
 using namespace mg;

@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-#include "core/base/dtype.h"
+#include "base/dtype.h"
 #include "kernels/cpu/layer_norm.h"
 
 using mg::DType;

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "core/base/dtype.h"
-#include "core/base/error.h"
+#include "base/dtype.h"
+#include "base/error.h"
 #include "kernels/cpu/pool.h"
 
 using namespace mg;

@@ -11,7 +11,7 @@
 #include <random>
 #include <vector>
 
-#include "core/base/dtype.h"
+#include "base/dtype.h"
 #include "kernels/cpu/reduce.h"
 
 using mg::bf16;

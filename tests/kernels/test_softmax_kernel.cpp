@@ -7,7 +7,7 @@
 #include <random>
 #include <vector>
 
-#include "core/base/dtype.h"
+#include "base/dtype.h"
 #include "kernels/cpu/softmax.h"
 
 using mg::DType;

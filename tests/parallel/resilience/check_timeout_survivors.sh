@@ -9,7 +9,7 @@
 # loaded machine; for a stuck rank also not before it: nothing may be declared lost early), and
 # the whole job must end soon after (the poisoned group aborts it: no hang).
 #
-# MG_EXPECT=heartbeat: the failure must be found by the heartbeat instead (parallel/resilience/heartbeat.h;
+# MG_EXPECT=heartbeat: the failure must be found by the heartbeat instead (parallel/comm/heartbeat.h;
 # the third argument is then its bound, MG_FAILURE_DETECTION_S): every survivor's error names
 # "rank 1 (node <host>, pid <pid>) is lost", within the bound (+ slack) and not before it.
 # MG_EXPECT=stall: rank 1 is alive but its progress stalled (modes spin, block); the third argument

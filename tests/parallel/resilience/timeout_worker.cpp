@@ -34,7 +34,7 @@
 
 #include "core/tensor.h"
 #include "parallel/comm/process_group.h"
-#include "parallel/resilience/heartbeat.h"
+#include "parallel/comm/heartbeat.h"
 
 using namespace mg;
 using namespace mg::parallel;

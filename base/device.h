@@ -6,7 +6,7 @@
 #include <ostream>
 #include <string>
 
-#include "core/base/error.h"
+#include "base/error.h"
 
 namespace mg {
 

@@ -7,8 +7,8 @@
 #include <ostream>
 #include <string>
 
-#include "core/base/error.h"
-#include "core/base/half.h"
+#include "base/error.h"
+#include "base/half.h"
 
 namespace mg {
 

@@ -21,7 +21,7 @@
 #include <string_view>
 #include <vector>
 
-#include "core/base/error.h"
+#include "base/error.h"
 
 namespace mg {
 

@@ -14,7 +14,7 @@
 //   5. one report for the peers newly lost or stuck, and every registered callback (the process
 //      groups' poison) runs once.
 // Beats keep going after a loss, so the other survivors do not take this rank for lost too.
-#include "parallel/resilience/heartbeat.h"
+#include "parallel/comm/heartbeat.h"
 
 #include <unistd.h>
 
@@ -29,7 +29,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/base/error.h"
+#include "base/error.h"
 #include "parallel/comm/flight_recorder.h"
 #include "parallel/comm/work.h"
 

@@ -7,7 +7,7 @@
 #include <array>
 #include <cstdint>
 
-#include "core/base/dtype.h"
+#include "base/dtype.h"
 
 namespace mg {
 
