@@ -10,7 +10,8 @@
 //   31 of 37 rows and every row of 3000 off a 16-byte boundary for the packs' scalar head)
 //
 // Rows are "softmax/<rung>" and "layer_norm/<rung>", rungs in ladder order (naive, warp, block,
-// online, registers; registers is the production kernel). achieved = compulsory bytes / median time
+// online, registers), and "softmax/production": softmax.cu's kernel, whose algorithm the ladder's
+// registers rung teaches (layer norm's top two rungs are its production code). achieved = compulsory bytes / median time
 // (the bytes a perfect kernel moves: each input read once, each output written once; the rungs that
 // reread a row get no credit for it); ratio = achieved / the copy ceiling. max_rel_error = max |gpu -
 // cpu| / max |cpu| against the CPU kernel (kernels/cpu/softmax.h, layer_norm.h) on the same input,
@@ -173,6 +174,15 @@ void softmax_rows(const Shape& s, const Env& env, std::vector<KernelResult>& row
         },
         {&yd}, {&ref}, env));
   }
+  // The production kernel (softmax.cu, every dtype) beside the ladder's teaching rungs 4 and 5.
+  rows.push_back(measure(
+      "softmax", kc::RowKernel::registers, s, 8.0 * n,
+      [&] {
+        kc::softmax_rows_forward(mg::cuda::current_kernel_stream(), DType::f32, s.rows, s.cols, xd.ptr, yd.ptr,
+                                 false, false);
+      },
+      {&yd}, {&ref}, env));
+  rows.back().kernel = "softmax/production";
 }
 
 void layer_norm_rows(const Shape& s, const Env& env, std::vector<KernelResult>& rows) {
@@ -215,8 +225,8 @@ std::vector<KernelResult> bench_lab(const BenchOptions& options, const Ceilings&
   for (const Shape& s : norm_shapes) layer_norm_rows(s, env, rows);
   if (!rows.empty())
     rows.front().note =
-        "lab: softmax and layer_norm forward, f32, every rung of kernels/cuda/kernel_lab.h (registers = "
-        "production); bytes: each input read once, each output written once";
+        "lab: softmax and layer_norm forward, f32, every rung of kernels/cuda/kernel_lab.h, and the "
+        "production softmax; bytes: each input read once, each output written once";
   return rows;
 }
 

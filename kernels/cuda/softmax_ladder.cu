@@ -11,54 +11,46 @@
 // traffic, 112 us at the H200's 4.8 TB/s, against 0.4 GFLOP (6 us of the FP32 units) and 134 M
 // exps (32 us of the special-function units, 16 a clock per SM): memory-bound, and the ladder is the
 // story of reaching DRAM's roofline: coalescing, then bytes in flight, then reading the row once.
-// The numbers below are the emulator's counters and the H200 model's PREDICTIONS
-// (docs/performance-model.md; bench_kernels --profile --family lab), never measurements.
+// Each rung's counters and its predicted H200 time are in docs/kernels.md (the kernel lab), made by
+// bench_kernels --profile --family lab; this file says why, not how fast.
 //
 // 1. naive (softmax_naive): one thread per row walks it three times (max, sum of exp, write). A
 //    warp's 32 lanes read 32 different rows: every request touches 32 sectors for 128 useful
-//    bytes (12% sector efficiency), and L2 serves 16x the ideal bytes. Predicted [65536, 1024]:
-//    881 us, L2-bound; [2048, 32768]: 2048 threads are 8 blocks on 8 of the 132 SMs, each thread
-//    3 x 32768 dependent loads: 15.6 ms, latency-bound (6% of the roofline).
+//    bytes (12% sector efficiency), and L2 serves 16x the ideal bytes; a long row with few rows
+//    leaves most SMs idle and each thread with 3 x dim dependent loads (latency-bound).
 //
 // 2. warp (softmax_warp): a warp per row. Lanes stride over the row, so a request is 128
 //    contiguous bytes (4 sectors, 100%); the max and the sum are combined by 5 shuffles each: no
 //    shared memory, no barrier. Still three sweeps (L2 traffic 2x the ideal; DRAM once, the row
 //    stays in L2) of 4-byte loads: one 128-byte request per round trip per warp, 3 x dim / 32 round
-//    trips a row. Predicted [65536, 1024]: 212 us, latency (bytes in flight) bound, 53% of the
-//    roofline: 8448 resident warps x 128 bytes in flight cannot cover HBM's latency (the model's
-//    worked example). [2048, 32768]: 2048 warps for 8448 warp slots: 860 us.
+//    trips a row, and the resident warps' bytes in flight cannot cover HBM's latency.
 //
 // 3. block (softmax_block; the production kernel before the lab): a block of up to 256 threads per
 //    row (row_block), the same three sweeps, the reductions through shared memory (block_max,
-//    block_sum: two __syncthreads each). A long row now has 8 warps instead of 1. Predicted 214 us
-//    and 217 us: latency-bound at both shapes, 52% of the roofline. The bytes were never the
-//    problem; 4-byte loads, one per round trip, are.
+//    block_sum: two __syncthreads each). A long row now has 8 warps instead of 1; still
+//    latency-bound: the bytes were never the problem, 4-byte loads one per round trip are.
 //
-// 4. online (softmax.cu, softmax_online_kernel): 16-byte loads (packs of 4 f32; row_packs.cuh: a
-//    scalar head up to the first 16-byte boundary, a scalar tail), four packs per thread in flight:
-//    2 KB per warp per round trip instead of 128 bytes. The max and the sum come from ONE sweep:
-//    each thread keeps a running max m and the sum of exp(x - m), rescaled by exp(m_old - m_new)
-//    when m grows (the online softmax of Milakov and Gimelshein, 2018), and the threads' states
-//    merge by the same rule, once per row. The second sweep rereads the row (from L2) and writes
-//    it: L2 traffic 1.5x the ideal, DRAM 1.0x. 16 sectors per request. Predicted 114 us at both
-//    shapes, DRAM-bound, 98% of the roofline.
+// 4. online (softmax_online): 16-byte loads (float4): 512 bytes per warp request instead of 128.
+//    The max and the sum come from ONE sweep: each thread keeps a running max m and the sum of
+//    exp(x - m), rescaled by exp(m_old - m_new) when m grows (the online softmax of Milakov and
+//    Gimelshein, 2018), and the threads' states merge by the same rule, once per row. The second
+//    sweep rereads the row (from L2) and writes it: L2 traffic 1.5x the ideal, DRAM 1.0x:
+//    DRAM-bound.
 //
-// 5. registers (softmax.cu, softmax_registers_kernel; THE PRODUCTION KERNEL, every dtype): the
-//    row held in registers. A warp per row up to 32 x 8 packs (1024 f32), a block of up to 1024
-//    threads per row up to 1024 x 8 packs (32768 f32); each thread issues its (up to) 8 pack loads
-//    at once and keeps them (32 registers), so the row is read from DRAM once and from L2 once: L2
-//    traffic 1.0x the ideal. Each thread's max and sum of exp over its registers become one online
-//    state, merged over the row once; the outputs are computed from the registers and stored as
-//    packs. Longer rows take rung 4's design. Predicted 114 us at both shapes, DRAM-bound, 98%: in
-//    the model the same time as rung 4, because DRAM binds and the reread's L2 traffic (82 us of
-//    L2 bandwidth at 1.5x) stays under it. What it buys beyond the model: half the L2 traffic, and
-//    no reliance on a row surviving in L2 between the sweeps (at [2048, 32768] the 264 resident
-//    rows are 34 MB of the 50 MB L2). What it costs: registers (nvcc: the f32 warp kernel takes 76 a
-//    thread, 24 warps of an SM's 64; the 1024-thread block kernel 64, one block an SM, no overlap
-//    of one block's loads with another's stores).
+// 5. registers (softmax_registers): the row held in registers. A warp per row; each lane issues
+//    its 8 float4 loads at once and keeps them (32 registers), so the row is read from DRAM once
+//    and from L2 once: L2 traffic 1.0x the ideal. Each lane's max and sum of exp over its registers
+//    become one online state, merged over the row once; the outputs are computed from the registers
+//    and stored as float4s. In the model the same time as rung 4 (DRAM binds, and the reread's L2
+//    traffic stays under its own limit); what it buys beyond the model: half the L2 traffic, and
+//    no reliance on a row surviving in L2 between the sweeps. What it costs: registers.
 //
-// The lab's entry point (softmax_lab) takes f32; rungs 4 and 5 are the production code of
-// softmax.cu (softmax_rows_forward, kernel_lab.h), which takes every floating dtype.
+// The production kernels are rungs 4 and 5 for every floating dtype (softmax.cu:
+// softmax_online_kernel and softmax_registers_kernel), with what a teaching version leaves out:
+// misaligned rows cut into a scalar head, 16-byte packs and a scalar tail (row_packs.cuh), a block
+// per row for rows too long for a warp's registers (up to 32768 f32), several packs a thread in
+// flight. softmax_rows_forward (kernel_lab.h) runs them with the design forced, so the lab's
+// benchmark shows the teaching rungs and the production code side by side.
 // Also runs on the CPU under the emulator (MG_CUDA=EMULATE): see docs/cuda-emulation.md.
 #include <cuda_runtime.h>
 
@@ -67,6 +59,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernel_lab.h"
+#include "kernels/cuda/online_softmax.cuh"
 
 namespace mg::kernels::cuda {
 namespace {
@@ -142,6 +135,91 @@ __global__ void softmax_block(int64_t rows, int64_t dim, const float* x, float* 
   }
 }
 
+// ================================================================================================
+// Rung 4: online. A block per row, 16-byte loads (float4) when the row's start is 16-byte aligned
+// (4-byte loads for a row that is not), and ONE sweep for the statistics: each thread keeps the
+// online state of the values it reads -- a running max m and sum(exp(x - m)), the sum rescaled by
+// exp(m_old - m_new) when m grows -- and the block merges the threads' states by the same rule
+// (online_softmax.cuh, the header the production softmax and cross-entropy share). The write sweep
+// rereads the row (from L2) and stores float4s. The production version (softmax.cu,
+// softmax_online_kernel) also splits a misaligned row into a scalar head, 16-byte packs and a scalar
+// tail, so every row gets the packs, and keeps four packs a thread in flight.
+// ================================================================================================
+__host__ __device__ __forceinline__ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+__global__ void softmax_online(int64_t rows, int64_t dim, const float* x, float* y, bool log) {
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const float* xr = x + row * dim;
+    float* yr = y + row * dim;
+    const int64_t quads = aligned16(xr) && aligned16(yr) ? dim / 4 : 0;  // float4s, then the rest
+    const float4* x4 = reinterpret_cast<const float4*>(xr);
+    OnlineLse<float> st = online_empty<float>();
+    for (int64_t q = threadIdx.x; q < quads; q += blockDim.x) {
+      const float4 v = x4[q];
+      online_add(st, v.x, false);
+      online_add(st, v.y, false);
+      online_add(st, v.z, false);
+      online_add(st, v.w, false);
+    }
+    for (int64_t j = 4 * quads + threadIdx.x; j < dim; j += blockDim.x) online_add(st, xr[j], false);
+    const OnlineLse<float> r = block_merge(st, false);
+    const float inv_s = 1.f / r.sum, log_s = logf(r.sum);
+    for (int64_t q = threadIdx.x; q < quads; q += blockDim.x) {
+      const float4 v = x4[q];
+      reinterpret_cast<float4*>(yr)[q] =
+          make_float4(softmax_out(v.x, r.max, inv_s, log_s, log), softmax_out(v.y, r.max, inv_s, log_s, log),
+                      softmax_out(v.z, r.max, inv_s, log_s, log), softmax_out(v.w, r.max, inv_s, log_s, log));
+    }
+    for (int64_t j = 4 * quads + threadIdx.x; j < dim; j += blockDim.x)
+      yr[j] = softmax_out(xr[j], r.max, inv_s, log_s, log);
+  }
+}
+
+// ================================================================================================
+// Rung 5: registers. A warp per row, the whole row held in registers: each lane issues its (up to)
+// 8 float4 loads at once and keeps them (32 registers), so the row is read from DRAM once and
+// never again. The lane's max and sum of exp over its registers make one online state, merged over
+// the warp once (warp_merge: 5 shuffle rounds); the outputs are computed from the registers and
+// stored as float4s. Here rows of up to 32 x 8 x 4 = 1024 floats, 16-byte aligned, a multiple of
+// 4 long; any other row takes rung 4. The production version (softmax.cu,
+// softmax_registers_kernel) does the same for every dtype, with misaligned rows cut into a head,
+// packs and a tail, and a block per row (up to 1024 x 8 packs) for rows too long for a warp.
+// ================================================================================================
+constexpr int kRegisterQuads = 8;  // float4s a lane keeps
+
+inline bool fits_registers(int64_t dim, const float* x, const float* y) {
+  return dim % 4 == 0 && dim <= 32 * 4 * kRegisterQuads && aligned16(x) && aligned16(y);
+}
+
+__global__ void softmax_registers(int64_t rows, int64_t dim, const float* x, float* y, bool log) {
+  const int lane = threadIdx.x % 32;
+  const int64_t row = int64_t(blockIdx.x) * kWarpRowsPerBlock + threadIdx.x / 32;
+  if (row >= rows) return;
+  const float4* x4 = reinterpret_cast<const float4*>(x + row * dim);
+  float4* y4 = reinterpret_cast<float4*>(y + row * dim);
+  const int quads = static_cast<int>(dim / 4);
+  float4 v[kRegisterQuads];
+#pragma unroll
+  for (int k = 0; k < kRegisterQuads; ++k)  // every load issued before any value is used
+    if (lane + 32 * k < quads) v[k] = x4[lane + 32 * k];
+  float m = -INFINITY, s = 0.f;
+#pragma unroll
+  for (int k = 0; k < kRegisterQuads; ++k)
+    if (lane + 32 * k < quads) m = max_nan(max_nan(max_nan(max_nan(m, v[k].x), v[k].y), v[k].z), v[k].w);
+#pragma unroll
+  for (int k = 0; k < kRegisterQuads; ++k)
+    if (lane + 32 * k < quads) s += expf(v[k].x - m) + expf(v[k].y - m) + expf(v[k].z - m) + expf(v[k].w - m);
+  const long long mine = 4ll * ((quads - lane + 31) / 32);  // values this lane holds (0: the empty state)
+  const OnlineLse<float> r = warp_merge(OnlineLse<float>{m, s, 0.f, mine}, false);
+  const float inv_s = 1.f / r.sum, log_s = logf(r.sum);
+#pragma unroll
+  for (int k = 0; k < kRegisterQuads; ++k)
+    if (lane + 32 * k < quads)
+      y4[lane + 32 * k] = make_float4(
+          softmax_out(v[k].x, r.max, inv_s, log_s, log), softmax_out(v[k].y, r.max, inv_s, log_s, log),
+          softmax_out(v[k].z, r.max, inv_s, log_s, log), softmax_out(v[k].w, r.max, inv_s, log_s, log));
+}
+
 }  // namespace
 
 void softmax_lab(cudaStream_t stream, RowKernel rung, int64_t rows, int64_t dim, const float* x, float* y,
@@ -164,9 +242,16 @@ void softmax_lab(cudaStream_t stream, RowKernel rung, int64_t rows, int64_t dim,
     case RowKernel::block:
       launch_kernel<softmax_block>(row_grid(rows), row_block(dim), 0, stream, rows, dim, x, y, log);
       return;
+    case RowKernel::registers:
+      if (fits_registers(dim, x, y)) {
+        const int64_t blocks = (rows + kWarpRowsPerBlock - 1) / kWarpRowsPerBlock;
+        launch_kernel<softmax_registers>(static_cast<unsigned>(blocks), 32 * kWarpRowsPerBlock, 0, stream, rows,
+                                         dim, x, y, log);
+        return;
+      }
+      [[fallthrough]];  // a row registers do not take: rung 4
     case RowKernel::online:
-    case RowKernel::registers:  // softmax.cu, for every dtype
-      softmax_rows_forward(stream, DType::f32, rows, dim, x, y, log, rung == RowKernel::online);
+      launch_kernel<softmax_online>(row_grid(rows), row_block(dim), 0, stream, rows, dim, x, y, log);
       return;
   }
   throw Error("softmax_lab: unknown rung");
