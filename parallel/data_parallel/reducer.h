@@ -158,12 +158,18 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   BucketFuture launch_bucket(size_t index);  // the hook, or the plain all-reduce
   void wait_for_bucket(Bucket& bucket);      // the averaged result in bucket.flat
   std::string wait_for_all_buckets();        // in order; the first failure's message, or ""
-  void finalize();
+  void finalize();  // the plain step: wait, write back, record
+  void write_back_gradients();
+  void record_pass(std::chrono::steady_clock::time_point backward_end);
+  void reset_pass();
+  // Beyond the plain step (reducer_variants.cpp):
   void on_static_graph_arrival(size_t index);
+  void ready_first_static_pass();
+  std::vector<size_t> static_graph_order() const;
+  std::string ready_missing_parameters();  // "" or the names for fail_pass
   [[noreturn]] void fail_pass(const std::string& missing_names, const std::string& error);
   void after_first_pass(const std::vector<size_t>& order, const std::vector<int>& arrivals,
                         bool counts_known);
-  void reset_pass();
 
   std::vector<std::string> names_;
   std::vector<Tensor> params_;
