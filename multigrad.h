@@ -1,12 +1,12 @@
 // multigrad's public API in one include.
 #pragma once
 
-#include "core/allocator.h"
-#include "core/autocast.h"
-#include "core/autograd/node.h"
 #include "base/device.h"
 #include "base/dtype.h"
 #include "base/error.h"
+#include "core/allocator.h"
+#include "core/autocast.h"
+#include "core/autograd/node.h"
 #include "core/cuda_runtime.h"
 #include "core/grad_mode.h"
 #include "core/ops.h"

@@ -55,8 +55,8 @@
 #include <string>
 #include <vector>
 
-#include "bench_common.h"
 #include "base/error.h"
+#include "bench_common.h"
 #include "core/tensor.h"
 #include "parallel/comm/process_group.h"
 #include "parallel/comm/ring_allreduce.h"

@@ -55,9 +55,9 @@
 #include <utility>
 #include <vector>
 
-#include "core/allocator.h"
 #include "base/cuda_check.cuh"
 #include "base/error.h"
+#include "core/allocator.h"
 #include "core/cuda_allocator.h"
 #include "core/cuda_device_checks.h"
 #include "core/cuda_runtime.h"

@@ -9,9 +9,9 @@
 
 #include <cuda_runtime.h>
 
-#include "core/allocator.h"
 #include "base/cuda_check.cuh"
 #include "base/error.h"
+#include "core/allocator.h"
 #include "core/cuda_runtime.h"
 #include "core/cuda_stream.h"
 

@@ -10,8 +10,8 @@
 
 #include <cstddef>
 
-#include "core/allocator.h"
 #include "base/device.h"
+#include "core/allocator.h"
 #include "core/cuda_stream.h"
 #include "kernels/cuda/stream.h"
 

@@ -1,7 +1,7 @@
 #include "core/storage.h"
 
-#include "core/allocator.h"
 #include "base/error.h"
+#include "core/allocator.h"
 
 namespace mg {
 

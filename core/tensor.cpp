@@ -6,9 +6,9 @@
 #include <cstdio>
 #include <sstream>
 
+#include "base/checked_size.h"
 #include "core/allocator.h"
 #include "core/autograd/node.h"
-#include "base/checked_size.h"
 #include "core/grad_mode.h"
 #include "core/ops.h"
 #include "core/ops/op_common.h"  // MG_KERNEL: the CPU or CUDA twin by device

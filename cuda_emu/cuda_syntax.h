@@ -33,8 +33,9 @@ class KernelLaunch {
 
   template <class... A>
   void operator()(A&&... args) const {
-    static_assert(sizeof...(A) == sizeof...(P), "the launch passes a different number of arguments than the "
-                                                "kernel has parameters");
+    static_assert(sizeof...(A) == sizeof...(P),
+                  "the launch passes a different number of arguments than the "
+                  "kernel has parameters");
     Launch launch;
     launch.kernel_name = name_;
     launch.kernel = reinterpret_cast<const void*>(kernel_);
@@ -64,7 +65,8 @@ const char* kernel_launch_name(const char* expression, const char* enclosing_fun
 
 template <class... P>
 KernelLaunch<P...> cuda_launch(void (*kernel)(P...), const char* expression, const char* enclosing_function,
-                               dim3 grid, dim3 block, size_t shared_bytes = 0, cudaStream_t stream = nullptr) {
+                               dim3 grid, dim3 block, size_t shared_bytes = 0,
+                               cudaStream_t stream = nullptr) {
   return KernelLaunch<P...>(kernel, kernel_launch_name(expression, enclosing_function), grid, block,
                             shared_bytes, stream);
 }

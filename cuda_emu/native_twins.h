@@ -1,8 +1,8 @@
-// The emulated twins of kernels/cuda/native.cuh (the inline PTX): the same names, with the same signatures, in the
-// same namespace, as calls into the emulator. Included by cuda_emu/cuda_emulated.h (forced in first
-// in the emulation build), which then defines native.cuh's include guard, so that when a kernel
-// file includes native.cuh the compiler skips it and the kernels call these instead. The kernel
-// sources have no #if for the emulator: this header is the emulated branch.
+// The emulated twins of kernels/cuda/native.cuh (the inline PTX): the same names, with the same signatures,
+// in the same namespace, as calls into the emulator. Included by cuda_emu/cuda_emulated.h (forced in first in
+// the emulation build), which then defines native.cuh's include guard, so that when a kernel file includes
+// native.cuh the compiler skips it and the kernels call these instead. The kernel sources have no #if for the
+// emulator: this header is the emulated branch.
 //
 // The twins that can fault take the caller's file and line as defaulted arguments, so a fault
 // names the kernel's line (gemm_tensor_core.cu:243), not this header's.

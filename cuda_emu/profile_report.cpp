@@ -45,19 +45,20 @@ void print_sites(std::FILE* out, const std::vector<LaunchProfile>& launches, int
                    l.fp32_flops + l.tensor_flops, l.dram_bytes_lru());
       continue;
     }
-    std::fprintf(out, "%*slaunch %s grid %ux%ux%u block %ux%ux%u, %llu of %llu blocks traced, DRAM %.3g bytes\n",
+    std::fprintf(out,
+                 "%*slaunch %s grid %ux%ux%u block %ux%ux%u, %llu of %llu blocks traced, DRAM %.3g bytes\n",
                  in, "", l.kernel.c_str(), l.grid.x, l.grid.y, l.grid.z, l.block.x, l.block.y, l.block.z,
                  static_cast<unsigned long long>(l.traced_blocks), static_cast<unsigned long long>(l.blocks),
                  l.dram_bytes_lru());
     for (const SiteCounts& s : l.sites) {
       const AccessCounts& c = s.counts;
       if (s.space == Space::global)
-        std::fprintf(out, "%*s%-44s global %-8s %10.0f requests %6.2f sectors/req %4.0f%% efficiency\n", in2, "",
-                     s.where.c_str(), name_of(s.op), c.requests, c.sectors / c.requests,
+        std::fprintf(out, "%*s%-44s global %-8s %10.0f requests %6.2f sectors/req %4.0f%% efficiency\n", in2,
+                     "", s.where.c_str(), name_of(s.op), c.requests, c.sectors / c.requests,
                      c.sectors > 0 ? 100 * c.bytes / (32 * c.sectors) : 0.0);
       else if (s.space == Space::shared)
-        std::fprintf(out, "%*s%-44s shared %-8s %10.0f requests %6.2f wavefronts/req (%.2f of ideal)\n", in2, "",
-                     s.where.c_str(), name_of(s.op), c.requests, c.wavefronts / c.requests,
+        std::fprintf(out, "%*s%-44s shared %-8s %10.0f requests %6.2f wavefronts/req (%.2f of ideal)\n", in2,
+                     "", s.where.c_str(), name_of(s.op), c.requests, c.wavefronts / c.requests,
                      c.ideal_wavefronts > 0 ? c.wavefronts / c.ideal_wavefronts : 0.0);
       else
         std::fprintf(out, "%*s%-44s %-15s %10.0f instructions\n", in2, "", s.where.c_str(), name_of(s.op),
@@ -72,34 +73,38 @@ namespace {
 void print_counts(std::FILE* out, const char* what, const AccessCounts& c, bool shared) {
   if (c.requests == 0) return;
   if (shared)
-    std::fprintf(out, "    %-14s %12.0f requests %8.0f wavefronts (%.2f per request, %.2fx the ideal %.0f)\n", what,
-                 c.requests, c.wavefronts, c.wavefronts / c.requests,
+    std::fprintf(out, "    %-14s %12.0f requests %8.0f wavefronts (%.2f per request, %.2fx the ideal %.0f)\n",
+                 what, c.requests, c.wavefronts, c.wavefronts / c.requests,
                  c.ideal_wavefronts > 0 ? c.wavefronts / c.ideal_wavefronts : 0.0, c.ideal_wavefronts);
   else
-    std::fprintf(out, "    %-14s %12.0f requests %8.0f sectors (%.2f per request, %.0f%% of their bytes used)\n", what,
-                 c.requests, c.sectors, c.sectors / c.requests,
+    std::fprintf(out,
+                 "    %-14s %12.0f requests %8.0f sectors (%.2f per request, %.0f%% of their bytes used)\n",
+                 what, c.requests, c.sectors, c.sectors / c.requests,
                  c.sectors > 0 ? 100 * c.bytes / (32 * c.sectors) : 0.0);
 }
 
 }  // namespace
 
 void print_report(std::FILE* out, const std::vector<LaunchProfile>& launches, bool sites) {
-  std::fprintf(out,
-               "\n== cuda_emu profile: %zu launch%s (counts from the emulator's access tracer; H200 times are "
-               "PREDICTIONS of cuda_emu/h200_model.h, not measurements) ==\n",
-               launches.size(), launches.size() == 1 ? "" : "es");
+  std::fprintf(
+      out,
+      "\n== cuda_emu profile: %zu launch%s (counts from the emulator's access tracer; H200 times are "
+      "PREDICTIONS of cuda_emu/h200_model.h, not measurements) ==\n",
+      launches.size(), launches.size() == 1 ? "" : "es");
   for (size_t i = 0; i < launches.size(); ++i) {
     const LaunchProfile& l = launches[i];
     const Prediction p = predict_h200(work_of(l, 0));
     if (l.library) {
-      std::fprintf(out, "[%zu] %s (library call): predicted H200 %.2f us\n", i, l.kernel.c_str(), p.seconds * 1e6);
+      std::fprintf(out, "[%zu] %s (library call): predicted H200 %.2f us\n", i, l.kernel.c_str(),
+                   p.seconds * 1e6);
       continue;
     }
-    std::fprintf(out, "[%zu] %s  grid (%u,%u,%u) block (%u,%u,%u)  shared %llu B/block", i, l.kernel.c_str(), l.grid.x,
-                 l.grid.y, l.grid.z, l.block.x, l.block.y, l.block.z,
+    std::fprintf(out, "[%zu] %s  grid (%u,%u,%u) block (%u,%u,%u)  shared %llu B/block", i, l.kernel.c_str(),
+                 l.grid.x, l.grid.y, l.grid.z, l.block.x, l.block.y, l.block.z,
                  static_cast<unsigned long long>(l.shared_bytes_per_block));
     if (l.traced_blocks < l.blocks)
-      std::fprintf(out, "  (%llu of %llu blocks traced, counts scaled to the grid)", static_cast<unsigned long long>(l.traced_blocks),
+      std::fprintf(out, "  (%llu of %llu blocks traced, counts scaled to the grid)",
+                   static_cast<unsigned long long>(l.traced_blocks),
                    static_cast<unsigned long long>(l.blocks));
     std::fprintf(out, "\n");
     print_counts(out, "global loads", l.global_load, false);
@@ -142,7 +147,8 @@ void start_from_environment() {
     }
     g_report_sites = std::strcmp(v, "sites") == 0;
     Options options;
-    if (const char* b = std::getenv("MG_EMU_PROFILE_BLOCKS")) options.max_traced_blocks = std::strtoull(b, nullptr, 10);
+    if (const char* b = std::getenv("MG_EMU_PROFILE_BLOCKS"))
+      options.max_traced_blocks = std::strtoull(b, nullptr, 10);
     begin(options);
     std::atexit(report_at_exit);
   });

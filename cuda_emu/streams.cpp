@@ -423,8 +423,9 @@ cudaError_t launch(Launch l) {
     why = std::to_string(static_bytes) + " bytes of static __shared__ memory + " +
           std::to_string(l.dynamic_shared_bytes) + " dynamic, over the " + (l.shared_opt_in ? "227" : "48") +
           " KiB a block may have" +
-          (l.shared_opt_in ? "" : " (cudaFuncSetAttribute(cudaFuncAttributeMaxDynamicSharedMemorySize) opts in "
-                                  "to 227 KiB)");
+          (l.shared_opt_in ? ""
+                           : " (cudaFuncSetAttribute(cudaFuncAttributeMaxDynamicSharedMemorySize) opts in "
+                             "to 227 KiB)");
   } else if (!stream_exists(l.stream)) {
     err = cudaErrorInvalidResourceHandle;
     why = "unknown stream";

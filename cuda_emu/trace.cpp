@@ -672,8 +672,8 @@ void memcheck_access(const void* address, unsigned bytes, Op op, uintptr_t site)
   const auto it = names.find(site);
   const std::string offset = std::to_string(reinterpret_cast<uintptr_t>(address) - start);
   const std::string what = std::string("out-of-bounds ") + (op == Op::store ? "write" : "read") + " of " +
-                           std::to_string(bytes) + " bytes at byte " + offset + " of a " + std::to_string(size) +
-                           "-byte device allocation (MG_EMU_MEMCHECK)";
+                           std::to_string(bytes) + " bytes at byte " + offset + " of a " +
+                           std::to_string(size) + "-byte device allocation (MG_EMU_MEMCHECK)";
   device_fault(what.c_str(), it == names.end() ? "an instrumented kernel" : it->second.c_str(), -1);
 }
 

@@ -47,11 +47,11 @@
 #include "nn/zoo.h"
 #include "optim/adam.h"
 #include "optim/lr_scheduler.h"
+#include "parallel/comm/heartbeat.h"
 #include "parallel/data_parallel/distributed.h"
 #include "parallel/data_parallel/distributed_data_parallel.h"
 #include "parallel/data_parallel/powersgd.h"
 #include "parallel/resilience/checkpoint_manager.h"
-#include "parallel/comm/heartbeat.h"
 #include "parallel/resilience/sharded_metric.h"
 #include "parallel/zero/zero_redundancy_optimizer.h"
 

@@ -25,9 +25,9 @@
 #include <string>
 #include <vector>
 
-#include "bench_kernels.h"
 #include "base/error.h"
 #include "base/half.h"
+#include "bench_kernels.h"
 #include "core/cuda_scratch.h"
 #include "core/cuda_stream.h"
 #include "kernels/cuda/gemm_ladder.h"

@@ -11,9 +11,9 @@
 //
 // Rows are "softmax/<rung>" and "layer_norm/<rung>", rungs in ladder order (naive, warp, block,
 // online, registers), and "softmax/production": softmax.cu's kernel, whose algorithm the ladder's
-// registers rung teaches (layer norm's top two rungs are its production code). achieved = compulsory bytes / median time
-// (the bytes a perfect kernel moves: each input read once, each output written once; the rungs that
-// reread a row get no credit for it); ratio = achieved / the copy ceiling. max_rel_error = max |gpu -
+// registers rung teaches (layer norm's top two rungs are its production code). achieved = compulsory bytes /
+// median time (the bytes a perfect kernel moves: each input read once, each output written once; the rungs
+// that reread a row get no credit for it); ratio = achieved / the copy ceiling. max_rel_error = max |gpu -
 // cpu| / max |cpu| against the CPU kernel (kernels/cpu/softmax.h, layer_norm.h) on the same input,
 // the largest over y, mean and rstd, with the output poisoned (NaN) first; tolerance 1e-5.
 //
@@ -178,8 +178,8 @@ void softmax_rows(const Shape& s, const Env& env, std::vector<KernelResult>& row
   rows.push_back(measure(
       "softmax", kc::RowKernel::registers, s, 8.0 * n,
       [&] {
-        kc::softmax_rows_forward(mg::cuda::current_kernel_stream(), DType::f32, s.rows, s.cols, xd.ptr, yd.ptr,
-                                 false, false);
+        kc::softmax_rows_forward(mg::cuda::current_kernel_stream(), DType::f32, s.rows, s.cols, xd.ptr,
+                                 yd.ptr, false, false);
       },
       {&yd}, {&ref}, env));
   rows.back().kernel = "softmax/production";

@@ -64,8 +64,8 @@
 #include <string>
 #include <vector>
 
-#include "bench_kernels.h"
 #include "base/error.h"
+#include "bench_kernels.h"
 #include "core/cuda_allocator.h"
 #include "core/cuda_runtime.h"
 #include "core/cuda_stream.h"

@@ -56,8 +56,8 @@
 #include <utility>
 #include <vector>
 
-#include "bench_kernels.h"
 #include "base/half.h"
+#include "bench_kernels.h"
 #include "core/cuda_scratch.h"
 #include "core/cuda_stream.h"
 #include "kernels/cpu/cross_entropy.h"

@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "bench_kernels.h"
 #include "base/error.h"
+#include "bench_kernels.h"
 
 #if defined(MG_CUDA_EMULATE)
 #include "cuda_emu/emulator.h"

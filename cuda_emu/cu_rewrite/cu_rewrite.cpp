@@ -85,8 +85,8 @@ std::vector<Token> lex(const std::string& s) {
     if (std::isdigit(static_cast<unsigned char>(c)) ||
         (c == '.' && i + 1 < n && std::isdigit(static_cast<unsigned char>(s[i + 1])))) {
       while (i < n && (ident_char(s[i]) || s[i] == '.' || s[i] == '\'' ||
-                       ((s[i] == '+' || s[i] == '-') && (s[i - 1] == 'e' || s[i - 1] == 'E' ||
-                                                         s[i - 1] == 'p' || s[i - 1] == 'P'))))
+                       ((s[i] == '+' || s[i] == '-') &&
+                        (s[i - 1] == 'e' || s[i - 1] == 'E' || s[i - 1] == 'p' || s[i - 1] == 'P'))))
         ++i;
       out.push_back({Kind::number, b, i, s.substr(b, i - b)});
       continue;
@@ -220,7 +220,8 @@ class Rewriter {
     if (i == 0) return false;
     const Token& p = t_[i - 1];
     if (p.kind == Kind::punct) return p.text == ")";
-    static const char* const after[] = {"const", "noexcept", "override", "final", "mutable", "volatile", "try"};
+    static const char* const after[] = {"const",   "noexcept", "override", "final",
+                                        "mutable", "volatile", "try"};
     for (const char* a : after)
       if (p.text == a) return true;
     // `-> type {`: a trailing return type; look back over the type to the `->`.
@@ -338,7 +339,8 @@ class Rewriter {
       if ((x == "__align__" || x == "alignas" || x == "__attribute__") && is_punct(i + 1, "(")) {
         const size_t close = matching(i + 1);
         for (size_t j = i + 1; j < close; ++j)
-          if (t_[j].kind == Kind::number) align = std::max(align, std::strtol(t_[j].text.c_str(), nullptr, 0));
+          if (t_[j].kind == Kind::number)
+            align = std::max(align, std::strtol(t_[j].text.c_str(), nullptr, 0));
         i = close;
         continue;
       }
@@ -347,16 +349,17 @@ class Rewriter {
     }
     std::vector<Declarator> decls;
     if (!declarators(rest, decls)) {
-      fail(at, "a __shared__ declaration the emulation build cannot read (one variable per name, "
-               "e.g. `__shared__ float tile[32][33];`)");
+      fail(at,
+           "a __shared__ declaration the emulation build cannot read (one variable per name, "
+           "e.g. `__shared__ float tile[32][33];`)");
       return end;
     }
     std::string text;
     for (const Declarator& d : decls) {
       const bool unbounded = d.type.size() >= 2 && d.type.compare(d.type.size() - 2, 2, "[]") == 0;
       if (is_extern && !unbounded) {
-        fail(at, "extern __shared__ " + d.name + " must be an array of unknown size, e.g. `extern __shared__ float " +
-                     d.name + "[];`");
+        fail(at, "extern __shared__ " + d.name +
+                     " must be an array of unknown size, e.g. `extern __shared__ float " + d.name + "[];`");
         return end;
       }
       std::string value;
@@ -372,7 +375,8 @@ class Rewriter {
       } else {
         const std::string accessor = "mg_emu_shared_" + d.name;
         if (!is_extern) text += "struct mg_emu_shared_tag_" + d.name + " {}; ";
-        text += std::string("inline ") + (is_extern ? "auto " : "auto& ") + accessor + "() { return " + value + "; } ";
+        text += std::string("inline ") + (is_extern ? "auto " : "auto& ") + accessor + "() { return " +
+                value + "; } ";
         globals_[d.name] = accessor;
       }
       ++result_.shared;
@@ -468,6 +472,8 @@ class Rewriter {
 
 }  // namespace
 
-Result rewrite_cuda(const std::string& source, const std::string& name) { return Rewriter(source, name).run(); }
+Result rewrite_cuda(const std::string& source, const std::string& name) {
+  return Rewriter(source, name).run();
+}
 
 }  // namespace mg_emu::rewrite

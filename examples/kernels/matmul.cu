@@ -33,7 +33,8 @@ __global__ void matmul_tiled(const float* a, const float* b, float* c, int m, in
   for (int k0 = 0; k0 < k; k0 += kTile) {
     // each thread loads one element of each tile (zeros past the edges)
     a_tile[threadIdx.y][threadIdx.x] = row < m && k0 + threadIdx.x < k ? a[row * k + k0 + threadIdx.x] : 0.f;
-    b_tile[threadIdx.y][threadIdx.x] = k0 + threadIdx.y < k && col < n ? b[(k0 + threadIdx.y) * n + col] : 0.f;
+    b_tile[threadIdx.y][threadIdx.x] =
+        k0 + threadIdx.y < k && col < n ? b[(k0 + threadIdx.y) * n + col] : 0.f;
     __syncthreads();  // the tiles are complete
     for (int i = 0; i < kTile; ++i) acc += a_tile[threadIdx.y][i] * b_tile[i][threadIdx.x];
     __syncthreads();  // everyone is done with them before the next pass overwrites them
@@ -73,8 +74,9 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < hc.size(); ++i) worst = std::fmax(worst, std::fabs(double(hc[i]) - ref[i]));
     const bool ok = cudaGetLastError() == cudaSuccess && worst < 1e-4 * k;
     all_ok &= ok;
-    std::printf("%s: %dx%d = %dx%d * %dx%d, largest error %.2g: %s\n", version == 0 ? "matmul_naive" : "matmul_tiled",
-                m, n, m, k, k, n, worst, ok ? "correct" : "WRONG");
+    std::printf("%s: %dx%d = %dx%d * %dx%d, largest error %.2g: %s\n",
+                version == 0 ? "matmul_naive" : "matmul_tiled", m, n, m, k, k, n, worst,
+                ok ? "correct" : "WRONG");
   }
   cudaFree(a);
   cudaFree(b);

@@ -40,13 +40,13 @@ __global__ void transpose_padded(const float* in, float* out, int n) {
   out[y * n + x] = tile[threadIdx.x][threadIdx.y];
 }
 
-#define CHECK(call)                                                                      \
-  do {                                                                                   \
-    cudaError_t e_ = (call);                                                             \
-    if (e_ != cudaSuccess) {                                                             \
+#define CHECK(call)                                                                               \
+  do {                                                                                            \
+    cudaError_t e_ = (call);                                                                      \
+    if (e_ != cudaSuccess) {                                                                      \
       std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                      \
-    }                                                                                    \
+      std::exit(1);                                                                               \
+    }                                                                                             \
   } while (0)
 
 int main(int argc, char** argv) {

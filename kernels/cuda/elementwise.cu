@@ -356,7 +356,8 @@ __device__ __forceinline__ C clamp_value(C x, C lo, C hi, bool lo_above_hi) {
 template <class T>
 __global__ void clamp_kernel(OffsetCalc<2> oc, bool contiguous, PackPlan plan, int64_t n, const T* in, T* out,
                              acc_t<T> lo, acc_t<T> hi, bool lo_above_hi) {
-  map_elements(oc, contiguous, plan, n, in, out, [&](acc_t<T> v) { return clamp_value(v, lo, hi, lo_above_hi); });
+  map_elements(oc, contiguous, plan, n, in, out,
+               [&](acc_t<T> v) { return clamp_value(v, lo, hi, lo_above_hi); });
 }
 
 template <class T>

@@ -44,7 +44,6 @@
 namespace mg::kernels::cuda {
 namespace {
 
-
 // The first two sweeps of softmax and log-softmax: the max of `count` elements x[j * stride] (NaN
 // wins, like the CPU's max), then the sum of exp(x - max). With Block, the threads of the block
 // share the elements (j = threadIdx.x, += blockDim.x) and every thread gets the block's max and

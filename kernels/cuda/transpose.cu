@@ -105,9 +105,9 @@ __global__ void move_kernel(MoveIndex index, PackPlan plan, int64_t n, const W* 
 }
 
 // ---- the tiled transpose -------------------------------------------------------------------------
-constexpr int kTile = 32;        // a tile is kTile x kTile elements (kPairTile for 16-bit pairs)
-constexpr int kPairTile = 64;    // 16-bit elements moved as 4-byte pairs
-constexpr int kTileRows = 8;     // 256 threads: 8 warps
+constexpr int kTile = 32;      // a tile is kTile x kTile elements (kPairTile for 16-bit pairs)
+constexpr int kPairTile = 64;  // 16-bit elements moved as 4-byte pairs
+constexpr int kTileRows = 8;   // 256 threads: 8 warps
 
 struct TilePlan {
   int64_t size_a = 0, size_b = 0;  // A: the output's unit-stride dim; B: the input's

@@ -14,8 +14,8 @@
 #include <thread>
 #include <vector>
 
-#include "core/allocator.h"
 #include "base/error.h"
+#include "core/allocator.h"
 #include "core/cuda_runtime.h"
 #include "core/grad_mode.h"
 #include "parallel/comm/flight_recorder.h"

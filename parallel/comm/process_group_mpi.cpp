@@ -48,9 +48,9 @@
 #include "base/half.h"
 #include "core/grad_mode.h"
 #include "parallel/comm/flight_recorder.h"
+#include "parallel/comm/heartbeat.h"
 #include "parallel/comm/process_group.h"
 #include "parallel/comm/process_group_signature.h"
-#include "parallel/comm/heartbeat.h"
 
 #ifdef MG_HAS_MPI
 #include <mpi.h>

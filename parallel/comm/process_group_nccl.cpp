@@ -58,8 +58,8 @@
 
 #include "base/error.h"
 #include "parallel/comm/flight_recorder.h"
-#include "parallel/comm/process_group.h"
 #include "parallel/comm/heartbeat.h"
+#include "parallel/comm/process_group.h"
 
 #if defined(MG_HAS_NCCL) && defined(MG_HAS_CUDA)
 #include <cuda_runtime.h>

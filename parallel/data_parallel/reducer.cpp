@@ -5,8 +5,8 @@
 
 #include <algorithm>
 
-#include "core/autograd/node.h"
 #include "base/error.h"
+#include "core/autograd/node.h"
 #include "core/grad_mode.h"
 #include "parallel/comm/flight_recorder.h"
 #include "parallel/comm/ring_allreduce.h"

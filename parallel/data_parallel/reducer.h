@@ -158,7 +158,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   BucketFuture launch_bucket(size_t index);  // the hook, or the plain all-reduce
   void wait_for_bucket(Bucket& bucket);      // the averaged result in bucket.flat
   std::string wait_for_all_buckets();        // in order; the first failure's message, or ""
-  void finalize();  // the plain step: wait, write back, record
+  void finalize();                           // the plain step: wait, write back, record
   void write_back_gradients();
   void record_pass(std::chrono::steady_clock::time_point backward_end);
   void reset_pass();

@@ -63,7 +63,8 @@ std::vector<size_t> Reducer::static_graph_order() const {
   std::vector<size_t> used;
   for (size_t i = 0; i < params_.size(); ++i)
     if (arrivals_[i] > 0) used.push_back(i);
-  std::sort(used.begin(), used.end(), [&](size_t a, size_t b) { return last_arrival_[a] < last_arrival_[b]; });
+  std::sort(used.begin(), used.end(),
+            [&](size_t a, size_t b) { return last_arrival_[a] < last_arrival_[b]; });
   order.insert(order.end(), used.begin(), used.end());
   return order;
 }

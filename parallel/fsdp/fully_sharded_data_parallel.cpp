@@ -8,8 +8,8 @@
 #include <set>
 #include <string>
 
-#include "core/autograd/node.h"
 #include "base/error.h"
+#include "core/autograd/node.h"
 #include "core/grad_mode.h"
 
 namespace mg::parallel {

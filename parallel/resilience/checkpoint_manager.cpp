@@ -21,8 +21,8 @@
 #include "core/files.h"
 #include "core/grad_mode.h"
 #include "core/safetensors.h"
-#include "parallel/comm/object_collectives.h"
 #include "parallel/comm/heartbeat.h"
+#include "parallel/comm/object_collectives.h"
 #include "parallel/zero/zero_redundancy_optimizer.h"
 
 namespace mg::parallel {

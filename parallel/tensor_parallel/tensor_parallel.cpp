@@ -2,8 +2,8 @@
 
 #include <vector>
 
-#include "core/autograd/node.h"
 #include "base/error.h"
+#include "core/autograd/node.h"
 #include "core/grad_mode.h"
 #include "core/ops.h"
 #include "nn/activation.h"

@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <string>
 
-#include "core/autograd/node.h"
 #include "base/error.h"
+#include "core/autograd/node.h"
 #include "core/grad_mode.h"
 #include "parallel/data_parallel/reducer.h"
 

@@ -260,9 +260,8 @@ TEST_CASE("a shared-memory transpose: 32 wavefronts per column read, 1 after pad
 
   // The same kernels with the tile in dynamic shared memory, and at namespace scope: the same counts.
   for (int pitch : {32, 33}) {
-    const profile::LaunchProfile dynamic = profile_one([&] {
-      transpose_dynamic_kernel<<<1, dim3(32, 32), 32 * pitch * sizeof(float)>>>(in, out, pitch);
-    });
+    const profile::LaunchProfile dynamic = profile_one(
+        [&] { transpose_dynamic_kernel<<<1, dim3(32, 32), 32 * pitch * sizeof(float)>>>(in, out, pitch); });
     const profile::LaunchProfile& same = pitch == 32 ? plain : padded;
     CHECK(dynamic.shared_bytes_per_block == same.shared_bytes_per_block);
     CHECK(dynamic.shared_store.requests == same.shared_store.requests);

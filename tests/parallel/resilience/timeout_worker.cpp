@@ -33,8 +33,8 @@
 #include <unistd.h>
 
 #include "core/tensor.h"
-#include "parallel/comm/process_group.h"
 #include "parallel/comm/heartbeat.h"
+#include "parallel/comm/process_group.h"
 
 using namespace mg;
 using namespace mg::parallel;
