@@ -314,7 +314,7 @@ void make_order(std::vector<int>& v, int n, ThreadOrder order, uint64_t seed) {
 }  // namespace
 
 std::string run_block(const Launch& launch, uint3 block_index, ThreadOrder order, uint64_t seed,
-                      LaunchTrace* trace, uint64_t linear_block) {
+                      LaunchTrace* trace, uint64_t linear_block, size_t* static_shared_bytes) {
   Block b;
   b.launch = &launch;
   b.index = block_index;
@@ -369,7 +369,7 @@ std::string run_block(const Launch& launch, uint3 block_index, ThreadOrder order
   }
   t_block = outer;
   t_memcheck = memcheck_outer;
-  note_static_shared(launch.kernel, b.static_shared_bytes);
+  if (static_shared_bytes != nullptr) *static_shared_bytes = b.static_shared_bytes;
   if (b.fault.empty()) traced.finish(b.static_shared_bytes);
   // Fibers still suspended (after a fault) are unwound here, as `b` goes away.
   return b.fault.empty() ? std::string() : "block " + coords(block_index) + ", " + b.fault;

@@ -17,12 +17,14 @@ enum class ThreadOrder : int { forward = 0, reverse = 1, shuffled = 2, vary = 3 
 // the fault ("block (1,0,0), thread (37,0,0): __syncthreads() at softmax.cu:120 ...").
 // `trace` (nullptr: not profiling) decides whether the block, `linear_block` of the grid, is traced.
 struct LaunchTrace;
+// `static_shared_bytes` (may be null) receives the bytes of the __shared__ arrays the block claimed.
 std::string run_block(const Launch& launch, uint3 block_index, ThreadOrder order, uint64_t seed,
-                      LaunchTrace* trace = nullptr, uint64_t linear_block = 0);
+                      LaunchTrace* trace = nullptr, uint64_t linear_block = 0,
+                      size_t* static_shared_bytes = nullptr);
 
 // A kernel's static __shared__ bytes as its blocks found them (a GPU knows them from the compiled
-// kernel; the emulator learns them as the arrays are first used): every block reports what it
-// claimed, and launch() checks the next launches of that kernel against the limit up front.
+// kernel; the emulator learns them as the arrays are first used): each grid reports the most any
+// of its blocks claimed, and launch() checks the next launches of that kernel against the limit.
 void note_static_shared(const void* kernel, size_t bytes);
 size_t known_static_shared(const void* kernel);  // 0 until a block of it has run
 

@@ -168,6 +168,7 @@ struct Grid {
   std::atomic<uint64_t> next{0};
   std::atomic<uint64_t> finished{0};
   std::atomic<bool> failed{false};
+  std::atomic<size_t> static_shared_bytes{0};  // the most any block claimed (note_static_shared)
   std::mutex mutex;
   std::condition_variable done;
   std::string fault;
@@ -206,7 +207,12 @@ class BlockWorkers {
       if (!g.failed.load() && !skipped) {
         const uint3 index{static_cast<unsigned>(b % grid.x), static_cast<unsigned>(b / grid.x % grid.y),
                           static_cast<unsigned>(b / (uint64_t(grid.x) * grid.y))};
-        std::string fault = run_block(*g.launch, index, g.order, block_seed(g.seed, b), g.trace.get(), b);
+        size_t claimed = 0;
+        std::string fault =
+            run_block(*g.launch, index, g.order, block_seed(g.seed, b), g.trace.get(), b, &claimed);
+        size_t seen = g.static_shared_bytes.load();
+        while (claimed > seen && !g.static_shared_bytes.compare_exchange_weak(seen, claimed)) {
+        }
         if (!fault.empty()) {
           std::lock_guard<std::mutex> lock(g.mutex);
           if (!g.failed.exchange(true)) g.fault = std::move(fault);
@@ -447,6 +453,7 @@ cudaError_t launch(Launch l) {
     grid->seed = block_seed(seed, ~number);  // the launch's seed: the base seed and the launch number
     grid->blocks = uint64_t(shared->grid.x) * shared->grid.y * shared->grid.z;
     workers().run(grid);
+    note_static_shared(shared->kernel, grid->static_shared_bytes.load());
     if (trace) trace_launch_done(*trace);
     if (grid->failed.load())  // the order and seed, to replay the fault with MG_EMU_ORDER / MG_EMU_SEED
       throw std::runtime_error("kernel " + std::string(shared->kernel_name) + ", " + grid->fault +
