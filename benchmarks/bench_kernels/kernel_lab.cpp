@@ -10,8 +10,8 @@
 //   31 of 37 rows and every row of 3000 off a 16-byte boundary for the packs' scalar head)
 //
 // Rows are "softmax/<rung>" and "layer_norm/<rung>", rungs in ladder order (naive, warp, block,
-// online, registers), and "softmax/production": softmax.cu's kernel, whose algorithm the ladder's
-// registers rung teaches (layer norm's top two rungs are its production code). achieved = compulsory bytes /
+// online, registers), then "<op>/production": softmax.cu's and layer_norm.cu's kernels, whose
+// algorithm the ladders' registers rungs teach. achieved = compulsory bytes /
 // median time (the bytes a perfect kernel moves: each input read once, each output written once; the rungs
 // that reread a row get no credit for it); ratio = achieved / the copy ceiling. max_rel_error = max |gpu -
 // cpu| / max |cpu| against the CPU kernel (kernels/cpu/softmax.h, layer_norm.h) on the same input,
@@ -211,6 +211,15 @@ void layer_norm_rows(const Shape& s, const Env& env, std::vector<KernelResult>& 
         },
         {&yd, &md, &rd}, {&ref, &ref_mean, &ref_rstd}, env));
   }
+  // The production kernel (layer_norm.cu, every dtype) beside the ladder's teaching rungs 4 and 5.
+  rows.push_back(measure(
+      "layer_norm", kc::RowKernel::registers, s, bytes,
+      [&] {
+        kc::layer_norm_rows_forward(mg::cuda::current_kernel_stream(), DType::f32, xd.ptr, wd.ptr, bd.ptr,
+                                    s.rows, s.cols, 1e-5, yd.ptr, md.ptr, rd.ptr, false);
+      },
+      {&yd, &md, &rd}, {&ref, &ref_mean, &ref_rstd}, env));
+  rows.back().kernel = "layer_norm/production";
 }
 
 std::vector<KernelResult> bench_lab(const BenchOptions& options, const Ceilings& ceilings) {
@@ -226,7 +235,7 @@ std::vector<KernelResult> bench_lab(const BenchOptions& options, const Ceilings&
   if (!rows.empty())
     rows.front().note =
         "lab: softmax and layer_norm forward, f32, every rung of kernels/cuda/kernel_lab.h, and the "
-        "production softmax; bytes: each input read once, each output written once";
+        "production kernels; bytes: each input read once, each output written once";
   return rows;
 }
 

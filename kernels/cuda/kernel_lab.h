@@ -19,8 +19,8 @@
 //              from the registers: THE PRODUCTION KERNELS' ALGORITHM (kernels/cuda/softmax.cu,
 //              layer_norm.cu: a warp per row up to 32 x 8 packs, a block per row up to 1024 x 8,
 //              every floating dtype); a row too long for the registers takes the online design.
-//              The softmax ladder has its own f32 versions of the top two rungs (a warp per row up
-//              to 1024 floats); layer norm's top two rungs are its production code
+//              Each ladder has its own f32 versions of the top two rungs (float4 loads; a warp per
+//              row up to 1024 floats for registers), beside the production kernels they teach
 //
 // The lab's entry points take f32 only (the production ones take f32, f64, f16 and bf16).
 // Host-only header (no CUDA includes). The functions are defined in CUDA builds only
@@ -66,9 +66,9 @@ void layer_norm_lab(cudaStream_t stream, RowKernel rung, int64_t rows, int64_t c
 // ---- the production side of the two top rungs (softmax.cu, layer_norm.cu) ------------------------
 // The production forward of kernels.h with its design forced: `online` true takes the online
 // (streaming) design even for a row that fits in registers; false is kernels.h's function (the
-// registers design, or online for a row too long for them). Any floating dtype. The layer norm
-// lab's rungs `online` and `registers` are these with f32; the softmax lab's are the ladder's own
-// (softmax_ladder.cu), and bench_kernels measures this one beside them (softmax/production).
+// registers design, or online for a row too long for them). Any floating dtype. The labs' rungs
+// `online` and `registers` are the ladders' own teaching kernels; bench_kernels measures these
+// beside them (softmax/production, layer_norm/production).
 void softmax_rows_forward(cudaStream_t stream, DType dtype, int64_t rows, int64_t dim, const void* x, void* y,
                           bool log, bool online);
 void layer_norm_rows_forward(cudaStream_t stream, DType dtype, const void* x, const void* weight,

@@ -67,6 +67,7 @@
 #include "kernels/cuda/kernel_lab.h"
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/row_packs.cuh"
+#include "kernels/cuda/welford.cuh"
 #include "kernels/cuda/workspace.h"
 
 namespace mg::kernels::cuda {
@@ -190,48 +191,6 @@ __global__ void __launch_bounds__(Warp ? 32 * kRowWarpsPerBlock : max_row_thread
 // A block per row, two sweeps of 16-byte loads, four packs a thread in flight at a time. The first
 // keeps each thread's Welford state (count, mean, sum of squared deviations M2), merged over the
 // block once by Chan's rule; the second rereads the row (from L2) and writes it.
-template <class S>
-struct Welford {
-  S n, mean, m2;
-};
-template <class S>
-__device__ __forceinline__ void welford_add(Welford<S>& w, S v) {
-  w.n += S(1);
-  const S d = v - w.mean;
-  w.mean += d / w.n;
-  w.m2 += d * (v - w.mean);
-}
-// Chan, Golub & LeVeque's merge of two parts. Not symmetric in a and b bit for bit, so callers pass
-// the parts in a fixed order (the lower lane first) and every lane computes the same state.
-template <class S>
-__device__ __forceinline__ Welford<S> welford_merge(const Welford<S>& a, const Welford<S>& b) {
-  if (b.n == S(0)) return a;
-  if (a.n == S(0)) return b;
-  const S n = a.n + b.n, d = b.mean - a.mean, fb = b.n / n;
-  return Welford<S>{n, a.mean + d * fb, a.m2 + b.m2 + d * d * a.n * fb};
-}
-template <class S>
-__device__ __forceinline__ Welford<S> warp_welford(Welford<S> w) {
-  const int lane = threadIdx.x % 32;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const Welford<S> other{__shfl_xor_sync(0xffffffffu, w.n, o), __shfl_xor_sync(0xffffffffu, w.mean, o),
-                           __shfl_xor_sync(0xffffffffu, w.m2, o)};
-    w = (lane & o) ? welford_merge(other, w) : welford_merge(w, other);
-  }
-  return w;
-}
-template <class S>
-__device__ Welford<S> block_welford(Welford<S> w) {
-  __shared__ Welford<S> partial[32];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-  w = warp_welford(w);
-  __syncthreads();  // the previous row's merge may still be reading `partial`
-  if (lane == 0) partial[warp] = w;
-  __syncthreads();
-  return warp_welford(lane < warps ? partial[lane] : Welford<S>{S(0), S(0), S(0)});
-}
-
 template <class T>
 __global__ void __launch_bounds__(512)
     forward_online_kernel(const T* x, const T* weight, const T* bias, int64_t rows, int64_t cols, double eps,
