@@ -71,8 +71,10 @@ int main(int argc, char** argv) {
   // float sums in another order than the reference's: about n * 6e-8 of it apart at most
   const double tolerance = 1e-6 * reference + 1e-3;
   const bool ok = std::fabs(tree - reference) < tolerance && std::fabs(shuffled - reference) < tolerance;
-  std::printf("sum of %d floats: reference %.3f, tree %.3f, shuffle %.3f: %s\n", n, reference, tree,
-              double(shuffled), ok ? "agree" : "DISAGREE");
+  // The shuffle's per-block atomicAdds land in whatever order the blocks finish, so its last digits
+  // change from run to run (on a GPU and under the emulator alike); the check allows for it.
+  std::printf("reference %.3f, tree %.3f, shuffle %.3f\n", reference, tree, double(shuffled));
+  std::printf("sum of %d floats: tree and shuffle %s\n", n, ok ? "agree with the reference" : "DISAGREE");
   cudaFree(in);
   cudaFree(sums);
   cudaFree(total);
