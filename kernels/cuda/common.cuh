@@ -79,6 +79,11 @@ __device__ __forceinline__ void store(T* p, V v) {
   }
 }
 
+// A 16-byte vector load or store needs its address 16-byte aligned (host and device alike).
+__host__ __device__ __forceinline__ bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
 // ---- raw words -------------------------------------------------------------------------------
 // The unsigned type of a given width: what one load or store of that many bytes moves, for code
 // that copies elements without looking at them (uint2 and uint4 are CUDA's 8- and 16-byte vector

@@ -180,9 +180,6 @@ __global__ void layer_norm_block(int64_t rows, int64_t cols, const float* x, con
 // misaligned row into a scalar head, packs and a scalar tail, keeps four packs a thread in flight, and stages
 // weight and bias in shared memory.
 // ================================================================================================
-__host__ __device__ __forceinline__ bool aligned16(const void* p) {
-  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
-}
 
 // Four outputs from four inputs at columns c..c+3, weight and bias read as float4 too (the caller
 // has checked they are 16-byte aligned, as c is a multiple of 4; a null one is aligned).

@@ -104,7 +104,6 @@ __device__ __forceinline__ void store_row_pack(T* p, const Pack<T, pack_width<T>
   MG_ROW_UNROLL
   for (int j = 0; j < V; ++j) p[j] = pack.v[j];
 }
-__device__ __forceinline__ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // The streaming (online) kernels' step: packs q0, q0 + threads, ..., q0 + (U - 1) threads of the
 // row (those before c.packs), loaded together: U packs in flight, one round trip.

@@ -145,9 +145,6 @@ __global__ void softmax_block(int64_t rows, int64_t dim, const float* x, float* 
 // softmax_online_kernel) also splits a misaligned row into a scalar head, 16-byte packs and a scalar
 // tail, so every row gets the packs, and keeps four packs a thread in flight.
 // ================================================================================================
-__host__ __device__ __forceinline__ bool aligned16(const void* p) {
-  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
-}
 
 __global__ void softmax_online(int64_t rows, int64_t dim, const float* x, float* y, bool log) {
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
