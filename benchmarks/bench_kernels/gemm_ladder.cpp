@@ -5,7 +5,8 @@
 // 4096^3, which alone would take seconds):
 //   "ladder/naive", "ladder/smem_tiled", "ladder/register_tiled"  f32, against cuBLAS f32 GEMM with
 //       CUBLAS_COMPUTE_32F (cublasSgemm's arithmetic: no TF32, whatever allow_tf32 says)
-//   "ladder/tensor_core"  bf16 in and out, f32 accumulation, against cuBLAS with the same types
+//   "ladder/mma_tiled", "ladder/tensor_core"  bf16 in and out, f32 accumulation, against cuBLAS with
+//       the same types
 // achieved and ceiling are TFLOP/s = 2 m n k / median seconds; ratio = ladder / cuBLAS. The issue's
 // floors (register_tiled >= 0.5 and tensor_core >= 0.5 of cuBLAS at 4096^3) are set on those rows.
 // max_rel_error: max |ladder - cuBLAS| / max |cuBLAS| over all of C, copied back to the host.
@@ -138,7 +139,7 @@ std::vector<KernelResult> bench_gemm_ladder(const BenchOptions& o, const Ceiling
             o.profile ? std::vector<float>{} : to_host(c_ref.ptr, int64_t(m) * n, bf16_values);
 
         const std::vector<kc::GemmKernel> steps =
-            bf16_values ? std::vector<kc::GemmKernel>{kc::GemmKernel::tensor_core}
+            bf16_values ? std::vector<kc::GemmKernel>{kc::GemmKernel::mma_tiled, kc::GemmKernel::tensor_core}
                         : std::vector<kc::GemmKernel>{kc::GemmKernel::naive, kc::GemmKernel::smem_tiled,
                                                       kc::GemmKernel::register_tiled};
         for (kc::GemmKernel step : steps) {
@@ -181,7 +182,7 @@ std::vector<KernelResult> bench_gemm_ladder(const BenchOptions& o, const Ceiling
             r.ratio = r.achieved / r.ceiling;
             if (o.profile) {  // only the traced blocks ran: C is not checked
               const double ideal_bytes = double(elem) * (double(m) * k + double(k) * n + double(m) * n);
-              r.profile = take_profile(ideal_bytes, step == kc::GemmKernel::tensor_core ? 0 : flops);
+              r.profile = take_profile(ideal_bytes, kc::uses_tensor_cores(step) ? 0 : flops);
               r.tolerance = -1;
             } else {
               r.max_rel_error = max_rel_error(to_host(c.ptr, int64_t(m) * n, bf16_values), ref);

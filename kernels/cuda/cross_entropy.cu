@@ -36,10 +36,8 @@
 // write pass): 8 C -> 4 C bytes forward, 16 C -> 8 C backward. With 4-byte
 // lanes over unaligned rows the H200 model (bench_kernels --profile, f32
 // [1335, 50257]) had both bound by bytes in flight, 4.87 sectors a request
-// (82% sector efficiency): forward 130 us, 43% of the roofline, backward 139
-// us, 80%. With the packs: 16.5 sectors a request (97%), DRAM-bound, forward
-// 64 us (88%), backward 114 us (98%); [333, 50257]: 69 -> 22 us and 71 -> 30
-// us. Not measured on a GPU yet: at HBM speed (H200: ~4.8 TB/s, ~1.2 T f32
+// (82% sector efficiency). With the packs: 16.5 sectors a request (97%),
+// DRAM-bound; docs/kernels.md has the predicted times. Not measured on a GPU yet: at HBM speed (H200: ~4.8 TB/s, ~1.2 T f32
 // logits/s) the expf per logit (one MUFU.EX2 and a few FMAs) stays under
 // the special-function units' ~4 T/s (132 SMs x 16 per clock).
 //

@@ -21,7 +21,7 @@
 // Cost per element: forward reads x and writes y (sizeof(T) each) and the
 // 1-byte mask: 9 bytes for f32, so 16M elements move 151 MB, ~30 us at an
 // H200's ~4.8 TB/s (the tracer: 16 sectors per request for x and y, 4 for the
-// f32 mask, all 100% used; predicted 34 us, DRAM bound). Ten Philox rounds
+// f32 mask, all 100% used: DRAM bound; the predicted time is in docs/kernels.md). Ten Philox rounds
 // (~70 integer instructions: two 32x32->64-bit multiplies, two 3-input xors and
 // two key adds per round) now serve four elements, ~18 per element: at roughly
 // 15-20 T integer instructions per second ~15-20 us for the same 16M elements,

@@ -45,8 +45,8 @@
 // instructions, address computations and loop iterations, each of which also
 // passes through the SM's load/store units and L1 tag stage once per warp.
 // The emulator's access tracer shows it: a bf16 where, clamp or unary
-// backward on 16M elements went from 2 sectors per request (predicted latency
-// bound, 25-47 us on an H200) to 16 (DRAM bound, 16-27 us).
+// backward on 16M elements went from 2 sectors per request (latency bound in
+// the H200 model) to 16 (DRAM bound); docs/kernels.md has the predicted times.
 //
 // Cost. A unary op on n elements of s bytes moves 2 n s bytes, its backward 3 n s
 // (2 n s for neg/sign), a binary op 3 n s (less when an operand is broadcast),

@@ -53,8 +53,8 @@
 // grad_out once and do one atomic per element; atomics to distinct addresses
 // run near bandwidth, but many positions naming the same row (a frequent token)
 // serialise on it. At the bench_kernels TinyGPT shapes ([256, 128] f32, 512
-// positions) both are launch-bound in the emulator's H200 model (a prediction:
-// ~2.8 us each, the launch latency 2.4 us of it).
+// positions) both are launch-bound in the emulator's H200 model (docs/kernels.md
+// has the predicted times).
 // Also runs on the CPU under the emulator (MG_CUDA=EMULATE): see docs/cuda-emulation.md.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"

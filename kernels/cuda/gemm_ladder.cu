@@ -1,4 +1,4 @@
-// The GEMM ladder: four hand-written CUDA kernels for C = alpha op(A) op(B) + beta C, each a step
+// The GEMM ladder: five hand-written CUDA kernels for C = alpha op(A) op(B) + beta C, each a step
 // up from the one before, beside the cuBLAS call in gemm.cu. The semantics are kernels/cpu/gemm.h's
 // (row-major, trans flags, leading dimensions, batch strides with 0 = broadcast, beta == 0 never
 // reads C, alpha == 0 never reads A or B); gemm_ladder.h says how to pick a step for matmul.
@@ -41,24 +41,34 @@
 //    registers while step t computes and written to the second of two shared buffers (double
 //    buffering: one __syncthreads per step). FMA throughput is the limit.
 //
-// 4. tensor_core (gemm_tensor_core, bf16/f16 in, f32 accumulate; its own file, gemm_tensor_core.cu,
-//    explains it): the FMA units are replaced by tensor cores through mma.sync.m16n8k16, fed by
-//    cp.async through a 4-stage shared-memory ring and by ldmatrix, in 128 x 128 or 128 x 256 block
-//    tiles. 64 (85) FLOP/byte from global; predicted shared-memory- or L2-bound, never tensor-bound.
+// 4. mma_tiled (gemm_mma_tiled, bf16/f16 in, f32 accumulate): the FMA units are replaced by tensor
+//    cores, one mma.sync.m16n8k16 per 16x16 by 16x8 product, and nothing else changes: step 2's
+//    synchronous element loads into padded shared tiles (64 x 64 x 16), each mma operand register
+//    read with a plain 32-bit shared load in mma's fragment layout, which this step spells out.
+//    32 FLOP/byte from global, 1/16 byte of shared memory per FLOP.
+//
+// 5. tensor_core (gemm_tensor_core, the production step; its own file, gemm_tensor_core.cu,
+//    explains it): step 4 fed properly. Operands arrive by cp.async (16 bytes, asynchronous)
+//    through a 4-stage shared-memory ring, swizzled so that ldmatrix (four fragment registers per
+//    instruction) reads them without bank conflicts; 64 x 64 warp tiles in 128 x 128 or 128 x 256
+//    block tiles; C leaves through shared memory as 16-byte stores. 64 (85) FLOP/byte from
+//    global, 1/32 byte of shared memory per FLOP.
 //
 // What the fast paths require (checked on the host; otherwise the same kernel takes its general
 // path, predicated element loads, so any shape, layout and pointer works):
 //   register_tiled: float4 loads when the operand's pointer is 16-byte aligned and its ld (and batch
 //     stride, if batch > 1) are multiples of 4; the same for C's float4 stores.
+//   mma_tiled: none (element loads and stores, any alignment).
 //   tensor_core: 16-byte cp.async when the pointer is 16-byte aligned and ld and batch stride are
 //     multiples of 8 elements; the same for C's 16-byte stores (8 elements).
 //   At the edges of m, n and k, only the vectors that cross the edge go element by element (and
 //   those wholly outside become zeros); whole tiles inside an aligned operand skip every check.
 // Sizes: m, n, k must fit in int (as for cuBLAS); offsets are computed in 64 bits.
 //
-// Compile time: one tile configuration per step (two for tensor_core, whose layouts are template
-// parameters: see gemm_tensor_core.cu). Everything else takes its layout as a runtime flag. Also
-// runs on the CPU under the emulator (MG_CUDA=EMULATE): see docs/cuda-emulation.md.
+// Compile time: one tile configuration per step, mma_tiled once per 16-bit dtype (two for
+// tensor_core, whose layouts are template parameters: see gemm_tensor_core.cu). Everything else takes its
+// layout as a runtime flag. Also runs on the CPU under the emulator (MG_CUDA=EMULATE): see
+// docs/cuda-emulation.md.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -329,6 +339,125 @@ __global__ void __launch_bounds__(kRtThreads, 2) gemm_register_tiled(const Probl
 }
 
 // ================================================================================================
+// Step 4: tensor cores, fed the simplest way. Block tile 64 (m) x 64 (n), k in steps of 16 (one
+// mma's depth), 128 threads = 4 warps in a 2 x 2 grid, each warp owning 32 x 32 of C as 2 (m) x 4
+// (n) tiles of mma.m16n8k16: 8 instructions per k step, each a 16x16 by 16x8 product (2048 FMAs).
+//
+// What mma.sync wants. A warp holds its operands spread over its 32 lanes in a fixed "fragment"
+// layout. With g = lane / 4 (0..7) and q = lane % 4 (0..3), and every register two 16-bit values
+// at neighbouring k (or, for C, f32 values at neighbouring columns):
+//   A (16 x 16, m x k)  a[0]: row g,   k 2q, 2q+1    a[1]: row g+8, k 2q, 2q+1
+//                       a[2]: row g,   k 2q+8, +9    a[3]: row g+8, k 2q+8, +9
+//   B (16 x 8, k x n)   b[0]: column g, k 2q, 2q+1   b[1]: column g, k 2q+8, +9
+//   C (16 x 8, f32)     c[0], c[1]: row g, columns 2q, 2q+1   c[2], c[3]: row g+8, same columns
+// So both tiles are kept in shared memory as [mn][k] (k contiguous): every register is then one
+// aligned 32-bit load, a_tile[row][2q] or b_tile[column][2q]. A row holds 16 k plus 8 halves of
+// padding: 48 bytes = 12 banks, so the 8 rows g of one load start 12 banks apart and, with the 4
+// q, cover all 32 banks once (without the padding rows 0, 2, 4, 6 would share banks: 4-way).
+//
+// Loading is step 2's, element by element: element e = tid + 128 i of a 64 x 16 tile is (mn, k) =
+// (e / 16, e % 16) for a k-contiguous operand and (e % 64, e / 64) for an mn-contiguous one, so a
+// warp reads consecutive addresses of either layout; zeros outside the matrix. An mn-contiguous
+// operand's stores then walk down a column of the [mn][k] tile, rows 12 banks apart: 4-way bank
+// conflicts, which the production step's ldmatrix.trans removes.
+//
+// What this step buys: the FMAs move to the tensor cores (an H200's dense bf16 peak is ~15x its
+// f32 FMA peak), and the C tile a warp keeps in registers is only 32 floats a thread. And what it
+// does not: the tensor cores wait on memory. The H200 model calls this step latency-bound, slower
+// than step 3 (docs/kernels.md): 2-byte loads put too few bytes in flight. What it leaves, and
+// step 5 (gemm_tensor_core.cu) adds: global loads are 2-byte scalars and synchronous
+// (every warp waits at the barrier for its tile; nothing is in flight during the mma); a fragment
+// register costs one shared-load instruction where ldmatrix.x4 fills four; the 32 x 32 warp tile
+// reads 1/16 byte of shared memory per FLOP where 64 x 64 reads 1/32. Per block and k step: 4 KiB
+// from global for 131,072 FLOPs (32 FLOP/byte); per warp, 16 shared loads per lane for 8 mma.
+// 6 KiB of shared memory; 158 registers (ptxas, sm_90, capped for 3 blocks = 12 warps per SM), most
+// of them the 16 element loads of a k step in flight at once.
+// ================================================================================================
+constexpr int kMmaTile = 64;            // block tile, m and n
+constexpr int kMmaDepth = 16;           // k per tile: one mma.m16n8k16
+constexpr int kMmaRow = kMmaDepth + 8;  // padded row of the [mn][k] tiles, in 16-bit elements
+constexpr int kMmaThreads = 128;
+
+// The thread's 8 elements of a 64 x 16 operand tile at (mn0, k0), into the [mn][k] shared tile.
+template <class T>
+__device__ __forceinline__ void load_mma_tile(const Operand& op, const T* base, int mn0, int k0, int mn_size,
+                                              int k_size, T (&tile)[kMmaTile][kMmaRow]) {
+  for (int i = 0; i < kMmaTile * kMmaDepth / kMmaThreads; ++i) {
+    const int e = threadIdx.x + kMmaThreads * i;
+    const int mn = op.k_contiguous ? e / kMmaDepth : e % kMmaTile;
+    const int kk = op.k_contiguous ? e % kMmaDepth : e / kMmaTile;
+    const int g_mn = mn0 + mn, g_k = k0 + kk;
+    tile[mn][kk] = (g_mn < mn_size && g_k < k_size) ? base[element_offset(op, g_mn, g_k)] : T{0};
+  }
+}
+
+// Two neighbouring 16-bit elements of a shared tile as one 32-bit mma register.
+template <class T>
+__device__ __forceinline__ uint32_t pair_at(const T (&tile)[kMmaTile][kMmaRow], int row, int col) {
+  return *reinterpret_cast<const uint32_t*>(&tile[row][col]);
+}
+
+template <class T>
+__global__ void __launch_bounds__(kMmaThreads, 3) gemm_mma_tiled(const Problem p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap();  // mma.sync with bf16 needs sm_80 (the host refuses older GPUs)
+#else
+  __shared__ __align__(16) T a_tile[kMmaTile][kMmaRow];  // [m][k]
+  __shared__ __align__(16) T b_tile[kMmaTile][kMmaRow];  // [n][k]
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int g = lane / 4, q = lane % 4;
+  const int warp_m = (warp / 2) * 32, warp_n = (warp % 2) * 32;  // this warp's 32 x 32 of the block tile
+  const int tiles_n = ceil_div(p.n, kMmaTile);
+  const int m0 = (blockIdx.x / tiles_n) * kMmaTile, n0 = (blockIdx.x % tiles_n) * kMmaTile;
+  const T* a = batch_entry<T>(p.a);
+  const T* b = batch_entry<T>(p.b);
+
+  float acc[2][4][4] = {};  // [m16 tile][n8 tile][c register]
+  for (int k0 = 0; k0 < p.k; k0 += kMmaDepth) {
+    load_mma_tile(p.a, a, m0, k0, p.m, p.k, a_tile);
+    load_mma_tile(p.b, b, n0, k0, p.n, p.k, b_tile);
+    __syncthreads();
+    uint32_t a_frag[2][4], b_frag[4][2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int row = warp_m + 16 * i + g;
+      a_frag[i][0] = pair_at(a_tile, row, 2 * q);
+      a_frag[i][1] = pair_at(a_tile, row + 8, 2 * q);
+      a_frag[i][2] = pair_at(a_tile, row, 2 * q + 8);
+      a_frag[i][3] = pair_at(a_tile, row + 8, 2 * q + 8);
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int col = warp_n + 8 * j + g;
+      b_frag[j][0] = pair_at(b_tile, col, 2 * q);
+      b_frag[j][1] = pair_at(b_tile, col, 2 * q + 8);
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) mma_16816<T>(acc[i][j], a_frag[i], b_frag[j][0], b_frag[j][1]);
+    __syncthreads();  // before the next k step overwrites the tiles
+  }
+
+  // Register r of tile (i, j) is C[warp_m + 16i + g + 8 (r / 2)][warp_n + 8j + 2q + r % 2].
+  T* c = batch_entry_c<T>(p);
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int row = m0 + warp_m + 16 * i + g + 8 * (r / 2), col = n0 + warp_n + 8 * j + 2 * q + r % 2;
+        if (row >= p.m || col >= p.n) continue;
+        T* cp = c + int64_t(row) * p.ldc + col;
+        float v = p.alpha * acc[i][j][r];
+        if (p.beta != 0.f) v = fmaf(p.beta, load(cp), v);
+        store(cp, v);
+      }
+#endif
+}
+
+// ================================================================================================
 // alpha == 0 or k == 0: no product, C = beta * C (0 when beta == 0, C not read). One thread per
 // element, grid-stride over the m x n matrix of batch entry blockIdx.z.
 // ================================================================================================
@@ -423,7 +552,7 @@ void gemm_ladder(cudaStream_t stream, ScratchAllocator& scratch, GemmKernel kern
   if (kernel == GemmKernel::cublas) return gemm_cublas(stream, scratch, g);
   const char* step = gemm_kernel_name(kernel);
   MG_CHECK(gemm_kernel_supports(kernel, g.dtype), "gemm_ladder (", step, "): the ", step, " kernel takes ",
-           kernel == GemmKernel::tensor_core ? "bf16 or f16 (f32 accumulation)" : "f32", ", got ",
+           uses_tensor_cores(kernel) ? "bf16 or f16 (f32 accumulation)" : "f32", ", got ",
            dtype_name(g.dtype), " (cuBLAS takes every floating dtype: GemmKernel::cublas)");
   validate(g, step);
   if (g.m == 0 || g.n == 0 || g.batch == 0) return;
@@ -470,6 +599,18 @@ void gemm_ladder(cudaStream_t stream, ScratchAllocator& scratch, GemmKernel kern
       const unsigned tiles = tile_count(g.m, g.n, kRtTile, kRtTile, step);
       for_each_batch_chunk(p, g.batch, elem, [&](const Problem& q, unsigned z) {
         launch_kernel<gemm_register_tiled>(dim3(tiles, 1, z), kRtThreads, 0, stream, q);
+      });
+      return;
+    }
+    case GemmKernel::mma_tiled: {
+      check_tensor_cores(step);
+      const unsigned tiles = tile_count(g.m, g.n, kMmaTile, kMmaTile, step);
+      for_each_batch_chunk(p, g.batch, elem, [&](const Problem& q, unsigned z) {
+        if (g.dtype == DType::bf16) {
+          launch_kernel<gemm_mma_tiled<bf16_t>>(dim3(tiles, 1, z), kMmaThreads, 0, stream, q);
+        } else {
+          launch_kernel<gemm_mma_tiled<f16_t>>(dim3(tiles, 1, z), kMmaThreads, 0, stream, q);
+        }
       });
       return;
     }

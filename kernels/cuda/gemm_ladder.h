@@ -1,6 +1,6 @@
 // The hand-written GEMM ladder (kernels/cuda/gemm_ladder.cu) and how matmul picks a GEMM.
 //
-// Four kernels that compute what cuBLAS computes (GemmArgs of kernels/kernel_args.h, with the
+// Five kernels that compute what cuBLAS computes (GemmArgs of kernels/kernel_args.h, with the
 // semantics of kernels/cpu/gemm.h: row-major, trans_a/trans_b, leading dimensions, batch strides
 // with 0 = broadcast, alpha and beta, beta == 0 never reads C, alpha == 0 never reads A or B),
 // each one step faster than the last:
@@ -9,6 +9,9 @@
 //   smem_tiled      f32   32 x 32 tiles of A and B staged in shared memory, one output per thread
 //   register_tiled  f32   128 x 128 block tile, 8 x 8 outputs per thread, float4 loads,
 //                         double-buffered shared memory
+//   mma_tiled       bf16, f16 (f32 accumulation)  mma.sync m16n8k16 on 64 x 64 x 16 tiles, operands
+//                         staged in padded shared memory as step 2 stages them, fragments read
+//                         with plain 32-bit shared loads: tensor cores with nothing else
 //   tensor_core     bf16, f16 (f32 accumulation)  mma.sync m16n8k16 on 128 x 128 x 32 tiles
 //                         (128 x 256 for large problems) fed by ldmatrix from swizzled shared
 //                         memory, 4-stage cp.async pipeline, C staged through shared memory
@@ -40,7 +43,7 @@
 
 namespace mg::kernels::cuda {
 
-enum class GemmKernel { cublas, naive, smem_tiled, register_tiled, tensor_core };
+enum class GemmKernel { cublas, naive, smem_tiled, register_tiled, mma_tiled, tensor_core };
 
 inline const char* gemm_kernel_name(GemmKernel k) {
   switch (k) {
@@ -48,16 +51,18 @@ inline const char* gemm_kernel_name(GemmKernel k) {
     case GemmKernel::naive: return "naive";
     case GemmKernel::smem_tiled: return "smem_tiled";
     case GemmKernel::register_tiled: return "register_tiled";
+    case GemmKernel::mma_tiled: return "mma_tiled";
     case GemmKernel::tensor_core: return "tensor_core";
   }
   return "unknown";
 }
 
 // Every kernel, in ladder order (cuBLAS first).
-constexpr GemmKernel kAllGemmKernels[] = {GemmKernel::cublas, GemmKernel::naive, GemmKernel::smem_tiled,
-                                          GemmKernel::register_tiled, GemmKernel::tensor_core};
+constexpr GemmKernel kAllGemmKernels[] = {GemmKernel::cublas,     GemmKernel::naive,
+                                          GemmKernel::smem_tiled, GemmKernel::register_tiled,
+                                          GemmKernel::mma_tiled,  GemmKernel::tensor_core};
 
-// "cublas, naive, smem_tiled, register_tiled, tensor_core": for error messages.
+// "cublas, naive, smem_tiled, register_tiled, mma_tiled, tensor_core": for error messages.
 inline std::string gemm_kernel_choices() {
   std::string s;
   for (GemmKernel k : kAllGemmKernels) s += std::string(s.empty() ? "" : ", ") + gemm_kernel_name(k);
@@ -73,7 +78,8 @@ inline GemmKernel parse_gemm_kernel(const std::string& name, const char* what = 
 }
 
 // Whether `k` computes GEMMs of `dtype`: cuBLAS f32/f64/f16/bf16; naive, smem_tiled and
-// register_tiled f32; tensor_core bf16 and f16 (inputs and output in that dtype, f32 accumulation).
+// register_tiled f32; mma_tiled and tensor_core bf16 and f16 (inputs and output in that dtype, f32
+// accumulation).
 inline bool gemm_kernel_supports(GemmKernel k, DType dtype) {
   switch (k) {
     case GemmKernel::cublas:
@@ -81,15 +87,21 @@ inline bool gemm_kernel_supports(GemmKernel k, DType dtype) {
     case GemmKernel::naive:
     case GemmKernel::smem_tiled:
     case GemmKernel::register_tiled: return dtype == DType::f32;
+    case GemmKernel::mma_tiled:
     case GemmKernel::tensor_core: return dtype == DType::bf16 || dtype == DType::f16;
   }
   return false;
 }
 
+// Whether `k` runs on tensor cores (mma.sync: bf16/f16 in, f32 accumulation, sm_80 or newer).
+inline bool uses_tensor_cores(GemmKernel k) {
+  return k == GemmKernel::mma_tiled || k == GemmKernel::tensor_core;
+}
+
 // C = alpha op(A) op(B) + beta C with the chosen kernel, queued on `stream` of the runtime's
 // current device (as kernels::cuda::gemm; `scratch` serves cuBLAS's workspace). Throws mg::Error for a dtype
-// the kernel does not take, inconsistent arguments, sizes beyond 32-bit int, or tensor_core on a GPU older
-// than sm_80. GemmKernel::cublas is gemm_cublas().
+// the kernel does not take, inconsistent arguments, sizes beyond 32-bit int, or mma_tiled / tensor_core
+// on a GPU older than sm_80. GemmKernel::cublas is gemm_cublas().
 void gemm_ladder(cudaStream_t stream, ScratchAllocator& scratch, GemmKernel kernel, const GemmArgs& args);
 
 // The cuBLAS path of kernels::cuda::gemm, whatever matmul_kernel() says (gemm.cu). Honours
@@ -97,7 +109,7 @@ void gemm_ladder(cudaStream_t stream, ScratchAllocator& scratch, GemmKernel kern
 void gemm_cublas(cudaStream_t stream, ScratchAllocator& scratch, const GemmArgs& args);
 
 // The kernel kernels::cuda::gemm (and so matmul) uses. Default cublas, or MG_CUDA_MATMUL's value
-// (cublas|naive|smem_tiled|register_tiled|tensor_core), read on the first call; an unknown value
+// (cublas|naive|smem_tiled|register_tiled|mma_tiled|tensor_core), read on the first call; an unknown value
 // makes that call (and every later one until set_matmul_kernel) throw mg::Error naming the choices.
 // Process-wide; safe to call from any thread.
 GemmKernel matmul_kernel();

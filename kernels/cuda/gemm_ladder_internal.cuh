@@ -1,5 +1,5 @@
-// What the GEMM ladder's two files share: gemm_ladder.cu (the overview, steps 1-3 and the entry point)
-// and gemm_tensor_core.cu (step 4). The problem as the kernels see it (Operand, Problem), the
+// What the GEMM ladder's two files share: gemm_ladder.cu (the overview, steps 1-4 and the entry point)
+// and gemm_tensor_core.cu (step 5). The problem as the kernels see it (Operand, Problem), the
 // index helpers every step uses, the grouped tile order, and the host's grid and batch helpers.
 // Internal to those two files: the public interface is gemm_ladder.h.
 #pragma once
@@ -111,7 +111,18 @@ void for_each_batch_chunk(const Problem& p, int64_t batch, size_t elem, Launch&&
   }
 }
 
-// Step 4 (gemm_tensor_core.cu), T = bf16_t or f16_t: checks the GPU, picks the tile, launches.
+// Refuses a GPU older than sm_80 (mma.sync with bf16, ldmatrix, cp.async) for the tensor-core steps.
+inline void check_tensor_cores(const char* step) {
+  int device = 0, major = 0;
+  MG_CUDA_CHECK(cudaGetDevice(&device));
+  MG_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  MG_CHECK(
+      major >= 8, "gemm_ladder (", step,
+      "): needs a GPU of compute capability 8.0 or newer (mma.sync bf16/f16, ldmatrix, cp.async); device ",
+      device, " is ", major, ".x");
+}
+
+// Step 5 (gemm_tensor_core.cu), T = bf16_t or f16_t: checks the GPU, picks the tile, launches.
 template <class T>
 void launch_tensor_core(const Problem& p, int64_t batch, cudaStream_t stream);
 

@@ -1,8 +1,8 @@
-// Step 4 of the GEMM ladder. gemm_ladder.cu has the overview of all four steps, the semantics and
-// the (mn x k) view of the operands, steps 1-3 and the entry point; what both files share is in
-// gemm_ladder_internal.cuh.
+// Step 5 of the GEMM ladder, the production one. gemm_ladder.cu has the overview of all five steps,
+// the semantics and the (mn x k) view of the operands, steps 1-4 and the entry point; what both files share
+// is in gemm_ladder_internal.cuh.
 //
-// 4. tensor_core (gemm_tensor_core, bf16/f16 in, f32 accumulate): the FMA units are replaced by
+// 5. tensor_core (gemm_tensor_core, bf16/f16 in, f32 accumulate): the FMA units are replaced by
 //    tensor cores through mma.sync.m16n8k16 (one instruction: a 16x16 by 16x8 product, 2048 FMAs).
 //    Block tile 128 x 128 x 32 with 4 warps, or 128 x 256 x 32 with 8 warps for large problems,
 //    each warp owning 64 x 64 of C (4 x 8 mma tiles, 128 f32 accumulators per thread). Operands
@@ -16,7 +16,7 @@
 //    shared-memory-bound; large ones L2-bound at 128 x 128 and shared-memory-bound at 128 x 256,
 //    because mma.sync keeps the accumulators in registers, which caps the tile (and so the reuse
 //    out of L2), and each warp loads its own fragments through ldmatrix (1/32 byte of shared
-//    memory per FLOP). Step 4 below has the numbers, and what Hopper's wgmma and TMA multicast
+//    memory per FLOP). Step 5 below has the numbers, and what Hopper's wgmma and TMA multicast
 //    would change.
 //
 // Fast path: 16-byte cp.async when the operand's pointer is 16-byte aligned and ld and batch stride
@@ -48,9 +48,10 @@ namespace {
 using namespace gemm_ladder_internal;  // Problem, the index helpers, the grid and batch helpers
 
 // ================================================================================================
-// Step 4: tensor cores. Block tile 128 (m) x kTileN (n), kTileN = 128 or 256, k in steps of 32;
-// kTileN / 32 warps in a 2 (m) x kTileN/64 (n) grid, each owning a 64 x 64 piece of C as 4 (m) x 8
-// (n) tiles of mma.m16n8k16 (f32 accumulators: 4 per thread per tile, 128 in all). Inputs are
+// Step 5: tensor cores, fed properly (step 4, gemm_mma_tiled in gemm_ladder.cu, has the same mma
+// and the fragment layout spelled out, fed by plain loads). Block tile 128 (m) x kTileN (n), kTileN = 128 or
+// 256, k in steps of 32; kTileN / 32 warps in a 2 (m) x kTileN/64 (n) grid, each owning a 64 x 64 piece of C
+// as 4 (m) x 8 (n) tiles of mma.m16n8k16 (f32 accumulators: 4 per thread per tile, 128 in all). Inputs are
 // 16-bit (bf16 or f16), so one 16-byte chunk is 8 elements.
 //
 // Shared memory: a ring of 4 stages, each an A tile (128 x 32 elements, 8 KiB) and a B tile
@@ -117,10 +118,10 @@ using namespace gemm_ladder_internal;  // Problem, the index helpers, the grid a
 //     wavefronts of cp.async writes and 256 of ldmatrix reads at 1 per SM and clock; an SM cannot
 //     borrow another's shared memory. The staged epilogue adds 2 x 512 wavefronts a block (6%).
 //   * 4096^3: 128 x 128 (1024 blocks) moves 1024 x 2 MiB = 2.15 GB through L2, 220 us against 139
-//     us of tensor work: L2-bound (229 us predicted). 128 x 256, picked for large grids (the host's
+//     us of tensor work: L2-bound. 128 x 256, picked for large grids (the host's
 //     tensor_core_tile_n), moves 512 x 3 MiB = 1.61 GB (165 us) and then binds on shared memory:
-//     704 wavefronts per k-tile, 92K per block, 4 blocks on the busiest SM: 186 us (189 us
-//     predicted).
+//     704 wavefronts per k-tile, 92K per block, 4 blocks on the busiest SM: 186 us. (The model's
+//     predicted times, which also count latency and waves, are in docs/kernels.md.)
 // What Hopper changes (wgmma and TMA, sm_90a; this kernel keeps to sm_80's mma.sync). wgmma, a
 // warpgroup (4 warps) MMA, takes B (and A) straight from shared memory once per warpgroup instead
 // of once per warp: a 64 x 256 warpgroup tile reads 1/64 + 1/256 = 0.0195 bytes per FLOP instead
@@ -477,7 +478,7 @@ void launch_tensor_core_tile(const Problem& p, int64_t batch, cudaStream_t strea
 
 std::atomic<int> g_tensor_core_tile_n{0};  // 0: chosen per call (set_tensor_core_tile_n)
 
-// The block tile's n for a call: 128 x 256 halves B's share of the L2 traffic per FLOP (see Step 4)
+// The block tile's n for a call: 128 x 256 halves B's share of the L2 traffic per FLOP (see Step 5)
 // but makes half as many blocks of twice the work, one per SM. It is taken when that costs no wave:
 // counting in 128 x 128 blocks' work, the busiest SM does ceil(wide blocks / SMs) x 2 against
 // ceil(narrow blocks / SMs) x 1. On 132 SMs: 4096^3, 4 x 2 against 8, and 2048^3, 1 x 2 against 2,
@@ -506,13 +507,9 @@ namespace gemm_ladder_internal {
 
 template <class T>
 void launch_tensor_core(const Problem& p, int64_t batch, cudaStream_t stream) {
-  int device = 0, major = 0;
+  check_tensor_cores("tensor_core");
+  int device = 0;
   MG_CUDA_CHECK(cudaGetDevice(&device));
-  MG_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  MG_CHECK(major >= 8,
-           "gemm_ladder (tensor_core): needs a GPU of compute capability 8.0 or newer (mma.sync "
-           "bf16/f16, ldmatrix, cp.async); device ",
-           device, " is ", major, ".x");
   const int tile_n = tensor_core_tile_n(p, batch, device);
   if (p.a.k_contiguous) {
     if (p.b.k_contiguous) return launch_tensor_core_layout<T, true, true>(p, batch, tile_n, stream);

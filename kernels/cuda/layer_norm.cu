@@ -38,9 +38,9 @@
 //     the shape, the dtype and the pointers' alignment).
 //
 // Cost. Forward reads each element once and writes it once (2 n s bytes, plus weight and bias once per
-// block), ~9 FLOPs per element. Predicted on an H200 (bench_kernels --profile: docs/performance-model.md)
-// for f32 [87381, 768] and [16384, 4096]: 114 us each, DRAM-bound, 98% of the roofline (the three-sweep
-// block-per-row kernel before it: ~167 and 175 us, bound by L2 traffic and by bytes in flight).
+// block), ~9 FLOPs per element. In the H200 model (bench_kernels --profile: docs/performance-model.md)
+// f32 [87381, 768] and [16384, 4096] are DRAM-bound near the roofline (the three-sweep block-per-row
+// kernel before it was bound by L2 traffic and by bytes in flight); docs/kernels.md has the times.
 // Backward reads gy and x twice for grad_x and once more for the column sums.
 // The column sums do 4 FLOPs per element for 2 s bytes read (0.5 FLOP/byte in
 // f32): bandwidth bound. Pass 1 reads 2 rows cols s bytes (50 MB for f32
@@ -50,9 +50,9 @@
 // limits it: DRAM bandwidth for pass 1 (a thread has up to 4 rows x 2 vector
 // loads outstanding with the unrolled loop), launch latency for pass 2. The H200
 // model (cuda_emu/h200_model.h, docs/performance-model.md; PREDICTED, not
-// measured) gives f32 [8192, 768]: pass 1 13.1 us (DRAM bound), pass 2 3.7 us
-// (launch bound), against 317 us for the columns-only kernel (24 blocks, bound
-// by bytes in flight).
+// measured) calls f32 [8192, 768]'s pass 1 DRAM bound and pass 2 launch bound,
+// where the columns-only kernel before it (24 blocks) was bound by bytes in
+// flight, ~20x slower; docs/kernels.md has the predicted times.
 //
 // Arithmetic in float for f32/f16/bf16 and double for f64, like the CPU; the
 // summation order differs (tree instead of sequential), so results agree to

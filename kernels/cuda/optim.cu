@@ -48,10 +48,10 @@
 // small grid cannot cover HBM latency; 16-byte lanes carry 512 (16 sectors, all
 // of each sector used), and the loads of a pack (4 operands for Adam) are one
 // round trip. The emulator's H200 model (docs/performance-model.md; predictions,
-// not measurements) puts one AdamW step of the bench_kernels step zoo's MLP
-// (269K parameters, 6 tensors) at 4.0 us (launch-bound; 19.9 us before packs and
-// the adaptive chunk, latency-bound), TinyGPT (471K) at 5.2 us (DRAM-bound;
-// was 16.1), with DRAM bytes equal to the ideal 28N. The table loads (every
+// not measurements) calls one AdamW step of the bench_kernels step zoo's MLP
+// (269K parameters, 6 tensors) launch-bound (latency-bound before packs and
+// the adaptive chunk) and TinyGPT's (471K) DRAM-bound, with DRAM bytes equal
+// to the ideal 28N; docs/kernels.md has the predicted times. The table loads (every
 // warp reads its block's two rows, a broadcast) are ~2% of the sectors. A
 // kernel launch costs ~3-5 us of host time and leaves the GPU idle between
 // small kernels, so per-tensor launches make a model with 200 parameter

@@ -46,8 +46,8 @@
 // cache otherwise) and writes the input-sized gradient once. For a 2x2/2 pool
 // of a 128 x 32 x 28 x 28 f32 batch (12.8 MB in, 3.2 MB + 6.4 MB out) that is
 // ~5 us at HBM speed. At the bench_kernels FashionCNN shapes (32 x 32 x 28 x 28
-// and 32 x 64 x 14 x 14, f32) the emulator's H200 model predicts 3.0-3.6 us a
-// launch, bound by the 2.4 us launch latency; on the row-pair path the window
+// and 32 x 64 x 14 x 14, f32) the emulator's H200 model calls each launch
+// bound by the launch latency (docs/kernels.md); on the row-pair path the window
 // loads and gradient stores use every sector byte (1.00, was 0.42 / 0.33 on
 // loads), DRAM bytes equal the ideal, and the per-output 4-byte accesses are at
 // 0.875 (28 of a warp's 32 lanes have an output when out_w is 14 or 7).

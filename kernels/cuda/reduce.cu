@@ -42,11 +42,10 @@
 // var: 528 slices of 31776 elements, then one block combines 528 partials.
 // The partials are small next to the input (f32 [8192, 768]: 270 KB of 16-byte
 // Partials for 25 MB read), and both passes have a fixed order: deterministic.
-// PREDICTED by the H200 model (cuda_emu/h200_model.h, docs/performance-model.md),
-// not measured, for f32: [8192, 768] -> [768] 11 us (pass 1 DRAM bound) against
-// 184 us with the old 4096-row slices (48 blocks, bound by bytes in flight); a
-// 16M-element sum 19.5 us against 89 us; a 16M-element var 19.3 us against
-// 32 ms for the unsplit single block.
+// In the H200 model (cuda_emu/h200_model.h, docs/performance-model.md; a
+// prediction), f32 [8192, 768] -> [768] has pass 1 DRAM bound, where the old
+// 4096-row slices (48 blocks) were bound by bytes in flight, and a 16M-element
+// sum or var is 4-5x faster than unsplit; docs/kernels.md has the times.
 //   Var's split path reads the data once. Pass 1 (var_slices_kernel): each
 //   thread sums the deviations of its values from a shift, its first value (so
 //   sum(d^2) - sum(d)^2 / n does not cancel when |mean| >> std), giving its

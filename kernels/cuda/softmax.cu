@@ -20,10 +20,10 @@
 //
 // Cost. Softmax forward over the last axis reads each element once and writes
 // it once (2 n s bytes; rows too long for registers read twice, the second time
-// from L2), ~6 FLOPs and two exps per element (as the CPU). Predicted on an H200
-// (bench_kernels --profile: docs/performance-model.md) for f32 [65536, 1024] and
-// [2048, 32768]: 114 us each, DRAM-bound, 98% of the roofline (the three-sweep
-// block-per-row kernel before it: 214 and 217 us, bound by bytes in flight).
+// from L2), ~6 FLOPs and two exps per element (as the CPU). In the H200 model
+// (bench_kernels --profile: docs/performance-model.md) f32 [65536, 1024] and
+// [2048, 32768] are DRAM-bound near the roofline (the three-sweep block-per-row
+// kernel before it was bound by bytes in flight); docs/kernels.md has the times.
 // Over a middle axis: the column kernel's three sweeps. Backward: reads y and gy
 // twice, writes gx: ~5 n s bytes. Memory bound for rows longer than a few
 // hundred elements; short rows (10 classes) are bound by latency, with many

@@ -31,9 +31,9 @@
 // Cost. A copy moves 2 n s bytes (s = element size) and does no arithmetic: bandwidth bound. A
 // strided-path transpose reads one element per 32-byte sector per lane (4 of 32 bytes used for
 // f32: 32 sectors per request, 12% efficiency) and relies on L2 for the rest: its L2 traffic is
-// 8x the bytes and binds before DRAM does (the tracer: 4096 x 16384 f32 predicted 250 us, L2
-// bound). The tiled path asks for the ideal 2 n s bytes in whole sectors (predicted 114 us, DRAM
-// bound: 0.98 of the roofline); its shared memory side is one write and one read wavefront per
+// 8x the bytes and binds before DRAM does (the tracer: 4096 x 16384 f32 is L2 bound). The tiled
+// path asks for the ideal 2 n s bytes in whole sectors (DRAM bound near the roofline; the
+// predicted times are in docs/kernels.md); its shared memory side is one write and one read wavefront per
 // 128 bytes, conflict free, far below the SM's 128 bytes per clock. Rows whose starts are not
 // 32-byte aligned (an odd row length) straddle an extra sector per 128 bytes: ~82% efficiency,
 // which no tiling of rows avoids.
