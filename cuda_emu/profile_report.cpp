@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 
 namespace mg_emu::profile {
@@ -86,17 +87,18 @@ void print_counts(std::FILE* out, const char* what, const AccessCounts& c, bool 
 }  // namespace
 
 void print_report(std::FILE* out, const std::vector<LaunchProfile>& launches, bool sites) {
+  const GpuSpec& gpu = default_gpu_spec();
   std::fprintf(
       out,
-      "\n== cuda_emu profile: %zu launch%s (counts from the emulator's access tracer; H200 times are "
-      "PREDICTIONS of cuda_emu/h200_model.h, not measurements) ==\n",
-      launches.size(), launches.size() == 1 ? "" : "es");
+      "\n== cuda_emu profile: %zu launch%s (counts from the emulator's access tracer; times on an %s "
+      "are PREDICTIONS of cuda_emu/gpu_model.h, not measurements) ==\n",
+      launches.size(), launches.size() == 1 ? "" : "es", gpu.name.c_str());
   for (size_t i = 0; i < launches.size(); ++i) {
     const LaunchProfile& l = launches[i];
-    const Prediction p = predict_h200(work_of(l, 0));
+    const Prediction p = predict(work_of(l, 0), gpu);
     if (l.library) {
-      std::fprintf(out, "[%zu] %s (library call): predicted H200 %.2f us\n", i, l.kernel.c_str(),
-                   p.seconds * 1e6);
+      std::fprintf(out, "[%zu] %s (library call): predicted on %s: %.2f us\n", i, l.kernel.c_str(),
+                   gpu.name.c_str(), p.seconds * 1e6);
       continue;
     }
     std::fprintf(out, "[%zu] %s  grid (%u,%u,%u) block (%u,%u,%u)  shared %llu B/block", i, l.kernel.c_str(),
@@ -113,9 +115,10 @@ void print_report(std::FILE* out, const std::vector<LaunchProfile>& launches, bo
     print_counts(out, "shared loads", l.shared_load, true);
     print_counts(out, "shared stores", l.shared_store, true);
     print_counts(out, "shared atomics", l.shared_atomic, true);
-    std::fprintf(out, "    %-14s %12.0f bytes (L2 of %.0f MB, LRU)\n", "DRAM", l.dram_bytes_lru(), 50.0);
-    std::fprintf(out, "    predicted H200 %.2f us, bound by %s (%.0f%% of the roofline)\n", p.seconds * 1e6,
-                 p.binding.c_str(), 100 * p.roofline_fraction);
+    std::fprintf(out, "    %-14s %12.0f bytes (L2 of %.0f MiB, LRU)\n", "DRAM", l.dram_bytes_lru(),
+                 gpu.l2_capacity_bytes / (1024 * 1024));
+    std::fprintf(out, "    predicted on %s: %.2f us, bound by %s (%.0f%% of the roofline)\n",
+                 gpu.name.c_str(), p.seconds * 1e6, p.binding.c_str(), 100 * p.roofline_fraction);
   }
   if (sites) {
     std::fprintf(out, "-- every instruction, per launch --\n");
@@ -147,6 +150,12 @@ void start_from_environment() {
     }
     g_report_sites = std::strcmp(v, "sites") == 0;
     Options options;
+    try {
+      options.gpu = &default_gpu_spec();  // MG_EMU_GPU: which GPU the report predicts for
+    } catch (const std::invalid_argument& e) {
+      std::fprintf(stderr, "cuda_emu: %s\n", e.what());
+      std::exit(2);
+    }
     if (const char* b = std::getenv("MG_EMU_PROFILE_BLOCKS"))
       options.max_traced_blocks = std::strtoull(b, nullptr, 10);
     begin(options);

@@ -1,12 +1,14 @@
-// The profiler's counts as a reader sees them: the H200 model's input for one traced launch, the
+// The profiler's counts as a reader sees them: the GPU model's input for one traced launch, the
 // per-instruction listing, and the report a program prints at exit when run with MG_EMU_PROFILE
 // set (the emulation build's answer to running it under Nsight Compute). Every time in it is a
-// PREDICTION of cuda_emu/h200_model.h, never a measurement.
+// PREDICTION of cuda_emu/gpu_model.h, never a measurement.
 //
 //   MG_EMU_PROFILE=1 ./prog        each launch: its requests, sectors, wavefronts, DRAM bytes and
-//                                  the predicted H200 time, printed to stderr at exit
+//                                  the predicted time, printed to stderr at exit
 //   MG_EMU_PROFILE=sites ./prog    the same, and every instruction's counts under its launch
 //   MG_EMU_PROFILE_BLOCKS=N        trace the first N blocks of each launch (default: every block)
+//   MG_EMU_GPU=a100                the GPU predicted for (gpu_spec.h: h200, the default, h100,
+//                                  a100, a6000); an unknown name stops the program with exit 2
 //
 // The program's kernels must be compiled with the access instrumentation: `mg-nvcc --profile`
 // (docs/tutorial-kernels.md), or by linking libmultigrad_traced.
@@ -15,7 +17,7 @@
 #include <cstdio>
 #include <vector>
 
-#include "cuda_emu/h200_model.h"
+#include "cuda_emu/gpu_model.h"
 #include "cuda_emu/profiler.h"
 
 namespace mg_emu::profile {

@@ -16,7 +16,8 @@
 //                  wavefronts as the most distinct words one bank must serve (a word many lanes
 //                  read is a broadcast: free); `ideal_wavefronts` is what the bytes need at best;
 //   DRAM           each sector's first touch in the launch (an infinite L2) and, separately, the
-//                  misses and dirty evictions of an LRU L2 of the H200's 50 MB, blocks taken in
+//                  misses and dirty evictions of an LRU L2 of the GPU's size (the H200's 50 MB
+//                  unless Options says otherwise), blocks taken in
 //                  launch order (the L2 starts cold at each launch);
 //   tensor cores   mma.m16n8k16, ldmatrix.x4 and cp.async instructions (warp-level).
 // Tracing every block of a big grid is slow: Options::max_traced_blocks traces the first blocks
@@ -24,7 +25,7 @@
 // DRAM bytes are extrapolated from the steady state of the traced blocks (trace.cpp says how).
 //
 // These are counts of what the kernel asks for, not of a GPU: no L1 hits, no latency, no timing.
-// Turning them into an H200 time is cuda_emu/h200_model.h. docs/performance-model.md explains both.
+// Turning them into a GPU's time is cuda_emu/gpu_model.h. docs/performance-model.md explains both.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -33,15 +34,19 @@
 #include <string>
 #include <vector>
 
+#include "cuda_emu/gpu_spec.h"
+
 namespace mg_emu::profile {
 
 struct Options {
-  uint64_t max_traced_blocks = 0;           // per launch: trace the first N blocks; 0 = every block
-  uint64_t min_traced_rows = 0;             // but at least this many whole rows (grid.x blocks each) of a
-                                            // 2-D grid: blocks of different rows share inputs (a GEMM's B)
-  bool skip_untraced_blocks = false;        // run only the traced blocks (the outputs are then wrong:
-                                            // for counting shapes too big to emulate whole)
-  uint64_t l2_bytes = 50ull * 1000 * 1000;  // the LRU model's capacity (H200: 50 MB of L2)
+  uint64_t max_traced_blocks = 0;     // per launch: trace the first N blocks; 0 = every block
+  uint64_t min_traced_rows = 0;       // but at least this many whole rows (grid.x blocks each) of a
+                                      // 2-D grid: blocks of different rows share inputs (a GEMM's B)
+  bool skip_untraced_blocks = false;  // run only the traced blocks (the outputs are then wrong:
+                                      // for counting shapes too big to emulate whole)
+  const GpuSpec* gpu = nullptr;       // whose L2 the LRU model takes (its l2_capacity_bytes):
+                                      // nullptr = default_gpu_spec() (MG_EMU_GPU, else the H200)
+  uint64_t l2_bytes = 0;              // > 0: an L2 of this many bytes instead of the GPU's (tests)
 };
 
 enum class Space : uint8_t { global, shared, none };
@@ -88,7 +93,7 @@ struct LaunchProfile {
   std::vector<SiteCounts> sites;                                 // most sectors/wavefronts first
   // A cuBLAS or cuDNN call rather than a kernel (the emulator runs reference loops for those, not
   // traced): `kernel` is its name, nothing above is counted but the DRAM bytes, which are the
-  // call's ideal bytes, and the FLOPs below. The H200 model prices it at its roofline.
+  // call's ideal bytes, and the FLOPs below. The GPU model prices it at its roofline.
   bool library = false;
   double fp32_flops = 0;
 

@@ -393,7 +393,11 @@ void trace_launch_done(LaunchTrace& t) {
   r.shared_bytes_per_block += t.static_shared_bytes;
   r.load_round_trips = t.round_trips * r.scale;
   const Traffic unbounded = dram_traffic(t.blocks, 0, r.blocks);
-  const Traffic lru = dram_traffic(t.blocks, std::max<uint64_t>(1, t.options.l2_bytes / kSector), r.blocks);
+  const uint64_t l2_bytes =
+      t.options.l2_bytes > 0
+          ? t.options.l2_bytes
+          : static_cast<uint64_t>((t.options.gpu ? *t.options.gpu : default_gpu_spec()).l2_capacity_bytes);
+  const Traffic lru = dram_traffic(t.blocks, std::max<uint64_t>(1, l2_bytes / kSector), r.blocks);
   r.dram_read_first_touch = unbounded.read;
   r.dram_write_first_touch = unbounded.written;
   r.dram_read_lru = lru.read;

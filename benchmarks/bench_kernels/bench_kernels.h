@@ -8,7 +8,7 @@
 //   gemm_ladder.cpp   the hand-written GEMM ladder against cuBLAS at the same shapes (TFLOP/s)
 //   conv.cpp          cuDNN against im2col + GEMM for conv2d forward and backward
 //   allocator.cpp     the caching allocator against raw cudaMalloc/cudaFree
-//   profile.cpp       --profile: the tracer's counters and the H200 model's predictions
+//   profile.cpp       --profile: the tracer's counters and the GPU model's predictions
 // This header is the contract between them: each family returns rows, main prints them.
 #pragma once
 
@@ -32,13 +32,15 @@ struct BenchOptions {
   int warmup = 3;
   int repeats = 20;
   // --profile (the CUDA emulation build only): no timing; each timed call runs once under the
-  // emulator's access tracer (cuda_emu/profiler.h) and its time is the H200 model's PREDICTION.
+  // emulator's access tracer (cuda_emu/profiler.h) and its time is the GPU model's PREDICTION for
+  // the GPU --gpu names (cuda_emu/gpu_spec.h: h200, the default, h100, a100, a6000).
   bool profile = false;
+  std::string profile_gpu = "h200";
   int profile_blocks = 132;    // blocks traced per launch (the first ones; the rest are skipped)
   bool profile_sites = false;  // --profile-sites: every launch and every instruction it traced
 };
 
-// What --profile counted for one row's call and what the H200 model predicts (profile.cpp).
+// What --profile counted for one row's call and what the GPU model predicts (profile.cpp).
 struct ProfileRow {
   bool valid = false;
   int launches = 0;
@@ -88,6 +90,9 @@ struct KernelResult {
   ProfileRow profile;     // --profile only
 };
 
+// --profile: the GPU the predictions are for, by its cuda_emu/gpu_spec.h key; throws mg::Error naming
+// the choices for an unknown one, and in a build without the emulator (profile.cpp). Returns its name.
+std::string set_profile_gpu(const std::string& key);
 // --profile: runs fn once under the tracer; returns the predicted seconds (profile.cpp).
 double profiled_seconds(const std::function<void()>& fn, const BenchOptions& o);
 // --profile: one training step (fn) traced whole, every block, with the host synchronisations it

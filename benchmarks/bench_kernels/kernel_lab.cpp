@@ -17,7 +17,7 @@
 // cpu| / max |cpu| against the CPU kernel (kernels/cpu/softmax.h, layer_norm.h) on the same input,
 // the largest over y, mean and rstd, with the output poisoned (NaN) first; tolerance 1e-5.
 //
-// --profile: each rung traced once and predicted on an H200 (profile.cpp); nothing is checked then
+// --profile: each rung traced once and predicted on a GPU (profile.cpp); nothing is checked then
 // (only the traced blocks run). The table shows what each step buys: sectors per request (4 for
 // 4-byte lanes, 16 for 16-byte packs, 32 for the naive rung's lanes on 32 different rows), DRAM and
 // L2 traffic against the ideal, and the limit that binds.

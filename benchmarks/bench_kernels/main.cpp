@@ -87,14 +87,14 @@ struct Flags {
 
 const char* usage =
     "usage: bench_kernels [--quick|--check] [--device N] [--family NAME[,NAME...]]... [--list]\n"
-    "                     [-w|--warmup N] [-n|--repeats N] [--json PATH] [--profile [--profile-blocks N] "
-    "[--profile-sites]]\n"
+    "                     [-w|--warmup N] [-n|--repeats N] [--json PATH]\n"
+    "                     [--profile [--gpu NAME] [--profile-blocks N] [--profile-sites]]\n"
     "  defaults: device 0, every family, -w 3 -n 20, a 256 MiB copy ceiling;\n"
     "  --quick: -w 2 -n 10, a 64 MiB ceiling and each family's short list of sizes;\n"
     "  JSON: --json PATH, else $MG_BENCH_OUT_DIR/bench_kernels.json, else ./bench_kernels.json\n"
     "  --profile (CUDA emulation build): the families memory, lab, gemm and step traced, one call per row,\n"
-    "    and\n"
-    "    predicted on an H200 (profile.cpp); --profile-blocks N: blocks traced per launch (132);\n"
+    "    and predicted on a GPU (profile.cpp); --gpu NAME: which one, h200 (default), h100, a100 or\n"
+    "    a6000 (cuda_emu/gpu_spec.h); --profile-blocks N: blocks traced per launch (132);\n"
     "    --profile-sites: also every launch and every instruction it traced, before its row\n";
 
 int parse_int(const std::string& text, const std::string& flag, int lo) {
@@ -135,6 +135,8 @@ Flags parse_flags(int argc, char** argv) {
       f.options.profile = true;
     } else if (arg == "--profile-sites") {
       f.options.profile = f.options.profile_sites = true;
+    } else if (arg == "--gpu") {
+      f.options.profile_gpu = value();
     } else if (arg == "--profile-blocks") {
       f.options.profile_blocks = parse_int(value(), arg, 1);
     } else if (arg == "--json") {
@@ -312,7 +314,7 @@ struct Report {
   std::vector<FamilyRun> families;
 };
 
-// --profile's numbers for a row's JSON (profile.cpp; every time a PREDICTION for an H200).
+// --profile's numbers for a row's JSON (profile.cpp; every time a PREDICTION for the --gpu GPU).
 std::vector<std::pair<const char*, double>> profile_fields(const bench::ProfileRow& p) {
   return {{"launches", p.launches},
           {"blocks", p.blocks},
@@ -354,6 +356,7 @@ std::string to_json(const Report& rep) {
   j["warmup"] = rep.options.warmup;
   j["repeats"] = rep.options.repeats;
   j["time"] = "median of the timed calls, CUDA events";
+  if (rep.options.profile) j["predicted_for"] = rep.options.profile_gpu;  // --gpu: whose predictions
   j["ceilings"] = {{"copy_GB_per_s", number(rep.ceilings.copy_gbps)},
                    {"copy_bytes", rep.copy_bytes},
                    {"copy_method", "cudaMemcpyAsync device to device; bytes read + written per second"}};
@@ -533,7 +536,7 @@ std::vector<bench::Family> selected_families(const Flags& f) {
   return picked;
 }
 
-// ---- --profile: the tracer's counters and the H200 predictions, one table ---------------------------
+// ---- --profile: the tracer's counters and the GPU predictions, one table ----------------------------
 std::string pct(double part, double whole) { return whole > 0 ? num(100.0 * part / whole, 0) + "%" : "-"; }
 std::string per(double a, double b) { return b > 0 ? num(a / b, 2) : "-"; }
 
@@ -542,8 +545,8 @@ void print_profile_header() {
               "kernel", "dtype", "shape", "ld", "ld", "st", "st", "smem", "smem", "DRAM", "FLOPs", "traced",
               "pred.", "bound by", "pred.");
   std::printf("%-7s %-26s %-5s %-16s %5s %6s %5s %6s %5s %7s %7s %8s %9s %10s %-26s %6s\n", "", "", "", "",
-              "sec/r", "eff", "sec/r", "eff", "wf/r", "wf/idl", "/ideal", "", "blocks", "H200 us",
-              "(prediction)", "%roof");
+              "sec/r", "eff", "sec/r", "eff", "wf/r", "wf/idl", "/ideal", "", "blocks", "us", "(prediction)",
+              "%roof");
   std::printf("%s\n", std::string(176, '-').c_str());
 }
 
@@ -574,7 +577,7 @@ void print_profile_row(const bench::KernelResult& r) {
 
 int run_profile(const Flags& flags, const std::vector<bench::Family>& families, Report& rep) {
   std::printf(
-      "# PREDICTIONS for an NVIDIA H200 SXM from the CUDA emulator's access counts "
+      "# PREDICTIONS for an %s from the CUDA emulator's access counts "
       "(docs/performance-model.md):\n"
       "# nothing here ran on a GPU. One traced call per row; the first %d blocks of each launch traced (at "
       "least\n"
@@ -585,10 +588,10 @@ int run_profile(const Flags& flags, const std::vector<bench::Family>& families, 
       "#   smem wf/r    shared-memory wavefronts per request; wf/idl = wavefronts / the fewest the bytes "
       "need\n"
       "#                (1.00 = no bank conflict)\n"
-      "#   DRAM/ideal   DRAM bytes of an LRU 50 MB L2 / every input read once and every output written once\n"
-      "#   pred. H200 us, bound by, %%roof   the model's time, its binding limit, ideal roofline time / "
-      "time\n#\n",
-      flags.options.profile_blocks);
+      "#   DRAM/ideal   DRAM bytes of an LRU L2 of the GPU's size / every input read once and every output\n"
+      "#                written once\n"
+      "#   pred. us, bound by, %%roof   the model's time, its binding limit, ideal roofline time / time\n#\n",
+      bench::set_profile_gpu(flags.options.profile_gpu).c_str(), flags.options.profile_blocks);
   print_profile_header();
   int errors = 0;
   for (const bench::Family& fam : families) {

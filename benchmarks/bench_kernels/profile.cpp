@@ -1,10 +1,11 @@
-// bench_kernels --profile: every row's call traced by the CUDA emulator and predicted on an H200.
+// bench_kernels --profile: every row's call traced by the CUDA emulator and predicted on a GPU (the
+// H200 unless --gpu names another: cuda_emu/gpu_spec.h).
 //
 // In the emulation build bench_kernels links libmultigrad_traced, whose kernels report every
 // access to the emulator (cuda_emu/profiler.h). With --profile, median_seconds() (bench_kernels.h)
 // does not time: it runs the call once between profile::begin() and profile::end(), tracing the
 // first --profile-blocks blocks of each launch (at least two whole rows of a 2-D grid) and
-// skipping the rest, and returns the H200 model's predicted time (cuda_emu/h200_model.h). The
+// skipping the rest, and returns the GPU model's predicted time (cuda_emu/gpu_model.h). The
 // family then attaches the counters to its row with take_profile(ideal bytes, CUDA-core FLOPs),
 // and main.cpp prints them as the profile table. Every time here is a PREDICTION.
 #include <algorithm>
@@ -19,7 +20,7 @@
 
 #if defined(MG_CUDA_EMULATE)
 #include "cuda_emu/emulator.h"
-#include "cuda_emu/h200_model.h"
+#include "cuda_emu/gpu_model.h"
 #include "cuda_emu/profile_report.h"
 #include "cuda_emu/profiler.h"
 #endif
@@ -30,6 +31,8 @@ namespace mg::bench {
 namespace {
 
 namespace profile = mg_emu::profile;
+
+const mg_emu::GpuSpec* g_gpu = &mg_emu::h200_sxm();  // --gpu
 
 std::vector<profile::LaunchProfile>& last_launches() {
   static std::vector<profile::LaunchProfile> launches;
@@ -54,6 +57,15 @@ double threads_of(const profile::LaunchProfile& l) {
 
 }  // namespace
 
+std::string set_profile_gpu(const std::string& key) {
+  try {
+    g_gpu = &mg_emu::find_gpu_spec(key);
+  } catch (const std::invalid_argument& e) {
+    throw Error(str_cat("bench_kernels --gpu: ", e.what()));
+  }
+  return g_gpu->name;
+}
+
 double profiled_seconds(const std::function<void()>& fn, const BenchOptions& o) {
   MG_CHECK(profile::available(),
            "bench_kernels --profile: this binary's kernels are not instrumented (it must link "
@@ -62,6 +74,7 @@ double profiled_seconds(const std::function<void()>& fn, const BenchOptions& o) 
   options.max_traced_blocks = static_cast<uint64_t>(o.profile_blocks);
   options.min_traced_rows = 2;
   options.skip_untraced_blocks = true;
+  options.gpu = g_gpu;
   run_traced(fn, options);
   if (o.profile_sites) profile::print_sites(stdout, last_launches());
   return take_profile(0, 0).predicted_seconds;
@@ -71,19 +84,22 @@ ProfileRow profile_step(const std::function<void()>& fn, bool sites) {
   MG_CHECK(profile::available(), "bench_kernels --profile: this binary's kernels are not instrumented");
   cudaDeviceSynchronize();
   const mg_emu::Counters before = mg_emu::counters();
-  run_traced(fn, profile::Options{});  // every block traced and run: the step must compute right
+  profile::Options options;  // every block traced and run: the step must compute right
+  options.gpu = g_gpu;
+  run_traced(fn, options);
   const mg_emu::Counters after = mg_emu::counters();
   if (sites) profile::print_sites(stdout, last_launches());
   ProfileRow p = take_profile(0, 0);
   std::vector<mg_emu::Prediction> predictions;
   for (const auto& l : last_launches()) {
-    predictions.push_back(mg_emu::predict_h200(profile::work_of(l, 0)));
+    predictions.push_back(mg_emu::predict(profile::work_of(l, 0), *g_gpu));
     p.library_calls += l.library ? 1 : 0;
-    p.launch_seconds += mg_emu::H200{}.launch_latency_s;
+    p.launch_seconds += g_gpu->launch_latency_s;
   }
   p.host_syncs = static_cast<double>(after.host_syncs - before.host_syncs);
-  p.sync_seconds = p.host_syncs * mg_emu::H200{}.host_sync_s;
-  p.predicted_seconds = mg_emu::predict_step_seconds(predictions, after.host_syncs - before.host_syncs);
+  p.sync_seconds = p.host_syncs * g_gpu->host_sync_s;
+  p.predicted_seconds =
+      mg_emu::predict_step_seconds(predictions, after.host_syncs - before.host_syncs, *g_gpu);
   return p;
 }
 
@@ -120,7 +136,7 @@ ProfileRow take_profile(double ideal_bytes, double fp32_flops) {
     p.dram_bytes += l.dram_bytes_lru();
     p.dram_bytes_first_touch += l.dram_bytes_first_touch();
     const double share = all_threads > 0 ? fp32_flops * threads_of(l) / all_threads : 0;
-    const mg_emu::Prediction pred = mg_emu::predict_h200(profile::work_of(l, share));
+    const mg_emu::Prediction pred = mg_emu::predict(profile::work_of(l, share), *g_gpu);
     p.predicted_seconds += pred.seconds;
     ideal_seconds += pred.ideal_seconds;
     if (pred.seconds > slowest) {
@@ -153,6 +169,12 @@ ProfileRow take_profile(double ideal_bytes, double fp32_flops) {
 }
 
 #else  // a real GPU build: nothing is traced
+
+std::string set_profile_gpu(const std::string&) {
+  throw Error(
+      "bench_kernels --gpu chooses the GPU --profile predicts for: run the emulation build's "
+      "build-emu/benchmarks/bench_kernels --profile --gpu NAME");
+}
 
 double profiled_seconds(const std::function<void()>&, const BenchOptions&) {
   throw Error(

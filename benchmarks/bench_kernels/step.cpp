@@ -10,10 +10,10 @@
 //
 // Timed (a GPU): the median step after warm-up, CUDA events around it; there is no ceiling, the
 // rows are for the record (ratio 1). --profile (the emulation build): one step traced whole and
-// PREDICTED on an H200 (profile.cpp: profile_step): every kernel, each cuBLAS/cuDNN call at its
-// roofline, each launch's latency and each host synchronisation. Not run under --check: the
-// emulator's steady-state test (tests/emu/test_steady_state.cu) holds every model of the zoo to
-// 0 cudaMalloc and 1 host synchronisation a step.
+// PREDICTED on a GPU, the H200 by default (profile.cpp: profile_step): every kernel, each cuBLAS/cuDNN call
+// at its roofline, each launch's latency and each host synchronisation. Not run under --check: the emulator's
+// steady-state test (tests/emu/test_steady_state.cu) holds every model of the zoo to 0 cudaMalloc and 1 host
+// synchronisation a step.
 #include <functional>
 #include <memory>
 #include <string>

@@ -1,4 +1,5 @@
-// The H200 roofline (cuda_emu/h200_model.h): PREDICTED times for work the tracer counts.
+// The GPU roofline (cuda_emu/gpu_model.h) and its GPUs (cuda_emu/gpu_spec.h): PREDICTED times for
+// work the tracer counts, on the H200 unless a case names another GPU.
 //
 // The expected values below are worked by hand from the published figures (the arithmetic is in
 // each comment), not by calling the model's formulas; the rest are properties every prediction
@@ -12,18 +13,19 @@
 #include <string>
 #include <vector>
 
-#include "cuda_emu/h200_model.h"
+#include "cuda_emu/gpu_model.h"
+#include "cuda_emu/gpu_spec.h"
 
-using mg_emu::blocks_per_sm_h200;
-using mg_emu::H200;
+using mg_emu::blocks_per_sm;
+using mg_emu::GpuSpec;
 using mg_emu::KernelWork;
-using mg_emu::predict_h200;
+using mg_emu::predict;
 using mg_emu::Prediction;
 
 namespace {
 
 constexpr double GiB = 1024.0 * 1024.0 * 1024.0;
-constexpr double kLaunch = 2.433e-6;  // H200::launch_latency_s (RRZE gpu-small-kernels fit)
+constexpr double kLaunch = 2.433e-6;  // h200_sxm().launch_latency_s (RRZE gpu-small-kernels fit)
 
 // A copy of `bytes`: every byte loaded once and stored once, `load_width` bytes per thread per
 // load, coalesced (a warp's request is 32 x load_width bytes), 256-thread blocks.
@@ -59,52 +61,52 @@ double limit(const Prediction& p, const std::string& name) {
 
 }  // namespace
 
-TEST_CASE("h200 model: occupancy as the occupancy calculator computes it", "[h200_model]") {
+TEST_CASE("gpu model, H200: occupancy as the occupancy calculator computes it", "[gpu_model]") {
   // Warps: 64 per SM. 1024 threads = 32 warps -> 2 blocks; 256 threads = 8 warps -> 8 blocks.
-  CHECK(blocks_per_sm_h200(1024, 0, 0) == 2);
-  CHECK(blocks_per_sm_h200(256, 0, 0) == 8);
+  CHECK(blocks_per_sm(1024, 0, 0) == 2);
+  CHECK(blocks_per_sm(256, 0, 0) == 8);
   // 100 threads still take 4 whole warps: 64 / 4 = 16 blocks.
-  CHECK(blocks_per_sm_h200(100, 0, 0) == 16);
+  CHECK(blocks_per_sm(100, 0, 0) == 16);
   // 32-thread blocks: 64 by warps, but at most 32 blocks per SM.
-  CHECK(blocks_per_sm_h200(32, 0, 0) == 32);
+  CHECK(blocks_per_sm(32, 0, 0) == 32);
   // Shared memory: 64 KB + 1 KB reserved = 65 KB a block; 228 KB / 65 KB = 3.5 -> 3.
-  CHECK(blocks_per_sm_h200(256, 64 * 1024, 0) == 3);
+  CHECK(blocks_per_sm(256, 64 * 1024, 0) == 3);
   // 100 KB + 1 KB = 101 KB -> 2; 113 KB + 1 KB = 114 KB -> exactly 2; 114 KB + 1 KB -> 1.
-  CHECK(blocks_per_sm_h200(128, 100 * 1024, 0) == 2);
-  CHECK(blocks_per_sm_h200(128, 113 * 1024, 0) == 2);
-  CHECK(blocks_per_sm_h200(128, 114 * 1024, 0) == 1);
+  CHECK(blocks_per_sm(128, 100 * 1024, 0) == 2);
+  CHECK(blocks_per_sm(128, 113 * 1024, 0) == 2);
+  CHECK(blocks_per_sm(128, 114 * 1024, 0) == 1);
   // The largest opt-in block: 227 KB (+ 1 KB reserved = the SM's 228 KB).
-  CHECK(blocks_per_sm_h200(128, 227 * 1024, 0) == 1);
+  CHECK(blocks_per_sm(128, 227 * 1024, 0) == 1);
   // Registers: 64 a thread = 2048 a warp; a sub-partition's 16384 hold 8 warps, the SM 32:
   // 256-thread blocks (8 warps) -> 4, 1024-thread blocks (32 warps) -> 1.
-  CHECK(blocks_per_sm_h200(256, 0, 64) == 4);
-  CHECK(blocks_per_sm_h200(1024, 0, 64) == 1);
+  CHECK(blocks_per_sm(256, 0, 64) == 4);
+  CHECK(blocks_per_sm(1024, 0, 64) == 1);
   // 32 registers: 1024 a warp, 16 warps a sub-partition, 64 an SM: no longer the limit.
-  CHECK(blocks_per_sm_h200(256, 0, 32) == 8);
+  CHECK(blocks_per_sm(256, 0, 32) == 8);
   // 40 registers: 1280 a warp, 12 warps a sub-partition, 48 an SM -> 6 blocks of 8 warps.
-  CHECK(blocks_per_sm_h200(256, 0, 40) == 6);
+  CHECK(blocks_per_sm(256, 0, 40) == 6);
 }
 
-TEST_CASE("h200 model: launches that cannot run are refused", "[h200_model]") {
-  CHECK_THROWS_AS(blocks_per_sm_h200(0, 0, 0), std::invalid_argument);
-  CHECK_THROWS_AS(blocks_per_sm_h200(1025, 0, 0), std::invalid_argument);
-  CHECK_THROWS_AS(blocks_per_sm_h200(128, 227 * 1024 + 1, 0), std::invalid_argument);
-  CHECK_THROWS_AS(blocks_per_sm_h200(128, 0, 256), std::invalid_argument);
+TEST_CASE("gpu model, H200: launches that cannot run are refused", "[gpu_model]") {
+  CHECK_THROWS_AS(blocks_per_sm(0, 0, 0), std::invalid_argument);
+  CHECK_THROWS_AS(blocks_per_sm(1025, 0, 0), std::invalid_argument);
+  CHECK_THROWS_AS(blocks_per_sm(128, 227 * 1024 + 1, 0), std::invalid_argument);
+  CHECK_THROWS_AS(blocks_per_sm(128, 0, 256), std::invalid_argument);
   // 1024 threads need <= 64 registers: 72 x 32 = 2304 a warp, x 32 warps = 73728 > 65536.
-  CHECK_THROWS_AS(blocks_per_sm_h200(1024, 0, 72), std::invalid_argument);
+  CHECK_THROWS_AS(blocks_per_sm(1024, 0, 72), std::invalid_argument);
   KernelWork none;
   none.threads_per_block = 128;  // 0 blocks
-  CHECK_THROWS_AS(predict_h200(none), std::invalid_argument);
+  CHECK_THROWS_AS(predict(none), std::invalid_argument);
   KernelWork negative;
   negative.blocks = 1;
   negative.threads_per_block = 32;
   negative.dram_bytes = -1;
-  CHECK_THROWS_AS(predict_h200(negative), std::invalid_argument);
+  CHECK_THROWS_AS(predict(negative), std::invalid_argument);
 }
 
-TEST_CASE("h200 model: a 1 GiB copy with 16-byte loads at full occupancy is DRAM-bound", "[h200_model]") {
+TEST_CASE("gpu model, H200: a 1 GiB copy with 16-byte loads at full occupancy is DRAM-bound", "[gpu_model]") {
   // 2^30 / 16 bytes a thread / 256 threads = 262144 blocks.
-  const Prediction p = predict_h200(copy_work(GiB, 16, 262144));
+  const Prediction p = predict(copy_work(GiB, 16, 262144));
   CHECK(p.binding == "DRAM");
   CHECK(p.blocks_per_sm == 8);
   CHECK(p.active_sms == 132);
@@ -121,9 +123,9 @@ TEST_CASE("h200 model: a 1 GiB copy with 16-byte loads at full occupancy is DRAM
   CHECK(p.roofline_fraction == Approx(447.39 / 449.83).epsilon(1e-3));
 }
 
-TEST_CASE("h200 model: the same copy in a 24-block grid is bound by bytes in flight", "[h200_model]") {
-  const Prediction full = predict_h200(copy_work(GiB, 16, 262144));
-  const Prediction small = predict_h200(copy_work(GiB, 16, 24));
+TEST_CASE("gpu model, H200: the same copy in a 24-block grid is bound by bytes in flight", "[gpu_model]") {
+  const Prediction full = predict(copy_work(GiB, 16, 262144));
+  const Prediction small = predict(copy_work(GiB, 16, 24));
   CHECK(small.binding == "latency (bytes in flight)");
   CHECK(small.active_sms == 24);
   CHECK(small.resident_warps == 24 * 8);
@@ -135,16 +137,16 @@ TEST_CASE("h200 model: the same copy in a 24-block grid is bound by bytes in fli
   // Four times the warps (1024-thread blocks): four times the bytes in flight, a quarter the time.
   KernelWork wide = copy_work(GiB, 16, 24);
   wide.threads_per_block = 1024;
-  const Prediction w = predict_h200(wide);
+  const Prediction w = predict(wide);
   CHECK(w.binding == "latency (bytes in flight)");
   CHECK((w.seconds - kLaunch) == Approx((small.seconds - kLaunch) / 4).epsilon(1e-6));
 }
 
-TEST_CASE("h200 model: 4-byte loads at one request per warp cannot fill HBM; 16-byte loads can",
-          "[h200_model]") {
+TEST_CASE("gpu model, H200: 4-byte loads at one request per warp cannot fill HBM; 16-byte loads can",
+          "[gpu_model]") {
   // A 1 GiB read. DRAM bound: 2^30 / 4.8 TB/s = 223.7 us.
-  const Prediction narrow = predict_h200(read_work(GiB, 4));
-  const Prediction wide = predict_h200(read_work(GiB, 16));
+  const Prediction narrow = predict(read_work(GiB, 4));
+  const Prediction wide = predict(read_work(GiB, 16));
   CHECK(limit(narrow, "DRAM") == Approx(223.7e-6).epsilon(1e-3));
   // 4-byte loads: 8448 warps x 128 bytes = 1.08 MB in flight / 348 ns = 3.11 TB/s < 4.8 TB/s.
   // 1048576 blocks / 1056 a wave = 993 waves x 1 round trip x 348 ns = 345.6 us.
@@ -157,7 +159,7 @@ TEST_CASE("h200 model: 4-byte loads at one request per warp cannot fill HBM; 16-
   CHECK(wide.seconds < narrow.seconds);
 }
 
-TEST_CASE("h200 model: a 4096^3 bf16 GEMM is tensor-bound near 139 us", "[h200_model]") {
+TEST_CASE("gpu model, H200: a 4096^3 bf16 GEMM is tensor-bound near 139 us", "[gpu_model]") {
   KernelWork w;
   w.blocks = 1024;  // 128 x 128 output tiles
   w.threads_per_block = 256;
@@ -167,7 +169,7 @@ TEST_CASE("h200 model: a 4096^3 bf16 GEMM is tensor-bound near 139 us", "[h200_m
   w.l2_sectors = GiB / 32;                    // tiles re-read from L2: 1 GiB (modest)
   w.global_load_requests = GiB / 512;         // 16-byte cp.async: 512 bytes a request
   w.global_load_sectors = GiB / 32;
-  const Prediction p = predict_h200(w);
+  const Prediction p = predict(w);
   CHECK(p.binding == "tensor");
   CHECK(p.blocks_per_sm == 3);
   // 137.44 GFLOP / 989 TFLOPS = 138.97 us; the busiest SM runs ceil(1024 / 132) = 8 blocks, not
@@ -182,14 +184,14 @@ TEST_CASE("h200 model: a 4096^3 bf16 GEMM is tensor-bound near 139 us", "[h200_m
   CHECK(limit(p, "latency (bytes in flight)") == Approx(123.6e-6).epsilon(2e-3));
 }
 
-TEST_CASE("h200 model: a 1-block launch with trivial work costs the launch latency", "[h200_model]") {
+TEST_CASE("gpu model, H200: a 1-block launch with trivial work costs the launch latency", "[gpu_model]") {
   KernelWork w;
   w.blocks = 1;
   w.threads_per_block = 32;
   w.dram_bytes = 4;  // one 4-byte store
   w.l2_sectors = 1;
   w.fp32_flops = 64;
-  const Prediction p = predict_h200(w);
+  const Prediction p = predict(w);
   CHECK(p.binding == "launch");
   CHECK(p.seconds == Approx(kLaunch).epsilon(1e-3));
   CHECK(p.active_sms == 1);
@@ -198,11 +200,11 @@ TEST_CASE("h200 model: a 1-block launch with trivial work costs the launch laten
   w.global_load_requests = 1;
   w.global_load_sectors = 1;
   w.dram_bytes += 32;
-  CHECK(predict_h200(w).seconds == Approx(kLaunch + 348e-9).epsilon(1e-3));
+  CHECK(predict(w).seconds == Approx(kLaunch + 348e-9).epsilon(1e-3));
 }
 
-TEST_CASE("h200 model: wave quantisation and a small grid's share of the SMs", "[h200_model]") {
-  H200 no_launch;
+TEST_CASE("gpu model, H200: wave quantisation and a small grid's share of the SMs", "[gpu_model]") {
+  GpuSpec no_launch = mg_emu::h200_sxm();
   no_launch.launch_latency_s = 0;
   // One block per SM (1024 threads, 120 KB of shared memory), 1 GFLOP of FP32 each.
   auto grid = [&](uint64_t blocks) {
@@ -211,7 +213,7 @@ TEST_CASE("h200 model: wave quantisation and a small grid's share of the SMs", "
     w.threads_per_block = 1024;
     w.shared_bytes_per_block = 120 * 1024;
     w.fp32_flops = 1e9 * static_cast<double>(blocks);
-    return predict_h200(w, no_launch);
+    return predict(w, no_launch);
   };
   const Prediction one_wave = grid(132), tail = grid(133), two_waves = grid(264);
   CHECK(one_wave.blocks_per_sm == 1);
@@ -228,7 +230,7 @@ TEST_CASE("h200 model: wave quantisation and a small grid's share of the SMs", "
   w.blocks = 24;
   w.threads_per_block = 256;
   w.fp32_flops = 132e9;
-  const Prediction few = predict_h200(w, no_launch);
+  const Prediction few = predict(w, no_launch);
   CHECK(few.active_sms == 24);
   CHECK(few.seconds == Approx(5.5 * one_wave.seconds));
   // The same for shared memory: one wavefront per SM per clock. 24 SMs x 1.98 GHz for 1e9
@@ -237,7 +239,7 @@ TEST_CASE("h200 model: wave quantisation and a small grid's share of the SMs", "
   s.blocks = 24;
   s.threads_per_block = 256;
   s.shared_wavefronts = 1e9;
-  const Prediction sp = predict_h200(s, no_launch);
+  const Prediction sp = predict(s, no_launch);
   CHECK(sp.binding == "shared");
   CHECK(sp.seconds == Approx(1e9 / (24 * 1.98e9)).epsilon(1e-9));
   // Latency-bound blocks quantise by whole waves too: 264 blocks of 2 per SM are one wave,
@@ -249,14 +251,14 @@ TEST_CASE("h200 model: wave quantisation and a small grid's share of the SMs", "
     l.global_load_requests = 32.0 * 100 * static_cast<double>(blocks);  // 100 round trips a warp
     l.global_load_sectors = 4 * l.global_load_requests;
     l.dram_bytes = 128 * l.global_load_requests;
-    return predict_h200(l, no_launch);
+    return predict(l, no_launch);
   };
   CHECK(loads(264).binding == "latency (bytes in flight)");
   CHECK(loads(264).seconds == Approx(100 * 348e-9));
   CHECK(loads(265).seconds == Approx(2 * 100 * 348e-9));
 }
 
-TEST_CASE("h200 model: properties of every prediction", "[h200_model]") {
+TEST_CASE("gpu model, H200: properties of every prediction", "[gpu_model]") {
   std::mt19937_64 rng(20261202);
   auto uniform = [&](double lo, double hi) { return std::uniform_real_distribution<double>(lo, hi)(rng); };
   auto log_uniform = [&](double lo, double hi) { return std::exp(uniform(std::log(lo), std::log(hi))); };
@@ -275,7 +277,7 @@ TEST_CASE("h200 model: properties of every prediction", "[h200_model]") {
     w.shared_wavefronts = (i % 2) ? log_uniform(1, 1e10) : 0;
     w.fp32_flops = (i % 3) ? log_uniform(1, 1e13) : 0;
     w.tensor_flops = (i % 5) ? 0 : log_uniform(1, 1e14);
-    const Prediction p = predict_h200(w);
+    const Prediction p = predict(w);
     INFO("case " << i << ": " << mg_emu::describe(p));
     REQUIRE(p.limits.size() == 7);
     CHECK(p.roofline_fraction >= 0);
@@ -296,17 +298,104 @@ TEST_CASE("h200 model: properties of every prediction", "[h200_model]") {
     KernelWork more = w;
     more.dram_bytes = 2 * w.dram_bytes + 1;
     more.fp32_flops = 2 * w.fp32_flops + 1;
-    CHECK(predict_h200(more).seconds >= p.seconds);
+    CHECK(predict(more).seconds >= p.seconds);
   }
 }
 
-TEST_CASE("h200 model: a step is its launches plus its host synchronisations", "[h200_model]") {
-  const Prediction a = predict_h200(copy_work(GiB, 16, 262144));
-  const Prediction b = predict_h200(copy_work(GiB, 16, 24));
+TEST_CASE("gpu model, H200: a step is its launches plus its host synchronisations", "[gpu_model]") {
+  const Prediction a = predict(copy_work(GiB, 16, 262144));
+  const Prediction b = predict(copy_work(GiB, 16, 24));
   // 449.83 us + 3.803 ms + 3 synchronisations x 10 us (the stated assumption).
   CHECK(mg_emu::predict_step_seconds({a, b}, 3) == Approx(449.83e-6 + 3.803e-3 + 30e-6).epsilon(1e-3));
   CHECK(mg_emu::predict_step_seconds({}, 0) == 0);
   const std::string line = mg_emu::describe(a);
   CHECK(line.find("predicted 449.8") == 0);
   CHECK(line.find("bound by DRAM") != std::string::npos);
+}
+
+// ---- the other GPUs -------------------------------------------------------------------------------
+
+TEST_CASE("gpu specs: every instance is found by its key, and an unknown one is refused by name",
+          "[gpu_model]") {
+  CHECK(mg_emu::gpu_specs().size() == 4);
+  for (const GpuSpec* g : mg_emu::gpu_specs()) CHECK(&mg_emu::find_gpu_spec(g->key) == g);
+  CHECK(mg_emu::find_gpu_spec("A100").name == "NVIDIA A100 SXM4 80GB");  // keys are case-insensitive
+  try {
+    mg_emu::find_gpu_spec("v100");
+    FAIL("v100 was accepted");
+  } catch (const std::invalid_argument& e) {
+    CHECK(std::string(e.what()) == "unknown GPU 'v100': the performance model knows h200, h100, a100, a6000");
+  }
+}
+
+TEST_CASE("gpu specs: the peaks agree with SMs x lanes x clock", "[gpu_model]") {
+  // FP32 lanes per SM: 128 on Hopper and GA102, 64 on GA100 (the whitepapers); an FMA is 2 FLOPs.
+  const std::pair<const GpuSpec*, int> lanes[] = {{&mg_emu::h200_sxm(), 128},
+                                                  {&mg_emu::h100_sxm(), 128},
+                                                  {&mg_emu::a100_sxm(), 64},
+                                                  {&mg_emu::rtx_a6000(), 128}};
+  for (const auto& [g, per_sm] : lanes) {
+    INFO(g->name);
+    CHECK(g->fp32_flops_per_s == Approx(g->sms * per_sm * 2 * g->clock_hz).epsilon(0.01));
+  }
+}
+
+TEST_CASE("gpu model: occupancy follows each compute capability's limits", "[gpu_model]") {
+  const GpuSpec& a100 = mg_emu::a100_sxm();
+  const GpuSpec& a6000 = mg_emu::rtx_a6000();
+  // 8.0: 164 KB of shared memory per SM. 64 KB blocks: (64 + 1) KB each, 164 / 65 = 2 (the H200: 3).
+  CHECK(blocks_per_sm(256, 64 * 1024, 0, a100) == 2);
+  CHECK(blocks_per_sm(256, 64 * 1024, 0) == 3);
+  // 163 KB is the most a block may have there.
+  CHECK(blocks_per_sm(128, 163 * 1024, 0, a100) == 1);
+  CHECK_THROWS_AS(blocks_per_sm(128, 163 * 1024 + 1, 0, a100), std::invalid_argument);
+  // 8.6: 1536 threads per SM: one 1024-thread block, six 256-thread ones; 16 blocks at most.
+  CHECK(blocks_per_sm(1024, 0, 0, a6000) == 1);
+  CHECK(blocks_per_sm(256, 0, 0, a6000) == 6);
+  CHECK(blocks_per_sm(32, 0, 0, a6000) == 16);
+  // 100 KB per SM, 99 per block: 48 KB blocks take (48 + 1) KB, two fit.
+  CHECK(blocks_per_sm(128, 48 * 1024, 0, a6000) == 2);
+  CHECK_THROWS_AS(blocks_per_sm(128, 99 * 1024 + 1, 0, a6000), std::invalid_argument);
+}
+
+TEST_CASE("gpu model: the same copy on each GPU is bound by its DRAM, and says which GPU", "[gpu_model]") {
+  // 1 GiB copied with 16-byte lanes over 262,144 blocks: 2 GiB of DRAM traffic at each part's peak.
+  const KernelWork w = copy_work(GiB, 16, 262144);
+  const std::pair<const GpuSpec*, double> expected[] = {
+      {&mg_emu::h200_sxm(), 2 * GiB / 4.8e12},    // 447.4 us
+      {&mg_emu::h100_sxm(), 2 * GiB / 3.35e12},   // 641.0 us
+      {&mg_emu::a100_sxm(), 2 * GiB / 2.039e12},  // 1.053 ms
+      {&mg_emu::rtx_a6000(), 2 * GiB / 768e9}};   // 2.796 ms
+  for (const auto& [g, dram] : expected) {
+    const Prediction p = predict(w, *g);
+    INFO(g->name);
+    CHECK(p.gpu == g->name);
+    CHECK(p.binding == "DRAM");
+    CHECK(p.seconds == Approx(dram + kLaunch).epsilon(1e-3));
+    CHECK(mg_emu::describe(p).find("on an " + g->name + " (bound by DRAM") != std::string::npos);
+  }
+}
+
+TEST_CASE("gpu model: a 4096^3 bf16 GEMM's tensor work on the A100 and the A6000", "[gpu_model]") {
+  KernelWork w;
+  w.blocks = 1024;  // 128 x 128 tiles, four per SM or more: quantisation below 1%
+  w.threads_per_block = 128;
+  w.tensor_flops = 2.0 * 4096 * 4096 * 4096;  // 137.4 GFLOP
+  const GpuSpec& a100 = mg_emu::a100_sxm();
+  const GpuSpec& a6000 = mg_emu::rtx_a6000();
+  // 137.4e9 / 312e12 = 440.5 us; 1024 blocks on 108 SMs: the busiest runs 10, 10 x 108 / 1024 = 1.0547.
+  CHECK(limit(predict(w, a100), "tensor") == Approx(440.5e-6 * 1.0547).epsilon(1e-3));
+  // 137.4e9 / 154.8e12 = 887.9 us; on 84 SMs the busiest runs 13, 13 x 84 / 1024 = 1.0664.
+  CHECK(limit(predict(w, a6000), "tensor") == Approx(887.9e-6 * 1.0664).epsilon(1e-3));
+}
+
+TEST_CASE("gpu specs: MG_EMU_GPU picks the default, and an unknown one is an error naming it",
+          "[gpu_model]") {
+  CHECK(setenv("MG_EMU_GPU", "a6000", 1) == 0);
+  CHECK(&mg_emu::default_gpu_spec() == &mg_emu::rtx_a6000());
+  CHECK(setenv("MG_EMU_GPU", "", 1) == 0);
+  CHECK(&mg_emu::default_gpu_spec() == &mg_emu::h200_sxm());
+  CHECK(setenv("MG_EMU_GPU", "b200", 1) == 0);
+  CHECK_THROWS_WITH(mg_emu::default_gpu_spec(), Catch::Contains("MG_EMU_GPU: unknown GPU 'b200'"));
+  unsetenv("MG_EMU_GPU");
 }

@@ -1,6 +1,6 @@
-// The H200 roofline (cuda_emu/h200_model.h): predicted times, never measured ones.
-// docs/performance-model.md derives each step and cites every constant.
-#include "cuda_emu/h200_model.h"
+// The GPU roofline (cuda_emu/gpu_model.h): predicted times, never measured ones.
+// docs/performance-model.md derives each step; cuda_emu/gpu_spec.cpp cites every constant.
+#include "cuda_emu/gpu_model.h"
 
 #include <algorithm>
 #include <climits>
@@ -15,7 +15,7 @@ namespace {
 
 uint64_t round_up(uint64_t x, uint64_t unit) { return (x + unit - 1) / unit * unit; }
 
-[[noreturn]] void invalid(const std::string& what) { throw std::invalid_argument("predict_h200: " + what); }
+[[noreturn]] void invalid(const std::string& what) { throw std::invalid_argument("gpu model: " + what); }
 
 void check_count(const char* name, double v) {
   if (!(v >= 0) || std::isinf(v)) invalid(std::string(name) + " must be a finite count >= 0");
@@ -37,8 +37,8 @@ std::string format_seconds(double s) {
 
 }  // namespace
 
-int blocks_per_sm_h200(int threads_per_block, uint64_t shared_bytes_per_block, int registers_per_thread,
-                       const H200& gpu) {
+int blocks_per_sm(int threads_per_block, uint64_t shared_bytes_per_block, int registers_per_thread,
+                  const GpuSpec& gpu) {
   if (threads_per_block < 1 || threads_per_block > gpu.max_threads_per_block)
     invalid("threads_per_block " + std::to_string(threads_per_block) + " is outside 1.." +
             std::to_string(gpu.max_threads_per_block));
@@ -54,7 +54,8 @@ int blocks_per_sm_h200(int threads_per_block, uint64_t shared_bytes_per_block, i
   const int by_warps = gpu.max_threads_per_sm / gpu.warp_size / warps_per_block;
 
   // Shared memory: the block's bytes plus the driver's reserved 1 KB, in 128-byte units, out of the
-  // SM's 228 KB (cuda_occupancy.h: cudaOccMaxBlocksPerSMSmemLimit with the largest carveout).
+  // SM's shared memory (228 KB on an H200; cuda_occupancy.h: cudaOccMaxBlocksPerSMSmemLimit with the largest
+  // carveout).
   const uint64_t shared_allocated =
       round_up(shared_bytes_per_block + gpu.shared_reserved_per_block, gpu.shared_alloc_unit);
   const int by_shared = static_cast<int>(gpu.shared_per_sm / shared_allocated);
@@ -75,7 +76,7 @@ int blocks_per_sm_h200(int threads_per_block, uint64_t shared_bytes_per_block, i
   return std::min({by_warps, by_shared, by_registers, gpu.max_blocks_per_sm});
 }
 
-Prediction predict_h200(const KernelWork& w, const H200& gpu) {
+Prediction predict(const KernelWork& w, const GpuSpec& gpu) {
   if (w.blocks == 0) invalid("a launch needs at least one block");
   check_count("dram_bytes", w.dram_bytes);
   check_count("l2_sectors", w.l2_sectors);
@@ -87,8 +88,8 @@ Prediction predict_h200(const KernelWork& w, const H200& gpu) {
   check_count("atomics", w.atomics);
 
   Prediction p;
-  const int k =
-      blocks_per_sm_h200(w.threads_per_block, w.shared_bytes_per_block, w.registers_per_thread, gpu);
+  p.gpu = gpu.name;
+  const int k = blocks_per_sm(w.threads_per_block, w.shared_bytes_per_block, w.registers_per_thread, gpu);
   const uint64_t sms = static_cast<uint64_t>(gpu.sms);
   const uint64_t wave_blocks = sms * static_cast<uint64_t>(k);  // blocks resident at once, GPU-wide
   const double blocks = static_cast<double>(w.blocks);
@@ -106,9 +107,9 @@ Prediction predict_h200(const KernelWork& w, const H200& gpu) {
   const double tensor_ideal = w.tensor_flops / gpu.tensor_flops_per_s;
   p.ideal_seconds = std::max({dram, l2, shared_ideal, fp32_ideal, tensor_ideal});
 
-  // ---- per-SM units, quantised: the busiest SM runs ceil(blocks / 132) blocks, each with
-  // blocks-th of the work, at one SM's share of the peak. A grid of fewer than 132 blocks thus gets
-  // active_sms / 132 of the GPU; 133 blocks take as long as 264. ---------------------------------
+  // ---- per-SM units, quantised: the busiest SM runs ceil(blocks / SMs) blocks, each with
+  // blocks-th of the work, at one SM's share of the peak. A grid of fewer blocks than SMs thus gets
+  // active_sms / SMs of the GPU; on 132 SMs 133 blocks take as long as 264. ----------------------
   const double busiest_sm_blocks = static_cast<double>((w.blocks + sms - 1) / sms);
   const double quantisation = busiest_sm_blocks * gpu.sms / blocks;  // >= 1
   const double shared = shared_ideal * quantisation;
@@ -158,18 +159,19 @@ Prediction predict_h200(const KernelWork& w, const H200& gpu) {
   return p;
 }
 
-double predict_step_seconds(const std::vector<Prediction>& launches, uint64_t host_syncs, const H200& gpu) {
+double predict_step_seconds(const std::vector<Prediction>& launches, uint64_t host_syncs,
+                            const GpuSpec& gpu) {
   double s = 0;
   for (const Prediction& p : launches) s += p.seconds;
   return s + static_cast<double>(host_syncs) * gpu.host_sync_s;
 }
 
 std::string describe(const Prediction& p) {
-  char buf[256];
+  char buf[320];
   std::snprintf(buf, sizeof buf,
-                "predicted %s on an H200 (bound by %s; %.2f of the roofline; %d blocks/SM, %.2f waves)",
-                format_seconds(p.seconds).c_str(), p.binding.c_str(), p.roofline_fraction, p.blocks_per_sm,
-                p.waves);
+                "predicted %s on an %s (bound by %s; %.2f of the roofline; %d blocks/SM, %.2f waves)",
+                format_seconds(p.seconds).c_str(), p.gpu.c_str(), p.binding.c_str(), p.roofline_fraction,
+                p.blocks_per_sm, p.waves);
   return buf;
 }
 

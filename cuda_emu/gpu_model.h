@@ -1,0 +1,97 @@
+// A GPU roofline: turns what one kernel launch asks of the GPU (counted by the access tracer,
+// cuda_emu/profiler.h, or declared by the caller) into a PREDICTED time on one GPU described by a
+// GpuSpec (cuda_emu/gpu_spec.h: the H200 SXM by default, or an H100, A100 or RTX A6000), the limit
+// that binds, and how close that is to the roofline. Nothing here is measured on a GPU: every
+// output is a prediction from published figures and public microbenchmarks, and is labelled so.
+//
+// The model (docs/performance-model.md explains it, with the sources of every constant):
+//   * lower bounds on the time: DRAM bytes / HBM bandwidth, L2 sectors x 32 / L2 bandwidth,
+//     shared-memory wavefronts / (one wavefront per SM per clock), FP32 FLOPs / the CUDA-core peak,
+//     tensor FLOPs / the dense BF16/FP16 tensor-core peak;
+//   * the per-SM ones (shared, FP32, tensor) are quantised over the SMs (132 on an H200): the
+//     busiest SM runs ceil(blocks / SMs) blocks, so a grid of fewer blocks than SMs gets only its
+//     SMs' share;
+//   * latency (Little's law): each resident warp's memory round trips come one after another
+//     (counted by the tracer: loads issued together share one, a cp.async pipeline n deep hides
+//     n - 1 of n; without its count, ASSUMED one per load request), wave after wave;
+//   * plus the launch latency.
+// Occupancy follows NVIDIA's occupancy calculator (cuda_occupancy.h of the CUDA toolkit) with the
+// spec's compute-capability limits.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cuda_emu/gpu_spec.h"
+
+namespace mg_emu {
+
+// What one launch asks of the GPU: counted by the tracer, or declared.
+struct KernelWork {
+  uint64_t blocks = 0;                  // grid size (all blocks, not only the traced sample)
+  int threads_per_block = 0;            // 1..1024
+  uint64_t shared_bytes_per_block = 0;  // static + dynamic, without the driver's 1 KB (added here)
+  int registers_per_thread = 0;         // 0 = unknown: not a limit on occupancy
+  double dram_bytes = 0;                // DRAM traffic predicted by the L2 model (reads + writes)
+  double l2_sectors = 0;            // 32-byte sectors the SMs request from L2 (global loads+stores+atomics)
+  double global_load_requests = 0;  // warp-level requests
+  double global_load_sectors = 0;   // sectors of those requests (for bytes in flight)
+  double load_round_trips = -1;     // memory round trips summed over warps (the tracer's
+                                    // LaunchProfile::load_round_trips); < 0: one per load request
+  double shared_wavefronts = 0;     // shared-memory wavefronts (loads, stores, atomics)
+  double fp32_flops = 0;            // CUDA-core FLOPs (declared by the caller; an FMA = 2)
+  double tensor_flops = 0;          // tensor-core FLOPs (bf16/f16 mma: counted)
+  double atomics = 0;               // global atomic operations (lane-level): informational,
+                                    // their traffic is in l2_sectors (see the doc)
+};
+
+struct Limit {
+  const char* name;  // "DRAM", "L2", "shared", "fp32", "tensor", "latency (bytes in flight)", "launch"
+  double seconds;    // predicted lower bound on the launch's time from this limit alone
+};
+
+// A PREDICTION for one launch on one GPU (not a measurement).
+struct Prediction {
+  std::string gpu;               // the GpuSpec's name: "NVIDIA H200 SXM"
+  double seconds = 0;            // predicted time of the launch, launch overhead included
+  std::string binding;           // name of the largest limit
+  double roofline_fraction = 0;  // ideal roofline time (max of DRAM/L2/shared/fp32/tensor at full-GPU
+                                 // rates: no quantisation, latency or launch) / seconds; in [0, 1]
+  int blocks_per_sm = 0;         // occupancy
+  int active_sms = 0;            // min(SMs, blocks)
+  double waves = 0;              // blocks / (SMs * blocks_per_sm)
+  std::vector<Limit> limits;     // every limit's time, for the table, in the order of the names above
+
+  // Beyond the tracer's interface: the Little's-law inputs, for the table and the doc.
+  int resident_warps = 0;           // warps resident at once: min(blocks, SMs * blocks_per_sm) * warps/block
+  double bytes_per_request = 0;     // global_load_sectors * 32 / global_load_requests
+  double bytes_in_flight = 0;       // resident_warps * loaded bytes per round trip
+  double load_latency_seconds = 0;  // the latency one load round trip is assumed to take
+  double achievable_bytes_per_s = 0;  // bytes_in_flight / load latency, capped at the HBM bandwidth
+  double ideal_seconds = 0;           // the ideal roofline time roofline_fraction divides
+};
+
+// Occupancy: resident blocks per SM for this block size, shared memory and register count, as the
+// occupancy calculator computes it. Throws std::invalid_argument for a launch that cannot run
+// there (threads outside 1..1024, more shared memory than a block may have, registers that do not
+// fit).
+int blocks_per_sm(int threads_per_block, uint64_t shared_bytes_per_block, int registers_per_thread,
+                  const GpuSpec& gpu = h200_sxm());
+
+// Predicts one launch on `gpu`. Throws std::invalid_argument for a launch that cannot run (0 blocks,
+// or as blocks_per_sm says).
+Prediction predict(const KernelWork& w, const GpuSpec& gpu = h200_sxm());
+
+// A training step: the launches' predictions (each includes its launch latency) plus the host
+// synchronisations (counted already by the emulator: mg_emu::counters().host_syncs), each costing
+// gpu.host_sync_s of idle device. The step's launches are assumed to run one after another (one
+// stream, no overlap between kernels).
+double predict_step_seconds(const std::vector<Prediction>& launches, uint64_t host_syncs,
+                            const GpuSpec& gpu = h200_sxm());
+
+// One line for a report: "predicted 449.82 us on an NVIDIA H200 SXM (bound by DRAM; 0.99 of the
+// roofline; 8 blocks/SM, 248.24 waves)".
+std::string describe(const Prediction& p);
+
+}  // namespace mg_emu

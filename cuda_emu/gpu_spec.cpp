@@ -1,0 +1,201 @@
+// The GPUs of cuda_emu/gpu_spec.h, every figure with its source. "RRZE" is RRZE-HPC/gpu-benches
+// (commit 1038c5d): its gpu-latency, gpu-l2-cache, gpu-cache and gpu-small-kernels result files.
+#include "cuda_emu/gpu_spec.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <stdexcept>
+
+namespace mg_emu {
+
+namespace {
+
+GpuSpec make_h200() {
+  GpuSpec g;
+  g.key = "h200";
+  g.name = "NVIDIA H200 SXM";
+  g.cc_major = 9, g.cc_minor = 0;
+  // 132 SMs: the H100 SXM5 configuration of the GH100 die (NVIDIA H100 Tensor Core GPU Architecture
+  // whitepaper), which the H200 SXM keeps (16,896 FP32 lanes = 132 x 128 in vendor listings).
+  g.sms = 132;
+  // 1.98 GHz: the datasheet's 67 TFLOPS FP32 / (132 SMs x 128 lanes x 2 FLOP), and the clock RRZE's
+  // gpu-latency reports on a GH200 (1980 MHz).
+  g.clock_hz = 1.98e9;
+  // HBM3e: 4.8 TB/s, 141 GB (NVIDIA H200 Tensor Core GPU datasheet). A peak: a streaming read
+  // sustains about 3.9 TB/s (RRZE gpu-l2-cache/h200.txt, data sets past the L2).
+  g.hbm_bytes_per_s = 4.8e12;
+  g.hbm_capacity_bytes = 141e9;
+  // L2: 50 MB (NVIDIA Hopper whitepaper, H100 SXM5).
+  g.l2_capacity_bytes = 50.0 * 1024 * 1024;
+  // L2 bandwidth: 9.78 TB/s, the median of RRZE gpu-l2-cache/h200.txt's plateau for 8-40 MB data
+  // sets (9.48-10.25 TB/s). A read figure; stores are assumed to cost the same.
+  g.l2_bytes_per_s = 9.78e12;
+  // DRAM latency, unloaded: 689 cycles at 1980 MHz = 348 ns on a GH200 (RRZE gpu-latency/gh200.txt,
+  // data sets of 230 MiB and more); markdewing/AI_kernels measures 700 cycles on an H100 SXM.
+  g.dram_latency_s = 348e-9;
+  // L2 hit latency, near partition: 280 cycles = 141.6 ns (gh200.txt, data sets up to 24 MB). The
+  // far partition's 410-530 cycles (33-60 MB) are not modelled.
+  g.l2_latency_s = 141.6e-9;
+  // FP32: 67 TFLOPS; tensor BF16/FP16 dense: 989 TFLOPS, half the datasheet's 1,979 "with sparsity".
+  g.fp32_flops_per_s = 67e12;
+  g.tensor_flops_per_s = 989e12;
+  // Occupancy of compute capability 9.0 (CUDA C++ Programming Guide, "Technical Specifications per
+  // Compute Capability"; cuda_occupancy.h): 2048 threads and 32 blocks per SM, 64K registers,
+  // 228 KB of shared memory per SM, 227 KB per block, 1 KB reserved per block.
+  g.max_threads_per_sm = 2048;
+  g.max_blocks_per_sm = 32;
+  g.shared_per_sm = 228 * 1024;
+  g.shared_max_per_block = 227 * 1024;
+  // Launch latency: 2.43 us per kernel when 10,000 tiny kernels are queued back to back (RRZE
+  // gpu-small-kernels: the fit T = a + V/b to h200.txt gives a = 2433 ns). With CUDA graphs about
+  // 1.3 us (h200_graph.txt); not modelled.
+  g.launch_latency_s = 2.433e-6;
+  // A host synchronisation: ASSUMED 10 us of device idle time. Public figures for a tiny launch +
+  // synchronise are 4.7-7.1 us (JuliaGPU/CUDA.jl pull request 896, GPU unstated).
+  g.host_sync_s = 10e-6;
+  return g;
+}
+
+GpuSpec make_h100() {
+  // The H100 SXM5 is the H200 SXM's die, SM count and clock with HBM3 instead of HBM3e.
+  GpuSpec g = make_h200();
+  g.key = "h100";
+  g.name = "NVIDIA H100 SXM";
+  // HBM3: 3.35 TB/s, 80 GB (NVIDIA H100 Tensor Core GPU datasheet, SXM). FP32 67 TFLOPS and dense
+  // BF16 989 TFLOPS are the same datasheet's, equal to the H200's.
+  g.hbm_bytes_per_s = 3.35e12;
+  g.hbm_capacity_bytes = 80e9;
+  // L2 bandwidth and both latencies: BORROWED from the H200/GH200 measurements above (the same
+  // GH100 die and L2 at the same clock; no public H100 SXM L2 sweep was found). markdewing/AI_kernels
+  // measures 700 cycles of DRAM and 291 of L2 latency on an H100 SXM, within 2% and 4% of these.
+  return g;
+}
+
+GpuSpec make_a100() {
+  GpuSpec g;
+  g.key = "a100";
+  g.name = "NVIDIA A100 SXM4 80GB";
+  g.cc_major = 8, g.cc_minor = 0;
+  // 108 SMs at 1410 MHz boost (NVIDIA A100 Tensor Core GPU Architecture whitepaper); 64 FP32 lanes
+  // per SM: 108 x 64 x 2 x 1.41e9 = 19.5 TFLOPS, the datasheet's FP32 figure.
+  g.sms = 108;
+  g.clock_hz = 1.41e9;
+  // HBM2e: 2,039 GB/s, 80 GB (A100 80GB datasheet, SXM); L2 40 MB (whitepaper).
+  g.hbm_bytes_per_s = 2.039e12;
+  g.hbm_capacity_bytes = 80e9;
+  g.l2_capacity_bytes = 40.0 * 1024 * 1024;
+  // L2 bandwidth: 5.41 TB/s, the median of RRZE gpu-l2-cache/a100_80.txt's plateau for 2-28 MB
+  // data sets (5.26-5.48 TB/s).
+  g.l2_bytes_per_s = 5.41e12;
+  // Latencies (RRZE gpu-latency/a100_80.txt at 1410 MHz): DRAM 552 cycles = 391 ns (data sets of
+  // 300 MB and more); L2 206 cycles = 145.9 ns (data sets up to 17 MB).
+  g.dram_latency_s = 391e-9;
+  g.l2_latency_s = 145.9e-9;
+  // FP32 19.5 TFLOPS; tensor BF16/FP16 dense 312 TFLOPS (datasheet; 624 with sparsity).
+  g.fp32_flops_per_s = 19.5e12;
+  g.tensor_flops_per_s = 312e12;
+  // Compute capability 8.0: 2048 threads and 32 blocks per SM, 64K registers, 164 KB of shared
+  // memory per SM, 163 KB per block, 1 KB reserved per block (Programming Guide; cuda_occupancy.h).
+  g.max_threads_per_sm = 2048;
+  g.max_blocks_per_sm = 32;
+  g.shared_per_sm = 164 * 1024;
+  g.shared_max_per_block = 163 * 1024;
+  // Launch latency: ASSUMED the H200's 2.43 us (RRZE's a100_80.txt small-kernel sweep has not been
+  // fitted here).
+  g.launch_latency_s = 2.433e-6;
+  g.host_sync_s = 10e-6;
+  return g;
+}
+
+GpuSpec make_a6000() {
+  GpuSpec g;
+  g.key = "a6000";
+  g.name = "NVIDIA RTX A6000";
+  g.cc_major = 8, g.cc_minor = 6;
+  // GA102: 84 SMs at 1800 MHz boost, 128 FP32 lanes per SM: 84 x 128 x 2 x 1.8e9 = 38.7 TFLOPS,
+  // the datasheet's FP32 figure (NVIDIA RTX A6000 datasheet; NVIDIA Ampere GA102 whitepaper).
+  g.sms = 84;
+  g.clock_hz = 1.80e9;
+  // GDDR6: 768 GB/s, 48 GB (datasheet); L2 6 MB (GA102 whitepaper).
+  g.hbm_bytes_per_s = 768e9;
+  g.hbm_capacity_bytes = 48e9;
+  g.l2_capacity_bytes = 6.0 * 1024 * 1024;
+  // L2 bandwidth: BORROWED from the A40 (the same GA102 die, 84 SMs, 1740 MHz): RRZE
+  // gpu-cache/a40.txt reads 2.49 TB/s for 0.5-6.5 MB data sets with one block per SM, scaled to the
+  // A6000's clock: 2.58 TB/s. One block per SM is a light load, so this may be low.
+  g.l2_bytes_per_s = 2.58e12;
+  // Latencies BORROWED from the A40 (RRZE gpu-latency/a40.txt): DRAM 556 cycles, L2 250 cycles,
+  // taken at the A6000's 1.8 GHz: 309 ns and 139 ns.
+  g.dram_latency_s = 309e-9;
+  g.l2_latency_s = 139e-9;
+  // FP32 38.7 TFLOPS; tensor FP16/BF16 with FP32 accumulation, dense: 154.8 TFLOPS (GA102
+  // whitepaper's RTX A6000 column; 309.7 with sparsity).
+  g.fp32_flops_per_s = 38.7e12;
+  g.tensor_flops_per_s = 154.8e12;
+  // Compute capability 8.6: 1536 threads and 16 blocks per SM, 64K registers, 100 KB of shared
+  // memory per SM, 99 KB per block, 1 KB reserved per block (Programming Guide; cuda_occupancy.h).
+  g.max_threads_per_sm = 1536;
+  g.max_blocks_per_sm = 16;
+  g.shared_per_sm = 100 * 1024;
+  g.shared_max_per_block = 99 * 1024;
+  // Launch latency: ASSUMED the H200's 2.43 us (RRZE's a40.txt small-kernel sweep has not been
+  // fitted here).
+  g.launch_latency_s = 2.433e-6;
+  g.host_sync_s = 10e-6;
+  return g;
+}
+
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return char(std::tolower(c)); });
+  return s;
+}
+
+}  // namespace
+
+const GpuSpec& h200_sxm() {
+  static const GpuSpec g = make_h200();
+  return g;
+}
+const GpuSpec& h100_sxm() {
+  static const GpuSpec g = make_h100();
+  return g;
+}
+const GpuSpec& a100_sxm() {
+  static const GpuSpec g = make_a100();
+  return g;
+}
+const GpuSpec& rtx_a6000() {
+  static const GpuSpec g = make_a6000();
+  return g;
+}
+
+const std::vector<const GpuSpec*>& gpu_specs() {
+  static const std::vector<const GpuSpec*> all = {&h200_sxm(), &h100_sxm(), &a100_sxm(), &rtx_a6000()};
+  return all;
+}
+
+std::string gpu_spec_keys() {
+  std::string s;
+  for (const GpuSpec* g : gpu_specs()) s += (s.empty() ? "" : ", ") + g->key;
+  return s;
+}
+
+const GpuSpec& find_gpu_spec(const std::string& key) {
+  const std::string k = lower(key);
+  for (const GpuSpec* g : gpu_specs())
+    if (g->key == k) return *g;
+  throw std::invalid_argument("unknown GPU '" + key + "': the performance model knows " + gpu_spec_keys());
+}
+
+const GpuSpec& default_gpu_spec() {
+  const char* env = std::getenv("MG_EMU_GPU");
+  if (env == nullptr || *env == '\0') return h200_sxm();
+  try {
+    return find_gpu_spec(env);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(std::string("MG_EMU_GPU: ") + e.what());
+  }
+}
+
+}  // namespace mg_emu
