@@ -128,15 +128,31 @@ Prediction predict(const KernelWork& w, const GpuSpec& gpu) {
   p.bytes_per_request = w.global_load_requests > 0 ? load_bytes / w.global_load_requests : 0;
   const double round_trips = w.load_round_trips >= 0 ? w.load_round_trips : w.global_load_requests;
   p.bytes_in_flight = round_trips > 0 ? p.resident_warps * load_bytes / round_trips : 0;
-  // A request that misses L2 waits for DRAM, one that hits waits for L2: the DRAM share of the
-  // loaded bytes is taken from the L2 model's DRAM bytes (which include the writes: an upper bound).
-  const double dram_share = load_bytes > 0 ? std::min(1.0, w.dram_bytes / load_bytes) : 1.0;
-  p.load_latency_seconds = dram_share * gpu.dram_latency_s + (1 - dram_share) * gpu.l2_latency_s;
-  // The tracer counts round trips (loads in flight together are one; a cp.async pipeline hides
-  // most); without its count, every load request is one.
+  // A request served by L1 waits for L1, one that hits L2 for L2, one that misses for DRAM. The shares
+  // of the loaded sectors: L1's from the tracer's cache model, DRAM's from the L2 model's DRAM bytes
+  // (which include the writes: an upper bound), L2's the rest.
+  const double l1_share =
+      w.global_load_sectors > 0 ? std::min(1.0, w.l1_hit_sectors / w.global_load_sectors) : 0;
+  const double dram_share = load_bytes > 0 ? std::min(1.0 - l1_share, w.dram_bytes / load_bytes) : 1.0;
+  const double l2_share = std::max(0.0, 1.0 - l1_share - dram_share);
+  // Round trips on the critical path: each warp's, one after another, wave after wave. The DRAM
+  // latency grows with the DRAM utilisation u = dram_bytes / (time x bandwidth), and the time is
+  // the latency limit itself: T = R (f + g / T), f the latency at u = 0 and g / T its growth, so
+  // T = (R f + sqrt((R f)^2 + 4 R g)) / 2, u capped at 1.
   const double round_trips_per_warp = round_trips / (blocks * warps_per_block);
   const double whole_waves = static_cast<double>((w.blocks + wave_blocks - 1) / wave_blocks);
-  const double latency = round_trips_per_warp * p.load_latency_seconds * whole_waves;
+  const double path = round_trips_per_warp * whole_waves;
+  const double fixed =
+      l1_share * gpu.l1_latency_s + l2_share * gpu.l2_latency_s + dram_share * gpu.dram_loaded_latency_s;
+  const double growth = dram_share * gpu.dram_latency_per_utilisation_s * w.dram_bytes / gpu.hbm_bytes_per_s;
+  double latency =
+      path > 0 ? (path * fixed + std::sqrt(path * fixed * path * fixed + 4 * path * growth)) / 2 : 0;
+  p.dram_utilisation = latency > 0 ? w.dram_bytes / (latency * gpu.hbm_bytes_per_s) : 0;
+  if (p.dram_utilisation > 1) {  // the latency would outrun the bandwidth: u is 1 (DRAM binds anyway)
+    p.dram_utilisation = 1;
+    latency = path * (fixed + dram_share * gpu.dram_latency_per_utilisation_s);
+  }
+  p.load_latency_seconds = fixed + dram_share * gpu.dram_latency_per_utilisation_s * p.dram_utilisation;
   p.achievable_bytes_per_s =
       p.bytes_in_flight > 0 ? std::min(gpu.hbm_bytes_per_s, p.bytes_in_flight / p.load_latency_seconds) : 0;
 

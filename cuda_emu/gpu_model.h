@@ -5,7 +5,8 @@
 // output is a prediction from published figures and public microbenchmarks, and is labelled so.
 //
 // The model (docs/performance-model.md explains it, with the sources of every constant):
-//   * lower bounds on the time: DRAM bytes / HBM bandwidth, L2 sectors x 32 / L2 bandwidth,
+//   * lower bounds on the time: DRAM bytes / HBM bandwidth, L2 sectors (after the L1s) x 32 / L2
+//     bandwidth,
 //     shared-memory wavefronts / (one wavefront per SM per clock), FP32 FLOPs / the CUDA-core peak,
 //     tensor FLOPs / the dense BF16/FP16 tensor-core peak;
 //   * the per-SM ones (shared, FP32, tensor) are quantised over the SMs (132 on an H200): the
@@ -13,7 +14,9 @@
 //     SMs' share;
 //   * latency (Little's law): each resident warp's memory round trips come one after another
 //     (counted by the tracer: loads issued together share one, a cp.async pipeline n deep hides
-//     n - 1 of n; without its count, ASSUMED one per load request), wave after wave;
+//     n - 1 of n; without its count, ASSUMED one per load request), wave after wave, each taking
+//     the L1, L2 or DRAM latency by the share of sectors each served, the DRAM one loaded (it grows
+//     with the DRAM bandwidth the launch uses, as calibrated on RRZE's occupancy sweep);
 //   * plus the launch latency.
 // Occupancy follows NVIDIA's occupancy calculator (cuda_occupancy.h of the CUDA toolkit) with the
 // spec's compute-capability limits.
@@ -37,6 +40,7 @@ struct KernelWork {
   double l2_sectors = 0;            // 32-byte sectors the SMs request from L2 (global loads+stores+atomics)
   double global_load_requests = 0;  // warp-level requests
   double global_load_sectors = 0;   // sectors of those requests (for bytes in flight)
+  double l1_hit_sectors = 0;        // of those, sectors an SM's L1 served (the tracer's cache model)
   double load_round_trips = -1;     // memory round trips summed over warps (the tracer's
                                     // LaunchProfile::load_round_trips); < 0: one per load request
   double shared_wavefronts = 0;     // shared-memory wavefronts (loads, stores, atomics)
@@ -67,7 +71,8 @@ struct Prediction {
   int resident_warps = 0;           // warps resident at once: min(blocks, SMs * blocks_per_sm) * warps/block
   double bytes_per_request = 0;     // global_load_sectors * 32 / global_load_requests
   double bytes_in_flight = 0;       // resident_warps * loaded bytes per round trip
-  double load_latency_seconds = 0;  // the latency one load round trip is assumed to take
+  double load_latency_seconds = 0;  // one load round trip: L1, L2 and loaded DRAM latencies by share
+  double dram_utilisation = 0;      // u of the loaded DRAM latency (gpu_spec.h), at the latency time
   double achievable_bytes_per_s = 0;  // bytes_in_flight / load latency, capped at the HBM bandwidth
   double ideal_seconds = 0;           // the ideal roofline time roofline_fraction divides
 };

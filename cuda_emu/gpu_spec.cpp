@@ -26,8 +26,10 @@ GpuSpec make_h200() {
   // sustains about 3.9 TB/s (RRZE gpu-l2-cache/h200.txt, data sets past the L2).
   g.hbm_bytes_per_s = 4.8e12;
   g.hbm_capacity_bytes = 141e9;
-  // L2: 50 MB (NVIDIA Hopper whitepaper, H100 SXM5).
+  // L2: 50 MB (NVIDIA Hopper whitepaper, H100 SXM5). L1 and shared memory: one 256 KB array per SM
+  // (Hopper tuning guide), of which shared memory takes up to 228 KB.
   g.l2_capacity_bytes = 50.0 * 1024 * 1024;
+  g.l1_shared_bytes_per_sm = 256 * 1024;
   // L2 bandwidth: 9.78 TB/s, the median of RRZE gpu-l2-cache/h200.txt's plateau for 8-40 MB data
   // sets (9.48-10.25 TB/s). A read figure; stores are assumed to cost the same.
   g.l2_bytes_per_s = 9.78e12;
@@ -35,8 +37,17 @@ GpuSpec make_h200() {
   // data sets of 230 MiB and more); markdewing/AI_kernels measures 700 cycles on an H100 SXM.
   g.dram_latency_s = 348e-9;
   // L2 hit latency, near partition: 280 cycles = 141.6 ns (gh200.txt, data sets up to 24 MB). The
-  // far partition's 410-530 cycles (33-60 MB) are not modelled.
+  // far partition's 410-530 cycles (33-60 MB) are not modelled. L1 hit: 32 cycles = 16.2 ns
+  // (gh200.txt, data sets up to 200 kB).
   g.l2_latency_s = 141.6e-9;
+  g.l1_latency_s = 16.2e-9;
+  // DRAM latency under load, CALIBRATED: RRZE gpu-stream/gh200.txt's read kernel (one 8-byte load
+  // per thread, 2 blocks per SM, blocks of 64-512 threads) reaches 245-1715 GB/s, where Little's law
+  // with the unloaded 348 ns gives 388-3107 GB/s. The latency each row implies (its bytes in flight /
+  // its measured bandwidth) is 551, 556, 578 and 630 ns at DRAM utilisations u = 0.06, 0.12, 0.23
+  // and 0.43 of the GH200's 4.0 TB/s: a line 538 ns + 215 ns x u through them (within 2%).
+  g.dram_loaded_latency_s = 538e-9;
+  g.dram_latency_per_utilisation_s = 215e-9;
   // FP32: 67 TFLOPS; tensor BF16/FP16 dense: 989 TFLOPS, half the datasheet's 1,979 "with sparsity".
   g.fp32_flops_per_s = 67e12;
   g.tensor_flops_per_s = 989e12;
@@ -69,6 +80,7 @@ GpuSpec make_h100() {
   // L2 bandwidth and both latencies: BORROWED from the H200/GH200 measurements above (the same
   // GH100 die and L2 at the same clock; no public H100 SXM L2 sweep was found). markdewing/AI_kernels
   // measures 700 cycles of DRAM and 291 of L2 latency on an H100 SXM, within 2% and 4% of these.
+  // The loaded DRAM latency: the H200 calibration's, as the unloaded one.
   return g;
 }
 
@@ -85,6 +97,7 @@ GpuSpec make_a100() {
   g.hbm_bytes_per_s = 2.039e12;
   g.hbm_capacity_bytes = 80e9;
   g.l2_capacity_bytes = 40.0 * 1024 * 1024;
+  g.l1_shared_bytes_per_sm = 192 * 1024;  // combined L1/shared per SM (A100 whitepaper)
   // L2 bandwidth: 5.41 TB/s, the median of RRZE gpu-l2-cache/a100_80.txt's plateau for 2-28 MB
   // data sets (5.26-5.48 TB/s).
   g.l2_bytes_per_s = 5.41e12;
@@ -92,6 +105,12 @@ GpuSpec make_a100() {
   // 300 MB and more); L2 206 cycles = 145.9 ns (data sets up to 17 MB).
   g.dram_latency_s = 391e-9;
   g.l2_latency_s = 145.9e-9;
+  g.l1_latency_s = 23.4e-9;  // 33 cycles (a100_80.txt, data sets up to 100 kB)
+  // Loaded DRAM latency: ASSUMED to grow as the H200's calibration (above) does, in proportion to
+  // the unloaded latency: 391 x 538 / 348 = 604 ns, plus 391 x 215 / 348 = 242 ns x u. Checked
+  // against RRZE gpu-stream/a100_80.txt, which the calibration did not see (tests/emu/validation/).
+  g.dram_loaded_latency_s = 391e-9 * 538.0 / 348.0;
+  g.dram_latency_per_utilisation_s = 391e-9 * 215.0 / 348.0;
   // FP32 19.5 TFLOPS; tensor BF16/FP16 dense 312 TFLOPS (datasheet; 624 with sparsity).
   g.fp32_flops_per_s = 19.5e12;
   g.tensor_flops_per_s = 312e12;
@@ -121,6 +140,7 @@ GpuSpec make_a6000() {
   g.hbm_bytes_per_s = 768e9;
   g.hbm_capacity_bytes = 48e9;
   g.l2_capacity_bytes = 6.0 * 1024 * 1024;
+  g.l1_shared_bytes_per_sm = 128 * 1024;  // combined L1/shared per SM (GA102 whitepaper)
   // L2 bandwidth: BORROWED from the A40 (the same GA102 die, 84 SMs, 1740 MHz): RRZE
   // gpu-cache/a40.txt reads 2.49 TB/s for 0.5-6.5 MB data sets with one block per SM, scaled to the
   // A6000's clock: 2.58 TB/s. One block per SM is a light load, so this may be low.
@@ -129,6 +149,10 @@ GpuSpec make_a6000() {
   // taken at the A6000's 1.8 GHz: 309 ns and 139 ns.
   g.dram_latency_s = 309e-9;
   g.l2_latency_s = 139e-9;
+  g.l1_latency_s = 18.3e-9;  // the A40's 33 cycles at 1.8 GHz
+  // Loaded DRAM latency: ASSUMED to grow as the H200's calibration does (see the A100).
+  g.dram_loaded_latency_s = 309e-9 * 538.0 / 348.0;
+  g.dram_latency_per_utilisation_s = 309e-9 * 215.0 / 348.0;
   // FP32 38.7 TFLOPS; tensor FP16/BF16 with FP32 accumulation, dense: 154.8 TFLOPS (GA102
   // whitepaper's RTX A6000 column; 309.7 with sparsity).
   g.fp32_flops_per_s = 38.7e12;

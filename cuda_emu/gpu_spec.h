@@ -29,9 +29,15 @@ struct GpuSpec {
   double hbm_bytes_per_s = 4.8e12;  // DRAM (HBM or GDDR) peak
   double hbm_capacity_bytes = 141e9;
   double l2_capacity_bytes = 50.0 * 1024 * 1024;  // the tracer's LRU L2 takes its size from here
+  uint64_t l1_shared_bytes_per_sm = 256 * 1024;   // the unified L1 / shared-memory array of an SM
   double l2_bytes_per_s = 9.78e12;                // measured: no vendor publishes it
   double dram_latency_s = 348e-9;                 // unloaded pointer chase
-  double l2_latency_s = 141.6e-9;                 // L2 hit, near partition
+  // Under load a DRAM round trip takes longer: dram_loaded_latency_s + dram_latency_per_utilisation_s
+  // x u, u = the launch's DRAM bytes per second / hbm_bytes_per_s (calibrated on the H200's die).
+  double dram_loaded_latency_s = 538e-9;
+  double dram_latency_per_utilisation_s = 215e-9;
+  double l2_latency_s = 141.6e-9;  // L2 hit, near partition
+  double l1_latency_s = 16.2e-9;   // L1 hit
   int sector_bytes = 32;
 
   // ---- compute ----------------------------------------------------------------------------------

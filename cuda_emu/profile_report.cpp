@@ -27,9 +27,10 @@ KernelWork work_of(const LaunchProfile& l, double fp32_flops) {
   w.threads_per_block = static_cast<int>(l.block.x * l.block.y * l.block.z);
   w.shared_bytes_per_block = l.shared_bytes_per_block;
   w.dram_bytes = l.dram_bytes_lru();
-  w.l2_sectors = l.global_load.sectors + l.global_store.sectors + l.global_atomic.sectors;
+  w.l2_sectors = l.l2_sectors;  // after the L1s (cache_model.h)
   w.global_load_requests = l.global_load.requests;
   w.global_load_sectors = l.global_load.sectors;
+  w.l1_hit_sectors = l.l1_hit_sectors;
   w.load_round_trips = l.load_round_trips;
   w.shared_wavefronts = l.shared_load.wavefronts + l.shared_store.wavefronts + l.shared_atomic.wavefronts;
   w.fp32_flops = fp32_flops;

@@ -15,16 +15,17 @@
 //   shared memory  requests and wavefronts: 32 banks of 4 bytes, a request takes as many
 //                  wavefronts as the most distinct words one bank must serve (a word many lanes
 //                  read is a broadcast: free); `ideal_wavefronts` is what the bytes need at best;
-//   DRAM           each sector's first touch in the launch (an infinite L2) and, separately, the
+//   caches         the global requests replayed through one L1 per SM and an L2 (cache_model.h:
+//                  resident blocks interleaved as they run): sectors L1 served and sectors that
+//                  reached L2; DRAM bytes as each sector's first touch (an infinite L2) and as the
 //                  misses and dirty evictions of an LRU L2 of the GPU's size (the H200's 50 MB
-//                  unless Options says otherwise), blocks taken in
-//                  launch order (the L2 starts cold at each launch);
+//                  unless Options says otherwise), cold at each launch;
 //   tensor cores   mma.m16n8k16, ldmatrix.x4 and cp.async instructions (warp-level).
 // Tracing every block of a big grid is slow: Options::max_traced_blocks traces the first blocks
 // in launch order and scales the request counts by blocks / traced_blocks (LaunchProfile::scale);
 // DRAM bytes are extrapolated from the steady state of the traced blocks (trace.cpp says how).
 //
-// These are counts of what the kernel asks for, not of a GPU: no L1 hits, no latency, no timing.
+// These are counts of what the kernel asks for and of what the caches would serve: no timing.
 // Turning them into a GPU's time is cuda_emu/gpu_model.h. docs/performance-model.md explains both.
 #pragma once
 
@@ -90,7 +91,10 @@ struct LaunchProfile {
   double tensor_flops = 0;                                       // 2 * 16 * 8 * 16 per mma.m16n8k16
   double dram_read_first_touch = 0, dram_write_first_touch = 0;  // bytes, infinite L2
   double dram_read_lru = 0, dram_write_lru = 0;                  // bytes, LRU L2 of Options::l2_bytes
-  std::vector<SiteCounts> sites;                                 // most sectors/wavefronts first
+  // The caches (cache_model.h): load sectors an SM's L1 served, and the sectors that reached L2
+  // (what the model's L2 limit prices): L1 misses, cp.async, stores and atomics.
+  double l1_hit_sectors = 0, l2_sectors = 0;
+  std::vector<SiteCounts> sites;  // most sectors/wavefronts first
   // A cuBLAS or cuDNN call rather than a kernel (the emulator runs reference loops for those, not
   // traced): `kernel` is its name, nothing above is counted but the DRAM bytes, which are the
   // call's ideal bytes, and the FLOPs below. The GPU model prices it at its roofline.

@@ -13,8 +13,8 @@
 // A request is complete once every lane has gone past it; all are at a __syncthreads() and at the
 // block's end, where the open ones are flushed into the counters.
 //
-//   global: sectors = distinct 32-byte sectors any lane's bytes fall in; its bytes join the
-//           block's first-touch list, which the DRAM models read in launch order at the end.
+//   global: sectors = distinct 32-byte sectors any lane's bytes fall in; the request joins the
+//           block's request list, which the cache models (cache_model.h) replay at the end.
 //   shared: 32 banks of 4-byte words (bank = word % 32). A bank serves one word per wavefront, so
 //           a request needs max over banks of the distinct words it must serve; lanes reading the
 //           same word share it (a broadcast). 16-byte accesses cover 4 words each: 4 wavefronts
@@ -28,13 +28,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <list>
 #include <map>
 #include <mutex>
+#include <stdexcept>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "cuda_emu/cache_model.h"
+#include "cuda_emu/gpu_model.h"
 #include "cuda_emu/runtime_internal.h"
 
 namespace mg_emu {
@@ -60,11 +62,6 @@ struct SiteTotals {
   Space space = Space::none;
   Op op = Op::load;
   AccessCounts counts;
-};
-
-struct BlockSectors {  // one traced block's global sectors in first-touch order
-  uint64_t block = 0;
-  std::vector<uint64_t> sectors;  // sector << 2 | 1 (first touch a read) | 2 (written)
 };
 
 // file:line of the emulated instructions, interned (ids stable for the process).
@@ -99,7 +96,7 @@ struct LaunchTrace {
   std::vector<std::pair<uintptr_t, uintptr_t>> global;  // device allocations at the launch
   std::mutex mutex;                                     // guards what blocks merge in below
   std::unordered_map<uintptr_t, SiteTotals> sites;
-  std::vector<BlockSectors> blocks;
+  std::vector<BlockRequests> blocks;
   uint64_t static_shared_bytes = 0;
   double round_trips = 0;
 
@@ -198,7 +195,8 @@ class BlockTrace {
       into.op = t.op;
       into.counts.add(t.counts);
     }
-    launch_->blocks.push_back(BlockSectors{linear_, std::move(sectors_)});
+    requests_.block = linear_;
+    launch_->blocks.push_back(std::move(requests_));
     launch_->static_shared_bytes = std::max<uint64_t>(launch_->static_shared_bytes, static_shared_bytes);
   }
 
@@ -259,12 +257,11 @@ class BlockTrace {
       std::sort(sectors.begin(), sectors.end());
       sectors.erase(std::unique(sectors.begin(), sectors.end()), sectors.end());
       c.sectors += static_cast<double>(sectors.size());
-      const bool reads = p.op != Op::store, writes = p.op == Op::store || p.op == Op::atomic;
-      for (uint64_t s : sectors) {
-        auto [it, fresh] = sector_index_.try_emplace(s, sectors_.size());
-        if (fresh) sectors_.push_back(s << 2 | (reads ? 1 : 0));
-        if (writes) sectors_[it->second] |= 2;
-      }
+      requests_.add(p.op == Op::load       ? RequestKind::load
+                    : p.op == Op::cp_async ? RequestKind::load_bypassing_l1
+                    : p.op == Op::store    ? RequestKind::store
+                                           : RequestKind::atomic,
+                    sectors);
     } else {
       std::vector<uint64_t> words;
       for (const LaneAccess& l : p.lanes)
@@ -293,8 +290,7 @@ class BlockTrace {
   std::vector<ThreadState> threads_;
   std::vector<std::unordered_map<Key, Pending, KeyHash>> pending_;  // per warp: open requests
   std::unordered_map<uintptr_t, SiteTotals> sites_;
-  std::unordered_map<uint64_t, size_t> sector_index_;
-  std::vector<uint64_t> sectors_;
+  BlockRequests requests_;
 };
 
 // ---- the launch path -----------------------------------------------------------------------------
@@ -326,82 +322,45 @@ bool trace_block_is_traced(const LaunchTrace& trace, uint64_t linear_block) {
 }
 bool trace_skips_untraced_blocks(const LaunchTrace& trace) { return trace.options.skip_untraced_blocks; }
 
-namespace {
-
-// The DRAM traffic of the traced blocks, run in launch order through an L2 of `capacity` sectors
-// (0: unbounded). A sector is read from DRAM when its first touch is a read and it is not in L2;
-// a sector that becomes dirty in L2 is written back once (counted when it becomes dirty: the
-// write-back comes at its eviction or at the end).
-//
-// When only the first blocks were traced, the untraced ones are extrapolated from the steady
-// state: the traffic the second half of the traced blocks added (with the first half already in
-// L2) per block, times the untraced blocks. Blocks that share inputs (a GEMM's row of tiles
-// shares its A panel) then cost only what is new to them, as they would on the GPU, where the
-// blocks of one wave run together over one L2. With every block traced it is exact.
-struct Traffic {
-  double read = 0, written = 0;
-};
-Traffic dram_traffic(const std::vector<BlockSectors>& blocks, uint64_t capacity, uint64_t all_blocks) {
-  struct Line {
-    std::list<uint64_t>::iterator lru;
-    bool dirty;
-  };
-  std::list<uint64_t> lru;  // most recent first
-  std::unordered_map<uint64_t, Line> lines;
-  Traffic total, at_half;
-  const size_t half = blocks.size() / 2;
-  for (size_t b = 0; b < blocks.size(); ++b) {
-    if (b == half) at_half = total;
-    for (uint64_t entry : blocks[b].sectors) {
-      const uint64_t s = entry >> 2;
-      const bool first_read = entry & 1, writes = entry & 2;
-      auto it = lines.find(s);
-      if (it != lines.end()) {
-        lru.splice(lru.begin(), lru, it->second.lru);
-        if (writes && !it->second.dirty) total.written += kSector;
-        it->second.dirty |= writes;
-        continue;
-      }
-      if (first_read) total.read += kSector;
-      if (writes) total.written += kSector;
-      lru.push_front(s);
-      lines.emplace(s, Line{lru.begin(), writes});
-      if (capacity > 0 && lines.size() > capacity) {
-        lines.erase(lru.back());
-        lru.pop_back();
-      }
-    }
-  }
-  const double untraced = static_cast<double>(all_blocks - blocks.size());
-  const double steady_blocks = static_cast<double>(blocks.size() - half);
-  if (untraced > 0 && steady_blocks > 0) {
-    total.read += (total.read - at_half.read) / steady_blocks * untraced;
-    total.written += (total.written - at_half.written) / steady_blocks * untraced;
-  }
-  return total;
-}
-
-}  // namespace
-
 void trace_launch_done(LaunchTrace& t) {
   std::lock_guard<std::mutex> lock(t.mutex);
   profile::LaunchProfile& r = t.result;
   std::sort(t.blocks.begin(), t.blocks.end(),
-            [](const BlockSectors& a, const BlockSectors& b) { return a.block < b.block; });
+            [](const BlockRequests& a, const BlockRequests& b) { return a.block < b.block; });
   r.traced_blocks = t.blocks.size();
   r.scale = r.traced_blocks > 0 ? double(r.blocks) / double(r.traced_blocks) : 0;
   r.shared_bytes_per_block += t.static_shared_bytes;
   r.load_round_trips = t.round_trips * r.scale;
-  const Traffic unbounded = dram_traffic(t.blocks, 0, r.blocks);
-  const uint64_t l2_bytes =
-      t.options.l2_bytes > 0
-          ? t.options.l2_bytes
-          : static_cast<uint64_t>((t.options.gpu ? *t.options.gpu : default_gpu_spec()).l2_capacity_bytes);
-  const Traffic lru = dram_traffic(t.blocks, std::max<uint64_t>(1, l2_bytes / kSector), r.blocks);
-  r.dram_read_first_touch = unbounded.read;
-  r.dram_write_first_touch = unbounded.written;
-  r.dram_read_lru = lru.read;
-  r.dram_write_lru = lru.written;
+  // The caches: the GPU's L1s (what the resident blocks' shared memory leaves of each SM's array)
+  // and L2, and the same requests through an unbounded L2 for the first-touch bytes.
+  const GpuSpec& gpu = t.options.gpu ? *t.options.gpu : default_gpu_spec();
+  CacheConfig caches;
+  caches.sms = gpu.sms;
+  caches.all_blocks = r.blocks;
+  const int threads = static_cast<int>(r.block.x * r.block.y * r.block.z);
+  try {
+    caches.blocks_per_sm = blocks_per_sm(threads, r.shared_bytes_per_block, 0, gpu);
+  } catch (const std::invalid_argument&) {
+    caches.blocks_per_sm = 1;  // a launch the GPU would refuse: the model says so when it prices it
+  }
+  const uint64_t shared_taken =
+      r.shared_bytes_per_block > 0
+          ? uint64_t(caches.blocks_per_sm) * (r.shared_bytes_per_block + gpu.shared_reserved_per_block)
+          : 0;
+  caches.l1_bytes_per_sm =
+      gpu.l1_shared_bytes_per_sm > shared_taken ? gpu.l1_shared_bytes_per_sm - shared_taken : 0;
+  caches.l2_bytes =
+      t.options.l2_bytes > 0 ? t.options.l2_bytes : static_cast<uint64_t>(gpu.l2_capacity_bytes);
+  const CacheTraffic lru = simulate_caches(t.blocks, caches);
+  CacheConfig unbounded = caches;
+  unbounded.l2_bytes = 0;
+  const CacheTraffic first_touch = simulate_caches(t.blocks, unbounded);
+  r.dram_read_first_touch = first_touch.dram_read;
+  r.dram_write_first_touch = first_touch.dram_written;
+  r.dram_read_lru = lru.dram_read;
+  r.dram_write_lru = lru.dram_written;
+  r.l1_hit_sectors = lru.l1_hit_sectors;
+  r.l2_sectors = lru.l2_sectors;
   t.blocks.clear();
   t.blocks.shrink_to_fit();
   for (const auto& [site, s] : t.sites) {

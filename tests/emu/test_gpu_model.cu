@@ -114,10 +114,14 @@ TEST_CASE("gpu model, H200: a 1 GiB copy with 16-byte loads at full occupancy is
   // 2 GiB / 4.8 TB/s = 447.39 us, plus the 2.43 us launch: 449.83 us.
   CHECK(p.seconds == Approx(449.83e-6).epsilon(1e-4));
   CHECK(limit(p, "DRAM") == Approx(447.39e-6).epsilon(1e-4));
-  // L2: 2 GiB / 9.78 TB/s = 219.6 us. Latency: one round trip a warp, 249 waves x 348 ns = 86.7 us.
+  // L2: 2 GiB / 9.78 TB/s = 219.6 us. Latency: one round trip a warp, 249 waves; at the loaded
+  // latency of u = 0 (538 ns) that is 134 us, which would move 2 GiB at 16 TB/s: u is capped at 1,
+  // a round trip takes 538 + 215 = 753 ns, 249 x 753 ns = 187.5 us.
   CHECK(limit(p, "L2") == Approx(219.6e-6).epsilon(1e-3));
-  CHECK(limit(p, "latency (bytes in flight)") == Approx(86.65e-6).epsilon(1e-3));
-  // Little's law: 8448 warps x 512 bytes = 4.33 MB in flight / 348 ns = 12.4 TB/s -> capped at HBM.
+  CHECK(limit(p, "latency (bytes in flight)") == Approx(187.5e-6).epsilon(1e-3));
+  CHECK(p.dram_utilisation == 1);
+  CHECK(p.load_latency_seconds == Approx(753e-9));
+  // Little's law: 8448 warps x 512 bytes = 4.33 MB in flight / 753 ns = 5.7 TB/s -> capped at HBM.
   CHECK(p.bytes_in_flight == Approx(8448.0 * 512));
   CHECK(p.achievable_bytes_per_s == Approx(4.8e12));
   CHECK(p.roofline_fraction == Approx(447.39 / 449.83).epsilon(1e-3));
@@ -129,17 +133,22 @@ TEST_CASE("gpu model, H200: the same copy in a 24-block grid is bound by bytes i
   CHECK(small.binding == "latency (bytes in flight)");
   CHECK(small.active_sms == 24);
   CHECK(small.resident_warps == 24 * 8);
-  // 2^21 requests over 192 warps = 10922.7 round trips each x 348 ns = 3.801 ms (+ launch).
-  CHECK(small.seconds == Approx(3.803e-3).epsilon(1e-3));
-  // 192 warps x 512 bytes = 98 KB in flight: 98304 / 348 ns = 282 GB/s of the 4.8 TB/s.
-  CHECK(small.achievable_bytes_per_s == Approx(282.5e9).epsilon(1e-3));
+  // 2^21 requests over 192 warps = 10922.7 round trips each. The time T solves
+  // T = 10922.7 x (538 ns + 215 ns x u), u = 2 GiB / (T x 4.8 TB/s): T = 6.050 ms, u = 0.0739,
+  // a round trip 553.9 ns (+ the launch).
+  CHECK(small.seconds == Approx(6.0500e-3 + kLaunch).epsilon(1e-3));
+  CHECK(small.dram_utilisation == Approx(0.07395).epsilon(1e-3));
+  // 192 warps x 512 bytes = 98 KB in flight: 98304 / 553.9 ns = 177.5 GB/s of the 4.8 TB/s.
+  CHECK(small.achievable_bytes_per_s == Approx(177.5e9).epsilon(1e-3));
   CHECK(small.seconds >= 4 * full.seconds);
-  // Four times the warps (1024-thread blocks): four times the bytes in flight, a quarter the time.
+  // Four times the warps (1024-thread blocks): four times the bytes in flight, 2730.7 round trips a
+  // warp; the busier DRAM (u = 0.274) lengthens each: T = 1.630 ms, 3.71x faster, not 4x.
   KernelWork wide = copy_work(GiB, 16, 24);
   wide.threads_per_block = 1024;
   const Prediction w = predict(wide);
   CHECK(w.binding == "latency (bytes in flight)");
-  CHECK((w.seconds - kLaunch) == Approx((small.seconds - kLaunch) / 4).epsilon(1e-6));
+  CHECK((w.seconds - kLaunch) == Approx(1.6302e-3).epsilon(1e-3));
+  CHECK(w.dram_utilisation == Approx(0.2744).epsilon(1e-3));
 }
 
 TEST_CASE("gpu model, H200: 4-byte loads at one request per warp cannot fill HBM; 16-byte loads can",
@@ -148,13 +157,14 @@ TEST_CASE("gpu model, H200: 4-byte loads at one request per warp cannot fill HBM
   const Prediction narrow = predict(read_work(GiB, 4));
   const Prediction wide = predict(read_work(GiB, 16));
   CHECK(limit(narrow, "DRAM") == Approx(223.7e-6).epsilon(1e-3));
-  // 4-byte loads: 8448 warps x 128 bytes = 1.08 MB in flight / 348 ns = 3.11 TB/s < 4.8 TB/s.
-  // 1048576 blocks / 1056 a wave = 993 waves x 1 round trip x 348 ns = 345.6 us.
+  // 4-byte loads: 1048576 blocks / 1056 a wave = 993 waves x 1 round trip. T = 993 x (538 ns +
+  // 215 ns x u), u = 1 GiB / (T x 4.8 TB/s): T = 612.2 us, u = 0.365, a round trip 616.6 ns. So
+  // 8448 warps x 128 bytes = 1.08 MB in flight / 616.6 ns = 1.75 TB/s < 4.8 TB/s.
   CHECK(narrow.binding == "latency (bytes in flight)");
-  CHECK(narrow.achievable_bytes_per_s == Approx(3.107e12).epsilon(1e-3));
-  CHECK(limit(narrow, "latency (bytes in flight)") == Approx(345.6e-6).epsilon(1e-3));
-  CHECK(narrow.roofline_fraction == Approx(223.7 / (345.6 + 2.43)).epsilon(2e-3));
-  // 16-byte loads: 4 times the bytes a request: 12.4 TB/s, capped; 249 waves x 348 ns = 86.7 us.
+  CHECK(narrow.achievable_bytes_per_s == Approx(1.7538e12).epsilon(1e-3));
+  CHECK(limit(narrow, "latency (bytes in flight)") == Approx(612.24e-6).epsilon(1e-3));
+  CHECK(narrow.roofline_fraction == Approx(223.7 / (612.24 + 2.43)).epsilon(2e-3));
+  // 16-byte loads: 4 times the bytes a request; 249 waves of one round trip: DRAM binds.
   CHECK(wide.binding == "DRAM");
   CHECK(wide.seconds < narrow.seconds);
 }
@@ -177,11 +187,13 @@ TEST_CASE("gpu model, H200: a 4096^3 bf16 GEMM is tensor-bound near 139 us", "[g
   CHECK(limit(p, "tensor") == Approx(143.31e-6).epsilon(1e-3));
   CHECK(p.seconds == Approx(145.74e-6).epsilon(1e-3));
   CHECK(p.roofline_fraction == Approx(138.97 / 145.74).epsilon(2e-3));
-  // The others stay below: DRAM 21.0 us, L2 109.8 us; latency: 9.4% of the loaded bytes from DRAM
-  // (348 ns), the rest from L2 (141.6 ns) = 161.0 ns x 256 round trips x 3 waves = 123.6 us.
+  // The others stay below: DRAM 21.0 us, L2 109.8 us; latency: 9.375% of the loaded bytes from
+  // DRAM, the rest from L2 (141.6 ns): 0.09375 x 538 + 0.90625 x 141.6 = 178.8 ns at u = 0, and
+  // 256 round trips x 3 waves = 768 of them: T = 768 x (178.8 ns + 0.09375 x 215 ns x u) with
+  // u = 100.7 MB / (T x 4.8 TB/s): T = 139.6 us (u = 0.150).
   CHECK(limit(p, "DRAM") == Approx(20.97e-6).epsilon(1e-3));
   CHECK(limit(p, "L2") == Approx(109.8e-6).epsilon(1e-3));
-  CHECK(limit(p, "latency (bytes in flight)") == Approx(123.6e-6).epsilon(2e-3));
+  CHECK(limit(p, "latency (bytes in flight)") == Approx(139.61e-6).epsilon(2e-3));
 }
 
 TEST_CASE("gpu model, H200: a 1-block launch with trivial work costs the launch latency", "[gpu_model]") {
@@ -196,11 +208,12 @@ TEST_CASE("gpu model, H200: a 1-block launch with trivial work costs the launch 
   CHECK(p.seconds == Approx(kLaunch).epsilon(1e-3));
   CHECK(p.active_sms == 1);
   CHECK(p.roofline_fraction < 1e-3);
-  // One load from DRAM as well (32 more DRAM bytes): one round trip, 348 ns, added to the launch.
+  // One load from DRAM as well (32 more DRAM bytes): one round trip at the loaded latency of an idle
+  // DRAM (36 bytes in 538 ns: u = 1.4e-5), 538 ns, added to the launch.
   w.global_load_requests = 1;
   w.global_load_sectors = 1;
   w.dram_bytes += 32;
-  CHECK(predict(w).seconds == Approx(kLaunch + 348e-9).epsilon(1e-3));
+  CHECK(predict(w).seconds == Approx(kLaunch + 538e-9).epsilon(1e-3));
 }
 
 TEST_CASE("gpu model, H200: wave quantisation and a small grid's share of the SMs", "[gpu_model]") {
@@ -253,9 +266,11 @@ TEST_CASE("gpu model, H200: wave quantisation and a small grid's share of the SM
     l.dram_bytes = 128 * l.global_load_requests;
     return predict(l, no_launch);
   };
+  // 264 blocks: 100 round trips, T = 100 x (538 ns + 215 ns x u), u = 108 MB / (T x 4.8 TB/s):
+  // T = 61.66 us. 265 blocks: 200 round trips for 0.4% more bytes, T = 116.0 us (u = 0.195).
   CHECK(loads(264).binding == "latency (bytes in flight)");
-  CHECK(loads(264).seconds == Approx(100 * 348e-9));
-  CHECK(loads(265).seconds == Approx(2 * 100 * 348e-9));
+  CHECK(loads(264).seconds == Approx(61.656e-6).epsilon(1e-3));
+  CHECK(loads(265).seconds == Approx(115.98e-6).epsilon(1e-3));
 }
 
 TEST_CASE("gpu model, H200: properties of every prediction", "[gpu_model]") {
@@ -306,7 +321,7 @@ TEST_CASE("gpu model, H200: a step is its launches plus its host synchronisation
   const Prediction a = predict(copy_work(GiB, 16, 262144));
   const Prediction b = predict(copy_work(GiB, 16, 24));
   // 449.83 us + 3.803 ms + 3 synchronisations x 10 us (the stated assumption).
-  CHECK(mg_emu::predict_step_seconds({a, b}, 3) == Approx(449.83e-6 + 3.803e-3 + 30e-6).epsilon(1e-3));
+  CHECK(mg_emu::predict_step_seconds({a, b}, 3) == Approx(449.83e-6 + 6.0524e-3 + 30e-6).epsilon(1e-3));
   CHECK(mg_emu::predict_step_seconds({}, 0) == 0);
   const std::string line = mg_emu::describe(a);
   CHECK(line.find("predicted 449.8") == 0);

@@ -25,8 +25,9 @@
 //   L2/ideal                <= 1.15  (this test's addition) the 32-byte sectors the SMs ask of L2, all
 //                            launches, x 32 / the ideal bytes: one pass over every operand. At these
 //                            shapes the L2 holds everything, so an extra sweep over a row never reaches
-//                            DRAM; this is where it shows. The tracer has no L1, so re-reads a GPU's
-//                            L1 would serve (a broadcast bias, a conv's taps) count here too.
+//                            DRAM; this is where it shows. These are the sectors the SMs request,
+//                            before the L1 model (cuda_emu/cache_model.h): re-reads an L1 serves (a
+//                            broadcast bias, a conv's taps) count here too, so no sweep hides in L1.
 // What counts. Tiny scalar traffic (a per-row mean, a loss per row, a final scalar, the one-thread
 // check kernels) would otherwise fail the efficiency gates by nature, so:
 //   * a launch is measured only if it makes >= 1% of the op's global sectors (loads, stores and

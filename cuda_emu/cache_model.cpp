@@ -1,0 +1,167 @@
+// The L1s and the L2 of cache_model.h.
+#include "cuda_emu/cache_model.h"
+
+#include <algorithm>
+#include <list>
+#include <unordered_map>
+
+namespace mg_emu {
+
+namespace {
+
+constexpr double kSectorBytes = 32;
+
+// An LRU set of sectors, each with a dirty bit. capacity 0: unbounded.
+class LruSectors {
+ public:
+  explicit LruSectors(uint64_t capacity) : capacity_(capacity) {}
+
+  // Whether `sector` is held; if so it becomes the most recent.
+  bool touch(uint64_t sector) {
+    auto it = lines_.find(sector);
+    if (it == lines_.end()) return false;
+    order_.splice(order_.begin(), order_, it->second.position);
+    return true;
+  }
+  // Inserts `sector` (not held) as the most recent, evicting the least recent when full.
+  void insert(uint64_t sector, bool dirty) {
+    order_.push_front(sector);
+    lines_.emplace(sector, Line{order_.begin(), dirty});
+    if (capacity_ > 0 && lines_.size() > capacity_) {
+      lines_.erase(order_.back());
+      order_.pop_back();
+    }
+  }
+  // Marks a held sector dirty; true when it was clean (a new write-back is owed).
+  bool make_dirty(uint64_t sector) {
+    Line& line = lines_.at(sector);
+    const bool was_clean = !line.dirty;
+    line.dirty = true;
+    return was_clean;
+  }
+  void erase(uint64_t sector) {
+    auto it = lines_.find(sector);
+    if (it == lines_.end()) return;
+    order_.erase(it->second.position);
+    lines_.erase(it);
+  }
+
+ private:
+  struct Line {
+    std::list<uint64_t>::iterator position;
+    bool dirty;
+  };
+  uint64_t capacity_;
+  std::list<uint64_t> order_;  // most recent first
+  std::unordered_map<uint64_t, Line> lines_;
+};
+
+// A block running on an SM: which one, and how far it has got.
+struct Running {
+  size_t block;    // index into `blocks`
+  size_t request;  // its next request
+};
+
+}  // namespace
+
+void BlockRequests::add(RequestKind kind, const std::vector<uint64_t>& request_sectors) {
+  sectors.insert(sectors.end(), request_sectors.begin(), request_sectors.end());
+  ends.push_back(static_cast<uint32_t>(sectors.size()));
+  kinds.push_back(kind);
+}
+
+CacheTraffic simulate_caches(const std::vector<BlockRequests>& blocks, const CacheConfig& config) {
+  const size_t sms = static_cast<size_t>(std::max(1, config.sms));
+  const size_t per_sm = static_cast<size_t>(std::max(1, config.blocks_per_sm));
+  const uint64_t l1_sectors = config.l1_bytes_per_sm / 32;
+  std::vector<LruSectors> l1(sms, LruSectors(l1_sectors));
+  LruSectors l2(config.l2_bytes / 32 + (config.l2_bytes > 0 && config.l2_bytes < 32 ? 1 : 0));
+  std::vector<CacheTraffic> per_block(blocks.size());
+
+  // Each SM's blocks, in order, and the ones resident now.
+  std::vector<std::vector<size_t>> queue(sms);
+  for (size_t b = 0; b < blocks.size(); ++b) queue[b % sms].push_back(b);
+  std::vector<size_t> next(sms, 0);
+  std::vector<std::vector<Running>> resident(sms);
+  auto refill = [&](size_t sm) {
+    while (resident[sm].size() < per_sm && next[sm] < queue[sm].size())
+      resident[sm].push_back(Running{queue[sm][next[sm]++], 0});
+  };
+  for (size_t sm = 0; sm < sms; ++sm) refill(sm);
+
+  auto to_l2 = [&](CacheTraffic& t, uint64_t sector, bool reads, bool writes) {
+    t.l2_sectors += 1;
+    if (l2.touch(sector)) {
+      if (writes && l2.make_dirty(sector)) t.dram_written += kSectorBytes;
+      return;
+    }
+    if (reads) t.dram_read += kSectorBytes;
+    if (writes) t.dram_written += kSectorBytes;
+    l2.insert(sector, writes);
+  };
+
+  bool any = true;
+  while (any) {  // one round: every resident block issues one request
+    any = false;
+    for (size_t sm = 0; sm < sms; ++sm) {
+      for (size_t slot = 0; slot < resident[sm].size();) {
+        Running& run = resident[sm][slot];
+        const BlockRequests& b = blocks[run.block];
+        if (run.request >= b.kinds.size()) {  // finished: the SM's next block takes the slot
+          resident[sm].erase(resident[sm].begin() + static_cast<std::ptrdiff_t>(slot));
+          refill(sm);
+          continue;
+        }
+        any = true;
+        CacheTraffic& t = per_block[run.block];
+        const RequestKind kind = b.kinds[run.request];
+        const uint32_t begin = run.request == 0 ? 0 : b.ends[run.request - 1], end = b.ends[run.request];
+        for (uint32_t i = begin; i < end; ++i) {
+          const uint64_t s = b.sectors[i];
+          switch (kind) {
+            case RequestKind::load:
+              if (l1_sectors > 0 && l1[sm].touch(s)) {
+                t.l1_hit_sectors += 1;
+              } else {
+                to_l2(t, s, true, false);
+                if (l1_sectors > 0) l1[sm].insert(s, false);
+              }
+              break;
+            case RequestKind::load_bypassing_l1: to_l2(t, s, true, false); break;
+            case RequestKind::store: to_l2(t, s, false, true); break;
+            case RequestKind::atomic:
+              l1[sm].erase(s);
+              to_l2(t, s, true, true);
+              break;
+          }
+        }
+        ++run.request;
+        ++slot;
+      }
+    }
+  }
+
+  CacheTraffic total, steady;
+  const size_t half = blocks.size() / 2;
+  for (size_t b = 0; b < blocks.size(); ++b) {
+    for (auto [into, from] : {std::pair{&total, &per_block[b]}, std::pair{&steady, &per_block[b]}}) {
+      if (into == &steady && b < half) continue;
+      into->l1_hit_sectors += from->l1_hit_sectors;
+      into->l2_sectors += from->l2_sectors;
+      into->dram_read += from->dram_read;
+      into->dram_written += from->dram_written;
+    }
+  }
+  const double untraced = config.all_blocks > blocks.size() ? double(config.all_blocks - blocks.size()) : 0;
+  const double steady_blocks = double(blocks.size() - half);
+  if (untraced > 0 && steady_blocks > 0) {
+    const double f = untraced / steady_blocks;
+    total.l1_hit_sectors += steady.l1_hit_sectors * f;
+    total.l2_sectors += steady.l2_sectors * f;
+    total.dram_read += steady.dram_read * f;
+    total.dram_written += steady.dram_written * f;
+  }
+  return total;
+}
+
+}  // namespace mg_emu
