@@ -84,8 +84,10 @@ Prediction predict(const KernelWork& w, const GpuSpec& gpu) {
   check_count("global_load_sectors", w.global_load_sectors);
   check_count("shared_wavefronts", w.shared_wavefronts);
   check_count("fp32_flops", w.fp32_flops);
+  check_count("warp_instructions", w.warp_instructions);
   check_count("tensor_flops", w.tensor_flops);
   check_count("atomics", w.atomics);
+  check_count("l1_hit_sectors", w.l1_hit_sectors);
 
   Prediction p;
   p.gpu = gpu.name;
@@ -105,7 +107,10 @@ Prediction predict(const KernelWork& w, const GpuSpec& gpu) {
       w.shared_wavefronts / (gpu.sms * gpu.clock_hz * gpu.shared_wavefronts_per_sm_per_clock);
   const double fp32_ideal = w.fp32_flops / gpu.fp32_flops_per_s;
   const double tensor_ideal = w.tensor_flops / gpu.tensor_flops_per_s;
-  p.ideal_seconds = std::max({dram, l2, shared_ideal, fp32_ideal, tensor_ideal});
+  // Issue: the counted warp instructions and one FFMA (32 lanes x 2 FLOPs) per 64 FP32 FLOPs.
+  const double issue_ideal = (w.warp_instructions + w.fp32_flops / (2.0 * gpu.warp_size)) /
+                             (gpu.sms * gpu.clock_hz * gpu.issue_per_sm_per_clock);
+  p.ideal_seconds = std::max({dram, l2, shared_ideal, fp32_ideal, tensor_ideal, issue_ideal});
 
   // ---- per-SM units, quantised: the busiest SM runs ceil(blocks / SMs) blocks, each with
   // blocks-th of the work, at one SM's share of the peak. A grid of fewer blocks than SMs thus gets
@@ -115,6 +120,7 @@ Prediction predict(const KernelWork& w, const GpuSpec& gpu) {
   const double shared = shared_ideal * quantisation;
   const double fp32 = fp32_ideal * quantisation;
   const double tensor = tensor_ideal * quantisation;
+  const double issue = issue_ideal * quantisation;
 
   // ---- latency (Little's law) -----------------------------------------------------------------
   // Resident warps: the blocks present at once (capped by the grid) times their warps. A warp's
@@ -161,12 +167,13 @@ Prediction predict(const KernelWork& w, const GpuSpec& gpu) {
               {"shared", shared},
               {"fp32", fp32},
               {"tensor", tensor},
+              {"issue", issue},
               {"latency (bytes in flight)", latency},
               {"launch", gpu.launch_latency_s}};
   const Limit* largest = &p.limits[0];
   double work = 0;  // the largest limit but the launch: the launch adds to it
   for (const Limit& l : p.limits) {
-    if (l.seconds > largest->seconds) largest = &l;
+    if (l.seconds > largest->seconds * (1 + 1e-12)) largest = &l;  // a tie names the earlier unit
     if (&l != &p.limits.back()) work = std::max(work, l.seconds);
   }
   p.binding = largest->name;

@@ -48,9 +48,15 @@ GpuSpec make_h200() {
   // and 0.43 of the GH200's 4.0 TB/s: a line 538 ns + 215 ns x u through them (within 2%).
   g.dram_loaded_latency_s = 538e-9;
   g.dram_latency_per_utilisation_s = 215e-9;
-  // FP32: 67 TFLOPS; tensor BF16/FP16 dense: 989 TFLOPS, half the datasheet's 1,979 "with sparsity".
-  g.fp32_flops_per_s = 67e12;
+  // FP32: 132 SMs x 128 lanes x 2 FLOPs x 1.98 GHz = 66.9 TFLOPS, the datasheet's "67 TFLOPS" before
+  // rounding (kept exact so that FMAs alone fill the 4 schedulers exactly as they fill the FP32
+  // lanes); tensor BF16/FP16 dense: 989 TFLOPS, half the datasheet's 1,979 "with sparsity".
+  g.fp32_flops_per_s = 132.0 * 128 * 2 * 1.98e9;
   g.tensor_flops_per_s = 989e12;
+  // Instruction issue: 4 warp schedulers per SM, each issuing one warp instruction per clock (CUDA C++
+  // Programming Guide, the compute capability 7.x-9.0 architecture sections; the Hopper and Ampere
+  // whitepapers' SM diagrams: four partitions, one scheduler and dispatch unit each). The same on
+  // every GPU here (the default of GpuSpec::issue_per_sm_per_clock).
   // Occupancy of compute capability 9.0 (CUDA C++ Programming Guide, "Technical Specifications per
   // Compute Capability"; cuda_occupancy.h): 2048 threads and 32 blocks per SM, 64K registers,
   // 228 KB of shared memory per SM, 227 KB per block, 1 KB reserved per block.

@@ -41,9 +41,10 @@ struct GpuSpec {
   int sector_bytes = 32;
 
   // ---- compute ----------------------------------------------------------------------------------
-  double fp32_flops_per_s = 67e12;                // CUDA cores, FMA = 2 FLOPs
+  double fp32_flops_per_s = 66.9e12;              // CUDA cores, FMA = 2 FLOPs
   double tensor_flops_per_s = 989e12;             // dense BF16/FP16 with FP32 accumulation
   double shared_wavefronts_per_sm_per_clock = 1;  // 32 banks x 4 bytes
+  double issue_per_sm_per_clock = 4;              // 4 warp schedulers, one warp instruction a clock each
 
   // ---- occupancy (the compute capability's limits, as the toolkit's cuda_occupancy.h has them) --
   int warp_size = 32;

@@ -33,6 +33,10 @@ KernelWork work_of(const LaunchProfile& l, double fp32_flops) {
   w.l1_hit_sectors = l.l1_hit_sectors;
   w.load_round_trips = l.load_round_trips;
   w.shared_wavefronts = l.shared_load.wavefronts + l.shared_store.wavefronts + l.shared_atomic.wavefronts;
+  // Every warp request is one instruction; a cp.async is in both global_load and shared_store.
+  w.warp_instructions = l.global_load.requests + l.global_store.requests + l.global_atomic.requests +
+                        l.shared_load.requests + l.shared_store.requests + l.shared_atomic.requests -
+                        l.cp_async + l.mma;
   w.fp32_flops = fp32_flops;
   w.tensor_flops = l.tensor_flops;
   w.atomics = l.global_atomic.lanes;
