@@ -83,6 +83,7 @@ Prediction predict(const KernelWork& w, const GpuSpec& gpu) {
   check_count("global_load_requests", w.global_load_requests);
   check_count("global_load_sectors", w.global_load_sectors);
   check_count("shared_wavefronts", w.shared_wavefronts);
+  check_count("l1_wavefronts", w.l1_wavefronts);
   check_count("fp32_flops", w.fp32_flops);
   check_count("warp_instructions", w.warp_instructions);
   check_count("tensor_flops", w.tensor_flops);
@@ -103,8 +104,10 @@ Prediction predict(const KernelWork& w, const GpuSpec& gpu) {
   // ---- throughput limits at full-GPU rates: the ideal roofline ----------------------------------
   const double dram = w.dram_bytes / gpu.hbm_bytes_per_s;
   const double l2 = w.l2_sectors * gpu.sector_bytes / gpu.l2_bytes_per_s;
-  const double shared_ideal =
-      w.shared_wavefronts / (gpu.sms * gpu.clock_hz * gpu.shared_wavefronts_per_sm_per_clock);
+  // L1 and shared memory are one array per SM, 128 bytes a clock: shared wavefronts and the global
+  // requests' passes through it share the rate.
+  const double shared_ideal = (w.shared_wavefronts + w.l1_wavefronts) /
+                              (gpu.sms * gpu.clock_hz * gpu.shared_wavefronts_per_sm_per_clock);
   const double fp32_ideal = w.fp32_flops / gpu.fp32_flops_per_s;
   const double tensor_ideal = w.tensor_flops / gpu.tensor_flops_per_s;
   // Issue: the counted warp instructions and one FFMA (32 lanes x 2 FLOPs) per 64 FP32 FLOPs.
@@ -164,7 +167,7 @@ Prediction predict(const KernelWork& w, const GpuSpec& gpu) {
 
   p.limits = {{"DRAM", dram},
               {"L2", l2},
-              {"shared", shared},
+              {"L1/shared", shared},
               {"fp32", fp32},
               {"tensor", tensor},
               {"issue", issue},

@@ -6,14 +6,14 @@
 //
 // The model (docs/performance-model.md explains it, with the sources of every constant):
 //   * lower bounds on the time: DRAM bytes / HBM bandwidth, L2 sectors (after the L1s) x 32 / L2
-//     bandwidth,
-//     shared-memory wavefronts / (one wavefront per SM per clock), FP32 FLOPs / the CUDA-core peak,
+//     bandwidth, L1/shared wavefronts (shared memory's and the global requests' passes through the
+//     same 128-byte-a-clock array) / (one per SM per clock), FP32 FLOPs / the CUDA-core peak,
 //     tensor FLOPs / the dense BF16/FP16 tensor-core peak;
 //   * instruction issue: warp instructions (the counted ones above, plus one FFMA per 64 declared
 //     FP32 FLOPs) / (4 schedulers x SMs x clock): the cap below the FP32 peak that any load, store
 //     or mma between the FMAs imposes. Address and integer arithmetic, branches and conversions
 //     are not counted (the tracer sees memory, not registers), so this too is a lower bound;
-//   * the per-SM ones (shared, FP32, tensor, issue) are quantised over the SMs (132 on an H200): the
+//   * the per-SM ones (L1/shared, FP32, tensor, issue) are quantised over the SMs (132 on an H200): the
 //     busiest SM runs ceil(blocks / SMs) blocks, so a grid of fewer blocks than SMs gets only its
 //     SMs' share;
 //   * latency (Little's law): each resident warp's memory round trips come one after another
@@ -48,6 +48,8 @@ struct KernelWork {
   double load_round_trips = -1;     // memory round trips summed over warps (the tracer's
                                     // LaunchProfile::load_round_trips); < 0: one per load request
   double shared_wavefronts = 0;     // shared-memory wavefronts (loads, stores, atomics)
+  double l1_wavefronts = 0;         // global requests' passes through the SM's L1 data array, which
+                                    // shared memory also uses: max(1, ceil(sectors / 4)) a request
   double warp_instructions = 0;     // warp instructions counted besides FP32 arithmetic: global and
                                     // shared requests, ldmatrix, cp.async, mma (the tracer's counts)
   double fp32_flops = 0;            // CUDA-core FLOPs (declared by the caller; an FMA = 2)
@@ -57,7 +59,7 @@ struct KernelWork {
 };
 
 struct Limit {
-  const char* name;  // "DRAM", "L2", "shared", "fp32", "tensor", "issue", "latency (bytes in flight)",
+  const char* name;  // "DRAM", "L2", "L1/shared", "fp32", "tensor", "issue", "latency (bytes in flight)",
                      // "launch"
   double seconds;    // predicted lower bound on the launch's time from this limit alone
 };
@@ -67,12 +69,12 @@ struct Prediction {
   std::string gpu;               // the GpuSpec's name: "NVIDIA H200 SXM"
   double seconds = 0;            // predicted time of the launch, launch overhead included
   std::string binding;           // name of the largest limit
-  double roofline_fraction = 0;  // ideal roofline time (max of DRAM/L2/shared/fp32/tensor/issue at full-GPU
-                                 // rates: no quantisation, latency or launch) / seconds; in [0, 1]
-  int blocks_per_sm = 0;         // occupancy
-  int active_sms = 0;            // min(SMs, blocks)
-  double waves = 0;              // blocks / (SMs * blocks_per_sm)
-  std::vector<Limit> limits;     // every limit's time, for the table, in the order of the names above
+  double roofline_fraction = 0;  // ideal roofline time (max of DRAM/L2/L1-shared/fp32/tensor/issue at
+                                 // full-GPU rates: no quantisation, latency or launch) / seconds; in [0, 1]
+  int blocks_per_sm = 0;      // occupancy
+  int active_sms = 0;         // min(SMs, blocks)
+  double waves = 0;           // blocks / (SMs * blocks_per_sm)
+  std::vector<Limit> limits;  // every limit's time, for the table, in the order of the names above
 
   // Beyond the tracer's interface: the Little's-law inputs, for the table and the doc.
   int resident_warps = 0;           // warps resident at once: min(blocks, SMs * blocks_per_sm) * warps/block

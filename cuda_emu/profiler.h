@@ -60,7 +60,8 @@ struct AccessCounts {
   double lanes = 0;             // lane-level accesses
   double bytes = 0;             // distinct bytes the lanes of each request asked for, summed
   double sectors = 0;           // global: 32-byte sectors the requests touched
-  double wavefronts = 0;        // shared
+  double wavefronts = 0;        // shared: bank wavefronts; global: passes through the L1 data
+                                // array, max(1, ceil(sectors / 4)) a request
   double ideal_wavefronts = 0;  // shared: ceil(distinct words / 32) per request
   void add(const AccessCounts& o);
 };

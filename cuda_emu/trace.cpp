@@ -257,6 +257,8 @@ class BlockTrace {
       std::sort(sectors.begin(), sectors.end());
       sectors.erase(std::unique(sectors.begin(), sectors.end()), sectors.end());
       c.sectors += static_cast<double>(sectors.size());
+      // The request's passes through the L1 data array (128 bytes a clock), shared with shared memory.
+      c.wavefronts += static_cast<double>(std::max<size_t>(1, (sectors.size() + 3) / 4));
       requests_.add(p.op == Op::load       ? RequestKind::load
                     : p.op == Op::cp_async ? RequestKind::load_bypassing_l1
                     : p.op == Op::store    ? RequestKind::store

@@ -134,6 +134,9 @@ ProfileRow take_profile(double ideal_bytes, double fp32_flops) {
     p.mma += l.mma;
     p.tensor_flops += l.tensor_flops;
     p.dram_bytes += l.dram_bytes_lru();
+    p.l1_hit_sectors += l.l1_hit_sectors;
+    p.l2_sectors += l.l2_sectors;
+    p.warp_instructions += profile::work_of(l, 0).warp_instructions;
     p.dram_bytes_first_touch += l.dram_bytes_first_touch();
     const double share = all_threads > 0 ? fp32_flops * threads_of(l) / all_threads : 0;
     const mg_emu::Prediction pred = mg_emu::predict(profile::work_of(l, share), *g_gpu);

@@ -254,7 +254,7 @@ TEST_CASE("gpu model, H200: wave quantisation and a small grid's share of the SM
   s.threads_per_block = 256;
   s.shared_wavefronts = 1e9;
   const Prediction sp = predict(s, no_launch);
-  CHECK(sp.binding == "shared");
+  CHECK(sp.binding == "L1/shared");
   CHECK(sp.seconds == Approx(1e9 / (24 * 1.98e9)).epsilon(1e-9));
   // Latency-bound blocks quantise by whole waves too: 264 blocks of 2 per SM are one wave,
   // 265 are two.
@@ -291,6 +291,7 @@ TEST_CASE("gpu model, H200: properties of every prediction", "[gpu_model]") {
     w.global_load_requests = zero ? 0 : log_uniform(1, 1e9);
     w.global_load_sectors = w.global_load_requests * uniform(1, 16);
     w.shared_wavefronts = (i % 2) ? log_uniform(1, 1e10) : 0;
+    w.l1_wavefronts = (i % 3) ? w.global_load_requests * uniform(1, 4) : 0;
     w.fp32_flops = (i % 3) ? log_uniform(1, 1e13) : 0;
     w.tensor_flops = (i % 5) ? 0 : log_uniform(1, 1e14);
     w.warp_instructions = (i % 6) ? log_uniform(1, 1e10) : 0;
