@@ -71,10 +71,10 @@ struct Prediction {
   std::string binding;           // name of the largest limit
   double roofline_fraction = 0;  // ideal roofline time (max of DRAM/L2/L1-shared/fp32/tensor/issue at
                                  // full-GPU rates: no quantisation, latency or launch) / seconds; in [0, 1]
-  int blocks_per_sm = 0;      // occupancy
-  int active_sms = 0;         // min(SMs, blocks)
-  double waves = 0;           // blocks / (SMs * blocks_per_sm)
-  std::vector<Limit> limits;  // every limit's time, for the table, in the order of the names above
+  int blocks_per_sm = 0;         // occupancy
+  int active_sms = 0;            // min(SMs, blocks)
+  double waves = 0;              // blocks / (SMs * blocks_per_sm)
+  std::vector<Limit> limits;     // every limit's time, for the table, in the order of the names above
 
   // Beyond the tracer's interface: the Little's-law inputs, for the table and the doc.
   int resident_warps = 0;           // warps resident at once: min(blocks, SMs * blocks_per_sm) * warps/block

@@ -37,9 +37,9 @@
 // lanes over unaligned rows the H200 model (bench_kernels --profile, f32
 // [1335, 50257]) had both bound by bytes in flight, 4.87 sectors a request
 // (82% sector efficiency). With the packs: 16.5 sectors a request (97%),
-// DRAM-bound; docs/kernels.md has the predicted times. Not measured on a GPU yet: at HBM speed (H200: ~4.8 TB/s, ~1.2 T f32
-// logits/s) the expf per logit (one MUFU.EX2 and a few FMAs) stays under
-// the special-function units' ~4 T/s (132 SMs x 16 per clock).
+// DRAM-bound; docs/kernels.md has the predicted times. Not measured on a GPU yet: at HBM speed (H200: ~4.8
+// TB/s, ~1.2 T f32 logits/s) the expf per logit (one MUFU.EX2 and a few FMAs) stays under the
+// special-function units' ~4 T/s (132 SMs x 16 per clock).
 //
 // Arithmetic in float for f32/f16/bf16 and double for f64, like the CPU.
 // Also runs on the CPU under the emulator (MG_CUDA=EMULATE): see docs/cuda-emulation.md.
