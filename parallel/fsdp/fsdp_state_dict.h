@@ -70,6 +70,10 @@ void load_sharded_optim_state_dict(const FullyShardedDataParallel& fsdp, optim::
 // On disk: `dir`/fsdp-rank<r>-of<N>.safetensors, one file per rank (a collective: it ends with a
 // barrier, so the directory is complete when it returns). Loading finds N from the file names.
 // With an optimizer, its sharded state goes into the same files (and is loaded from them).
+// Loading is a collective too, and the ranks agree: all load, or all throw an mg::Error naming
+// every failed rank's file and reason, with the model and optimizer unchanged. A directory with
+// the files of two world sizes, a stray fsdp-rank*.safetensors name, a missing or truncated rank
+// file, a malformed layout or another wrap policy fails so.
 void save_sharded_checkpoint(const FullyShardedDataParallel& fsdp, const std::string& dir);
 void load_sharded_checkpoint(FullyShardedDataParallel& fsdp, const std::string& dir);
 void save_sharded_checkpoint(const FullyShardedDataParallel& fsdp, const optim::Optimizer& opt,
