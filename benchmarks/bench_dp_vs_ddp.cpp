@@ -42,9 +42,13 @@
 
 #include <unistd.h>
 
+#include <cerrno>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -63,6 +67,69 @@ int main() {
 
 using namespace mg;
 using namespace mg::bench_dp_vs_ddp;
+
+namespace {
+
+// A flag's value that cannot be used: exit status 2, like CLI11's own parse errors' usage lines.
+struct BadFlag : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+void check_flag(bool ok, const std::string& message) {
+  if (!ok) throw BadFlag(message);
+}
+
+// The items of a comma-separated list; an empty item (",," or a trailing comma) is refused.
+std::vector<std::string> list_items(const std::string& flag, const std::string& text) {
+  std::vector<std::string> items;
+  const std::string list = text + ",";
+  for (size_t start = 0, comma; (comma = list.find(',', start)) != std::string::npos; start = comma + 1) {
+    check_flag(comma > start, str_cat(flag, " has an empty item in '", text, "'"));
+    items.push_back(list.substr(start, comma - start));
+  }
+  return items;
+}
+
+// "25", "0.5": a finite number of MB > 0 (and at most 1 TiB: no bucket is bigger). strtod alone
+// takes "inf" and "nan", which ended in a JSON type error or an undefined cast in DDP.
+double megabytes(const std::string& flag, const std::string& text) {
+  char* end = nullptr;
+  const double mb = std::strtod(text.c_str(), &end);
+  check_flag(
+      !text.empty() && end != text.c_str() && *end == '\0' && std::isfinite(mb) && mb > 0 && mb <= 1 << 20,
+      str_cat(flag, " must be a finite number of MB in (0, 1048576], got '", text, "'"));
+  return mb;
+}
+
+// Every flag the launcher checks before any run starts: a bad value costs no training time.
+void check_flags(Config& c, const std::string& bucket_cap_text) {
+  check_flag(!c.modes.empty(), "--modes must name at least one of single, dp, ddp, got ''");
+  for (const std::string& mode : list_items("--modes", c.modes))
+    check_flag(mode == "single" || mode == "dp" || mode == "ddp",
+               str_cat("--modes: unknown mode '", mode, "' (single, dp or ddp)"));
+  c.bucket_cap_auto = bucket_cap_text == "auto";
+  if (!c.bucket_cap_auto) c.bucket_cap_mb = megabytes("--bucket-cap-mb", bucket_cap_text);
+  check_flag(
+      std::isfinite(c.first_bucket_cap_mb) && c.first_bucket_cap_mb > 0 && c.first_bucket_cap_mb <= 1 << 20,
+      str_cat("--first-bucket-cap-mb must be a finite number of MB in (0, 1048576], got ",
+              c.first_bucket_cap_mb));
+  if (!c.sweep_buckets.empty())
+    for (const std::string& item : list_items("--sweep-buckets", c.sweep_buckets))
+      if (item != "auto" && item != "no-overlap") megabytes("--sweep-buckets", item);
+  if (!c.json_path.empty()) {
+    // Writable now, not only after the runs: opened for appending (nothing it holds is lost), and
+    // removed again if this made it.
+    std::error_code error;
+    const bool existed = std::filesystem::exists(c.json_path, error);
+    check_flag(!std::filesystem::is_directory(c.json_path, error),
+               str_cat("--json ", c.json_path, " is a directory"));
+    check_flag(static_cast<bool>(std::ofstream(c.json_path, std::ios::app)),
+               str_cat("--json: cannot write ", c.json_path, ": ", std::strerror(errno)));
+    if (!existed) std::filesystem::remove(c.json_path, error);
+  }
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"DataParallel vs DistributedDataParallel on the same model and global batch"};
@@ -106,13 +173,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   try {
-    c.bucket_cap_auto = bucket_cap_text == "auto";
-    if (!c.bucket_cap_auto) {
-      char* end = nullptr;
-      c.bucket_cap_mb = std::strtod(bucket_cap_text.c_str(), &end);
-      MG_CHECK(end != bucket_cap_text.c_str() && *end == '\0' && c.bucket_cap_mb > 0,
-               "--bucket-cap-mb must be a positive number or auto, got '", bucket_cap_text, "'");
-    }
+    check_flags(c, bucket_cap_text);
     MG_CHECK(c.algo == "native" || c.algo == "ring", "--algo must be native or ring, got '", c.algo, "'");
     MG_CHECK(c.precision == "f32" || c.precision == "bf16", "--precision must be f32 or bf16, got '",
              c.precision, "'");
@@ -218,7 +279,10 @@ int main(int argc, char** argv) {
       }
       out["bucket_sweep"] = sweep;
       out["prediction"] = prediction;
-      std::ofstream(c.json_path) << out.dump(2) << "\n";
+      std::ofstream file(c.json_path);
+      file << out.dump(2) << "\n";
+      file.close();
+      MG_CHECK(!file.fail(), "cannot write ", c.json_path, ": ", std::strerror(errno));
       std::printf("wrote %s\n", c.json_path.c_str());
     }
     std::filesystem::remove_all(c.work_dir);
@@ -235,6 +299,9 @@ int main(int argc, char** argv) {
       return 3;
     }
     return 0;
+  } catch (const BadFlag& e) {
+    std::fprintf(stderr, "bench_dp_vs_ddp: %s\n", e.what());
+    return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_dp_vs_ddp: %s\n", e.what());
     return 1;
