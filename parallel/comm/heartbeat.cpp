@@ -5,7 +5,8 @@
 //   1. sample this rank's own progress (ops started, ops in flight, step);
 //   2. test each peer's posted receive; a beat that arrived refreshes the peer's "last heard"
 //      time (and is re-posted) and, if its progress differs from the previous beat, its
-//      "progress changed" time; a "leaving" beat retires the peer;
+//      "progress changed" time; a "leaving" beat retires the peer -- unless it carries a non-zero
+//      exit status (the peer is exiting after an error of its own): then it is lost at once;
 //   3. a peer silent for longer than the bound, or whose request reported an MPI error, is lost;
 //      a peer that keeps this rank waiting without progress for longer than the stall bound is
 //      stuck;
@@ -131,7 +132,7 @@ namespace detail {
 #ifndef MG_HAS_MPI
 
 void start_heartbeat(std::chrono::milliseconds) {}
-void stop_heartbeat() {}
+void stop_heartbeat(int) {}
 
 #else
 
@@ -171,7 +172,8 @@ struct Beat {
   int64_t step = -1;
   int64_t slowest_step_us = 0;
   int32_t pid = 0;
-  int32_t leaving = 0;
+  int16_t leaving = 0;      // 1: the sender is leaving (its last beat)
+  int16_t exit_status = 0;  // with leaving: the sender's exit status; not 0 = it left on an error
   int32_t ops_in_flight = 0;
   int32_t slow_phase = 0;
   int32_t flight_dumps = 0;  // the sender's flight-recorder dumps after a failure: more = "dump yours too"
@@ -257,13 +259,19 @@ class Heartbeat {
     thread_ = std::thread([this] { loop(); });
   }
 
+  // The "leaving" beat goes out with `exit_status`: 0 retires this rank quietly on every peer (a
+  // normal end), anything else makes every peer report it lost at once (it left on an error).
+  void set_exit_status(int exit_status) { exit_status_ = exit_status; }
+
   ~Heartbeat() {
     stop_ = true;
     thread_.join();
-    // The "leaving" beat, so no peer reports this rank lost while it finishes its own work.
+    // The "leaving" beat, so no peer reports this rank lost while it finishes its own work --
+    // or, leaving on an error, so every peer reports it now instead of at its collective timeout.
     own_ = own_progress();
     Beat goodbye = make_beat();
     goodbye.leaving = 1;
+    goodbye.exit_status = static_cast<int16_t>(exit_status_ == 0 ? 0 : std::clamp(exit_status_, 1, 32767));
     for (int r = 0; r < size_; ++r) {
       Peer& peer = peers_[static_cast<size_t>(r)];
       if (r == rank_ || peer.lost) continue;
@@ -419,7 +427,12 @@ class Heartbeat {
           peer.last = peer.incoming;
           peer.last_heard = now;
           if (peer.last.leaving) {
-            peer.retired = true;
+            if (peer.last.exit_status == 0) {
+              peer.retired = true;  // a normal end: no error, whatever this rank still does
+            } else {
+              declare_lost(r, str_cat("it is exiting with status ", peer.last.exit_status,
+                                      " after an error of its own (its output says which)"));
+            }
             continue;
           }
           post_receive(r);
@@ -501,6 +514,7 @@ class Heartbeat {
   int64_t sequence_ = 0;
   int32_t flight_dumps_announced_ = 0;
   bool any_lost_ = false;  // then the communicator is not freed: the job is aborted at exit
+  int exit_status_ = 0;    // sent in the "leaving" beat
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };
@@ -520,8 +534,9 @@ void start_heartbeat(std::chrono::milliseconds bound) {
   if (size > 1) heartbeat = new Heartbeat(bound, stall);
 }
 
-void stop_heartbeat() {
+void stop_heartbeat(int exit_status) {
   std::lock_guard<std::mutex> lock(heartbeat_mutex);
+  if (heartbeat != nullptr) heartbeat->set_exit_status(exit_status);
   delete heartbeat;
   heartbeat = nullptr;
 }

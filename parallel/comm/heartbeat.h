@@ -40,7 +40,12 @@
 //    a rank blocked in a point-to-point receive on the MPI backend (those ops are not counted).
 //
 // A rank that ends normally sends a last beat marked "leaving", so a peer still busy (writing a
-// checkpoint, evaluating) does not mistake it for lost. Cost: (N - 1) beats of 224 bytes per
+// checkpoint, evaluating) does not mistake it for lost. A rank that leaves because of an error of
+// its own (its main returned or exit() was called with a non-zero status, caught by an on_exit
+// handler; or MPI is torn down during stack unwinding) sends the same beat with that status, and
+// every peer reports it lost at once ("it is exiting with status S after an error of its own"),
+// instead of waiting in its next collective until the collective timeout while the leaving rank
+// sits in MPI_Finalize, where mpirun cannot see it exit. Cost: (N - 1) beats of 224 bytes per
 // rank per interval -- all-to-all, which suits the tens of ranks this project runs; a large job
 // would beat along a tree instead. Its thread wakes every 10 ms for a few MPI_Tests: a small
 // all-reduce's latency measured the same with it on or off (bench_allreduce --latency,
@@ -81,10 +86,11 @@ namespace mg::parallel::detail {
 
 // Starts the process-wide heartbeat on MPI's world (a collective over it; idempotent: the first
 // call's bound holds). Reads MG_STALL_FACTOR, MG_STALL_WARMUP_STEPS and MG_STALL_WARMUP_S.
-// Stops (with the "leaving" beat) when stop_heartbeat() runs before MPI_Finalize. No-op in
-// builds without MPI.
+// Stops (with the "leaving" beat) when stop_heartbeat() runs before MPI_Finalize: exit_status 0
+// retires this rank quietly on its peers, anything else makes them report it lost at once. No-op
+// in builds without MPI.
 void start_heartbeat(std::chrono::milliseconds bound);
-void stop_heartbeat();
+void stop_heartbeat(int exit_status = 0);
 
 // Called once, on the heartbeat's thread, when peers are lost; returns an id for forget.
 int on_peer_lost(std::function<void(const std::string& message)> callback);

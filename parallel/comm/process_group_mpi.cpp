@@ -36,7 +36,9 @@
 #include <climits>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -97,13 +99,37 @@ struct MinFloat {
 
 // ---- the process-wide MPI lifetime --------------------------------------------------------------
 
+// The status the process is exiting with (main's return value or exit()'s argument), recorded by
+// an on_exit handler (glibc) that runs before the runtime's destructor; -1 until then. Tells a
+// normal end from leaving on an error, for the heartbeat's "leaving" beat.
+std::atomic<int> exit_status{-1};
+
+#if defined(__GLIBC__)
+void record_exit_status(int status, void*) { exit_status = status; }
+#endif
+
+// What the "leaving" beat says: 0 for a normal end, else the (non-zero) status this process is
+// exiting with, or 1 when MPI is being torn down while an exception unwinds the stack.
+int leaving_status() {
+  const int status = exit_status.load();
+  if (status > 0 || status < -1) return status;
+  return std::uncaught_exceptions() > 0 ? 1 : 0;
+}
+
 class MpiRuntime {
  public:
   static std::shared_ptr<MpiRuntime> get() {
     static std::mutex creation;
     static std::shared_ptr<MpiRuntime> runtime;  // lives until exit; groups hold it too
     std::lock_guard<std::mutex> lock(creation);
-    if (!runtime) runtime = std::shared_ptr<MpiRuntime>(new MpiRuntime());
+    if (!runtime) {
+      runtime = std::shared_ptr<MpiRuntime>(new MpiRuntime());
+#if defined(__GLIBC__)
+      // Registered after `runtime` (whose destructor was registered when this function first
+      // ran), so at exit it runs before the runtime is destroyed and the status is known there.
+      on_exit(record_exit_status, nullptr);
+#endif
+    }
     return runtime;
   }
 
@@ -123,7 +149,10 @@ class MpiRuntime {
       std::this_thread::sleep_for(kAbortGrace);
       MPI_Abort(MPI_COMM_WORLD, 1);
     }
-    detail::stop_heartbeat();  // its "leaving" beat, before MPI is gone
+    // Its "leaving" beat, before MPI is gone: a normal end retires this rank quietly on its
+    // peers; leaving on an error (a non-zero exit status) makes them report it at once, since
+    // MPI_Finalize below may keep this process from exiting (mpirun would not see it go).
+    detail::stop_heartbeat(leaving_status());
     for (MPI_Op& op : half_ops_) MPI_Op_free(&op);
     if (owns_mpi_) {
       int finalized = 0;

@@ -12,6 +12,9 @@
 # MG_EXPECT=heartbeat: the failure must be found by the heartbeat instead (parallel/comm/heartbeat.h;
 # the third argument is then its bound, MG_FAILURE_DETECTION_S): every survivor's error names
 # "rank 1 (node <host>, pid <pid>) is lost", within the bound (+ slack) and not before it.
+# MG_EXPECT=exited: rank 1 exits on an error of its own (mode error): every survivor's error names
+# "rank 1 (node <host>, pid <pid>) is lost: it is exiting with status 1 ...", within the third
+# argument (+ slack), although the collective timeout is far longer.
 # MG_EXPECT=stall: rank 1 is alive but its progress stalled (modes spin, block); the third argument
 # is the stall bound the job should arrive at: every survivor's error names "rank 1 (node <host>,
 # pid <pid>) is stuck", rank 1's last operation and the stall bound, within it (+ slack) and not
@@ -54,6 +57,9 @@ for ((rank = 0; rank < world; ++rank)); do
     [[ "$message" == *"last operation: allreduce"*"on rank 1 of $world"* ]] ||
       fail "rank $rank's error does not name rank 1's last operation: $message"
     [[ "$message" == *"stall bound "* ]] || fail "rank $rank's error does not name the stall bound: $message"
+  elif [[ "${MG_EXPECT:-timeout}" == exited ]]; then
+    [[ "$message" =~ "rank 1 (node "[^,]+", pid "[0-9]+") is lost: it is exiting with status 1 after an error of its own" ]] ||
+      fail "rank $rank's error does not name rank 1, its node and pid as exiting on an error: $message"
   elif [[ "${MG_EXPECT:-timeout}" == heartbeat ]]; then
     [[ "$message" =~ "rank 1 (node "[^,]+", pid "[0-9]+") is lost" ]] ||
       fail "rank $rank's error does not name rank 1, its node and pid as lost: $message"
@@ -64,7 +70,7 @@ for ((rank = 0; rank < world; ++rank)); do
   if is_true "$seconds > $timeout_s + $slack_s"; then
     fail "rank $rank caught the error after $seconds s, later than the ${timeout_s} s timeout + ${slack_s} s"
   fi
-  if [[ "$mode" != dead ]] && is_true "$seconds < $timeout_s * 0.95"; then
+  if [[ "$mode" != dead && "$mode" != error ]] && is_true "$seconds < $timeout_s * 0.95"; then
     fail "rank $rank gave up on a stuck peer after $seconds s, before the ${timeout_s} s timeout"
   fi
   echo "ok: rank $rank caught the error after $seconds s (timeout ${timeout_s} s)"

@@ -3,10 +3,16 @@
 //   mpiexec -n 3 timeout_worker stuck [timeout s]   rank 1 never joins the second allreduce (it sleeps)
 //   mpiexec -n 3 timeout_worker dead  [timeout s]   rank 1 is killed (SIGKILL) before it
 //   mpiexec -n 3 timeout_worker stop  [timeout s]   rank 1 is stopped (SIGSTOP) before it: hung
+//   mpiexec -n 3 timeout_worker error [timeout s]   rank 1 fails on its own error (an mg::Error,
+//                                                   caught in main, which returns 1) before it
+//   mpiexec -n 3 timeout_worker early [timeout s]   rank 1 ends normally (returns 0) before it;
+//                                                   the others sleep 3 s and end normally too:
+//                                                   nobody may be reported
 //   ... <mode> <timeout s> cuda                       the same with CUDA tensors (the NCCL backend)
 //
 // stuck is found by the collective timeout (the rank is alive, it just never calls); dead and
-// stop by the heartbeat when it is shorter (MG_FAILURE_DETECTION_S), else by the timeout.
+// stop by the heartbeat when it is shorter (MG_FAILURE_DETECTION_S), else by the timeout; error
+// by the heartbeat at once, whatever the bound (rank 1's "leaving" beat carries its exit status).
 // Every surviving rank prints "rank R caught after S s: <the error>"; check_timeout_survivors.sh
 // checks that every survivor did, and S against the group's timeout (default 2 s).
 //
@@ -32,6 +38,7 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include "base/error.h"
 #include "core/tensor.h"
 #include "parallel/comm/heartbeat.h"
 #include "parallel/comm/process_group.h"
@@ -125,6 +132,19 @@ int main(int argc, char** argv) {
     return stall_job(pg, mode);
   Tensor t = ones({1024}, TensorOptions{DType::f32, on_cuda ? pg.device() : Device::cpu()});
   pg.allreduce(t)->wait();  // everyone is alive here
+  if (std::strcmp(mode, "early") == 0) {
+    if (pg.rank() != 1) sleep_s(3);  // longer than the failure-detection bound the test sets
+    std::printf("rank %d: done\n", pg.rank());
+    return 0;
+  }
+  if (pg.rank() == 1 && std::strcmp(mode, "error") == 0) {
+    try {
+      throw Error("the dataset directory /nonexistent does not exist");  // like a rank's bad input
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "rank 1: error: %s\n", e.what());
+      return 1;
+    }
+  }
   if (pg.rank() == 1) {
     if (std::strcmp(mode, "dead") == 0) std::raise(SIGKILL);
     if (std::strcmp(mode, "stop") == 0) std::raise(SIGSTOP);
