@@ -43,7 +43,8 @@
 // checkpoint, evaluating) does not mistake it for lost. A rank that leaves because of an error of
 // its own (its main returned or exit() was called with a non-zero status, caught by an on_exit
 // handler; or MPI is torn down during stack unwinding) sends the same beat with that status, and
-// every peer reports it lost at once ("it is exiting with status S after an error of its own"),
+// every peer reports it lost at once ("it is exiting with status S after an error of its own";
+// after a grace of min(bound / 4, 0.5 s), in which a peer that begins to exit itself says nothing),
 // instead of waiting in its next collective until the collective timeout while the leaving rank
 // sits in MPI_Finalize, where mpirun cannot see it exit. Cost: (N - 1) beats of 224 bytes per
 // rank per interval -- all-to-all, which suits the tens of ranks this project runs; a large job
@@ -91,6 +92,9 @@ namespace mg::parallel::detail {
 // in builds without MPI.
 void start_heartbeat(std::chrono::milliseconds bound);
 void stop_heartbeat(int exit_status = 0);
+// This process has begun to exit (an on_exit handler calls it): a peer that leaves on an error
+// from now on is retired quietly, since this rank waits for nothing any more.
+void note_process_exiting();
 
 // Called once, on the heartbeat's thread, when peers are lost; returns an id for forget.
 int on_peer_lost(std::function<void(const std::string& message)> callback);

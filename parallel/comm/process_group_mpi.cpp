@@ -105,7 +105,10 @@ struct MinFloat {
 std::atomic<int> exit_status{-1};
 
 #if defined(__GLIBC__)
-void record_exit_status(int status, void*) { exit_status = status; }
+void record_exit_status(int status, void*) {
+  exit_status = status;
+  detail::note_process_exiting();
+}
 #endif
 
 // What the "leaving" beat says: 0 for a normal end, else the (non-zero) status this process is

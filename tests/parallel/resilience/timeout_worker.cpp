@@ -5,6 +5,9 @@
 //   mpiexec -n 3 timeout_worker stop  [timeout s]   rank 1 is stopped (SIGSTOP) before it: hung
 //   mpiexec -n 3 timeout_worker error [timeout s]   rank 1 fails on its own error (an mg::Error,
 //                                                   caught in main, which returns 1) before it
+//   mpiexec -n 3 timeout_worker same  [timeout s]   every rank returns 5 at the same point (as a
+//                                                   test's 77 "skipped" does): nobody is reported,
+//                                                   no MPI_Abort, the job's status stays 5
 //   mpiexec -n 3 timeout_worker early [timeout s]   rank 1 ends normally (returns 0) before it;
 //                                                   the others sleep 3 s and end normally too:
 //                                                   nobody may be reported
@@ -131,7 +134,11 @@ int main(int argc, char** argv) {
   if (std::strcmp(mode, "spin") == 0 || std::strcmp(mode, "block") == 0 || std::strcmp(mode, "slow") == 0)
     return stall_job(pg, mode);
   Tensor t = ones({1024}, TensorOptions{DType::f32, on_cuda ? pg.device() : Device::cpu()});
-  pg.allreduce(t)->wait();  // everyone is alive here
+  pg.allreduce(t)->wait();               // everyone is alive here
+  if (std::strcmp(mode, "same") == 0) {  // every rank ends with status 5 at once: nobody is reported
+    std::printf("rank %d: ending with status 5\n", pg.rank());
+    return 5;
+  }
   if (std::strcmp(mode, "early") == 0) {
     if (pg.rank() != 1) sleep_s(3);  // longer than the failure-detection bound the test sets
     std::printf("rank %d: done\n", pg.rank());
