@@ -24,6 +24,7 @@
 #include <mutex>
 #include <thread>
 
+#include "base/env.h"
 #include "base/error.h"
 
 namespace mg::parallel {
@@ -90,14 +91,8 @@ void copy_text(char* out, size_t capacity, const char* text) {
 void configure_from_env_locked(Recorder& r) {
   if (r.configured) return;
   size_t entries = kDefaultEntries;
-  if (const char* text = std::getenv("MG_FLIGHT_RECORDER_ENTRIES"); text != nullptr && *text != '\0') {
-    char* end = nullptr;
-    const long long value = std::strtoll(text, &end, 10);
-    MG_CHECK(end != text && *end == '\0' && value >= 0 && value <= 10'000'000,
-             "MG_FLIGHT_RECORDER_ENTRIES must be a count of entries from 0 (off) to 10000000, got '", text,
-             "'");
-    entries = static_cast<size_t>(value);
-  }
+  if (auto value = env::integer("MG_FLIGHT_RECORDER_ENTRIES", 0, 10'000'000, "entries (0 = off)"))
+    entries = static_cast<size_t>(*value);
   if (const char* text = std::getenv("MG_FLIGHT_RECORDER_DIR"); text != nullptr && *text != '\0')
     r.dir = text;
   r.slots.assign(entries, Slot{});

@@ -30,6 +30,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/env.h"
 #include "base/error.h"
 #include "parallel/comm/flight_recorder.h"
 #include "parallel/comm/work.h"
@@ -129,6 +130,29 @@ SlowPhase::~SlowPhase() {
 
 namespace detail {
 
+namespace {
+
+// MG_STALL_*: how the stall bound is chosen (heartbeat.h).
+struct StallOptions {
+  double step_factor = 5;  // 0: stall detection off
+  int64_t warmup_steps = 3;
+  std::chrono::milliseconds warmup_bound = std::chrono::minutes(5);
+};
+
+StallOptions stall_options_from_env() {
+  StallOptions options;
+  options.step_factor = env::number("MG_STALL_FACTOR", 0, 1000, "times the slowest step (0 = off)")
+                            .value_or(options.step_factor);
+  options.warmup_steps =
+      env::integer("MG_STALL_WARMUP_STEPS", 0, 1'000'000'000, "steps").value_or(options.warmup_steps);
+  options.warmup_bound = env::seconds("MG_STALL_WARMUP_S", 0, 30 * 24 * 3600).value_or(options.warmup_bound);
+  return options;
+}
+
+}  // namespace
+
+void check_heartbeat_env() { static_cast<void>(stall_options_from_env()); }
+
 #ifndef MG_HAS_MPI
 
 void start_heartbeat(std::chrono::milliseconds) {}
@@ -193,33 +217,6 @@ void copy_text(char* out, size_t capacity, const std::string& text) {
   size_t n = std::min(text.size(), capacity - 1);
   std::memcpy(out, text.data(), n);
   out[n] = '\0';
-}
-
-// MG_STALL_*: how the stall bound is chosen (heartbeat.h).
-struct StallOptions {
-  double step_factor = 5;  // 0: stall detection off
-  int64_t warmup_steps = 3;
-  std::chrono::milliseconds warmup_bound = std::chrono::minutes(5);
-};
-
-double env_number(const char* name, double fallback) {
-  const char* text = std::getenv(name);
-  if (text == nullptr || *text == '\0') return fallback;
-  char* end = nullptr;
-  const double value = std::strtod(text, &end);
-  MG_CHECK(end != text && *end == '\0' && value >= 0, "init_process_group: ", name,
-           " must be a number >= 0, got '", text, "'");
-  return value;
-}
-
-StallOptions stall_options_from_env() {
-  StallOptions options;
-  options.step_factor = env_number("MG_STALL_FACTOR", options.step_factor);
-  options.warmup_steps =
-      static_cast<int64_t>(env_number("MG_STALL_WARMUP_STEPS", static_cast<double>(options.warmup_steps)));
-  options.warmup_bound = std::chrono::milliseconds(static_cast<int64_t>(
-      1000 * env_number("MG_STALL_WARMUP_S", static_cast<double>(options.warmup_bound.count()) / 1000)));
-  return options;
 }
 
 std::atomic<bool> process_exiting{false};  // note_process_exiting(): this process's exit has begun

@@ -91,6 +91,9 @@ namespace mg::parallel::detail {
 // retires this rank quietly on its peers, anything else makes them report it lost at once. No-op
 // in builds without MPI.
 void start_heartbeat(std::chrono::milliseconds bound);
+// Parses MG_STALL_FACTOR, MG_STALL_WARMUP_STEPS and MG_STALL_WARMUP_S (base/env.h) and throws an
+// mg::Error naming a bad one; init_process_group calls it in every world, even one of one rank.
+void check_heartbeat_env();
 void stop_heartbeat(int exit_status = 0);
 // This process has begun to exit (an on_exit handler calls it): a peer that leaves on an error
 // from now on is retired quietly, since this rank waits for nothing any more.

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <climits>
 #include <cmath>
 #include <cstdlib>
 #include <exception>
@@ -14,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/env.h"
 #include "base/error.h"
 #include "core/allocator.h"
 #include "core/cuda_runtime.h"
@@ -64,16 +66,17 @@ namespace {
 // The share of a message each rank sends in one pass of a ring: (N - 1) / N.
 double ring_share(int world) { return world > 1 ? static_cast<double>(world - 1) / world : 0.0; }
 
-// An integer from the environment, or nullopt when the variable is absent.
-std::optional<int> env_int(const char* name) {
-  const char* text = std::getenv(name);
-  if (text == nullptr || *text == '\0') return std::nullopt;
-  char* end = nullptr;
-  long value = std::strtol(text, &end, 10);
-  MG_CHECK(end != text && *end == '\0', "init_process_group: environment variable ", name, "='", text,
-           "' is not an integer");
-  return static_cast<int>(value);
+// A launcher's rank or size variable (OMPI_COMM_WORLD_RANK, ...), checked: never truncated.
+std::optional<int> env_int(const char* name, int min) {
+  const std::optional<int64_t> value = env::integer(name, min, INT_MAX, "ranks");
+  if (!value) return std::nullopt;
+  return static_cast<int>(*value);
 }
+
+// The heartbeat's bound: 0 turns it off; otherwise at least kMinFailureDetection, since beats go
+// out at most every 20 ms and a peer is lost after missing about 10 (heartbeat.h).
+constexpr std::chrono::milliseconds kMinFailureDetection{200};
+constexpr double kMaxFailureDetectionS = 86400;
 
 // Issues a recorded collective: the record fails with the exception when issuing throws,
 // otherwise it follows the Work.
@@ -131,16 +134,16 @@ LaunchInfo detect_launch() {
       {"pmi", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"},
   };
   for (const Names& names : launchers) {
-    auto rank = env_int(names.rank);
-    auto size = env_int(names.size);
+    auto rank = env_int(names.rank, 0);
+    auto size = env_int(names.size, 1);
     if (!rank || !size) continue;
     MG_CHECK(*size >= 1 && *rank >= 0 && *rank < *size, "init_process_group: ", names.rank, "=", *rank,
              " and ", names.size, "=", *size, " do not describe a rank of the job");
     info.launcher = names.launcher;
     info.rank = *rank;
     info.world_size = *size;
-    info.local_rank = env_int(names.local_rank).value_or(*rank);
-    info.local_size = env_int(names.local_size).value_or(*size);
+    info.local_rank = env_int(names.local_rank, 0).value_or(*rank);
+    info.local_size = env_int(names.local_size, 1).value_or(*size);
     break;
   }
   return info;
@@ -150,10 +153,28 @@ ProcessGroup init_process_group(const InitOptions& options) {
   LaunchInfo launch = detect_launch();
   detail::flight_set_process(launch.rank, launch.world_size);  // reads MG_FLIGHT_RECORDER_*
   detail::flight_install_signal_handler();
+  // MG_TIMEOUT_S, MG_FAILURE_DETECTION_S and MG_STALL_* are checked in every world, even one of
+  // one rank (base/env.h: range, unit, the variable's name in the message).
+  detail::check_heartbeat_env();
   std::chrono::milliseconds timeout = options.timeout;
-  if (auto seconds = env_int("MG_TIMEOUT_S")) timeout = std::chrono::seconds(*seconds);
+  if (auto seconds = env::integer("MG_TIMEOUT_S", 1, 30 * 24 * 3600, "seconds"))
+    timeout = std::chrono::seconds(*seconds);
   MG_CHECK(timeout.count() > 0, "init_process_group: the timeout must be positive, got ", timeout.count(),
            " ms");
+  std::chrono::milliseconds failure_detection = options.failure_detection;
+  if (auto bound = env::seconds("MG_FAILURE_DETECTION_S", 0, kMaxFailureDetectionS)) {
+    MG_CHECK(bound->count() == 0 || *bound >= kMinFailureDetection,
+             "MG_FAILURE_DETECTION_S must be 0 (off) or at least ", kMinFailureDetection.count() / 1000.0,
+             " seconds (beats are at least 20 ms apart and a peer is lost after missing about 10), got '",
+             *env::text("MG_FAILURE_DETECTION_S"), "'");
+    failure_detection = *bound;
+  }
+  MG_CHECK(failure_detection.count() == 0 ||
+               (failure_detection >= kMinFailureDetection &&
+                failure_detection <= std::chrono::seconds(static_cast<int64_t>(kMaxFailureDetectionS))),
+           "init_process_group: the failure detection bound must be 0 (off) or from ",
+           kMinFailureDetection.count(), " ms to ", kMaxFailureDetectionS, " s, got ",
+           failure_detection.count(), " ms");
 
   // The device: asked for, else cuda:<local rank> when this build can hold CUDA tensors and a
   // GPU is there, else cpu:0. Ranks on one node thus each take their own GPU.
@@ -176,15 +197,6 @@ ProcessGroup init_process_group(const InitOptions& options) {
     MG_CHECK(backend != nullptr, "init_process_group: launched as rank ", launch.rank, " of ",
              launch.world_size, " by ", launch.launcher,
              ", but multigrad was built without MPI (install libopenmpi-dev and rebuild)");
-    std::chrono::milliseconds failure_detection = options.failure_detection;
-    if (const char* text = std::getenv("MG_FAILURE_DETECTION_S"); text != nullptr && *text != '\0') {
-      char* end = nullptr;
-      const double seconds = std::strtod(text, &end);
-      MG_CHECK(end != text && *end == '\0' && seconds >= 0,
-               "init_process_group: MG_FAILURE_DETECTION_S must be ", "a number of seconds (0 = off), got '",
-               text, "'");
-      failure_detection = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
-    }
     detail::start_heartbeat(failure_detection);
   }
   backend->set_timeout(timeout);
