@@ -39,6 +39,10 @@ inline Device Device::parse(const std::string& text) {
     const std::string digits = text.substr(colon + 1);
     MG_CHECK(!digits.empty() && digits.find_first_not_of("0123456789") == std::string::npos,
              "Device::parse: bad index in '", text, "'");
+    // At most 9 digits: any such index fits an int (std::stoi threw std::out_of_range beyond it,
+    // which reached users as a bare "stoi").
+    MG_CHECK(digits.size() <= 9, "Device::parse: the index in '", text,
+             "' is out of range (at most 999999999)");
     index = std::stoi(digits);
   }
   if (kind == "cpu") return cpu(index);

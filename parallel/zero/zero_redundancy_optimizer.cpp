@@ -13,13 +13,20 @@
 namespace mg::parallel {
 namespace {
 
-// "state.<index>.<name>" -> (index, name); false for any other key.
+// "state.<index>.<name>" -> (index, name); false for any other key. A "state." key whose index is
+// not 1 to 18 decimal digits ("state.x.exp_avg", a 20-digit index) is an mg::Error naming it --
+// it used to escape as std::invalid_argument / std::out_of_range from std::stoll.
 bool parse_state_key(const std::string& key, int64_t& index, std::string& name) {
   const std::string prefix = "state.";
   if (key.compare(0, prefix.size(), prefix) != 0) return false;
   const size_t dot = key.find('.', prefix.size());
   if (dot == std::string::npos) return false;
-  index = std::stoll(key.substr(prefix.size(), dot - prefix.size()));
+  const std::string digits = key.substr(prefix.size(), dot - prefix.size());
+  MG_CHECK(
+      !digits.empty() && digits.size() <= 18 && digits.find_first_not_of("0123456789") == std::string::npos,
+      "ZeroRedundancyOptimizer: the state key '", key,
+      "' does not name a parameter index (state.<index>.<name>, index 0 to 18 digits)");
+  index = std::stoll(digits);
   name = key.substr(dot + 1);
   return true;
 }

@@ -274,4 +274,9 @@ TEST_CASE("bad input leaves state untouched", "[errors]") {
   CHECK_THROWS_AS(add(Tensor(), zeros({2})), Error);
   CHECK_THROWS_AS(Tensor().shape(), Error);
   CHECK_THAT(error_of([] { Device::parse("tpu:0"); }), Contains("tpu:0"));
+  // An index beyond int is an mg::Error naming the text (std::stoi's bare "stoi" before).
+  CHECK_THAT(error_of([] { Device::parse("cpu:99999999999"); }),
+             Contains("cpu:99999999999") && Contains("out of range"));
+  CHECK_THAT(error_of([] { Device::parse("cuda:2147483648"); }), Contains("out of range"));
+  CHECK(Device::parse("cuda:999999999").index == 999999999);
 }
