@@ -49,6 +49,16 @@ expect 2 "--min-hosts 0" -- --min-hosts 0 --hosts a:1 -- true
 expect 2 "--max-restarts x" -- --max-restarts x -- true
 expect 2 "--kill-after x" -- --kill-after x -- true
 expect 2 "no command" --
+# An option without its value, bad --hosts entries: exit 2 naming them (not bash's own error, 1).
+expect 2 "--max-restarts without a value" -- --max-restarts
+grep -q "mg-launch: --max-restarts needs a value" "$work/err" || fail "--max-restarts without a value: no message"
+expect 2 "--hosts without a value" -- --hosts
+expect 2 "--hosts h:abc" -- --hosts h:abc -- true
+grep -q "got 'h:abc'" "$work/err" || fail "--hosts h:abc: the entry is not named"
+expect 2 "--hosts localhost:-3" -- --hosts localhost:-3 -- true
+expect 2 "--hosts localhost:0" -- --hosts localhost:0 -- true
+expect 2 "--hosts localhost" -- --hosts localhost -- true
+expect 2 "--hosts a:1,,b:1" -- --hosts a:1,,b:1 -- true
 
 # SIGTERM to mg-launch: forwarded to the job, no restart, mg-launch waits for the job to end.
 "$launch" --max-restarts 3 -- sh -c 'trap "echo job-got-term; sleep 0.5; echo job-ended; exit 143" TERM; \
