@@ -22,11 +22,13 @@ bool has_gzip_support() {
 #endif
 }
 
-std::vector<uint8_t> read_file(const std::string& path) {
+std::vector<uint8_t> read_file(const std::string& path, size_t max_bytes) {
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   MG_CHECK(in.good(), "cannot open ", path, ": ", std::strerror(errno));
   const std::streamsize size = in.tellg();
   MG_CHECK(size >= 0, "cannot determine the size of ", path);
+  MG_CHECK(static_cast<uint64_t>(size) <= max_bytes, path, ": ", size, " bytes, over the ", max_bytes,
+           "-byte limit for this file");
   std::vector<uint8_t> bytes(static_cast<size_t>(size));
   in.seekg(0);
   if (size > 0) in.read(reinterpret_cast<char*>(bytes.data()), size);

@@ -21,7 +21,8 @@
 namespace mg::data {
 
 // The raw bytes of `path`; throws mg::Error (with the OS's reason) if it can't be read.
-std::vector<uint8_t> read_file(const std::string& path);
+// A file larger than `max_bytes` is an error naming it (its size is read first: nothing is allocated).
+std::vector<uint8_t> read_file(const std::string& path, size_t max_bytes = SIZE_MAX);
 
 // The most any inflation produces unless its caller passes a limit: 1 GiB (Fashion-MNIST's
 // largest file is 47 MB).

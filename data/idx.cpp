@@ -1,6 +1,7 @@
 // IDX parsing with strict validation; see idx.h for the layout.
 #include "data/idx.h"
 
+#include <cstdint>
 #include <iomanip>
 #include <optional>
 #include <sstream>
@@ -87,9 +88,13 @@ IdxArray parse_idx(std::vector<uint8_t> file, const std::string& name) {
 
 IdxArray read_idx(const std::string& path, size_t max_bytes) {
   const bool gz = path.size() >= 3 && path.compare(path.size() - 3, 3, ".gz") == 0;
-  if (!gz) return parse_idx(read_file(path), path);
+  // The file itself is bounded too: a plain IDX file by max_bytes, a .gz by max_bytes plus what
+  // deflate can add to incompressible data (5 bytes per 64 KiB stored block, headers) and then some.
+  if (!gz) return parse_idx(read_file(path, max_bytes), path);
   // Inflate the 4-byte magic, then the dims it announces, then at most the payload they imply.
-  const std::vector<uint8_t> compressed = read_file(path);
+  // Peak memory: the compressed file, plus one buffer of header + payload + kTrailingSlack.
+  const size_t max_compressed = max_bytes > SIZE_MAX / 2 ? SIZE_MAX : max_bytes + max_bytes / 64 + 65536;
+  const std::vector<uint8_t> compressed = read_file(path, max_compressed);
   GzipReader reader(compressed, path);
   std::vector<uint8_t> file;
   reader.read(4, file);
@@ -98,11 +103,12 @@ IdxArray read_idx(const std::string& path, size_t max_bytes) {
   MG_CHECK(header.header_bytes + header.payload_bytes <= max_bytes, path, ": IDX dims ",
            dims_text(header.dims), " announce ", header.header_bytes + header.payload_bytes,
            " bytes, over the ", max_bytes, "-byte limit for one file");
-  file.reserve(header.header_bytes + header.payload_bytes);
-  reader.read(header.payload_bytes, file);
   // A little past the implied size, so a few trailing bytes are reported with their exact count by
-  // parse_idx; a stream that goes on beyond that is cut off here.
+  // parse_idx; a stream that goes on beyond that is cut off here. Reserved with the payload: the
+  // slack read must not reallocate (it doubled the peak: 2.26 GB for a payload near 1 GiB).
   constexpr size_t kTrailingSlack = 4096;
+  file.reserve(header.header_bytes + header.payload_bytes + kTrailingSlack);
+  reader.read(header.payload_bytes, file);
   reader.read(kTrailingSlack, file);
   std::vector<uint8_t> one_more;
   MG_CHECK(reader.read(1, one_more) == 0, path, ": the gzip data inflates past the ",

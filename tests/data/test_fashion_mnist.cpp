@@ -396,6 +396,40 @@ TEST_CASE("read_idx inflates no more than its IDX header implies", "[data][idx][
   write_raw(good, gzip_bytes(labels_idx(7)));
   CHECK(read_idx(good).bytes.size() == 7);
 }
+
+namespace {
+// A line "<key>: <n> kB" of /proc/self/status, in bytes (-1 when not there: not Linux).
+int64_t status_bytes(const std::string& key) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.compare(0, key.size() + 1, key + ":") == 0)
+      return std::atoll(line.c_str() + key.size() + 1) * 1024;
+  return -1;
+}
+}  // namespace
+
+TEST_CASE("read_idx of a .gz holds the payload once: its slack read does not reallocate",
+          "[data][idx][gzip][untrusted]") {
+  // 128 MiB announced and 100 bytes more inflated (trailing bytes): the buffer was reserved for the
+  // payload exactly, so the slack read grew it to twice that (2.26 GB peak near the 1 GiB cap).
+  TempDir dir;
+  const uint32_t n = uint32_t(128) << 20;
+  const std::vector<uint8_t> header = {
+      0, 0, 0x08, 1, uint8_t(n >> 24), uint8_t(n >> 16), uint8_t(n >> 8), uint8_t(n)};
+  const std::string path = dir.file("trailing-idx1-ubyte.gz");
+  write_raw(path, gzip_bomb(header, size_t(n) + 100));
+  // The peak resident memory (VmHWM) is reset by writing 5 to clear_refs (Linux >= 4.0).
+  if (!(std::ofstream("/proc/self/clear_refs") << "5") || status_bytes("VmHWM") < 0) {
+    WARN("cannot reset this process's peak resident memory: the peak is not measured");
+    return;
+  }
+  const int64_t before = status_bytes("VmRSS");
+  CHECK_THROWS_WITH(read_idx(path), Contains(path) && Contains("trailing bytes") && Contains("100 extra"));
+  const int64_t grew = status_bytes("VmHWM") - before;
+  INFO("peak resident memory grew by " << grew << " bytes for a " << n << "-byte payload");
+  CHECK(grew < int64_t(n) * 3 / 2);
+}
 #endif
 
 // ---- the real dataset (Debian's dataset-fashion-mnist), when installed ------------------------
