@@ -18,6 +18,8 @@
 #include "data/transforms.h"
 #include "multigrad.h"
 #include "nn/zoo.h"
+#include "optim/checkpoint.h"
+#include "optim/lr_scheduler.h"
 
 namespace examples {
 
@@ -77,6 +79,22 @@ inline void print_progress(int epoch, int64_t batches, int64_t steps_per_epoch, 
               static_cast<long long>(steps_per_epoch), loss_sum / static_cast<double>(batches), note,
               samples_per_second);
   std::fflush(stdout);
+}
+
+// Resumes `schedule` at the checkpoint's step, after checking its position against this run: an
+// epoch in [0, epochs] and a step in [0, epochs x steps_per_epoch] (a checkpoint of a longer run,
+// or a damaged one, is refused naming both). The scheduler jumps there in O(1) (set_step): a loop
+// of step() calls spun for days on a checkpoint whose step was 10^15. Returns the epoch to start.
+inline int resume_position(const mg::optim::CheckpointInfo& info, const std::string& dir, int epochs,
+                           int64_t steps_per_epoch, mg::optim::LRScheduler& schedule) {
+  const int64_t total_steps = static_cast<int64_t>(epochs) * steps_per_epoch;
+  MG_CHECK(info.epoch >= 0 && info.epoch <= epochs && info.step >= 0 && info.step <= total_steps, dir,
+           ": the checkpoint is at epoch ", info.epoch, ", step ", info.step,
+           ", beyond what this run can reach (", epochs, " epochs x ", steps_per_epoch,
+           " steps = ", total_steps,
+           " steps): a checkpoint of another run (--epochs, --limit-train, --batch-size?), or a damaged one");
+  schedule.set_step(info.step);
+  return static_cast<int>(info.epoch);
 }
 
 }  // namespace examples

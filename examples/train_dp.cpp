@@ -108,9 +108,8 @@ int main(int argc, char** argv) {
     int64_t step = 0;
     if (resume && !checkpoint_dir.empty() && optim::checkpoint_exists(checkpoint_dir)) {
       optim::CheckpointInfo info = optim::load_checkpoint(checkpoint_dir, *model, opt);
-      start_epoch = static_cast<int>(info.epoch);
+      start_epoch = examples::resume_position(info, checkpoint_dir, epochs, steps_per_epoch, schedule);
       step = info.step;
-      for (int64_t i = 0; i < step; ++i) schedule.step();
       std::printf("resumed from %s at epoch %d, step %lld\n", checkpoint_dir.c_str(), start_epoch,
                   static_cast<long long>(step));
     }

@@ -47,6 +47,12 @@ void LRScheduler::step() {
   apply();
 }
 
+void LRScheduler::set_step(int64_t t) {
+  MG_CHECK(t >= 0, name(), ".set_step: the step must be >= 0, got ", t);
+  last_epoch_ = t;
+  apply();
+}
+
 void LRScheduler::apply() {
   auto& groups = optimizer_.param_groups();
   MG_CHECK(groups.size() == base_lrs_.size(), name(), ": the optimizer has ", groups.size(),

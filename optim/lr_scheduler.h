@@ -42,6 +42,10 @@ class LRScheduler {
 
   // Advances t by one and sets every group's lr.
   void step();
+  // Jumps to step t >= 0 in O(1) (the schedules are closed forms of t) and sets every group's lr:
+  // what t calls of step() after construction would do. For resuming at a saved step -- a loop of
+  // step() calls spun "forever" on a checkpoint whose step was 10^15.
+  void set_step(int64_t t);
   // The lrs step() (or the constructor) last set, one per param group.
   const std::vector<double>& get_last_lr() const { return last_lrs_; }
   int64_t last_epoch() const { return last_epoch_; }

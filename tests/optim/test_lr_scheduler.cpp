@@ -4,6 +4,7 @@
 // closed form written out here, that each step() writes the group lrs, and the
 // scheduler state_dict round trip and errors.
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cmath>
 
 #include "optim/lr_scheduler.h"
@@ -162,4 +163,25 @@ TEST_CASE("scheduler state dict round trip and errors", "[optim][lr_scheduler][s
     CHECK(sched2.last_epoch() == 9);
     CHECK(sched2.state_dict().at("step_size").item<double>() == 2.0);
   }
+}
+
+TEST_CASE("set_step jumps to a step in O(1), as that many step() calls would", "[optim][lr_scheduler]") {
+  TwoGroups stepped, jumped;
+  mg::optim::CosineAnnealingLROptions cosine;
+  cosine.t_max = 10;
+  cosine.eta_min = 0.001;
+  mg::optim::CosineAnnealingLR a(stepped.opt, cosine), b(jumped.opt, cosine);
+  for (int64_t t = 1; t <= 25; ++t) {
+    a.step();
+    b.set_step(t);
+    CHECK(b.last_epoch() == t);
+    CHECK(b.get_last_lr() == a.get_last_lr());
+    CHECK(jumped.opt.param_groups()[0].lr() == stepped.opt.param_groups()[0].lr());
+  }
+  // A resumed step of 10^15 (a damaged or foreign checkpoint) used to spin in a loop of step()s.
+  const auto start = std::chrono::steady_clock::now();
+  b.set_step(1'000'000'000'000'000);
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(1));
+  CHECK(b.get_last_lr()[0] == b.lr_at(1'000'000'000'000'000, 0.1));
+  CHECK_THROWS_WITH(b.set_step(-1), Catch::Contains("must be >= 0"));
 }
