@@ -335,6 +335,10 @@ SafetensorsFile decode_safetensors(const std::string& bytes, const std::string& 
       }
       continue;
     }
+    // The writer refuses this name (its checksum key is the header's); a file that spells it with
+    // an escape ("\u005f\u005fheader__") must not load either: names are compared decoded.
+    MG_CHECK(name != kHeaderName, path, ": a tensor is named '", kHeaderName,
+             "', which is reserved (its checksum key names the header's) and cannot name a tensor");
     // (JSON object keys are unique once parsed: a repeated name is the parser's last one.)
     in_order.push_back(&entries.emplace(name, parse_entry(name, entry, buffer_size, path)).first->second);
   }

@@ -34,6 +34,7 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <climits>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -492,8 +493,36 @@ void train(Job& job, parallel::TrainingPosition position) {
                 job.pg.size(), accuracy, seconds_since(run_start));
 }
 
+// The numeric flags' ranges, checked before anything starts (each error names its flag): --epochs 0
+// used to fail in the scheduler naming no flag, --limit-train -3 and --check-replicas-every -1
+// were accepted, --workers 100000 failed after 18 s of thread creation, --bucket-cap-mb inf was
+// an undefined cast.
+void check_flags(const Flags& f) {
+  MG_CHECK(f.epochs >= 1 && f.epochs <= 1000000, "--epochs must be from 1 to 1000000, got ", f.epochs);
+  MG_CHECK(f.batch_size >= 1 && f.batch_size <= 1000000, "--batch-size must be from 1 to 1000000, got ",
+           f.batch_size);
+  MG_CHECK(f.workers >= 0 && f.workers <= 256, "--workers must be from 0 to 256, got ", f.workers);
+  MG_CHECK(f.limit_train >= 0, "--limit-train must be >= 0 (0 = all), got ", f.limit_train);
+  MG_CHECK(f.train_subset >= 0, "--train-subset must be >= 0 (0 = all), got ", f.train_subset);
+  MG_CHECK(f.check_replicas_every >= 0, "--check-replicas-every must be >= 0 (0 = never), got ",
+           f.check_replicas_every);
+  MG_CHECK(f.checkpoint_every >= 0, "--checkpoint-every must be >= 0 (0 = only at epoch ends), got ",
+           f.checkpoint_every);
+  MG_CHECK(f.keep_checkpoints >= 1, "--keep-checkpoints must be >= 1, got ", f.keep_checkpoints);
+  MG_CHECK(std::isfinite(f.bucket_cap_mb) && f.bucket_cap_mb > 0 && f.bucket_cap_mb <= 1048576,
+           "--bucket-cap-mb must be a finite number of MB in (0, 1048576], got ", f.bucket_cap_mb);
+  MG_CHECK(std::isfinite(f.lr) && f.lr >= 0, "--lr must be a finite number >= 0, got ", f.lr);
+  MG_CHECK(std::isfinite(f.weight_decay) && f.weight_decay >= 0,
+           "--weight-decay must be a finite number >= 0, got ", f.weight_decay);
+  MG_CHECK(std::isfinite(f.input_noise) && f.input_noise >= 0,
+           "--input-noise must be a finite number >= 0, got ", f.input_noise);
+  MG_CHECK(f.powersgd_rank >= 1, "--powersgd-rank must be >= 1, got ", f.powersgd_rank);
+  MG_CHECK(f.powersgd_start >= 0, "--powersgd-start must be >= 0, got ", f.powersgd_start);
+}
+
 // Builds everything in the order the random draws depend on, then trains.
 void run(const Flags& f) {
+  check_flags(f);
   MG_CHECK(f.precision == "f32" || f.precision == "bf16", "--precision must be f32 or bf16, got '",
            f.precision, "'");
   MG_CHECK(f.algo == "native" || f.algo == "ring", "--algo must be native or ring, got '", f.algo, "'");

@@ -14,6 +14,7 @@
 // (as root: mpirun --allow-run-as-root --oversubscribe ...). Without mpirun it runs on one rank.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <memory>
@@ -67,6 +68,15 @@ int main(int argc, char** argv) {
   try {
     InitOptions init;
     init.device = Device::cpu();
+    // The flags first, on every rank (each error names its flag): --batch 0 trained on nothing and
+    // printed "loss -nan", 3000000000 grew without bound, a directory as --text failed with
+    // "basic_filebuf::underflow".
+    MG_CHECK(f.batch >= 1 && f.batch <= 65536, "--batch must be from 1 to 65536 sequences, got ", f.batch);
+    MG_CHECK(f.steps >= 1 && f.steps <= 100000000, "--steps must be from 1 to 100000000, got ", f.steps);
+    std::error_code error;
+    MG_CHECK(std::filesystem::is_regular_file(f.text, error), "--text ", f.text, " is not a regular file");
+    MG_CHECK(std::filesystem::file_size(f.text, error) <= (uint64_t(1) << 30) && !error, "--text ", f.text,
+             " is over 1 GiB (or its size cannot be read)");
     ProcessGroup world = init_process_group(init);
     const int n = world.size(), rank = world.rank();
     std::ifstream in(f.text, std::ios::binary);

@@ -19,7 +19,7 @@ namespace {
 
 constexpr double kMB = 1024.0 * 1024.0;
 
-int64_t mb_to_bytes(double megabytes) { return static_cast<int64_t>(megabytes * kMB); }
+int64_t mb_to_bytes(double megabytes) { return bucket_cap_bytes(megabytes, "bucket_cap_mb"); }
 
 // Seconds for one all-reduce of `tensor`, as the host sees it complete (a copy of one element
 // to the host waits for a device's stream).
@@ -37,8 +37,10 @@ LinkFit fit_alpha_beta(const std::vector<std::pair<double, double>>& bytes_secon
   double sw = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
   double smallest = std::numeric_limits<double>::infinity(), largest = 0;
   for (const auto& [bytes, seconds] : bytes_seconds) {
-    MG_CHECK(bytes >= 0 && seconds > 0, "fit_alpha_beta: need bytes >= 0 and seconds > 0, got (", bytes, ", ",
-             seconds, ")");
+    MG_CHECK(std::isfinite(bytes) && std::isfinite(seconds) && bytes >= 0 && seconds > 0,
+             "fit_alpha_beta: need finite bytes >= 0 and seconds > 0 (an infinite time would make alpha and "
+             "beta NaN), got (",
+             bytes, ", ", seconds, ")");
     const double w = 1.0 / (seconds * seconds);
     sw += w;
     sx += w * bytes;

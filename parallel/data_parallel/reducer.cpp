@@ -4,6 +4,7 @@
 #include "parallel/data_parallel/reducer.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "base/error.h"
 #include "core/autograd/node.h"
@@ -23,6 +24,12 @@ double ms_between(Clock::time_point a, Clock::time_point b) {
 
 const char* allreduce_algo_name(AllreduceAlgo algo) {
   return algo == AllreduceAlgo::Ring ? "ring" : "native";
+}
+
+int64_t bucket_cap_bytes(double megabytes, const char* what) {
+  MG_CHECK(std::isfinite(megabytes) && megabytes > 0 && megabytes <= 1048576, what,
+           " must be a finite number of MB in (0, 1048576], got ", megabytes);
+  return static_cast<int64_t>(megabytes * 1024 * 1024);
 }
 
 std::vector<std::vector<size_t>> assign_buckets(const std::vector<size_t>& order,
@@ -89,9 +96,9 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
     bytes.push_back(static_cast<int64_t>(p.nbytes()));
     dtypes.push_back(p.dtype());
   }
-  auto mb = [](double megabytes) { return static_cast<int64_t>(megabytes * 1024 * 1024); };
-  auto layout =
-      assign_buckets(order, bytes, dtypes, mb(options_.first_bucket_cap_mb), mb(options_.bucket_cap_mb));
+  auto layout = assign_buckets(order, bytes, dtypes,
+                               bucket_cap_bytes(options_.first_bucket_cap_mb, "first_bucket_cap_mb"),
+                               bucket_cap_bytes(options_.bucket_cap_mb, "bucket_cap_mb"));
 
   buckets_.clear();
   slot_of_.assign(params_.size(), {0, 0});

@@ -82,6 +82,11 @@ struct ReducerStats {
   int64_t bytes = 0;            // bytes all-reduced (sum of bucket sizes; a comm hook's compressed size)
 };
 
+// A bucket cap in MB as bytes: `what` ("bucket_cap_mb") must be a finite number of MB in
+// (0, 1048576] (1 TiB; no bucket is bigger), else an mg::Error naming it -- inf, nan or 1e300 were
+// an undefined double -> int64 cast.
+int64_t bucket_cap_bytes(double megabytes, const char* what);
+
 // Splits tensors (given in the order their gradients are expected) into buckets: a new bucket
 // starts when adding the next tensor would pass the cap (first_cap for bucket 0, cap after) or
 // when its dtype differs. A tensor larger than the cap gets a bucket of its own. Returns the

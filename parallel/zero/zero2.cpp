@@ -39,10 +39,11 @@ ShardedGradientReducer::ShardedGradientReducer(std::vector<Tensor> params, Proce
     dtypes.push_back(params_[i].dtype());
     order.push_back(params_.size() - 1 - i);  // backward produces gradients last layer first
   }
-  auto mb = [](double megabytes) { return static_cast<int64_t>(megabytes * 1024 * 1024); };
   slot_of_.assign(params_.size(), {0, 0});
   segments_.assign(static_cast<size_t>(world), {});
-  for (auto& members : assign_buckets(order, bytes, dtypes, mb(first_bucket_cap_mb), mb(bucket_cap_mb))) {
+  for (auto& members : assign_buckets(order, bytes, dtypes,
+                                      bucket_cap_bytes(first_bucket_cap_mb, "ZeRO-2: first_bucket_cap_mb"),
+                                      bucket_cap_bytes(bucket_cap_mb, "ZeRO-2: bucket_cap_mb"))) {
     Bucket bucket;
     bucket.members = members;
     int64_t total = 0;

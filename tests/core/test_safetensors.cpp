@@ -361,6 +361,17 @@ TEST_CASE("the header is checksummed: a changed shape, dtype or metadata value i
     REQUIRE_THROWS_WITH(load_safetensors(path), Catch::Contains("not stored as written"));
   }
   REQUIRE_THROWS_WITH(save_safetensors(path, {{"__header__", ones({1})}}), Catch::Contains("reserved"));
+  // Nor may a file name a tensor so by spelling it with escapes (no checksums: they are optional).
+  {
+    std::string header = R"({"\u005f\u005fheader__":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})";
+    header += std::string((8 - header.size() % 8) % 8, ' ');
+    std::string bytes;
+    for (int i = 0; i < 8; ++i) bytes += static_cast<char>((uint64_t(header.size()) >> (8 * i)) & 0xff);
+    bytes += header + std::string(4, '\0');
+    write_bytes(path, bytes);
+    REQUIRE_THROWS_WITH(load_safetensors(path),
+                        Catch::Contains("named '__header__'") && Catch::Contains("reserved"));
+  }
   std::remove(path.c_str());
 }
 
