@@ -60,6 +60,7 @@ class LruSectors {
 struct Running {
   size_t block;    // index into `blocks`
   size_t request;  // its next request
+  size_t wait;     // rounds before its first request (the staggered start of a long grid)
 };
 
 }  // namespace
@@ -83,11 +84,23 @@ CacheTraffic simulate_caches(const std::vector<BlockRequests>& blocks, const Cac
   for (size_t b = 0; b < blocks.size(); ++b) queue[b % sms].push_back(b);
   std::vector<size_t> next(sms, 0);
   std::vector<std::vector<Running>> resident(sms);
-  auto refill = [&](size_t sm) {
-    while (resident[sm].size() < per_sm && next[sm] < queue[sm].size())
-      resident[sm].push_back(Running{queue[sm][next[sm]++], 0});
+  // A grid longer than one wave runs in a steady state where the resident blocks are at different
+  // points of their work: block b starts about b / (SMs x blocks_per_sm) of a block's length after
+  // block 0, each taking the slot of one that finished. The first resident blocks are started so
+  // (block b waits b x mean length / resident capacity rounds) and the refills follow by
+  // themselves. A grid of one wave or less starts every block at once, as a GPU does.
+  const size_t capacity = sms * per_sm;
+  size_t mean_length = 0;
+  for (const BlockRequests& b : blocks) mean_length += b.kinds.size();
+  mean_length = blocks.empty() ? 0 : mean_length / blocks.size();
+  const bool staggered = config.all_blocks > capacity;
+  auto refill = [&](size_t sm, bool first) {
+    while (resident[sm].size() < per_sm && next[sm] < queue[sm].size()) {
+      const size_t b = queue[sm][next[sm]++];
+      resident[sm].push_back(Running{b, 0, first && staggered ? b * mean_length / capacity : 0});
+    }
   };
-  for (size_t sm = 0; sm < sms; ++sm) refill(sm);
+  for (size_t sm = 0; sm < sms; ++sm) refill(sm, true);
 
   auto to_l2 = [&](CacheTraffic& t, uint64_t sector, bool reads, bool writes) {
     t.l2_sectors += 1;
@@ -107,9 +120,15 @@ CacheTraffic simulate_caches(const std::vector<BlockRequests>& blocks, const Cac
       for (size_t slot = 0; slot < resident[sm].size();) {
         Running& run = resident[sm][slot];
         const BlockRequests& b = blocks[run.block];
+        if (run.wait > 0) {  // not started yet
+          --run.wait;
+          any = true;
+          ++slot;
+          continue;
+        }
         if (run.request >= b.kinds.size()) {  // finished: the SM's next block takes the slot
           resident[sm].erase(resident[sm].begin() + static_cast<std::ptrdiff_t>(slot));
-          refill(sm);
+          refill(sm, false);
           continue;
         }
         any = true;

@@ -6,7 +6,12 @@
 // out in order, one per SM first). An SM holds `blocks_per_sm` blocks at once (the occupancy the
 // GPU model computes) and the next of its blocks starts when one finishes. Time advances in rounds:
 // in each round every resident block of every SM issues its next request. So the L2 sees the
-// blocks of a wave interleaved, as they run, and an L1 sees only its own SM's blocks.
+// blocks of a wave interleaved, as they run, and an L1 sees only its own SM's blocks. A grid of
+// more than one wave is modelled in its steady state, where resident blocks are at different
+// points of their work: the first resident blocks start staggered (block b after b / (SMs x
+// blocks_per_sm) of a block's length), so two blocks that read the same data far apart in the
+// grid are far apart in time too (RRZE's gpu-l2-cache sweep, tests/emu/validation/, shows a GPU
+// does not share data between them; started together, they would).
 //
 //   L1 (per SM, LRU of 32-byte sectors, the unified L1/shared array minus what the resident
 //       blocks' shared memory takes): a load's sector found there is served without L2. A load

@@ -33,17 +33,11 @@
 // reductions) are measured and reported for what they are: reduce-to-a-scalar still runs on one
 // block, and the transpose reads with a stride of a whole row.
 //
-// Correctness. Every row also runs the CPU twin (kernels/cpu/*) on the same input, with the GPU
-// output poisoned (all bits set: NaN in every floating dtype) before the checked call, and reports
-// max_rel_err = max |gpu - cpu| / max |cpu| over the elements of each output, the largest over the
-// outputs (a NaN where the CPU has a number counts as infinite). Each row has a tolerance: 0 for the ops
-// whose result is exact on both sides (relu, add, fill, the casts, the copies), 1e-6 (a few float ulps) for
-// exp and axpby (GPU and CPU math libraries and FMA contraction differ in the last bit), 1e-5 for softmax,
-// layer_norm, cross-entropy and the row sums, 1e-4 for the sum of all n values (summation order).
-// Above it the row is WRONG and the run exits 1, so a fast but wrong kernel cannot pass.
-//
-// Inputs are deterministic: a hash of (seed, index) mapped to a uniform range, made on the host
-// (OpenMP) and copied over, so the GPU and the CPU read the same bits.
+// Correctness (bandwidth_row.h): every row also runs its CPU twin (kernels/cpu/*) on the same input and
+// is WRONG above its tolerance: 0 for the ops whose result is exact on both sides (relu, add, fill, the
+// casts, the copies), 1e-6 (a few float ulps) for exp and axpby (GPU and CPU math libraries and FMA
+// contraction differ in the last bit), 1e-5 for softmax, layer_norm, cross-entropy and the row sums,
+// 1e-4 for the sum of all n values (summation order).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -56,6 +50,7 @@
 #include <utility>
 #include <vector>
 
+#include "bandwidth_row.h"
 #include "base/half.h"
 #include "bench_kernels.h"
 #include "core/cuda_scratch.h"
@@ -74,222 +69,7 @@ using mg::StridedView;
 namespace bench = mg::bench;
 namespace kcpu = mg::kernels::cpu;
 namespace kcuda = mg::kernels::cuda;
-
-void cuda_ok(cudaError_t e, const char* what) {
-  MG_CHECK(e == cudaSuccess, "memory family: ", what, ": ", cudaGetErrorString(e));
-}
-
-// ---- buffers ---------------------------------------------------------------------------------
-struct DeviceBuffer {
-  void* ptr = nullptr;
-  size_t bytes = 0;
-  explicit DeviceBuffer(size_t b) : bytes(b) {
-    if (b > 0) cuda_ok(cudaMalloc(&ptr, b), "cudaMalloc");
-  }
-  ~DeviceBuffer() {
-    if (ptr != nullptr) cudaFree(ptr);
-  }
-  DeviceBuffer(DeviceBuffer&& other) noexcept : ptr(other.ptr), bytes(other.bytes) { other.ptr = nullptr; }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(DeviceBuffer&&) = delete;
-};
-
-struct HostArray {
-  DType dtype = DType::f32;
-  int64_t n = 0;
-  std::vector<unsigned char> bytes;
-  HostArray(DType t, int64_t count)
-      : dtype(t), n(count), bytes(static_cast<size_t>(count) * mg::dtype_size(t)) {}
-  void* data() { return bytes.data(); }
-  const void* data() const { return bytes.data(); }
-  size_t size() const { return bytes.size(); }
-};
-
-// A contiguous view of `shape` over `data`.
-StridedView view(void* data, DType dtype, const std::vector<int64_t>& shape) {
-  StridedView v;
-  v.data = data;
-  v.dtype = dtype;
-  v.ndim = static_cast<int>(shape.size());
-  int64_t stride = 1;
-  for (int d = v.ndim - 1; d >= 0; --d) {
-    v.shape[static_cast<size_t>(d)] = shape[static_cast<size_t>(d)];
-    v.strides[static_cast<size_t>(d)] = stride;
-    stride *= shape[static_cast<size_t>(d)];
-  }
-  return v;
-}
-StridedView view(const void* data, DType dtype, const std::vector<int64_t>& shape) {
-  return view(const_cast<void*>(data), dtype, shape);
-}
-
-uint64_t mix(uint64_t x) {  // splitmix64's finaliser
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-// Uniform values in [lo, hi), rounded to `dtype` on the host (integers: truncated).
-HostArray random_host(DType dtype, int64_t n, uint64_t seed, double lo, double hi) {
-  HostArray a(dtype, n);
-  mg::visit_dtype(dtype, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    T* p = static_cast<T*>(a.data());
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static)
-#endif
-    for (int64_t i = 0; i < n; ++i) {
-      const double u =
-          static_cast<double>(mix(seed * 0x100000001b3ull ^ static_cast<uint64_t>(i)) >> 11) * 0x1p-53;
-      const double v = lo + (hi - lo) * u;
-      if constexpr (std::is_same<T, bool>::value) {
-        p[i] = v > 0.5 * (lo + hi);
-      } else if constexpr (std::is_same<T, mg::f16>::value || std::is_same<T, mg::bf16>::value) {
-        p[i] = T(static_cast<float>(v));
-      } else {
-        p[i] = static_cast<T>(v);
-      }
-    }
-  });
-  return a;
-}
-
-DeviceBuffer upload(const HostArray& a) {
-  DeviceBuffer d(a.size());
-  cuda_ok(cudaMemcpy(d.ptr, a.data(), a.size(), cudaMemcpyHostToDevice), "cudaMemcpy to device");
-  return d;
-}
-
-std::vector<double> as_doubles(const HostArray& a) {
-  std::vector<double> out(static_cast<size_t>(a.n));
-  mg::visit_dtype(a.dtype, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    const T* p = static_cast<const T*>(a.data());
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static)
-#endif
-    for (int64_t i = 0; i < a.n; ++i) {
-      if constexpr (std::is_same<T, mg::f16>::value || std::is_same<T, mg::bf16>::value) {
-        out[static_cast<size_t>(i)] = static_cast<double>(static_cast<float>(p[i]));
-      } else {
-        out[static_cast<size_t>(i)] = static_cast<double>(p[i]);
-      }
-    }
-  });
-  return out;
-}
-
-// max |got - ref| / max |ref|; a NaN in `got` where `ref` has a number gives +inf.
-double max_rel_error(const HostArray& got, const HostArray& ref) {
-  MG_CHECK(got.n == ref.n && got.dtype == ref.dtype,
-           "memory family: output and reference differ in size or dtype");
-  const std::vector<double> g = as_doubles(got), r = as_doubles(ref);
-  double diff = 0, norm = 0;
-  int64_t unmatched = 0;
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static) reduction(max : diff, norm) reduction(+ : unmatched)
-#endif
-  for (int64_t i = 0; i < got.n; ++i) {
-    const double a = g[static_cast<size_t>(i)], b = r[static_cast<size_t>(i)];
-    const bool an = std::isnan(a), bn = std::isnan(b);
-    if (an || bn) {
-      unmatched += an != bn ? 1 : 0;
-      continue;
-    }
-    if (std::isinf(a) || std::isinf(b)) {
-      unmatched += a != b ? 1 : 0;
-      continue;
-    }
-    diff = std::max(diff, std::fabs(a - b));
-    norm = std::max(norm, std::fabs(b));
-  }
-  if (unmatched > 0) return INFINITY;
-  return norm > 0 ? diff / norm : diff;
-}
-
-std::string count_text(int64_t n) {
-  if (n % (int64_t{1} << 20) == 0) return std::to_string(n >> 20) + "M";
-  if (n % 1024 == 0) return std::to_string(n >> 10) + "K";
-  return std::to_string(n);
-}
-std::string dims_text(const std::vector<int64_t>& shape) {
-  std::string s;
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? "x" : "") + std::to_string(shape[i]);
-  return s;
-}
-
-// ---- one row ---------------------------------------------------------------------------------
-struct Env {
-  const bench::BenchOptions& options;
-  const bench::Ceilings& ceilings;
-  cudaStream_t stream;
-};
-
-struct Output {
-  const DeviceBuffer* device;
-  const HostArray* reference;
-};
-
-struct Row {
-  std::string kernel, dtype, shape;
-  double bytes = 0;  // compulsory bytes per call
-  double floor = 0;
-  double tolerance = 0;
-  std::string note;
-  Row(std::string kernel_, std::string dtype_, std::string shape_, double bytes_, double floor_,
-      double tolerance_, std::string note_ = "")
-      : kernel(std::move(kernel_)),
-        dtype(std::move(dtype_)),
-        shape(std::move(shape_)),
-        bytes(bytes_),
-        floor(floor_),
-        tolerance(tolerance_),
-        note(std::move(note_)) {}
-};
-
-// Poisons the outputs, runs `gpu` once and compares every output with its CPU reference, then
-// times `gpu` (median_seconds on the current stream).
-bench::KernelResult measure(const Row& row, const std::function<void()>& gpu,
-                            const std::vector<Output>& outputs, const Env& env) {
-  double err = env.options.profile ? -1 : 0;  // --profile: only the traced blocks run; nothing to check
-  if (!env.options.profile) {
-    for (const Output& o : outputs)
-      cuda_ok(cudaMemsetAsync(o.device->ptr, 0xff, o.device->bytes, env.stream), "poison");
-    gpu();
-    cuda_ok(cudaStreamSynchronize(env.stream), "the checked call");
-  }
-  for (const Output& o : env.options.profile ? std::vector<Output>{} : outputs) {
-    HostArray got(o.reference->dtype, o.reference->n);
-    cuda_ok(cudaMemcpy(got.data(), o.device->ptr, got.size(), cudaMemcpyDeviceToHost), "cudaMemcpy to host");
-    const double e = max_rel_error(got, *o.reference);
-    err = std::isnan(e) || e > err ? e : err;
-  }
-  const double seconds = bench::median_seconds(gpu, env.options, env.stream);
-  cuda_ok(cudaGetLastError(), "after timing");
-
-  bench::KernelResult r;
-  r.family = "memory";
-  r.kernel = row.kernel;
-  r.dtype = row.dtype;
-  r.shape = row.shape;
-  r.seconds = seconds;
-  r.achieved = row.bytes / seconds / 1e9;
-  r.ceiling = env.ceilings.copy_gbps;
-  r.reference = "d2d copy";
-  r.unit = "GB/s";
-  r.ratio = r.ceiling > 0 ? r.achieved / r.ceiling : 0;
-  r.max_rel_error = err;
-  r.tolerance = row.tolerance;
-  r.floor = row.floor;
-  r.note = row.note;
-  if (env.options.profile) {
-    r.profile = bench::take_profile(row.bytes, 0);
-    r.tolerance = -1;
-  }
-  return r;
-}
+using namespace mg::bench;  // bandwidth_row.h: buffers, inputs, measure()
 
 constexpr double kElementwiseFloor = 0.80;
 constexpr double kRowwiseFloor = 0.70;
@@ -548,7 +328,8 @@ std::vector<bench::KernelResult> bench_memory(const bench::BenchOptions& options
   // The kernels queue on the current stream of the current (logical) device, which main.cpp made
   // current; time there.
   const Env env{options, ceilings,
-                static_cast<cudaStream_t>(mg::cuda::current_stream(mg::cuda::current_device()).handle)};
+                static_cast<cudaStream_t>(mg::cuda::current_stream(mg::cuda::current_device()).handle),
+                "memory"};
   std::vector<bench::KernelResult> rows;
   std::vector<int64_t> sizes_mib = {options.check ? 1 : 64};
   if (!options.quick) sizes_mib.push_back(256);
