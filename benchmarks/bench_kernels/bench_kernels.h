@@ -5,6 +5,9 @@
 //   main.cpp          flags, the copy-bandwidth ceiling, the table and the JSON file
 //   memory_bound.cpp  elementwise, casts, reductions, softmax, layer_norm, cross-entropy:
 //                     achieved GB/s and the ratio to a large device-to-device copy
+//   layers.cpp        embedding, pooling, dropout, the fused optimizers, layer_norm and softmax
+//                     backward, im2col/col2im: the same, against the same copy
+//   bandwidth_row.h   what those two share: buffers, inputs, the CPU check and the timing
 //   gemm_ladder.cpp   the hand-written GEMM ladder against cuBLAS at the same shapes (TFLOP/s)
 //   conv.cpp          cuDNN against im2col + GEMM for conv2d forward and backward
 //   allocator.cpp     the caching allocator against raw cudaMalloc/cudaFree
