@@ -29,7 +29,7 @@ job_limit_s=$((timeout_s + 20))    # detection + mpirun tearing the job down
 log="$(mktemp "${TMPDIR:-/tmp}/mg-timeout-test.XXXXXX")"
 trap 'rm -f "$log"' EXIT
 start=$(date +%s.%N)
-timeout "$job_limit_s" "$@" >"$log" 2>&1
+timeout -k 5 "$job_limit_s" "$@" >"$log" 2>&1  # -k: an mpiexec that ignores TERM is killed
 job_status=$?
 elapsed=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
 cat "$log"
