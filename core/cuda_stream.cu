@@ -13,6 +13,7 @@
 #include <string>
 
 #include "base/cuda_check.cuh"
+#include "base/env.h"
 #include "base/error.h"
 #include "core/cuda_device_checks.h"
 #include "core/cuda_runtime.h"
@@ -66,11 +67,8 @@ void check_device(int device) {
 
 int virtual_gpus() {
   static const int k = [] {
-    const char* env = std::getenv("MG_VIRTUAL_GPUS");
-    if (env == nullptr || *env == '\0') return 0;
-    char* end = nullptr;
-    const long v = std::strtol(env, &end, 10);
-    return (end && *end == '\0' && v >= 1 && v <= kMaxDevices) ? static_cast<int>(v) : 0;
+    // base/env.h: a bad value is an error naming the variable, not silently "off".
+    return static_cast<int>(env::integer("MG_VIRTUAL_GPUS", 1, kMaxDevices, "logical GPUs").value_or(0));
   }();
   return k;
 }

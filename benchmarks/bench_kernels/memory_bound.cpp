@@ -41,17 +41,12 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
-#include <cstring>
-#include <functional>
 #include <string>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "bandwidth_row.h"
-#include "base/half.h"
 #include "bench_kernels.h"
 #include "core/cuda_scratch.h"
 #include "core/cuda_stream.h"

@@ -47,8 +47,13 @@ inline mg_emu::Prediction traced_launch(const mg_emu::GpuSpec& gpu, uint64_t tra
   options.skip_untraced_blocks = true;
   options.gpu = &gpu;
   profile::begin(options);
-  launch();
-  cudaDeviceSynchronize();
+  try {
+    launch();
+    cudaDeviceSynchronize();
+  } catch (...) {
+    profile::end();  // the next test starts untraced
+    throw;
+  }
   const std::vector<profile::LaunchProfile> launches = profile::end();
   if (launches.size() != 1) throw std::runtime_error("validation: expected one launch");
   return mg_emu::predict(profile::work_of(launches[0], fp32_flops), gpu);

@@ -31,8 +31,7 @@ TEST_CASE("bucket caps: finite MB in (0, 1 TiB], else an error naming the option
   CHECK_THROWS_WITH(parallel::DistributedDataParallel(model, pg, options), Contains("bucket_cap_mb must be"));
   options.bucket_cap_mb = 25;
   options.first_bucket_cap_mb = std::nan("");
-  CHECK_THROWS_WITH(parallel::DistributedDataParallel(model, pg, options),
-                    Contains("first_bucket_cap_mb"));
+  CHECK_THROWS_WITH(parallel::DistributedDataParallel(model, pg, options), Contains("first_bucket_cap_mb"));
 }
 
 TEST_CASE("fit_alpha_beta refuses an infinite or NaN sample instead of returning NaN", "[ddp][buckets]") {
