@@ -86,6 +86,10 @@ Prediction predict(const KernelWork& w, const GpuSpec& gpu) {
   check_count("l1_wavefronts", w.l1_wavefronts);
   check_count("fp32_flops", w.fp32_flops);
   check_count("warp_instructions", w.warp_instructions);
+  check_count("issued_instructions", w.issued_instructions);
+  check_count("fp32_instructions", w.fp32_instructions);
+  check_count("integer_instructions", w.integer_instructions);
+  check_count("quarter_rate_instructions", w.quarter_rate_instructions);
   check_count("tensor_flops", w.tensor_flops);
   check_count("atomics", w.atomics);
   check_count("l1_hit_sectors", w.l1_hit_sectors);
@@ -110,9 +114,19 @@ Prediction predict(const KernelWork& w, const GpuSpec& gpu) {
                               (gpu.sms * gpu.clock_hz * gpu.shared_wavefronts_per_sm_per_clock);
   const double fp32_ideal = w.fp32_flops / gpu.fp32_flops_per_s;
   const double tensor_ideal = w.tensor_flops / gpu.tensor_flops_per_s;
-  // Issue: the counted warp instructions and one FFMA (32 lanes x 2 FLOPs) per 64 FP32 FLOPs.
-  const double issue_ideal = (w.warp_instructions + w.fp32_flops / (2.0 * gpu.warp_size)) /
-                             (gpu.sms * gpu.clock_hz * gpu.issue_per_sm_per_clock);
+  // Issue: the counted warp instructions and one FFMA (32 lanes x 2 FLOPs) per 64 FP32 FLOPs; or,
+  // with the PTX count, every instruction, and no pipe busier than its lanes allow (a warp
+  // instruction takes warp_size / lanes clocks of its pipe).
+  double issue_clocks =
+      (w.warp_instructions + w.fp32_flops / (2.0 * gpu.warp_size)) / gpu.issue_per_sm_per_clock;
+  if (w.issued_instructions > 0) {
+    const double fp32_lanes = gpu.fp32_flops_per_s / (2.0 * gpu.sms * gpu.clock_hz);
+    issue_clocks = std::max({w.issued_instructions / gpu.issue_per_sm_per_clock,
+                             w.fp32_instructions * gpu.warp_size / fp32_lanes,
+                             w.integer_instructions * gpu.warp_size / gpu.int32_lanes_per_sm,
+                             w.quarter_rate_instructions * gpu.warp_size / gpu.sfu_lanes_per_sm});
+  }
+  const double issue_ideal = issue_clocks / (gpu.sms * gpu.clock_hz);
   p.ideal_seconds = std::max({dram, l2, shared_ideal, fp32_ideal, tensor_ideal, issue_ideal});
 
   // ---- per-SM units, quantised: the busiest SM runs ceil(blocks / SMs) blocks, each with

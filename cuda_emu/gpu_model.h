@@ -52,10 +52,18 @@ struct KernelWork {
                                     // shared memory also uses: max(1, ceil(sectors / 4)) a request
   double warp_instructions = 0;     // warp instructions counted besides FP32 arithmetic: global and
                                     // shared requests, ldmatrix, cp.async, mma (the tracer's counts)
-  double fp32_flops = 0;            // CUDA-core FLOPs (declared by the caller; an FMA = 2)
-  double tensor_flops = 0;          // tensor-core FLOPs (bf16/f16 mma: counted)
-  double atomics = 0;               // global atomic operations (lane-level): informational,
-                                    // their traffic is in l2_sectors (see the doc)
+  // Counted from the kernel's PTX (profiler.h: InstructionMix), 0 when not counted. When
+  // issued_instructions > 0 it replaces warp_instructions + fp32_flops / 64 in the issue limit, and
+  // the pipes behind the schedulers bound it too: FP32, integer, and the quarter-rate conversion
+  // and special-function units.
+  double issued_instructions = 0;        // every kind
+  double fp32_instructions = 0;          // FFMA, FADD, FMUL, FSETP
+  double integer_instructions = 0;       // IADD3, IMAD, LOP3, SHF, ISETP, SEL, ...
+  double quarter_rate_instructions = 0;  // conversions and MUFU
+  double fp32_flops = 0;                 // CUDA-core FLOPs (declared by the caller; an FMA = 2)
+  double tensor_flops = 0;               // tensor-core FLOPs (bf16/f16 mma: counted)
+  double atomics = 0;                    // global atomic operations (lane-level): informational,
+                                         // their traffic is in l2_sectors (see the doc)
 };
 
 struct Limit {

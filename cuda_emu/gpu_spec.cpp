@@ -56,7 +56,10 @@ GpuSpec make_h200() {
   // Instruction issue: 4 warp schedulers per SM, each issuing one warp instruction per clock (CUDA C++
   // Programming Guide, the compute capability 7.x-9.0 architecture sections; the Hopper and Ampere
   // whitepapers' SM diagrams: four partitions, one scheduler and dispatch unit each). The same on
-  // every GPU here (the default of GpuSpec::issue_per_sm_per_clock).
+  // every GPU here (the default of GpuSpec::issue_per_sm_per_clock). Behind the schedulers, per SM
+  // per clock (the Programming Guide's table of arithmetic instruction throughputs, compute
+  // capabilities 8.0, 8.6 and 9.0 alike): 64 results of 32-bit integer add, compare, logic and
+  // multiply-add, 16 of type conversions and of special functions (GpuSpec's defaults).
   // Occupancy of compute capability 9.0 (CUDA C++ Programming Guide, "Technical Specifications per
   // Compute Capability"; cuda_occupancy.h): 2048 threads and 32 blocks per SM, 64K registers,
   // 228 KB of shared memory per SM, 227 KB per block, 1 KB reserved per block.

@@ -45,6 +45,8 @@ struct GpuSpec {
   double tensor_flops_per_s = 989e12;             // dense BF16/FP16 with FP32 accumulation
   double shared_wavefronts_per_sm_per_clock = 1;  // 32 banks x 4 bytes
   double issue_per_sm_per_clock = 4;              // 4 warp schedulers, one warp instruction a clock each
+  double int32_lanes_per_sm = 64;                 // 32-bit integer add/compare/logic results a clock
+  double sfu_lanes_per_sm = 16;                   // conversions and special functions a clock
 
   // ---- occupancy (the compute capability's limits, as the toolkit's cuda_occupancy.h has them) --
   int warp_size = 32;

@@ -41,7 +41,34 @@ KernelWork work_of(const LaunchProfile& l, double fp32_flops) {
   w.fp32_flops = fp32_flops;
   w.tensor_flops = l.tensor_flops;
   w.atomics = l.global_atomic.lanes;
+  if (l.instructions.counted) {
+    using K = InstructionKind;
+    const InstructionMix& m = l.instructions;
+    w.issued_instructions = m.total();
+    w.fp32_instructions = m.of(K::fp32);
+    w.integer_instructions = m.of(K::integer);
+    w.quarter_rate_instructions = m.of(K::conversion) + m.of(K::special);
+    w.registers_per_thread = m.registers_per_thread;
+  }
   return w;
+}
+
+void print_instructions(std::FILE* out, const InstructionMix& m) {
+  if (!m.counted) {
+    if (!m.why.empty()) std::fprintf(out, "    %-14s not counted: %s\n", "instructions", m.why.c_str());
+    return;
+  }
+  const double total = m.total();
+  std::fprintf(out, "    %-14s %12.0f warp instructions from %s", "instructions", total, m.source.c_str());
+  if (m.registers_per_thread > 0) std::fprintf(out, ", %d registers/thread", m.registers_per_thread);
+  std::fprintf(out, ":");
+  for (size_t k = 0; k < kInstructionKinds; ++k)
+    if (total > 0 && m.warp_instructions[k] >= 0.005 * total)
+      std::fprintf(out, " %s %.0f%%", name_of(static_cast<InstructionKind>(k)),
+                   100 * m.warp_instructions[k] / total);
+  if (total > 0 && m.inherited > 0)
+    std::fprintf(out, " (%.0f%% counted without an anchor)", 100 * m.inherited / total);
+  std::fprintf(out, "\n");
 }
 
 void print_sites(std::FILE* out, const std::vector<LaunchProfile>& launches, int indent) {
@@ -123,6 +150,7 @@ void print_report(std::FILE* out, const std::vector<LaunchProfile>& launches, bo
     print_counts(out, "shared atomics", l.shared_atomic, true);
     std::fprintf(out, "    %-14s %12.0f bytes (L2 of %.0f MiB, LRU)\n", "DRAM", l.dram_bytes_lru(),
                  gpu.l2_capacity_bytes / (1024 * 1024));
+    print_instructions(out, l.instructions);
     std::fprintf(out, "    predicted on %s: %.2f us, bound by %s (%.0f%% of the roofline)\n",
                  gpu.name.c_str(), p.seconds * 1e6, p.binding.c_str(), 100 * p.roofline_fraction);
   }

@@ -27,6 +27,8 @@ namespace mg_emu::profile {
 KernelWork work_of(const LaunchProfile& launch, double fp32_flops);
 
 // Each launch on one line, then each of its instructions with its counts (`indent` spaces first).
+// One line: the launch's counted instructions by kind, or why they were not counted.
+void print_instructions(std::FILE* out, const InstructionMix& mix);
 void print_sites(std::FILE* out, const std::vector<LaunchProfile>& launches, int indent = 4);
 
 // The MG_EMU_PROFILE report of these launches.

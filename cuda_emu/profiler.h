@@ -48,6 +48,11 @@ struct Options {
   const GpuSpec* gpu = nullptr;       // whose L2 the LRU model takes (its l2_capacity_bytes):
                                       // nullptr = default_gpu_spec() (MG_EMU_GPU, else the H200)
   uint64_t l2_bytes = 0;              // > 0: an L2 of this many bytes instead of the GPU's (tests)
+  // Count every launch's warp instructions by kind from nvcc's PTX of the kernel's source file
+  // (ptx_count.h): needs nvcc (MG_EMU_NVCC, else the one found at configure time), costs a few
+  // seconds per source file the first time (the PTX is cached, see ptx_compile.cpp). Also on with
+  // MG_EMU_INSTRUCTIONS=1.
+  bool count_instructions = false;
 };
 
 enum class Space : uint8_t { global, shared, none };
@@ -63,6 +68,7 @@ struct AccessCounts {
   double wavefronts = 0;        // shared: bank wavefronts; global: passes through the L1 data
                                 // array, max(1, ceil(sectors / 4)) a request
   double ideal_wavefronts = 0;  // shared: ceil(distinct words / 32) per request
+  double lane_bytes = 0;        // bytes each lane asked for, summed over lanes (overlaps counted)
   void add(const AccessCounts& o);
 };
 
@@ -72,6 +78,37 @@ struct SiteCounts {
   Space space = Space::none;
   Op op = Op::load;
   AccessCounts counts;
+};
+
+// The warp instructions of a launch by the unit that executes them (ptx_count.h says how counted).
+enum class InstructionKind : uint8_t {
+  fp32,           // FFMA, FADD, FMUL, FMNMX, FSETP: the FP32 pipe
+  fp16,           // half and bfloat16 arithmetic (packed pairs)
+  fp64,           // double arithmetic
+  integer,        // IADD3, IMAD, LOP3, SHF, ISETP, SEL, PRMT, vote: the integer pipe
+  conversion,     // F2I, I2F, F2F: the conversion pipe (quarter rate)
+  special,        // MUFU: exp2, log2, rcp, rsqrt, sin, cos, tanh (quarter rate)
+  global_memory,  // LDG, STG, ATOMG, RED, LDGSTS (cp.async)
+  shared_memory,  // LDS, STS, ATOMS, LDSM (ldmatrix)
+  local_memory,   // LDL, STL: spills and stack arrays (not traced)
+  tensor,         // HMMA (mma.sync)
+  warp,           // SHFL, MATCH, REDUX
+  barrier,        // BAR, MEMBAR, DEPBAR (cp.async waits)
+  branch,         // BRA, EXIT, CALL, RET
+  other,
+};
+constexpr size_t kInstructionKinds = 14;
+const char* name_of(InstructionKind kind);
+
+struct InstructionMix {
+  bool counted = false;  // false: `why` says why not
+  std::string why;       // "nvcc not found", "no PTX entry named ... in softmax.cu", ...
+  std::string source;    // "softmax.cu (PTX for sm_90)"
+  double warp_instructions[kInstructionKinds] = {};  // over the whole grid (scaled like the counts)
+  double inherited = 0;          // of the total: counted in blocks without an anchor (ptx_count.h)
+  int registers_per_thread = 0;  // ptxas -v for sm_90; 0 = unknown
+  double total() const;
+  double of(InstructionKind kind) const { return warp_instructions[static_cast<size_t>(kind)]; }
 };
 
 struct LaunchProfile {
@@ -101,6 +138,8 @@ struct LaunchProfile {
   // call's ideal bytes, and the FLOPs below. The GPU model prices it at its roofline.
   bool library = false;
   double fp32_flops = 0;
+  InstructionMix instructions;  // with Options::count_instructions
+  std::string kernel_symbol;    // the kernel's demangled C++ name with parameters, when resolved
 
   double dram_bytes_first_touch() const { return dram_read_first_touch + dram_write_first_touch; }
   double dram_bytes_lru() const { return dram_read_lru + dram_write_lru; }

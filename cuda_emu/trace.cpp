@@ -93,6 +93,7 @@ Profiling& profiling() {
 struct LaunchTrace {
   profile::LaunchProfile result;
   profile::Options options;
+  const void* kernel = nullptr;  // the launched function (ptx_compile.cpp finds its PTX)
   std::vector<std::pair<uintptr_t, uintptr_t>> global;  // device allocations at the launch
   std::mutex mutex;                                     // guards what blocks merge in below
   std::unordered_map<uintptr_t, SiteTotals> sites;
@@ -247,6 +248,7 @@ class BlockTrace {
     AccessCounts& c = t.counts;
     c.requests += 1;
     c.lanes += static_cast<double>(p.lanes.size());
+    for (const LaneAccess& l : p.lanes) c.lane_bytes += l.bytes;
     if (p.space == Space::none) return;  // mma: an instruction, no memory
     c.bytes += static_cast<double>(distinct_bytes(p.lanes));
     if (p.space == Space::global) {
@@ -303,6 +305,7 @@ std::shared_ptr<LaunchTrace> trace_new_launch(const Launch& launch) {
   if (!p.active) return nullptr;
   auto t = std::make_shared<LaunchTrace>();
   t->options = p.options;
+  t->kernel = launch.kernel;
   t->global = device_ranges();
   profile::LaunchProfile& r = t->result;
   r.kernel = launch.kernel_name;
@@ -374,7 +377,7 @@ void trace_launch_done(LaunchTrace& t) {
     r.sites.push_back(sc);
     AccessCounts scaled = s.counts;
     for (double* v : {&scaled.requests, &scaled.lanes, &scaled.bytes, &scaled.sectors, &scaled.wavefronts,
-                      &scaled.ideal_wavefronts})
+                      &scaled.ideal_wavefronts, &scaled.lane_bytes})
       *v *= r.scale;
     if (s.op == Op::mma) {
       r.mma += scaled.requests;
@@ -484,6 +487,7 @@ void AccessCounts::add(const AccessCounts& o) {
   sectors += o.sectors;
   wavefronts += o.wavefronts;
   ideal_wavefronts += o.ideal_wavefronts;
+  lane_bytes += o.lane_bytes;
 }
 
 bool available() {
@@ -597,6 +601,8 @@ std::vector<LaunchProfile> end() {
       if (!(site & kEmulatedSite)) pcs.push_back(site);
     }
   const std::map<uintptr_t, std::string> names = resolve(pcs);
+  const char* env = std::getenv("MG_EMU_INSTRUCTIONS");
+  const bool count_from_env = env != nullptr && *env != '\0' && std::strcmp(env, "0") != 0;
   std::vector<LaunchProfile> out;
   for (const auto& t : launches) {
     LaunchProfile r = std::move(t->result);
@@ -614,6 +620,8 @@ std::vector<LaunchProfile> end() {
     std::sort(r.sites.begin(), r.sites.end(), [](const SiteCounts& a, const SiteCounts& b) {
       return a.counts.sectors + a.counts.wavefronts > b.counts.sectors + b.counts.wavefronts;
     });
+    if (!r.library && (t->options.count_instructions || count_from_env))
+      count_launch_instructions(r, t->kernel);
     out.push_back(std::move(r));
   }
   return out;

@@ -46,6 +46,10 @@ void trace_barrier_opened();                                  // every request b
 void trace_static_shared(const void* storage, size_t bytes);  // a __shared__ array of this block
 void trace_async_wait(double round_trips);                    // a cp.async.wait_group that waits
 
+// ---- instruction counts (ptx_compile.cpp) --------------------------------------------------------
+// Fills r.instructions from the PTX of the kernel at `kernel` and the sites the tracer resolved.
+void count_launch_instructions(profile::LaunchProfile& r, const void* kernel);
+
 // ---- the memcheck (MG_EMU_MEMCHECK=1, instrumented kernels only) --------------------------------
 // Set by the block scheduler while it runs a block and the memcheck is on: every instrumented
 // load and store is then checked against the device allocations' guard bytes.

@@ -354,6 +354,37 @@ TEST_CASE("gpu model, H200: every load between the FMAs takes an issue slot belo
   CHECK(p.binding == "fp32");
 }
 
+TEST_CASE("gpu model: counted instructions -- the schedulers, or the pipe behind them that is busiest",
+          "[gpu_model]") {
+  // 1056 blocks (8 per SM, one wave). 2.0908e9 warp instructions fill 4 schedulers x 132 SMs x
+  // 1.98 GHz for exactly 2 ms. Counted, they replace warp_instructions + fp32_flops / 64.
+  KernelWork w;
+  w.blocks = 1056;
+  w.threads_per_block = 256;
+  w.issued_instructions = 4.0 * 132 * 1.98e9 * 2e-3;
+  w.warp_instructions = 1e12;  // ignored once instructions are counted
+  Prediction p = predict(w);
+  CHECK(limit(p, "issue") == Approx(2e-3).epsilon(1e-6));
+  // Half of them integer: the integer pipe has 64 lanes an SM, 2 warp instructions a clock, so
+  // 1.0454e9 of them take 2 ms too -- a tie; all of them integer, 4 ms.
+  w.integer_instructions = w.issued_instructions / 2;
+  CHECK(limit(predict(w), "issue") == Approx(2e-3).epsilon(1e-6));
+  w.integer_instructions = w.issued_instructions;
+  CHECK(limit(predict(w), "issue") == Approx(4e-3).epsilon(1e-6));
+  // A quarter of them conversions or MUFU (16 lanes: half a warp instruction a clock): 4 ms.
+  w.integer_instructions = 0;
+  w.quarter_rate_instructions = w.issued_instructions / 4;
+  CHECK(limit(predict(w), "issue") == Approx(4e-3).epsilon(1e-6));
+  // FP32 on an A100 (64 FP32 lanes an SM: 2 FFMA warp instructions a clock, not 4): 1.1975e9
+  // FFMAs on 108 SMs x 1.41 GHz take 1.1975e9 / (2 x 108 x 1.41e9) = 3.93 ms, while the schedulers
+  // alone would take half that (19.5 TFLOPS is 64.03 lanes: within 0.1 %).
+  w.quarter_rate_instructions = 0;
+  w.blocks = 108 * 8;
+  w.issued_instructions = w.fp32_instructions = 1.1975e9;
+  const mg_emu::GpuSpec& a100 = mg_emu::find_gpu_spec("a100");
+  CHECK(limit(predict(w, a100), "issue") == Approx(1.1975e9 / (2 * 108 * a100.clock_hz)).epsilon(1e-3));
+}
+
 // ---- the other GPUs -------------------------------------------------------------------------------
 
 TEST_CASE("gpu specs: every instance is found by its key, and an unknown one is refused by name",

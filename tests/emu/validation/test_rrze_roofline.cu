@@ -95,6 +95,9 @@ TEST_CASE("model validation: RRZE gpu-roofline on an H200 and an A100 40GB", "[g
                          sweep(mg_emu::h200_sxm(), {3759, 3629, 2690, 2029, 1213, 642}));
   const validation::Summary a100 = validation::report("gpu-roofline, gpu-roofline/alex_a100_40.txt", a100_40,
                                                       sweep(a100_40, {1372, 1322, 1284, 1150, 554, 291}));
-  validation::hold(h200, 1.25, 2.30, 0.90);  // today: 1.28-2.23, 0.94
-  validation::hold(a100, 1.00, 1.25, 0.90);  // today: 1.04-1.21, 0.94
+  if (validation::instructions_counted())
+    validation::hold(h200, 1.25, 2.12, 0.90);  // today: 1.28-2.07, 0.94 (issue counted from the PTX)
+  else
+    validation::hold(h200, 1.25, 2.30, 0.90);  // without nvcc: 1.28-2.23, 0.94
+  validation::hold(a100, 1.00, 1.25, 0.90);    // today: 1.04-1.21, 0.94
 }

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <numeric>
 #include <stdexcept>
@@ -25,6 +26,10 @@
 #include "cuda_emu/profile_report.h"
 #include "cuda_emu/profiler.h"
 
+#ifndef MG_EMU_HAVE_NVCC  // set by tests/CMakeLists.txt (not when nvcc compiles this file to PTX)
+#define MG_EMU_HAVE_NVCC 0
+#endif
+
 namespace validation {
 
 struct Row {
@@ -34,6 +39,20 @@ struct Row {
   std::string binding;       // the model's binding limit
   double ratio() const { return measured_seconds / predicted_seconds; }
 };
+
+// Whether the launches were priced with their instructions counted from nvcc's PTX (the issue
+// limit of docs/performance-model.md); without an nvcc the held bands are the ones before that.
+// A build that found nvcc must count them, unless MG_EMU_NVCC="" switches the count off.
+inline bool& instructions_counted() {
+  static bool counted = false;
+  return counted;
+}
+inline void require_counted(const mg_emu::profile::InstructionMix& mix) {
+  instructions_counted() = mix.counted;
+  const char* nvcc = std::getenv("MG_EMU_NVCC");
+  const bool switched_off = nvcc != nullptr && *nvcc == '\0';
+  if (MG_EMU_HAVE_NVCC && !switched_off && !mix.counted) FAIL("instructions not counted: " << mix.why);
+}
 
 // Runs `launch` (one kernel launch) under the tracer, the first `traced_blocks` blocks traced and
 // the rest skipped, and predicts it on `gpu` with `fp32_flops` declared (the tracer does not count
@@ -46,6 +65,7 @@ inline mg_emu::Prediction traced_launch(const mg_emu::GpuSpec& gpu, uint64_t tra
   options.min_traced_rows = min_rows;
   options.skip_untraced_blocks = true;
   options.gpu = &gpu;
+  options.count_instructions = true;  // from nvcc's PTX where nvcc exists (the doc's issue limit)
   profile::begin(options);
   try {
     launch();
@@ -56,6 +76,8 @@ inline mg_emu::Prediction traced_launch(const mg_emu::GpuSpec& gpu, uint64_t tra
   }
   const std::vector<profile::LaunchProfile> launches = profile::end();
   if (launches.size() != 1) throw std::runtime_error("validation: expected one launch");
+  profile::print_instructions(stdout, launches[0].instructions);
+  require_counted(launches[0].instructions);
   return mg_emu::predict(profile::work_of(launches[0], fp32_flops), gpu);
 }
 

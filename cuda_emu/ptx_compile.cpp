@@ -1,0 +1,232 @@
+// Where a traced launch's PTX comes from: its kernel's source file compiled by nvcc to PTX for
+// sm_90 with -lineinfo, registers per thread from ptxas -v, and the launch's instruction count
+// (ptx_count.h) filled in when the profile ends.
+//
+// The kernel is found from the address the launch was made with: addr2line names its function
+// (demangled, with its parameters) and the file it is defined in, which is compiled as it is in a
+// CUDA build (-I the source tree, and third_party/ for the tests' Catch2). The PTX of one source
+// file is kept in a cache directory (MG_EMU_PTX_CACHE, else $TMPDIR/mg-ptx-cache-<uid>) under the
+// name of the file, its size and the newest modification time among the files of its directory,
+// so a second profile of the same tree compiles nothing; an edited header elsewhere is not seen
+// (delete the directory). nvcc is MG_EMU_NVCC, else the one found at configure time; an empty
+// MG_EMU_NVCC switches the count off. Without nvcc the launch's InstructionMix says why not.
+#include <dirent.h>
+#include <dlfcn.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <sstream>
+
+#include "cuda_emu/ptx_count.h"
+#include "cuda_emu/trace.h"
+
+#ifndef MG_EMU_NVCC_DEFAULT
+#define MG_EMU_NVCC_DEFAULT ""
+#endif
+#ifndef MG_EMU_SOURCE_DIR
+#define MG_EMU_SOURCE_DIR "."
+#endif
+
+namespace mg_emu {
+namespace {
+
+struct Module {
+  std::string why;  // empty: compiled
+  std::vector<ptx::Function> functions;
+};
+
+std::string nvcc_path() {
+  if (const char* v = std::getenv("MG_EMU_NVCC")) return v;
+  return MG_EMU_NVCC_DEFAULT;
+}
+
+std::string run(const std::string& command, int* status) {
+  std::string out;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) {
+    *status = -1;
+    return out;
+  }
+  char buffer[4096];
+  size_t n = 0;
+  while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) out.append(buffer, n);
+  *status = pclose(pipe);
+  return out;
+}
+
+std::string quoted(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// The cache key of a source file: its path, size and the newest change in its directory.
+std::string cache_key(const std::string& source) {
+  struct stat st {};
+  if (stat(source.c_str(), &st) != 0) return "";
+  long long newest = static_cast<long long>(st.st_mtime);
+  const std::string dir = source.substr(0, source.rfind('/'));
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d)) {
+      struct stat fs {};
+      if (stat((dir + "/" + e->d_name).c_str(), &fs) == 0 && S_ISREG(fs.st_mode))
+        newest = std::max(newest, static_cast<long long>(fs.st_mtime));
+    }
+    closedir(d);
+  }
+  const std::string base = source.substr(source.rfind('/') + 1);
+  const size_t h = std::hash<std::string>{}(source + "|" + nvcc_path());
+  return base + "-" + std::to_string(h) + "-" + std::to_string(st.st_size) + "-" + std::to_string(newest);
+}
+
+std::string cache_dir() {
+  if (const char* v = std::getenv("MG_EMU_PTX_CACHE"); v != nullptr && *v != '\0') return v;
+  const char* tmp = std::getenv("TMPDIR");
+  return std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/mg-ptx-cache-" +
+         std::to_string(getuid());
+}
+
+// ptxas -v's "Compiling entry function 'X'" ... "Used N registers" -> X: N.
+std::map<std::string, int> registers_of(const std::string& ptxas_log) {
+  std::map<std::string, int> out;
+  std::string current;
+  std::istringstream in(ptxas_log);
+  for (std::string line; std::getline(in, line);) {
+    const size_t fn = line.find("Compiling entry function '");
+    if (fn != std::string::npos) {
+      const size_t start = fn + 26;
+      current = line.substr(start, line.find('\'', start) - start);
+    }
+    const size_t used = line.find("Used ");
+    if (used != std::string::npos && line.find(" registers") != std::string::npos && !current.empty())
+      out[current] = std::atoi(line.c_str() + used + 5);
+  }
+  return out;
+}
+
+Module compile(const std::string& source) {
+  Module m;
+  const std::string nvcc = nvcc_path();
+  if (nvcc.empty()) {
+    m.why = "no nvcc (MG_EMU_NVCC is empty and none was found at configure time): instructions not counted";
+    return m;
+  }
+  const std::string key = cache_key(source);
+  if (key.empty()) {
+    m.why = "cannot read " + source;
+    return m;
+  }
+  const std::string dir = cache_dir();
+  mkdir(dir.c_str(), 0700);
+  const std::string ptx = dir + "/" + key + ".ptx", regs = dir + "/" + key + ".ptxas";
+  struct stat st {};
+  if (stat(ptx.c_str(), &st) != 0 || stat(regs.c_str(), &st) != 0) {
+    const std::string root = MG_EMU_SOURCE_DIR;
+    const std::string tmp = ptx + ".tmp" + std::to_string(getpid());
+    int status = 0;
+    const std::string log =
+        run(quoted(nvcc) + " -std=c++17 -arch=sm_90 --extended-lambda --expt-relaxed-constexpr " +
+                "-lineinfo -ptx -I" + quoted(root) + " -I" + quoted(root + "/third_party") + " -o " +
+                quoted(tmp) + " " + quoted(source) + " 2>&1",
+            &status);
+    if (status != 0) {
+      std::remove(tmp.c_str());
+      m.why = "nvcc -ptx failed on " + source + ": " + log.substr(0, 300);
+      return m;
+    }
+    const std::string ptxas = nvcc.substr(0, nvcc.rfind('/') + 1) + "ptxas";
+    const std::string v =
+        run(quoted(ptxas) + " -arch=sm_90 -v " + quoted(tmp) + " -o /dev/null 2>&1", &status);
+    std::ofstream(regs + ".tmp") << (status == 0 ? v : "");
+    std::rename((regs + ".tmp").c_str(), regs.c_str());
+    std::rename(tmp.c_str(), ptx.c_str());
+  }
+  try {
+    m.functions = ptx::parse(read_file(ptx));
+  } catch (const std::exception& e) {
+    m.why = std::string(e.what()) + " in " + ptx;
+    return m;
+  }
+  const std::map<std::string, int> r = registers_of(read_file(regs));
+  for (ptx::Function& f : m.functions) {
+    const auto it = r.find(f.mangled);
+    if (it != r.end()) f.registers_per_thread = it->second;
+  }
+  return m;
+}
+
+const Module& module_for(const std::string& source) {
+  static std::mutex mutex;
+  static std::map<std::string, Module> modules;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = modules.find(source);
+  if (it == modules.end()) it = modules.emplace(source, compile(source)).first;
+  return it->second;
+}
+
+// The kernel at `address`: its demangled name with parameters and its source file, from addr2line.
+bool kernel_at(const void* address, std::string* symbol, std::string* file) {
+  Dl_info info{};
+  if (dladdr(address, &info) == 0 || info.dli_fname == nullptr) return false;
+  char hex[32];
+  std::snprintf(hex, sizeof hex, "0x%zx",
+                static_cast<size_t>(reinterpret_cast<uintptr_t>(address) -
+                                    reinterpret_cast<uintptr_t>(info.dli_fbase)));
+  int status = 0;
+  const std::string out =
+      run("addr2line -f -C -e " + quoted(info.dli_fname) + " " + hex + " 2>/dev/null", &status);
+  const size_t nl = out.find('\n');
+  if (status != 0 || nl == std::string::npos) return false;
+  *symbol = out.substr(0, nl);
+  std::string where = out.substr(nl + 1);
+  where = where.substr(0, where.find_first_of(": \n"));
+  *file = where;
+  return !symbol->empty() && *symbol != "??" && !file->empty() && *file != "??";
+}
+
+}  // namespace
+
+void count_launch_instructions(profile::LaunchProfile& r, const void* kernel) {
+  profile::InstructionMix& mix = r.instructions;
+  std::string symbol, file;
+  if (kernel == nullptr || !kernel_at(kernel, &symbol, &file)) {
+    mix.why = "the kernel's function and source file were not found (addr2line)";
+    return;
+  }
+  r.kernel_symbol = symbol;
+  const Module& m = module_for(file);
+  const std::string base = file.substr(file.rfind('/') + 1);
+  if (!m.why.empty()) {
+    mix.why = m.why;
+    return;
+  }
+  const std::string want = ptx::normalise_name(symbol);
+  const ptx::Function* f = nullptr;
+  for (const ptx::Function& candidate : m.functions)
+    if (ptx::normalise_name(candidate.demangled) == want) f = &candidate;
+  if (f == nullptr) {
+    mix.why = "no PTX entry " + symbol + " in " + base;
+    return;
+  }
+  const double warps = static_cast<double>(r.traced_blocks) *
+                       static_cast<double>((r.block.x * r.block.y * r.block.z + 31) / 32);
+  mix = ptx::count(*f, ptx::line_accesses(r.sites), warps);
+  for (double& v : mix.warp_instructions) v *= r.scale;
+  mix.inherited *= r.scale;
+  mix.source = base + " (PTX for sm_90)";
+}
+
+}  // namespace mg_emu

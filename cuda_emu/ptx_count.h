@@ -1,0 +1,94 @@
+// Instruction issue from nvcc's PTX: which warp instructions a traced launch issued, by kind.
+//
+// The tracer sees memory, not registers: it cannot count the FMAs, address arithmetic,
+// conversions, shuffles and branches that bind a tuned kernel's issue slots. nvcc can: compiled
+// to PTX with -lineinfo, every instruction of a kernel carries the source line it came from. This
+// file reads that PTX (ptx_compile.cpp produces it) and counts a launch's instructions as
+//
+//   sum over the kernel's basic blocks of  (instructions in the block) x (times a warp ran it),
+//
+// where a block's count comes, in this order, from
+//   * its memory instructions (anchored): the tracer counted how many warp requests each source
+//     line's loads, stores, atomics, cp.async, ldmatrix and mma made; spread evenly over the PTX
+//     instructions of that line (an unrolled loop has several copies of one line), weighted by
+//     bytes per lane (nvcc may merge two 4-byte loads into one 8-byte one), that is how often each
+//     of those instructions ran, and the block runs as often as the median of its memory
+//     instructions;
+//   * a constant trip count: a loop of one block with no memory instruction (an unrolled FMA
+//     chain) whose counter starts, steps and stops at constants runs trips x its entry's count;
+//   * otherwise it is inherited from the block that dominates it in layout order (the block
+//     before it, or before the loop that ends just before it): counted as a block every warp
+//     reaching it runs once. InstructionMix::inherited says how many instructions were counted so.
+//
+// PTX is not SASS: ptxas still folds, fuses and expands. The counting rules below stand in for it
+// (docs/performance-model.md lists them): parameter loads, cvta and register moves are free (ptxas
+// makes them operands), a mul.f32 whose only use is an add.f32 is one FFMA (contraction), 64-bit
+// integer adds and compares are two instructions, an IEEE division or square root is a reciprocal
+// and a Newton sequence. Internal to cuda_emu/.
+#pragma once
+
+#include <array>
+#include <string>
+#include <vector>
+
+#include "cuda_emu/profiler.h"
+
+namespace mg_emu::ptx {
+
+using profile::InstructionKind;
+constexpr size_t kKinds = profile::kInstructionKinds;
+
+// What a memory-like instruction is, for matching it with the tracer's sites.
+enum class Access : uint8_t { none, load, store, atomic, cp_async, ldmatrix, mma };
+
+struct Instruction {
+  std::string opcode;  // "ld.global.nc.v4.f32"
+  InstructionKind kind = InstructionKind::other;
+  double weight = 1;  // SASS instructions it stands for (0: free, see the rules above)
+  int file = 0;       // the innermost .loc: index into Function::files, 0 = none
+  int line = 0;
+  Access access = Access::none;
+  bool generic = false;               // a load or store without a state space (.global or .shared unknown)
+  int bytes_per_lane = 0;             // memory instructions: vector width x element size
+  std::string dest;                   // first operand when it is a register ("%f12"), else empty
+  std::vector<std::string> sources;   // registers the instruction reads
+  std::string guard;                  // "@%p1", "@!%p1" or empty
+  std::vector<std::string> operands;  // as written: branches, setp, add and mov (the loop analysis)
+};
+
+struct Block {
+  std::string label;  // "$L__BB0_3"; empty for the entry block
+  std::vector<Instruction> instructions;
+  int loops_back_to = -1;  // index of the block its last branch jumps back to (a loop's latch)
+};
+
+struct Function {
+  std::string mangled;    // "_Z6kernelPf"
+  std::string demangled;  // "kernel(float*)"
+  std::vector<Block> blocks;
+  std::vector<std::string> files;  // .file table: files[i] is file index i ("" where unused)
+  int registers_per_thread = 0;    // from ptxas -v, 0 = unknown
+};
+
+// Every .entry of a PTX module, with its basic blocks. Throws std::runtime_error on text that is
+// not PTX as nvcc writes it (an unterminated function).
+std::vector<Function> parse(const std::string& ptx);
+
+// The memory counts of one source line the tracer saw, over the traced blocks.
+struct LineAccesses {
+  std::string where;  // innermost "file.cu:line"
+  Access access = Access::load;
+  profile::Space space = profile::Space::global;
+  double requests = 0;    // warp requests
+  double lane_bytes = 0;  // bytes per lane access times lane accesses
+  double lanes = 0;
+};
+std::vector<LineAccesses> line_accesses(const std::vector<profile::SiteCounts>& sites);
+
+// The instructions `warps` warps issued running `f`, given what the tracer saw of them.
+profile::InstructionMix count(const Function& f, const std::vector<LineAccesses>& seen, double warps);
+
+// "(anonymous namespace)::k<1>(float*)" -> the form both compilers' demangled names share.
+std::string normalise_name(std::string demangled);
+
+}  // namespace mg_emu::ptx

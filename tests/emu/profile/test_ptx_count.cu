@@ -1,0 +1,237 @@
+// Instruction counts from PTX (cuda_emu/ptx_count.h), on hand-written PTX whose counts a reader can
+// work out line by line, and on a traced kernel compiled by nvcc when this machine has one.
+#include <catch2/catch.hpp>
+
+#include <cuda_runtime.h>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "cuda_emu/profile_report.h"
+#include "cuda_emu/profiler.h"
+#include "cuda_emu/ptx_count.h"
+
+namespace profile = mg_emu::profile;
+namespace ptx = mg_emu::ptx;
+using K = profile::InstructionKind;
+
+namespace {
+
+// A sum of squares over 8 strided elements, then a conversion, an exp2 and a store. Per warp:
+//   entry      S2R (1 integer); the parameter load, cvta and the moves are operands in SASS
+//   loop x 8   LDG (global), FMUL+FADD contracted to one FFMA (fp32), a 64-bit add (2 integer),
+//              a 32-bit add and a compare (2 integer), the branch
+//   exit       I2F (conversion), MUFU.EX2 (special), STG (global), EXIT (branch)
+const char* kSumOfSquares = R"(
+.version 8.0
+.target sm_90
+.address_size 64
+
+.visible .entry _Z14sum_of_squaresPf(
+	.param .u64 _Z14sum_of_squaresPf_param_0
+)
+{
+	.reg .pred 	%p<2>;
+	.reg .f32 	%f<6>;
+	.reg .b32 	%r<3>;
+	.reg .b64 	%rd<3>;
+	.loc	1 10 0
+	ld.param.u64 	%rd1, [_Z14sum_of_squaresPf_param_0];
+	cvta.to.global.u64 	%rd2, %rd1;
+	mov.u32 	%r1, %tid.x;
+	mov.u32 	%r2, 0;
+	mov.f32 	%f1, 0f00000000;
+$L__BB0_1:
+	.loc	1 12 5
+	ld.global.f32 	%f2, [%rd2];
+	mul.f32 	%f3, %f2, %f2;
+	add.f32 	%f1, %f1, %f3;
+	add.s64 	%rd2, %rd2, 128;
+	add.s32 	%r2, %r2, 1;
+	setp.lt.s32 	%p1, %r2, 8;
+	@%p1 bra 	$L__BB0_1;
+	.loc	1 14 3
+	cvt.rn.f32.s32 	%f4, %r1;
+	ex2.approx.f32 	%f5, %f4;
+	st.global.f32 	[%rd2], %f5;
+	ret;
+}
+	.file	1 "/src/sum_of_squares.cu"
+)";
+
+// An unrolled loop (four copies of line 20's load) and its remainder loop (one copy), both with a
+// trip count known only at run time.
+const char* kUnrolled = R"(
+.visible .entry _Z8unrolledPfi(
+	.param .u64 _Z8unrolledPfi_param_0,
+	.param .u32 _Z8unrolledPfi_param_1
+)
+{
+	.loc	1 18 0
+	ld.param.u64 	%rd1, [_Z8unrolledPfi_param_0];
+	ld.param.u32 	%r1, [_Z8unrolledPfi_param_1];
+	and.b32 	%r2, %r1, 3;
+$L__BB0_1:
+	.loc	1 20 5
+	ld.global.v2.f32 	{%f1, %f2}, [%rd1];
+	ld.global.v2.f32 	{%f3, %f4}, [%rd1+8];
+	add.s32 	%r1, %r1, -4;
+	setp.ne.s32 	%p1, %r1, %r2;
+	@%p1 bra 	$L__BB0_1;
+$L__BB0_2:
+	.loc	1 20 5
+	ld.global.f32 	%f5, [%rd1];
+	add.s32 	%r2, %r2, -1;
+	setp.ne.s32 	%p2, %r2, 0;
+	@%p2 bra 	$L__BB0_2;
+	ret;
+}
+	.file	1 "/src/unrolled.cu"
+)";
+
+ptx::LineAccesses seen(const std::string& where, ptx::Access access, double requests, double bytes_per_lane) {
+  ptx::LineAccesses l;
+  l.where = where;
+  l.access = access;
+  l.requests = requests;
+  l.lanes = requests * 32;
+  l.lane_bytes = l.lanes * bytes_per_lane;
+  return l;
+}
+
+}  // namespace
+
+TEST_CASE("ptx count: blocks, weights and the contraction, worked by hand", "[profiler][ptx]") {
+  const std::vector<ptx::Function> fs = ptx::parse(kSumOfSquares);
+  REQUIRE(fs.size() == 1);
+  const ptx::Function& f = fs[0];
+  CHECK(f.demangled == "sum_of_squares(float*)");
+  REQUIRE(f.blocks.size() == 3);
+  CHECK(f.blocks[1].label == "$L__BB0_1");
+  CHECK(f.blocks[1].loops_back_to == 1);  // a loop of one block
+  CHECK(f.files.at(1) == "/src/sum_of_squares.cu");
+
+  // The tracer saw 8 load requests per warp at line 12 and one store at line 14, for 10 warps.
+  const double warps = 10;
+  const profile::InstructionMix m = ptx::count(f,
+                                               {seen("sum_of_squares.cu:12", ptx::Access::load, 8 * warps, 4),
+                                                seen("sum_of_squares.cu:14", ptx::Access::store, warps, 4)},
+                                               warps);
+  REQUIRE(m.counted);
+  CHECK(m.of(K::integer) == Approx(warps * (1 + 8 * 4)));
+  CHECK(m.of(K::fp32) == Approx(warps * 8));  // one FFMA an iteration, not an FMUL and an FADD
+  CHECK(m.of(K::global_memory) == Approx(warps * 9));
+  CHECK(m.of(K::branch) == Approx(warps * 9));
+  CHECK(m.of(K::conversion) == Approx(warps));
+  CHECK(m.of(K::special) == Approx(warps));
+  CHECK(m.total() == Approx(warps * 61));
+  CHECK(m.inherited == Approx(warps * 1));  // only the entry block had nothing to anchor it
+
+  // Without the tracer's counts the loop's trip count comes from its counter: 0, +1, while < 8.
+  const profile::InstructionMix blind = ptx::count(f, {}, warps);
+  CHECK(blind.total() == Approx(warps * 61));
+  CHECK(blind.inherited == Approx(warps * 5));  // the entry and the exit block
+}
+
+TEST_CASE("ptx count: an unrolled loop and its remainder share what the tracer saw of their line",
+          "[profiler][ptx]") {
+  const std::vector<ptx::Function> fs = ptx::parse(kUnrolled);
+  REQUIRE(fs.size() == 1);
+  const ptx::Function& f = fs[0];
+  REQUIRE(f.blocks.size() == 4);  // entry, main loop, remainder loop, ret
+  // 18 four-byte loads a warp at line 20 (the CPU build does not unroll): 72 bytes a lane. The main
+  // block moves 16 bytes a lane a trip, the remainder 4: the remainder is taken to run
+  // (4 - 1) / 2 = 1.5 times per entry (each warp enters once), the main loop the rest:
+  // (72 - 1.5 x 4) / 16 = 4.125 trips (the truth: 4 and 2).
+  const double warps = 1;
+  const profile::InstructionMix m = ptx::count(f, {seen("unrolled.cu:20", ptx::Access::load, 18, 4)}, warps);
+  const double main_trips = 4.125, remainder_trips = 1.5;
+  CHECK(m.of(K::global_memory) == Approx(2 * main_trips + remainder_trips));
+  CHECK(m.of(K::integer) == Approx(1 + 2 * main_trips + 2 * remainder_trips));  // the and.b32 first
+  CHECK(m.of(K::branch) == Approx(main_trips + remainder_trips + 1));           // ret: once, as the entry
+}
+
+TEST_CASE("ptx count: what is free, what is several instructions, and names both compilers share",
+          "[profiler][ptx]") {
+  const std::string body = R"(
+.visible .entry _Z1kv()
+{
+	.loc	1 1 0
+	cvt.u64.u32 	%rd1, %r1;
+	cvt.s64.s32 	%rd2, %r1;
+	neg.f32 	%f2, %f1;
+	mul.rn.f32 	%f3, %f1, %f1;
+	add.f32 	%f4, %f3, %f1;
+	div.rn.f32 	%f5, %f4, %f1;
+	rem.u32 	%r2, %r1, %r3;
+	shfl.sync.bfly.b32 	%r4, %r1, 16, 31, -1;
+	bar.sync 	0;
+	bar.warp.sync 	-1;
+	setp.lt.s64 	%p1, %rd1, %rd2;
+	ret;
+}
+)";
+  const std::vector<ptx::Function> fs = ptx::parse(body);
+  REQUIRE(fs.size() == 1);
+  const profile::InstructionMix m = ptx::count(fs[0], {}, 1);
+  // Zero extension and neg are free; sign extension is one SHF; mul.rn is not contracted (the
+  // rounding is explicit): FMUL + FADD; the IEEE division is MUFU.RCP, 8 FP32 and a branch; an
+  // unsigned remainder 18 integer, 2 conversions and a MUFU; a 64-bit compare two ISETPs.
+  CHECK(m.of(K::fp32) == Approx(1 + 1 + 8));
+  CHECK(m.of(K::special) == Approx(1 + 1));
+  CHECK(m.of(K::integer) == Approx(1 + 18 + 2));
+  CHECK(m.of(K::conversion) == Approx(2));
+  CHECK(m.of(K::warp) == Approx(1));
+  CHECK(m.of(K::barrier) == Approx(1));  // __syncwarp is not a barrier instruction on sm_90
+  CHECK(m.of(K::branch) == Approx(1 + 1));
+
+  CHECK(ptx::normalise_name("void (anonymous namespace)::k<1>(float const*, int)") ==
+        ptx::normalise_name("void {anonymous}::k<1>(float const *, int)"));
+  CHECK_THROWS(ptx::parse(".visible .entry _Z1kv()\n{\n ret;\n"));  // no closing brace
+}
+
+namespace {
+__global__ void squares_kernel(const float* in, float* out, int n) {
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i >= n) return;
+  const float x = in[i];
+  out[i] = x * x;
+}
+}  // namespace
+
+TEST_CASE("ptx count: a traced launch is counted from nvcc's PTX of its own source file", "[profiler][ptx]") {
+  const char* nvcc = std::getenv("MG_EMU_NVCC");
+  if (nvcc != nullptr && *nvcc == '\0') {
+    WARN("MG_EMU_NVCC is empty: the PTX count is switched off, nothing to check");
+    return;
+  }
+  const int n = 4096;
+  float *in = nullptr, *out = nullptr;
+  REQUIRE(cudaMalloc(&in, n * sizeof(float)) == cudaSuccess);
+  REQUIRE(cudaMalloc(&out, n * sizeof(float)) == cudaSuccess);
+  profile::Options options;
+  options.count_instructions = true;
+  profile::begin(options);
+  squares_kernel<<<n / 256, 256>>>(in, out, n);
+  cudaDeviceSynchronize();
+  const std::vector<profile::LaunchProfile> launches = profile::end();
+  cudaFree(in);
+  cudaFree(out);
+  REQUIRE(launches.size() == 1);
+  const profile::InstructionMix& m = launches[0].instructions;
+  profile::print_instructions(stdout, m);
+  if (!m.counted && m.why.find("no nvcc") != std::string::npos) {
+    WARN("no nvcc on this machine: " << m.why);
+    return;
+  }
+  REQUIRE(m.counted);
+  CHECK(launches[0].kernel_symbol.find("squares_kernel") != std::string::npos);
+  // 128 warps, one block each of straight-line code: every warp issues its one load and one store
+  // (the tracer's anchors) and one FP32 multiply.
+  const double warps = n / 32;
+  CHECK(m.of(K::global_memory) == Approx(2 * warps));
+  CHECK(m.of(K::fp32) == Approx(warps));
+  CHECK(m.of(K::integer) >= 3 * warps);  // S2Rs, the index arithmetic and the bound check at least
+  CHECK(m.registers_per_thread > 0);
+}
