@@ -12,7 +12,8 @@
 //      slightly different sizes (a last, shorter batch) share blocks.
 //   2. Look for a cached block of the same logical device and the same stream
 //      whose size is at least the request and at most 2x (small) or the
-//      request + 1/8 (large, at least 1 MiB): best fit, smallest first.
+//      request + 1/8 (large, at least 1 MiB): best fit, smallest first (blocks
+//      still waiting for other streams included, see below).
 //      Same stream: work queued on that stream that used the block is ordered
 //      before any new work on it, so reusing it needs no synchronisation.
 //   3. Otherwise cudaMalloc. If that fails for lack of memory, free every cached
@@ -24,11 +25,19 @@
 // stream it was allocated on. When a tensor is also used by work on another
 // stream (a communication stream, a prefetch stream), record_stream(t, s) notes
 // that stream on the block. Freeing such a block records an event on each noted
-// stream, and the block joins its free list only once all of those events have
+// stream, and the block joins its free list once all of those events have
 // completed (checked with cudaEventQuery at the next allocation, never waited
-// for). Until then it counts as reserved, not allocated. This is what PyTorch's
+// for); until then it counts as reserved, not allocated. This is what PyTorch's
 // CUDACachingAllocator does; the alternative, a device-wide sync at every free,
-// would serialise the streams the block was shared between.
+// would serialise the streams the block was shared between. One step beyond
+// PyTorch (rule 2 in allocate): such a pending block of the requesting stream
+// competes with the free ones by size, and is taken with that stream made to
+// wait on the device (cudaStreamWaitEvent) for those events -- the new
+// tensor's work is ordered after the old users', exactly as safe, and which
+// block a request gets no longer depends on when the host happens to query
+// the events. A steady state that allocates nothing (FSDP's, whose gradient
+// buffers the NCCL streams use) thus stays so under any load, instead of
+// calling cudaMalloc whenever a communication stream runs late.
 // Blocks are never split or merged; that keeps the bookkeeping readable at the
 // cost of some fragmentation (PyTorch's allocator splits large blocks).
 //
@@ -125,16 +134,39 @@ class CudaCachingAllocator {
     void* stream = current_stream(device).handle;
     std::lock_guard<std::mutex> lock(mutex_);
     collect_finished_frees();
-    // 2. a cached block on the same device and stream
+    // 2. the smallest fitting block of this device and stream, free or pending. A pending block
+    // was freed while other streams still used it (record_stream): this stream waits for what
+    // they had queued at the free, on the device (no host wait), and takes it. Free and pending
+    // blocks compete by size alone, so which block a request gets never depends on when the
+    // host happens to see another stream finish -- a steady state that allocates nothing stays
+    // so under any load. A tie goes to the free block (no wait).
     auto& pool = free_[device];
-    for (auto it = pool.lower_bound(size); it != pool.end() && fits(it->first, size); ++it) {
-      if (it->second.stream != stream) continue;
-      void* ptr = it->second.ptr;
-      live_[ptr] = Block{it->first, device, stream, {}};
-      note_allocated(device, it->first);
-      cached_[device] -= static_cast<int64_t>(it->first);
-      ++stats_[device].cache_hits;
-      pool.erase(it);
+    auto free_block = pool.end();
+    for (auto it = pool.lower_bound(size); it != pool.end() && fits(it->first, size); ++it)
+      if (it->second.stream == stream) {
+        free_block = it;
+        break;
+      }
+    auto pending_block = pending_.end();
+    for (auto it = pending_.begin(); it != pending_.end(); ++it)
+      if (it->device == device && it->stream == stream && fits(it->size, size) &&
+          (pending_block == pending_.end() || it->size < pending_block->size))
+        pending_block = it;
+    if (pending_block != pending_.end() &&
+        (free_block == pool.end() || pending_block->size < free_block->first)) {
+      for (const auto& entry : pending_block->events)
+        MG_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), entry.first, 0));
+      // A wait captures the event as recorded now: it may be recorded again for another block.
+      for (const auto& [event, physical] : pending_block->events) spare_events_[physical].push_back(event);
+      void* ptr = pending_block->ptr;
+      take_cached(ptr, pending_block->size, device, stream);
+      pending_.erase(pending_block);
+      return ptr;
+    }
+    if (free_block != pool.end()) {
+      void* ptr = free_block->second.ptr;
+      take_cached(ptr, free_block->first, device, stream);
+      pool.erase(free_block);
       return ptr;
     }
     // 3. cudaMalloc, once more after emptying this device's cache
@@ -320,6 +352,14 @@ class CudaCachingAllocator {
   void finish_pending(PendingFree& p) {
     for (const auto& [event, physical] : p.events) spare_events_[physical].push_back(event);
     free_[p.device].emplace(p.size, Cached{p.ptr, p.stream});
+  }
+
+  // Caller holds mutex_. A cached block handed out again.
+  void take_cached(void* ptr, size_t size, int device, void* stream) {
+    live_[ptr] = Block{size, device, stream, {}};
+    note_allocated(device, size);
+    cached_[device] -= static_cast<int64_t>(size);
+    ++stats_[device].cache_hits;
   }
 
   void note_allocated(int device, size_t size) {

@@ -8,8 +8,10 @@
 // file is kept in a cache directory (MG_EMU_PTX_CACHE, else $TMPDIR/mg-ptx-cache-<uid>) under the
 // name of the file, its size and the newest modification time among the files of its directory,
 // so a second profile of the same tree compiles nothing; an edited header elsewhere is not seen
-// (delete the directory). nvcc is MG_EMU_NVCC, else the one found at configure time; an empty
-// MG_EMU_NVCC switches the count off. Without nvcc the launch's InstructionMix says why not.
+// (delete the directory); older versions of a file are removed when a new one is compiled. nvcc
+// is MG_EMU_NVCC, else the one found at configure time; an empty MG_EMU_NVCC switches the count
+// off; MG_EMU_PTX_FLAGS adds flags (a program's own -I). Without nvcc the launch's InstructionMix
+// says why not.
 #include <dirent.h>
 #include <dlfcn.h>
 #include <sys/stat.h>
@@ -73,6 +75,12 @@ std::string read_file(const std::string& path) {
   return s.str();
 }
 
+// Every version of a source file in the cache starts with this: "softmax.cu-<hash of path and nvcc>-".
+std::string cache_prefix(const std::string& source) {
+  const std::string base = source.substr(source.rfind('/') + 1);
+  return base + "-" + std::to_string(std::hash<std::string>{}(source + "|" + nvcc_path())) + "-";
+}
+
 // The cache key of a source file: its path, size and the newest change in its directory.
 std::string cache_key(const std::string& source) {
   struct stat st {};
@@ -87,9 +95,18 @@ std::string cache_key(const std::string& source) {
     }
     closedir(d);
   }
-  const std::string base = source.substr(source.rfind('/') + 1);
-  const size_t h = std::hash<std::string>{}(source + "|" + nvcc_path());
-  return base + "-" + std::to_string(h) + "-" + std::to_string(st.st_size) + "-" + std::to_string(newest);
+  return cache_prefix(source) + std::to_string(st.st_size) + "-" + std::to_string(newest);
+}
+
+// Removes the cache's older versions of the same source file (same name and hash, another key).
+void remove_stale(const std::string& dir, const std::string& prefix, const std::string& key) {
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return;
+  while (dirent* e = readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.rfind(prefix, 0) == 0 && name.rfind(key, 0) != 0) std::remove((dir + "/" + name).c_str());
+  }
+  closedir(d);
 }
 
 std::string cache_dir() {
@@ -136,11 +153,12 @@ Module compile(const std::string& source) {
   if (stat(ptx.c_str(), &st) != 0 || stat(regs.c_str(), &st) != 0) {
     const std::string root = MG_EMU_SOURCE_DIR;
     const std::string tmp = ptx + ".tmp" + std::to_string(getpid());
+    const char* extra = std::getenv("MG_EMU_PTX_FLAGS");  // e.g. -I a program's own headers
     int status = 0;
     const std::string log =
         run(quoted(nvcc) + " -std=c++17 -arch=sm_90 --extended-lambda --expt-relaxed-constexpr " +
-                "-lineinfo -ptx -I" + quoted(root) + " -I" + quoted(root + "/third_party") + " -o " +
-                quoted(tmp) + " " + quoted(source) + " 2>&1",
+                "-lineinfo -ptx -I" + quoted(root) + " -I" + quoted(root + "/third_party") + " " +
+                (extra != nullptr ? extra : "") + " -o " + quoted(tmp) + " " + quoted(source) + " 2>&1",
             &status);
     if (status != 0) {
       std::remove(tmp.c_str());
@@ -150,9 +168,11 @@ Module compile(const std::string& source) {
     const std::string ptxas = nvcc.substr(0, nvcc.rfind('/') + 1) + "ptxas";
     const std::string v =
         run(quoted(ptxas) + " -arch=sm_90 -v " + quoted(tmp) + " -o /dev/null 2>&1", &status);
-    std::ofstream(regs + ".tmp") << (status == 0 ? v : "");
-    std::rename((regs + ".tmp").c_str(), regs.c_str());
+    const std::string regs_tmp = regs + ".tmp" + std::to_string(getpid());
+    std::ofstream(regs_tmp) << (status == 0 ? v : "");
+    std::rename(regs_tmp.c_str(), regs.c_str());
     std::rename(tmp.c_str(), ptx.c_str());
+    remove_stale(dir, cache_prefix(source), key);
   }
   try {
     m.functions = ptx::parse(read_file(ptx));

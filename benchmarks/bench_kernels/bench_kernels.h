@@ -57,7 +57,9 @@ struct ProfileRow {
   double dram_bytes_first_touch = 0;  // unbounded L2
   double l1_hit_sectors = 0;          // load sectors the L1 model served
   double l2_sectors = 0;              // sectors that reached L2 (after the L1s)
-  double warp_instructions = 0;       // counted warp instructions (the issue limit's, without FMAs)
+  double warp_instructions = 0;       // memory and mma warp requests the tracer counted
+  double issued_instructions = 0;     // every warp instruction, counted from the PTX (ptx_count.h)
+  int counted_launches = 0;           // launches whose instructions were counted (nvcc found)
   double ideal_bytes = 0;             // declared: every input read once, every output written once
   double fp32_flops = 0, tensor_flops = 0;
   double predicted_seconds = 0, roofline_fraction = 0;

@@ -336,6 +336,8 @@ std::vector<std::pair<const char*, double>> profile_fields(const bench::ProfileR
           {"l1_hit_sectors", p.l1_hit_sectors},
           {"l2_sectors", p.l2_sectors},
           {"warp_instructions", p.warp_instructions},
+          {"issued_instructions", p.issued_instructions},
+          {"instruction_counted_launches", p.counted_launches},
           {"ideal_bytes", p.ideal_bytes},
           {"fp32_flops", p.fp32_flops},
           {"tensor_flops", p.tensor_flops},

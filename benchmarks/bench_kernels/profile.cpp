@@ -75,6 +75,7 @@ double profiled_seconds(const std::function<void()>& fn, const BenchOptions& o) 
   options.min_traced_rows = 2;
   options.skip_untraced_blocks = true;
   options.gpu = g_gpu;
+  options.count_instructions = true;  // from nvcc's PTX where there is an nvcc
   run_traced(fn, options);
   if (o.profile_sites) profile::print_sites(stdout, last_launches());
   return take_profile(0, 0).predicted_seconds;
@@ -86,6 +87,7 @@ ProfileRow profile_step(const std::function<void()>& fn, bool sites) {
   const mg_emu::Counters before = mg_emu::counters();
   profile::Options options;  // every block traced and run: the step must compute right
   options.gpu = g_gpu;
+  options.count_instructions = true;
   run_traced(fn, options);
   const mg_emu::Counters after = mg_emu::counters();
   if (sites) profile::print_sites(stdout, last_launches());
@@ -137,6 +139,10 @@ ProfileRow take_profile(double ideal_bytes, double fp32_flops) {
     p.l1_hit_sectors += l.l1_hit_sectors;
     p.l2_sectors += l.l2_sectors;
     p.warp_instructions += profile::work_of(l, 0).warp_instructions;
+    if (l.instructions.counted) {
+      p.issued_instructions += l.instructions.total();
+      ++p.counted_launches;
+    }
     p.dram_bytes_first_touch += l.dram_bytes_first_touch();
     const double share = all_threads > 0 ? fp32_flops * threads_of(l) / all_threads : 0;
     const mg_emu::Prediction pred = mg_emu::predict(profile::work_of(l, share), *g_gpu);

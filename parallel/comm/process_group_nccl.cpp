@@ -28,8 +28,13 @@
 //   one upward lane, each rank's send waited on its stream for its receive to complete).
 // * Ordering, no host syncs. Each op is ordered after the work already queued on the tensor's
 //   current stream by an event ("ready"), and its completion is an event recorded on the lane's
-//   stream after the NCCL call ("done"). The tensors stay referenced until "done" has fired, so
-//   the caching allocator cannot hand their memory out while NCCL still uses it.
+//   stream after the NCCL call ("done"). The op's tensors are recorded on the lane's stream with
+//   the caching allocator (record_stream, as c10d does) and not kept referenced: freed by the
+//   caller, their memory is handed out again only once the lane's stream has passed the point of
+//   the free -- device-side, whenever the watchdog happens to look. Keeping them referenced until
+//   the watchdog saw "done" made reuse depend on the watchdog's timing: under load it was late,
+//   and FSDP's per-step gradient buffers could not be reused (a cudaMalloc every few steps).
+//   Memory the allocator did not hand out (none of the framework's) stays referenced as before.
 // * Work::wait() blocks the host until "done" has fired (the watchdog completes the Work), then
 //   makes the waiting thread's current stream on the device wait for "done" too (Work's wait
 //   hook). Kernels queued after wait() are thus ordered after the communication on the device,
@@ -65,6 +70,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include "core/cuda_allocator.h"
 #include "core/cuda_stream.h"
 #include "parallel/comm/process_group_signature.h"
 #endif
@@ -142,7 +148,7 @@ struct InFlight {
   WorkPtr work;
   LaneId lane;
   std::shared_ptr<cuda::Event> done;
-  std::vector<Tensor> keep_alive;  // NCCL reads/writes these until `done` fires
+  std::vector<Tensor> keep_alive;  // tensors not recorded with the allocator: used until `done`
   Clock::time_point started;
 };
 
@@ -493,6 +499,20 @@ class NcclBackend : public Backend {
       poison(failure, work);
       return work;
     }
+    // The lane's stream uses the tensors from here on: the allocator waits for it (device-side)
+    // before reusing their memory, so nothing needs to hold them until the watchdog sees "done".
+    std::vector<Tensor> held;
+    for (Tensor& t : keep_alive) {
+      try {
+        if (t.defined() && t.device().is_cuda()) {
+          cuda::record_stream(t, lane.stream);
+          continue;
+        }
+      } catch (const Error&) {  // not the caching allocator's memory: keep it referenced
+      }
+      held.push_back(std::move(t));
+    }
+    keep_alive = std::move(held);
     // Kernels queued on the waiting thread after wait() run after the communication.
     const int device_index = device_.index;
     work->set_wait_hook([done, device_index] { done->wait(cuda::current_stream(device_index)); });

@@ -2,9 +2,10 @@
 //   - reuse within a stream (the same block back) and no reuse across streams;
 //   - exact statistics: allocated, reserved, peak and its reset, cudaMalloc calls, cache hits;
 //   - empty_cache returns what is cached and keeps what is live;
-//   - record_stream: a block freed while another stream may still use it is not handed out
-//     until that stream's work is done. Deterministic: the other stream is held by a host
-//     function that waits for a flag, so "still running" is a fact, not a race;
+//   - record_stream: a block freed while another stream may still use it is handed out again
+//     only with the new user ordered after that stream's work (a device-side wait). Deterministic:
+//     the other stream is held by a host function that waits for a flag, so "still running" is
+//     a fact, not a race;
 //   - the out-of-memory error names what was asked and what is held, after emptying the cache;
 //   - the floor: steps 3..8 of a small MLP training on cuda:0 make no cudaMalloc call.
 // Runs only with a GPU (gpu_main.cpp exits 77 otherwise). test_cuda_tensor.cpp has the first,
@@ -198,7 +199,7 @@ bool still_running(cuda::Stream s) {
   return status == cudaErrorNotReady;
 }
 
-TEST_CASE("record_stream: a block used on another stream is reused only after that stream's work",
+TEST_CASE("record_stream: a block used on another stream is reused only behind that stream's work",
           "[gpu][allocator][record_stream]") {
   const AllocatorStats start = fresh_stats();
   const cuda::Stream side = cuda::create_stream(0);  // non-blocking: no implicit sync with stream 0
@@ -224,28 +225,29 @@ TEST_CASE("record_stream: a block used on another stream is reused only after th
   CHECK(after_free.reserved_bytes == before_free.reserved_bytes);  // waiting, still reserved
   CHECK(still_running(side));                                      // the setup holds
 
-  // The same size on the default stream must not get a's block: the side stream would then
-  // overwrite it with 2.0 after we wrote 5.0.
+  // The same size on the default stream, with nothing else cached: it takes a's block at once,
+  // the default stream made to wait on the device for the side stream's write -- so our 5.0 is
+  // written after its 2.0, and no cudaMalloc is needed however late the side stream runs.
   Tensor b = full({n}, 5.0, TensorOptions{DType::f32, gpu()});
-  CHECK(b.data_ptr() != block_a);
+  CHECK(b.data_ptr() == block_a);
   const AllocatorStats during = cuda::memory_stats(0);
-  CHECK(during.system_allocations == after_free.system_allocations + 1);
-  CHECK(during.cache_hits == after_free.cache_hits);
+  CHECK(during.system_allocations == after_free.system_allocations);
+  CHECK(during.cache_hits == after_free.cache_hits + 1);
   CHECK(still_running(side));
+  CHECK(still_running(cuda::current_stream(0)));  // the fill waits behind the side stream
   CHECK_FALSE(blocker.timed_out.load());
 
-  // Let the side stream finish; the block becomes reusable (found at the next allocation).
+  // A second block of that size, while b holds a's: nothing free, nothing pending -- cudaMalloc.
+  {
+    const Tensor c = gpu_floats(n);
+    CHECK(c.data_ptr() != block_a);
+    CHECK(cuda::memory_stats(0).system_allocations == during.system_allocations + 1);
+  }
+  // Let the side stream finish; the default stream's fill then runs.
   blocker.release = true;
   cuda::synchronize(side);
   CHECK_FALSE(blocker.timed_out.load());
-  {
-    const Tensor c = gpu_floats(n);
-    CHECK(c.data_ptr() == block_a);
-    const AllocatorStats after = cuda::memory_stats(0);
-    CHECK(after.system_allocations == during.system_allocations);
-    CHECK(after.cache_hits == during.cache_hits + 1);
-  }
-  // b was never touched by the side stream's write.
+  // b holds our 5.0: its fill ran after the side stream had written 2.0 to the same block.
   CHECK(sum(b).item<double>() == 5.0 * double(n));
   CHECK(max(b).item<double>() == 5.0);
 
