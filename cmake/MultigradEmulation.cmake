@@ -11,8 +11,8 @@
 # mg-cu-rewrite is built at configure time, with the host compiler, before any target: every
 # compile command names it. Changing its sources re-runs the configure step, which rebuilds it.
 
-set(MG_TRACE_FLAGS -fsanitize=thread --param=tsan-instrument-func-entry-exit=0 -fno-tree-vectorize
-    -fno-tree-slp-vectorize -fno-tree-sra -g1)
+set(MG_TRACE_FLAGS -fsanitize=thread --param=tsan-instrument-func-entry-exit=0 -fsanitize-coverage=trace-pc
+    -fno-tree-vectorize -fno-tree-slp-vectorize -fno-tree-sra -g1)
 
 set(_mg_rw_dir "${PROJECT_SOURCE_DIR}/cuda_emu/cu_rewrite")
 set(_mg_rw_sources "${_mg_rw_dir}/main.cpp" "${_mg_rw_dir}/cu_rewrite.cpp")

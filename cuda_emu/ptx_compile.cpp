@@ -219,7 +219,8 @@ bool kernel_at(const void* address, std::string* symbol, std::string* file) {
 
 }  // namespace
 
-void count_launch_instructions(profile::LaunchProfile& r, const void* kernel) {
+void count_launch_instructions(profile::LaunchProfile& r, const void* kernel,
+                               const std::map<std::string, double>& lines_run) {
   profile::InstructionMix& mix = r.instructions;
   std::string symbol, file;
   if (kernel == nullptr || !kernel_at(kernel, &symbol, &file)) {
@@ -243,7 +244,7 @@ void count_launch_instructions(profile::LaunchProfile& r, const void* kernel) {
   }
   const double warps = static_cast<double>(r.traced_blocks) *
                        static_cast<double>((r.block.x * r.block.y * r.block.z + 31) / 32);
-  mix = ptx::count(*f, ptx::line_accesses(r.sites), warps);
+  mix = ptx::count(*f, ptx::line_accesses(r.sites), warps, lines_run);
   for (double& v : mix.warp_instructions) v *= r.scale;
   mix.inherited *= r.scale;
   mix.source = base + " (PTX for sm_90)";

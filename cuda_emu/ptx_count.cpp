@@ -514,21 +514,10 @@ double constant_trips(const Function& f, int b) {
   return trips_of(init, step, bound, cmp, add < setp);
 }
 
-// The block that runs as often as block k's entry: the one before it, or before the loop that ends
-// just before it.
-int dominating_block(const Function& f, int k) {
-  int j = k - 1;
-  while (j >= 0) {
-    const int back = f.blocks[static_cast<size_t>(j)].loops_back_to;
-    if (back < 0 || back > j) break;
-    j = back - 1;
-  }
-  return j;
-}
-
 }  // namespace
 
-profile::InstructionMix count(const Function& f, const std::vector<LineAccesses>& seen, double warps) {
+profile::InstructionMix count(const Function& f, const std::vector<LineAccesses>& seen, double warps,
+                              const std::map<std::string, double>& lines_run) {
   // What the tracer saw per (line, access): request-bytes per lane, the largest over the spaces (a
   // cp.async is a global read and a shared write of the same instruction).
   std::map<std::pair<std::string, Access>, double> seen_bytes;
@@ -561,7 +550,62 @@ profile::InstructionMix count(const Function& f, const std::vector<LineAccesses>
 
   profile::InstructionMix mix;
   mix.counted = true;
-  std::vector<double> runs(f.blocks.size(), 0);
+  std::vector<double> runs(f.blocks.size(), 0), reached(f.blocks.size(), 0);
+  std::map<std::string, int> label_of;
+  for (size_t k = 0; k < f.blocks.size(); ++k)
+    if (!f.blocks[k].label.empty()) label_of[f.blocks[k].label] = static_cast<int>(k);
+  // What the CPU build saw of a block's lines: the most warp executions of a basic block that
+  // began at one of them, or of a memory access on one of them; -1 when none was seen.
+  std::map<std::string, double> accessed;
+  for (const LineAccesses& l : seen) accessed[l.where] = std::max(accessed[l.where], l.requests);
+  auto activity = [&](size_t b) {
+    double most = -1;
+    for (const Instruction& in : f.blocks[b].instructions) {
+      const std::string line = key_of(in).first;
+      if (const auto it = lines_run.find(line); it != lines_run.end()) most = std::max(most, it->second);
+      if (const auto it = accessed.find(line); it != accessed.end()) most = std::max(most, it->second);
+    }
+    return most;
+  };
+  // How often control reaches block k from the blocks before it: each forward edge carries its
+  // source's count; a conditional branch splits it between its two ways as the CPU build ran their
+  // lines (all of it to one way when only that one's lines ran: a switch over an op's kind counts
+  // the case taken, not every case), evenly when nothing is known; the way out of a loop (a
+  // latch's fall-through) carries the count the loop was entered with.
+  auto taken_share = [&](size_t p, int to) {
+    if (lines_run.empty()) return 0.5;
+    const double a_taken = activity(static_cast<size_t>(to)), a_fall = activity(p + 1);
+    if (a_taken > 0 && a_fall > 0) return a_taken / (a_taken + a_fall);
+    if (a_taken > 0 && a_fall < 0) return 1.0;
+    if (a_fall > 0 && a_taken < 0) return 0.0;
+    return 0.5;
+  };
+  auto reach = [&](size_t k) {
+    if (k == 0) return warps;
+    double n = 0;
+    for (size_t p = 0; p < k; ++p) {
+      const Block& from = f.blocks[p];
+      const Instruction* last = from.instructions.empty() ? nullptr : &from.instructions.back();
+      const std::string op = last != nullptr ? last->opcode : "";
+      const bool branch = op == "bra" || op == "bra.uni";
+      const bool conditional = branch && !last->guard.empty();
+      const bool stops = op == "ret" || op == "exit" || op.rfind("brx", 0) == 0 || (branch && !conditional);
+      const auto target =
+          branch && !last->operands.empty() ? label_of.find(last->operands[0]) : label_of.end();
+      const int to = target != label_of.end() ? target->second : -1;
+      const bool forward = to > static_cast<int>(p);
+      const double share = conditional && forward && p + 1 < f.blocks.size() ? taken_share(p, to) : 1.0;
+      if (to == static_cast<int>(k) && forward) n += runs[p] * share;
+      if (p + 1 == k && !stops) {
+        if (to >= 0 && !forward) {
+          n += reached[static_cast<size_t>(to)];  // leaving a loop: once per entry
+        } else {
+          n += runs[p] * (conditional ? 1.0 - share : 1.0);
+        }
+      }
+    }
+    return n;
+  };
   // How often each block holding a line's accesses ran, from what the tracer saw of the line. One
   // block: seen / its bytes. Several with as many copies each (both arms of a branch): evenly.
   // An unrolled loop and its remainder (the main block has U times the copies): the remainder
@@ -581,8 +625,7 @@ profile::InstructionMix count(const Function& f, const std::vector<LineAccesses>
       for (const auto& [k, bytes] : blocks) out[k] = seen_total / all;
       return out;
     }
-    const int from = dominating_block(f, static_cast<int>(blocks.begin()->first));
-    const double entry = from >= 0 ? runs[static_cast<size_t>(from)] : warps;
+    const double entry = reached[blocks.begin()->first];
     double left = seen_total, main_bytes = 0;
     for (const auto& [k, bytes] : blocks) {
       if (bytes == largest) {
@@ -598,6 +641,7 @@ profile::InstructionMix count(const Function& f, const std::vector<LineAccesses>
   };
   for (size_t k = 0; k < f.blocks.size(); ++k) {
     const Block& b = f.blocks[k];
+    reached[k] = reach(k);
     std::vector<double> votes;
     for (const Instruction& in : b.instructions) {
       if (in.access == Access::none) continue;
@@ -612,11 +656,9 @@ profile::InstructionMix count(const Function& f, const std::vector<LineAccesses>
       std::sort(votes.begin(), votes.end());
       runs[k] = votes[votes.size() / 2];
     } else {
-      const int from = dominating_block(f, static_cast<int>(k));
-      const double entry = from >= 0 ? runs[static_cast<size_t>(from)] : warps;
       const double trips =
           b.loops_back_to == static_cast<int>(k) ? constant_trips(f, static_cast<int>(k)) : 0;
-      runs[k] = trips > 0 ? entry * trips : entry;
+      runs[k] = trips > 0 ? reached[k] * trips : reached[k];
       inherited = trips == 0;
     }
     for (const Instruction& in : b.instructions) {

@@ -16,9 +16,10 @@
 //     instructions;
 //   * a constant trip count: a loop of one block with no memory instruction (an unrolled FMA
 //     chain) whose counter starts, steps and stops at constants runs trips x its entry's count;
-//   * otherwise it is inherited from the block that dominates it in layout order (the block
-//     before it, or before the loop that ends just before it): counted as a block every warp
-//     reaching it runs once. InstructionMix::inherited says how many instructions were counted so.
+//   * otherwise it is reached: the sum over the edges into it from the blocks before it, each
+//     carrying its source's count, split evenly between the two ways of a conditional branch, the
+//     way out of a loop carrying the count the loop was entered with. InstructionMix::inherited
+//     says how many instructions were counted so.
 //
 // PTX is not SASS: ptxas still folds, fuses and expands. The counting rules below stand in for it
 // (docs/performance-model.md lists them): parameter loads, cvta and register moves are free (ptxas
@@ -28,6 +29,7 @@
 #pragma once
 
 #include <array>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -85,8 +87,11 @@ struct LineAccesses {
 };
 std::vector<LineAccesses> line_accesses(const std::vector<profile::SiteCounts>& sites);
 
-// The instructions `warps` warps issued running `f`, given what the tracer saw of them.
-profile::InstructionMix count(const Function& f, const std::vector<LineAccesses>& seen, double warps);
+// The instructions `warps` warps issued running `f`, given what the tracer saw of them: the
+// memory accesses by line and `lines_run`, the source lines (innermost "file.cu:line") that
+// began a basic block of the CPU build, with how often (warp executions; absent: not seen).
+profile::InstructionMix count(const Function& f, const std::vector<LineAccesses>& seen, double warps,
+                              const std::map<std::string, double>& lines_run = {});
 
 // "(anonymous namespace)::k<1>(float*)" -> the form both compilers' demangled names share.
 std::string normalise_name(std::string demangled);

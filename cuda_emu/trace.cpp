@@ -83,6 +83,14 @@ struct Profiling {
   profile::Options options;
   std::vector<std::shared_ptr<LaunchTrace>> launches;
 };
+bool instructions_from_env() {
+  static const bool on = [] {
+    const char* v = std::getenv("MG_EMU_INSTRUCTIONS");
+    return v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0;
+  }();
+  return on;
+}
+
 Profiling& profiling() {
   static Profiling* p = new Profiling;  // never destroyed: block workers may outlive main
   return *p;
@@ -100,6 +108,8 @@ struct LaunchTrace {
   std::vector<BlockRequests> blocks;
   uint64_t static_shared_bytes = 0;
   double round_trips = 0;
+  bool count_blocks = false;                         // with the instruction count: CPU blocks run
+  std::unordered_map<uintptr_t, double> blocks_run;  // pc of a CPU basic block -> warp executions
 
   bool is_global(uintptr_t a) const {
     auto it = std::upper_bound(global.begin(), global.end(), std::make_pair(a, UINTPTR_MAX));
@@ -125,6 +135,10 @@ class BlockTrace {
 
   // Round trips (profiler.h: LaunchProfile::load_round_trips), per thread.
   void async_wait(double round_trips) { threads_[static_cast<size_t>(current_)].round_trips += round_trips; }
+  // A CPU basic block of the kernel began (-fsanitize-coverage=trace-pc), with the instruction count on.
+  void entered(uintptr_t pc) {
+    if (launch_->count_blocks) ++threads_[static_cast<size_t>(current_)].blocks[pc];
+  }
   void barrier_passed() {
     for (ThreadState& t : threads_) t.batch.clear();
   }
@@ -188,8 +202,16 @@ class BlockTrace {
         slowest = std::max(slowest, threads_[l].round_trips);
       round_trips += slowest;
     }
+    std::unordered_map<uintptr_t, double> blocks_run;  // per warp, its lane that ran a block most
+    for (size_t w = 0; w < threads_.size() && launch_->count_blocks; w += 32) {
+      std::unordered_map<uintptr_t, uint32_t> warp;
+      for (size_t l = w; l < std::min(threads_.size(), w + 32); ++l)
+        for (const auto& [pc, n] : threads_[l].blocks) warp[pc] = std::max(warp[pc], n);
+      for (const auto& [pc, n] : warp) blocks_run[pc] += n;
+    }
     std::lock_guard<std::mutex> lock(launch_->mutex);
     launch_->round_trips += round_trips;
+    for (const auto& [pc, n] : blocks_run) launch_->blocks_run[pc] += n;
     for (auto& [site, t] : sites_) {
       SiteTotals& into = launch_->sites[site];
       into.space = t.space;
@@ -284,7 +306,8 @@ class BlockTrace {
     std::unordered_map<uintptr_t, uint32_t> occurrences;  // site -> executions so far
     std::vector<uintptr_t> batch;                         // the load sites of the open round trip
     double round_trips = 0;
-    uint64_t accesses = 0;  // made so far: program order
+    uint64_t accesses = 0;                           // made so far: program order
+    std::unordered_map<uintptr_t, uint32_t> blocks;  // CPU basic blocks entered (count_blocks)
   };
 
   LaunchTrace* launch_;
@@ -306,6 +329,7 @@ std::shared_ptr<LaunchTrace> trace_new_launch(const Launch& launch) {
   auto t = std::make_shared<LaunchTrace>();
   t->options = p.options;
   t->kernel = launch.kernel;
+  t->count_blocks = p.options.count_instructions || instructions_from_env();
   t->global = device_ranges();
   profile::LaunchProfile& r = t->result;
   r.kernel = launch.kernel_name;
@@ -427,6 +451,10 @@ void trace_barrier_opened() {
     t_block_trace->barrier_passed();
   }
 }
+void trace_block_entered(uintptr_t pc) {
+  if (t_block_trace != nullptr) t_block_trace->entered(pc);
+}
+
 void trace_async_wait(double round_trips) {
   if (t_block_trace != nullptr) t_block_trace->async_wait(round_trips);
 }
@@ -595,14 +623,14 @@ std::vector<LaunchProfile> end() {
     launches.swap(p.launches);
   }
   std::vector<uintptr_t> pcs;
-  for (const auto& t : launches)
+  for (const auto& t : launches) {
     for (const SiteCounts& s : t->result.sites) {
       const uintptr_t site = std::stoull(s.where);
       if (!(site & kEmulatedSite)) pcs.push_back(site);
     }
+    for (const auto& [pc, n] : t->blocks_run) pcs.push_back(pc);
+  }
   const std::map<uintptr_t, std::string> names = resolve(pcs);
-  const char* env = std::getenv("MG_EMU_INSTRUCTIONS");
-  const bool count_from_env = env != nullptr && *env != '\0' && std::strcmp(env, "0") != 0;
   std::vector<LaunchProfile> out;
   for (const auto& t : launches) {
     LaunchProfile r = std::move(t->result);
@@ -620,8 +648,16 @@ std::vector<LaunchProfile> end() {
     std::sort(r.sites.begin(), r.sites.end(), [](const SiteCounts& a, const SiteCounts& b) {
       return a.counts.sectors + a.counts.wavefronts > b.counts.sectors + b.counts.wavefronts;
     });
-    if (!r.library && (t->options.count_instructions || count_from_env))
-      count_launch_instructions(r, t->kernel);
+    if (!r.library && t->count_blocks) {
+      std::map<std::string, double> lines_run;  // innermost "file:line" -> warp executions
+      for (const auto& [pc, n] : t->blocks_run) {
+        const auto it = names.find(pc);
+        if (it == names.end()) continue;
+        double& into = lines_run[it->second.substr(0, it->second.find(" <"))];
+        into = std::max(into, n);
+      }
+      count_launch_instructions(r, t->kernel, lines_run);
+    }
     out.push_back(std::move(r));
   }
   return out;

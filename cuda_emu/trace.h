@@ -4,7 +4,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <string>
 
 #include "cuda_emu/emulator.h"
 #include "cuda_emu/profiler.h"
@@ -45,10 +47,14 @@ void trace_switch_thread(int linear_thread);                  // the scheduler r
 void trace_barrier_opened();                                  // every request before it is complete
 void trace_static_shared(const void* storage, size_t bytes);  // a __shared__ array of this block
 void trace_async_wait(double round_trips);                    // a cp.async.wait_group that waits
+void trace_block_entered(uintptr_t pc);  // a CPU basic block of a kernel began (trace_hooks.cpp)
 
 // ---- instruction counts (ptx_compile.cpp) --------------------------------------------------------
 // Fills r.instructions from the PTX of the kernel at `kernel` and the sites the tracer resolved.
-void count_launch_instructions(profile::LaunchProfile& r, const void* kernel);
+// `lines_run`: the kernel's source lines (innermost "file.cu:line") that began a CPU basic block,
+// with the warp executions of the most-run such block.
+void count_launch_instructions(profile::LaunchProfile& r, const void* kernel,
+                               const std::map<std::string, double>& lines_run);
 
 // ---- the memcheck (MG_EMU_MEMCHECK=1, instrumented kernels only) --------------------------------
 // Set by the block scheduler while it runs a block and the memcheck is on: every instrumented

@@ -31,6 +31,13 @@ inline void record(void* address, unsigned bytes, Op op, void* site) {
 
 }  // namespace
 
+// -fsanitize-coverage=trace-pc: a call at the start of every basic block of the kernels. With
+// the instruction count on, the tracer counts them per warp (which lines ran: ptx_count.h).
+extern "C" void __sanitizer_cov_trace_pc() {
+  if (mg_emu::t_block_trace != nullptr)
+    mg_emu::trace_block_entered(reinterpret_cast<uintptr_t>(__builtin_return_address(0)));
+}
+
 #define MG_SITE __builtin_return_address(0)
 #define MG_PLAIN_ACCESS(N)                                                             \
   void __tsan_read##N(void* p) { record(p, N, Op::load, MG_SITE); }                    \

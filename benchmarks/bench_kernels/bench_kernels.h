@@ -39,8 +39,9 @@ struct BenchOptions {
   // the GPU --gpu names (cuda_emu/gpu_spec.h: h200, the default, h100, a100, a6000).
   bool profile = false;
   std::string profile_gpu = "h200";
-  int profile_blocks = 132;    // blocks traced per launch (the first ones; the rest are skipped)
-  bool profile_sites = false;  // --profile-sites: every launch and every instruction it traced
+  int profile_blocks = 132;           // blocks traced per launch (the first ones; the rest are skipped)
+  bool profile_sites = false;         // --profile-sites: every launch and every instruction it traced
+  bool profile_instructions = false;  // --instructions: the issue limit from nvcc's PTX (ptx_count.h)
 };
 
 // What --profile counted for one row's call and what the GPU model predicts (profile.cpp).
@@ -101,6 +102,8 @@ struct KernelResult {
 // --profile: the GPU the predictions are for, by its cuda_emu/gpu_spec.h key; throws mg::Error naming
 // the choices for an unknown one, and in a build without the emulator (profile.cpp). Returns its name.
 std::string set_profile_gpu(const std::string& key);
+// --instructions: count every traced launch's instructions from nvcc's PTX (profile.cpp).
+void set_profile_instructions(bool on);
 // --profile: runs fn once under the tracer; returns the predicted seconds (profile.cpp).
 double profiled_seconds(const std::function<void()>& fn, const BenchOptions& o);
 // --profile: one training step (fn) traced whole, every block, with the host synchronisations it

@@ -88,7 +88,7 @@ struct Flags {
 const char* usage =
     "usage: bench_kernels [--quick|--check] [--device N] [--family NAME[,NAME...]]... [--list]\n"
     "                     [-w|--warmup N] [-n|--repeats N] [--json PATH]\n"
-    "                     [--profile [--gpu NAME] [--profile-blocks N] [--profile-sites]]\n"
+    "                     [--profile [--gpu NAME] [--profile-blocks N] [--profile-sites] [--instructions]]\n"
     "  defaults: device 0, every family, -w 3 -n 20, a 256 MiB copy ceiling;\n"
     "  --quick: -w 2 -n 10, a 64 MiB ceiling and each family's short list of sizes;\n"
     "  JSON: --json PATH, else $MG_BENCH_OUT_DIR/bench_kernels.json, else ./bench_kernels.json\n"
@@ -96,7 +96,9 @@ const char* usage =
     "per row,\n"
     "    and predicted on a GPU (profile.cpp); --gpu NAME: which one, h200 (default), h100, a100 or\n"
     "    a6000 (cuda_emu/gpu_spec.h); --profile-blocks N: blocks traced per launch (132);\n"
-    "    --profile-sites: also every launch and every instruction it traced, before its row\n";
+    "    --profile-sites: also every launch and every instruction it traced, before its row;\n"
+    "    --instructions: count each launch's warp instructions from nvcc's PTX and price the issue\n"
+    "    limit with them (docs/performance-model.md; needs nvcc)\n";
 
 int parse_int(const std::string& text, const std::string& flag, int lo) {
   char* end = nullptr;
@@ -134,6 +136,8 @@ Flags parse_flags(int argc, char** argv) {
       repeats_set = true;
     } else if (arg == "--profile") {
       f.options.profile = true;
+    } else if (arg == "--instructions") {
+      f.options.profile = f.options.profile_instructions = true;
     } else if (arg == "--profile-sites") {
       f.options.profile = f.options.profile_sites = true;
     } else if (arg == "--gpu") {
@@ -363,6 +367,7 @@ std::string to_json(const Report& rep) {
   j["repeats"] = rep.options.repeats;
   j["time"] = "median of the timed calls, CUDA events";
   if (rep.options.profile) j["predicted_for"] = rep.options.profile_gpu;  // --gpu: whose predictions
+  if (rep.options.profile) j["instructions_counted"] = rep.options.profile_instructions;
   j["ceilings"] = {{"copy_GB_per_s", number(rep.ceilings.copy_gbps)},
                    {"copy_bytes", rep.copy_bytes},
                    {"copy_method", "cudaMemcpyAsync device to device; bytes read + written per second"}};
@@ -598,6 +603,7 @@ int run_profile(const Flags& flags, const std::vector<bench::Family>& families, 
       "#                written once\n"
       "#   pred. us, bound by, %%roof   the model's time, its binding limit, ideal roofline time / time\n#\n",
       bench::set_profile_gpu(flags.options.profile_gpu).c_str(), flags.options.profile_blocks);
+  bench::set_profile_instructions(flags.options.profile_instructions);
   print_profile_header();
   int errors = 0;
   for (const bench::Family& fam : families) {

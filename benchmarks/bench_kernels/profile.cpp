@@ -33,6 +33,7 @@ namespace {
 namespace profile = mg_emu::profile;
 
 const mg_emu::GpuSpec* g_gpu = &mg_emu::h200_sxm();  // --gpu
+bool g_count_instructions = false;                   // --instructions
 
 std::vector<profile::LaunchProfile>& last_launches() {
   static std::vector<profile::LaunchProfile> launches;
@@ -57,6 +58,8 @@ double threads_of(const profile::LaunchProfile& l) {
 
 }  // namespace
 
+void set_profile_instructions(bool on) { g_count_instructions = on; }
+
 std::string set_profile_gpu(const std::string& key) {
   try {
     g_gpu = &mg_emu::find_gpu_spec(key);
@@ -75,7 +78,7 @@ double profiled_seconds(const std::function<void()>& fn, const BenchOptions& o) 
   options.min_traced_rows = 2;
   options.skip_untraced_blocks = true;
   options.gpu = g_gpu;
-  options.count_instructions = true;  // from nvcc's PTX where there is an nvcc
+  options.count_instructions = g_count_instructions;
   run_traced(fn, options);
   if (o.profile_sites) profile::print_sites(stdout, last_launches());
   return take_profile(0, 0).predicted_seconds;
@@ -87,7 +90,7 @@ ProfileRow profile_step(const std::function<void()>& fn, bool sites) {
   const mg_emu::Counters before = mg_emu::counters();
   profile::Options options;  // every block traced and run: the step must compute right
   options.gpu = g_gpu;
-  options.count_instructions = true;
+  options.count_instructions = g_count_instructions;
   run_traced(fn, options);
   const mg_emu::Counters after = mg_emu::counters();
   if (sites) profile::print_sites(stdout, last_launches());
@@ -178,6 +181,8 @@ ProfileRow take_profile(double ideal_bytes, double fp32_flops) {
 }
 
 #else  // a real GPU build: nothing is traced
+
+void set_profile_instructions(bool) {}
 
 std::string set_profile_gpu(const std::string&) {
   throw Error(

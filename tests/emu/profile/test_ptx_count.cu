@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdlib>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -150,6 +151,78 @@ TEST_CASE("ptx count: an unrolled loop and its remainder share what the tracer s
   CHECK(m.of(K::global_memory) == Approx(2 * main_trips + remainder_trips));
   CHECK(m.of(K::integer) == Approx(1 + 2 * main_trips + 2 * remainder_trips));  // the and.b32 first
   CHECK(m.of(K::branch) == Approx(main_trips + remainder_trips + 1));           // ret: once, as the entry
+}
+
+TEST_CASE("ptx count: without anchors, a conditional branch sends half its count each way",
+          "[profiler][ptx]") {
+  // A two-way switch on a kernel argument, then a join: the compare block runs once per warp,
+  // each case is taken as half the warps (nothing says which), the join as all of them.
+  const std::string body = R"(
+.visible .entry _Z6switchi(
+	.param .u32 _Z6switchi_param_0
+)
+{
+	ld.param.u32 	%r1, [_Z6switchi_param_0];
+	setp.eq.s32 	%p1, %r1, 0;
+	@%p1 bra 	$L__BB0_2;
+	ex2.approx.f32 	%f1, %f2;
+	ex2.approx.f32 	%f3, %f1;
+	bra.uni 	$L__BB0_3;
+$L__BB0_2:
+	sqrt.approx.f32 	%f1, %f2;
+$L__BB0_3:
+	ret;
+}
+)";
+  const std::vector<ptx::Function> fs = ptx::parse(body);
+  REQUIRE(fs.size() == 1);
+  REQUIRE(fs[0].blocks.size() == 4);
+  const double warps = 8;
+  const profile::InstructionMix m = ptx::count(fs[0], {}, warps);
+  CHECK(m.of(K::integer) == Approx(warps));                        // the compare
+  CHECK(m.of(K::special) == Approx(warps * (0.5 * 2 + 0.5 * 1)));  // the cases
+  CHECK(m.of(K::branch) == Approx(warps * (1 + 0.5 + 1)));         // @p bra, bra.uni, ret
+}
+
+TEST_CASE("ptx count: the lines the CPU build ran decide which way a branch went", "[profiler][ptx]") {
+  // The same switch with line numbers: the compare on line 5, case A (two exp2) on line 6, case B
+  // (a square root) on line 8, the join on line 9. The CPU build began a basic block at lines 5,
+  // 8 and 9 and never at line 6: every warp took case B.
+  const std::string body = R"(
+.visible .entry _Z6switchi(
+	.param .u32 _Z6switchi_param_0
+)
+{
+	.loc	1 5 0
+	ld.param.u32 	%r1, [_Z6switchi_param_0];
+	setp.eq.s32 	%p1, %r1, 0;
+	@%p1 bra 	$L__BB0_2;
+	.loc	1 6 0
+	ex2.approx.f32 	%f1, %f2;
+	ex2.approx.f32 	%f3, %f1;
+	bra.uni 	$L__BB0_3;
+$L__BB0_2:
+	.loc	1 8 0
+	sqrt.approx.f32 	%f1, %f2;
+$L__BB0_3:
+	.loc	1 9 0
+	ret;
+}
+	.file	1 "/src/switch.cu"
+)";
+  const std::vector<ptx::Function> fs = ptx::parse(body);
+  REQUIRE(fs.size() == 1);
+  const double warps = 8;
+  const std::map<std::string, double> ran = {
+      {"switch.cu:5", warps}, {"switch.cu:8", warps}, {"switch.cu:9", warps}};
+  const profile::InstructionMix m = ptx::count(fs[0], {}, warps, ran);
+  CHECK(m.of(K::special) == Approx(warps * 1));  // the square root only
+  CHECK(m.of(K::branch) == Approx(warps * 2));   // @p bra and ret; case A's bra.uni never ran
+  // Both cases seen, one warp in case A for every three in case B: split 1 : 3.
+  const std::map<std::string, double> both = {
+      {"switch.cu:5", warps}, {"switch.cu:6", 2}, {"switch.cu:8", 6}, {"switch.cu:9", warps}};
+  const profile::InstructionMix b = ptx::count(fs[0], {}, warps, both);
+  CHECK(b.of(K::special) == Approx(2 * 2 + 1 * 6));
 }
 
 TEST_CASE("ptx count: what is free, what is several instructions, and names both compilers share",
