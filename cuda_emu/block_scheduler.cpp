@@ -21,14 +21,16 @@
 // the next unstarted thread.
 //
 // Strictness (what a GPU leaves undefined becomes an error naming kernel, block and thread):
-// every thread of a block must pass the same __syncthreads() calls (one that exits early while
-// others wait at a barrier is an error, as are threads waiting at two different barriers); a warp
-// collective must name only lanes that exist, have not exited and arrive at the same operation
-// with the same mask; a block in which nobody can proceed is reported with what each thread
-// waits for. "The same" barrier or collective means the same call: the same file:line, which the
-// call passes. The order in which threads run between barriers is forward, reverse or shuffled,
-// chosen anew for every phase (the stretch between two barrier openings) of every block from a
-// seed (MG_EMU_SEED), so a missing barrier gives a wrong answer, not a lucky one.
+// every thread of a block must reach a __syncthreads() (one that exits early while others wait at
+// a barrier is an error); threads waiting at calls on different lines are one barrier, as on the
+// GPU (barrier 0, opened by every live thread's arrival), with a warning naming both lines
+// (MG_EMU_STRICT_BARRIERS=1: an error); a warp collective must name only lanes that exist, have
+// not exited and arrive at the same operation with the same mask; a block in which nobody can
+// proceed is reported with what each thread waits for. "The same" collective means the same call:
+// the same file:line, which the call passes. The order in which threads run between barriers is
+// forward, reverse or shuffled, chosen anew for every phase (the stretch between two barrier
+// openings) of every block from a seed (MG_EMU_SEED), so a missing barrier gives a wrong answer,
+// not a lucky one.
 #include "cuda_emu/block_scheduler.h"
 
 #include <sys/mman.h>
@@ -39,6 +41,9 @@
 #include <boost/context/fiber.hpp>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <vector>
@@ -253,6 +258,29 @@ void reorder_for_phase(Block& b) {
   make_order(b.order, b.size, kind, phase_seed);
 }
 
+// MG_EMU_STRICT_BARRIERS=1: threads of a block waiting at __syncthreads() calls on different
+// lines are an error, not a warning. Read when it matters (rarely), so a test can set it.
+bool strict_barriers() {
+  const char* v = std::getenv("MG_EMU_STRICT_BARRIERS");
+  return v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0;
+}
+
+// Threads waiting at two different __syncthreads() calls: on the GPU both are `bar.sync 0`, which
+// opens once every live thread of the block has arrived, whichever call it came from (a double-
+// buffered loop whose halves wait on different lines relies on it; the CUDA guide calls it
+// undefined). The emulator does the same and warns once per pair of lines, or, strict, fails.
+void warn_different_barriers(const std::string& a, const std::string& b) {
+  static std::mutex mutex;
+  static std::set<std::pair<std::string, std::string>> warned;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (!warned.insert({std::min(a, b), std::max(a, b)}).second) return;
+  std::fprintf(stderr,
+               "cuda_emu: warning: threads of one block wait at __syncthreads() on different lines (%s and "
+               "%s): both are barrier 0 and open together, as on the GPU (the CUDA guide leaves it "
+               "undefined); MG_EMU_STRICT_BARRIERS=1 makes this an error\n",
+               a.c_str(), b.c_str());
+}
+
 void open_block_barrier(Block& b) {
   const EmuThread* first = nullptr;
   for (const EmuThread& t : b.threads) {
@@ -260,11 +288,15 @@ void open_block_barrier(Block& b) {
       if (first == nullptr) {
         first = &t;
       } else if (!same_line(t.wait_file, t.wait_line, first->wait_file, first->wait_line)) {
-        b.fault = "thread " + coords(first->idx) + " waits at __syncthreads() (" +
-                  where(first->wait_file, first->wait_line) + ") but thread " + coords(t.idx) +
-                  " at another __syncthreads() (" + where(t.wait_file, t.wait_line) +
-                  "): a divergent barrier (every thread of a block must reach the same barriers)";
-        return;
+        if (strict_barriers()) {
+          b.fault = "thread " + coords(first->idx) + " waits at __syncthreads() (" +
+                    where(first->wait_file, first->wait_line) + ") but thread " + coords(t.idx) +
+                    " at another __syncthreads() (" + where(t.wait_file, t.wait_line) +
+                    "): a divergent barrier under MG_EMU_STRICT_BARRIERS=1 (every thread of a block "
+                    "must reach the same barriers)";
+          return;
+        }
+        warn_different_barriers(where(first->wait_file, first->wait_line), where(t.wait_file, t.wait_line));
       }
     }
   }

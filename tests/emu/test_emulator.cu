@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -127,6 +128,21 @@ __global__ void uses_static_shared(float* out) {
 __global__ void divergent_barrier(float* out) {
   if (threadIdx.x < 16) __syncthreads();  // only half the block reaches it
   out[threadIdx.x] = 1.f;
+}
+
+// The two halves of a block wait at __syncthreads() calls on different lines (as a published
+// double-buffered SGEMM's halves do): on the GPU both are barrier 0, which opens once every live
+// thread has arrived, so each half then reads what the other wrote.
+__global__ void barriers_on_two_lines(float* out) {
+  __shared__ float v[64];
+  const int i = static_cast<int>(threadIdx.x);
+  v[i] = static_cast<float>(i);
+  if (i < 32) {
+    __syncthreads();
+  } else {
+    __syncthreads();
+  }
+  out[i] = v[63 - i];
 }
 
 __global__ void partial_mask_shuffle(const float* in, float* out) {
@@ -469,6 +485,17 @@ TEST_CASE("emulator: kernel faults name the kernel, block and thread", "[emu]") 
     CHECK_THAT(msg, Catch::Contains("divergent barrier"));
     CHECK_THAT(msg, Catch::Contains("test_emulator.cu"));
     CHECK_THAT(msg, Catch::Contains("MG_EMU_SEED="));  // the thread order's seed, to replay it
+  }
+  SECTION("barriers on two lines: one barrier, as on the GPU; an error under MG_EMU_STRICT_BARRIERS=1") {
+    launch_kernel<barriers_on_two_lines>(1, 64, 0, nullptr, d);
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    const std::vector<float> h = to_host(d, 64);
+    for (int i = 0; i < 64; ++i) CHECK(h[static_cast<size_t>(i)] == static_cast<float>(63 - i));
+    setenv("MG_EMU_STRICT_BARRIERS", "1", 1);
+    const std::string msg = expect_fault([&] { launch_kernel<barriers_on_two_lines>(1, 64, 0, nullptr, d); });
+    unsetenv("MG_EMU_STRICT_BARRIERS");
+    CHECK_THAT(msg, Catch::Contains("at another __syncthreads()"));
+    CHECK_THAT(msg, Catch::Contains("MG_EMU_STRICT_BARRIERS=1"));
   }
   SECTION("a shuffle that reads a lane outside its mask") {
     const std::vector<float> in = random_floats(32, 6);
