@@ -1,4 +1,5 @@
-// Instruction issue from nvcc's PTX: which warp instructions a traced launch issued, by kind.
+// Instruction issue from nvcc's PTX: which warp instructions a traced launch issued, by kind
+// (ptx_parse.cpp reads the PTX, ptx_count.cpp counts).
 //
 // The tracer sees memory, not registers: it cannot count the FMAs, address arithmetic,
 // conversions, shuffles and branches that bind a tuned kernel's issue slots. nvcc can: compiled
@@ -92,6 +93,11 @@ std::vector<LineAccesses> line_accesses(const std::vector<profile::SiteCounts>& 
 // began a basic block of the CPU build, with how often (warp executions; absent: not seen).
 profile::InstructionMix count(const Function& f, const std::vector<LineAccesses>& seen, double warps,
                               const std::map<std::string, double>& lines_run = {});
+
+// Small text helpers of ptx_parse.cpp that the count uses too.
+std::vector<std::string> split(const std::string& s, char by);
+std::string basename_of(const std::string& path);  // "/src/a.cu" -> "a.cu"
+bool parse_integer(const std::string& s, long long* v);
 
 // "(anonymous namespace)::k<1>(float*)" -> the form both compilers' demangled names share.
 std::string normalise_name(std::string demangled);
