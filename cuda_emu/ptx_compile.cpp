@@ -198,7 +198,7 @@ const Module& module_for(const std::string& source) {
 }
 
 // The kernel at `address`: its demangled name with parameters and its source file, from addr2line.
-bool kernel_at(const void* address, std::string* symbol, std::string* file) {
+bool find_kernel(const void* address, std::string* symbol, std::string* file) {
   Dl_info info{};
   if (dladdr(address, &info) == 0 || info.dli_fname == nullptr) return false;
   char hex[32];
@@ -215,6 +215,26 @@ bool kernel_at(const void* address, std::string* symbol, std::string* file) {
   where = where.substr(0, where.find_first_of(": \n"));
   *file = where;
   return !symbol->empty() && *symbol != "??" && !file->empty() && *file != "??";
+}
+
+// find_kernel once per kernel: a profile launches the same kernels many times.
+bool kernel_at(const void* address, std::string* symbol, std::string* file) {
+  struct Found {
+    bool ok;
+    std::string symbol, file;
+  };
+  static std::mutex mutex;
+  static std::map<const void*, Found> known;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = known.find(address);
+  if (it == known.end()) {
+    Found f{};
+    f.ok = find_kernel(address, &f.symbol, &f.file);
+    it = known.emplace(address, std::move(f)).first;
+  }
+  *symbol = it->second.symbol;
+  *file = it->second.file;
+  return it->second.ok;
 }
 
 }  // namespace
