@@ -3,6 +3,7 @@
 // mix GPUs, so DataParallel's whole code path runs and is tested without a GPU.
 #pragma once
 
+#include <cstdint>
 #include <ostream>
 #include <string>
 

@@ -43,6 +43,7 @@ namespace {
 
 struct Flags {
   std::vector<int> device_counts = {1, 2};
+  bool devices_given = false;  // --devices: a count above the GPUs found is then an error
   int64_t batch = 128;
   int rounds = 7;
   int steps = 3;  // steps per configuration per round
@@ -130,6 +131,7 @@ Flags parse_flags(int argc, char** argv) {
       f.steps = 2;
     } else if (arg == "--devices") {
       f.device_counts = parse_counts(value());
+      f.devices_given = true;
     } else if (arg == "--batch") {
       f.batch = std::stoll(value());
     } else if (arg == "--rounds") {
@@ -156,6 +158,13 @@ int main(int argc, char** argv) {
     const bool gpus = cuda::device_count() > 0 && cuda_backend() != nullptr;
     std::vector<Config> configs;
     for (int n : flags.device_counts) {
+      if (gpus && !flags.devices_given && n > cuda::device_count()) {  // the default 1,2 on one GPU
+        std::printf(
+            "bench_data_parallel: %d devices skipped: %d GPU(s) found (MG_VIRTUAL_GPUS=%d runs %d "
+            "logical devices on one GPU)\n",
+            n, cuda::device_count(), n, n);
+        continue;
+      }
       MG_CHECK(!gpus || n <= cuda::device_count(), "--devices: ", n, " devices asked, ", cuda::device_count(),
                " GPUs found");
       Config c;

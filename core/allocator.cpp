@@ -121,7 +121,21 @@ void cpu_empty_cache() { cpu_allocator().empty_cache(); }
 void register_cuda_backend(const DeviceBackend& backend) {
   cuda_backend_slot() = std::make_unique<DeviceBackend>(backend);
 }
-const DeviceBackend* cuda_backend() { return cuda_backend_slot().get(); }
+
+namespace {
+std::atomic<void (*)()> g_cuda_backend_finder{nullptr};
+std::once_flag g_cuda_backend_found;
+}  // namespace
+
+void register_cuda_backend_finder(void (*finder)()) { g_cuda_backend_finder.store(finder); }
+
+const DeviceBackend* cuda_backend() {
+  // Every allocation asks: after the first call this is one atomic load and a pointer read.
+  if (void (*finder)() = g_cuda_backend_finder.load(std::memory_order_acquire)) {
+    std::call_once(g_cuda_backend_found, finder);
+  }
+  return cuda_backend_slot().get();
+}
 
 // Live and peak bytes per logical CPU device (cpu:0, cpu:1, ...): they share one allocator, but
 // DataParallel's benchmark must show how much each "device" holds (device 0's imbalance).

@@ -50,7 +50,13 @@ struct DeviceBackend {
   std::function<void(void* ptr, size_t nbytes)> free_pinned;
 };
 void register_cuda_backend(const DeviceBackend& backend);
-const DeviceBackend* cuda_backend();  // nullptr when none is registered
+// A CUDA build registers, at library load, a finder that registers the backend when a GPU is usable;
+// the first call of cuda_backend() runs it, once. So CUDA is initialised when a CUDA tensor, device
+// or process group is first asked for, not when the library loads (PyTorch's lazy init): a tool
+// that attaches when CUDA initialises (compute-sanitizer) and a CUDA_VISIBLE_DEVICES set in main()
+// both see the process before CUDA does.
+void register_cuda_backend_finder(void (*finder)());
+const DeviceBackend* cuda_backend();  // nullptr when none is registered (after running the finder)
 
 // Bytes held by tensors on one logical CPU device (cpu:N) now, and the most since the last reset.
 struct DeviceMemoryUsage {

@@ -564,21 +564,20 @@ void register_now() {
   register_cuda_backend(backend);
 }
 
-// At library load: register when the kernels cover the examples (see the flag
-// above) or when the user asked with MG_CUDA_BACKEND=1, and a GPU is usable.
-// Nothing here touches the CUDA runtime unless one of those holds.
-// The backend is registered at library load whenever a GPU is usable, as every framework does
+// The backend is registered whenever a GPU is usable, as every framework does
 // (core/cuda_allocator.h); MG_CUDA_BACKEND=0 opts out. Every op the examples and the model zoo
 // use has a CUDA kernel, run by the gpu tests under the CUDA emulation in every CI run, and DDP
-// on CUDA tensors goes over the NCCL process group.
-bool register_at_load() {
+// on CUDA tensors goes over the NCCL process group. Not at library load: load only hands this
+// finder to core/allocator.cpp, whose first cuda_backend() call runs it (lazy init, as PyTorch's).
+// Done at load (cudaGetDeviceCount in a static initialiser), it kept compute-sanitizer from
+// attaching on an H200: "CUDA initialized before the Sanitizer" in every test binary (2026-12-04).
+void find_backend() {
   const char* env = std::getenv("MG_CUDA_BACKEND");
-  if (env != nullptr && env[0] == '0' && env[1] == '\0') return false;
-  if (device_count() == 0) return false;
+  if (env != nullptr && env[0] == '0' && env[1] == '\0') return;
+  if (device_count() == 0) return;
   std::call_once(g_register_once, register_now);
-  return true;
 }
-[[maybe_unused]] const bool g_registered_at_load = register_at_load();
+[[maybe_unused]] const bool g_finder_registered_at_load = (register_cuda_backend_finder(find_backend), true);
 
 void check_index(int device) {
   MG_CHECK(device >= 0 && device < kMaxDevices, "cuda memory stats: bad device index ", device);

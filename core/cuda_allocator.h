@@ -4,8 +4,10 @@
 // Switching on. Registering the backend (core/allocator.h's DeviceBackend) is
 // what makes Device::cuda(i) tensors possible, and what makes
 // parallel::init_process_group() and the examples choose cuda:<local rank>.
-// It happens automatically at library load whenever a usable GPU is present
-// (as in every framework); MG_CUDA_BACKEND=0 in the environment opts out, and
+// It happens automatically whenever a usable GPU is present (as in every
+// framework), the first time anything asks for the backend (a CUDA tensor, a
+// device count through it, a process group), not at library load: CUDA is
+// initialised lazily. MG_CUDA_BACKEND=0 in the environment opts out, and
 // mg::cuda::enable_backend() registers it by hand (a no-op when registered).
 // An op without a CUDA kernel fails with an error naming the op.
 #pragma once

@@ -30,7 +30,8 @@ int main(int argc, char** argv) {
     return 77;
   }
   std::printf("GPU tests on %s\n", devices.c_str());
-  // CUDA tensors need the backend; it is not registered at load yet (core/cuda_allocator.h).
+  // CUDA tensors need the backend; enable_backend() registers it now and says why when it cannot
+  // (core/cuda_allocator.h).
   try {
     mg::cuda::enable_backend();
   } catch (const mg::Error& e) {

@@ -201,8 +201,8 @@ __device__ __forceinline__ C binary_math(int op, C x, C y) {
 // out = f(in) for one input and one output, element by element or as packs (run_elements): the
 // loop unary_kernel and clamp_kernel share. f maps an element's value (loaded as acc_t<T>).
 template <class T, class F>
-__device__ __forceinline__ void map_elements(OffsetCalc<2> oc, bool contiguous, PackPlan plan, int64_t n,
-                                             const T* in, T* out, F f) {
+__device__ __forceinline__ void map_elements(const OffsetCalc<2>& oc, bool contiguous, PackPlan plan,
+                                             int64_t n, const T* in, T* out, F f) {
   auto element = [&](int64_t i) {
     int64_t off[2] = {i, i};
     if (!contiguous) oc.get(i, off);

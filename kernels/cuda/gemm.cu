@@ -98,9 +98,11 @@ void gemm_cublas(cudaStream_t stream, ScratchAllocator& scratch, const GemmArgs&
   const float alpha_f = static_cast<float>(a.alpha), beta_f = static_cast<float>(a.beta);
   const void* alpha = a.dtype == DType::f64 ? static_cast<const void*>(&alpha_d) : &alpha_f;
   const void* beta = a.dtype == DType::f64 ? static_cast<const void*>(&beta_d) : &beta_f;
-  // k == 0 or alpha == 0: cuBLAS computes C = beta C and reads neither A nor B (nor C when
-  // beta == 0), but still wants leading dimensions of at least 1, which a k == 0 row-major
-  // operand need not have.
+  // k == 0: cuBLAS computes C = beta C and reads neither A nor B (nor C when beta == 0), but still
+  // wants leading dimensions of at least 1, which a k == 0 row-major operand need not have.
+  // alpha == 0 is passed as k == 0: on an H200 (2026-12-04) cuBLAS's bf16 and f16 paths multiplied
+  // alpha = 0 into A B, so a NaN or Inf in A or B reached C, where BLAS says neither is read.
+  const int k = a.alpha == 0.0 ? 0 : as_int(a.k, "k");
   const int64_t lda = std::max<int64_t>(a.lda, 1), ldb = std::max<int64_t>(a.ldb, 1);
   cublasHandle_t handle = handle_for_current_device();
   MG_CUBLAS_CHECK(cublasSetStream(handle, stream));  // (which resets the handle's workspace)
@@ -109,7 +111,7 @@ void gemm_cublas(cudaStream_t stream, ScratchAllocator& scratch, const GemmArgs&
   // Column-major C^T (n x m) = op(B)^T (n x k) * op(A)^T (k x m).
   MG_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
       handle, a.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, a.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, as_int(a.n, "n"),
-      as_int(a.m, "m"), as_int(a.k, "k"), alpha, a.b, type, as_int(ldb, "ldb"), a.batch_stride_b, a.a, type,
+      as_int(a.m, "m"), k, alpha, a.b, type, as_int(ldb, "ldb"), a.batch_stride_b, a.a, type,
       as_int(lda, "lda"), a.batch_stride_a, beta, a.c, type, as_int(a.ldc, "ldc"), a.batch_stride_c,
       as_int(a.batch, "batch"), compute, CUBLAS_GEMM_DEFAULT));
 }
