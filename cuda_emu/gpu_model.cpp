@@ -80,6 +80,7 @@ Prediction predict(const KernelWork& w, const GpuSpec& gpu) {
   if (w.blocks == 0) invalid("a launch needs at least one block");
   check_count("dram_bytes", w.dram_bytes);
   check_count("l2_sectors", w.l2_sectors);
+  check_count("local_bytes", w.local_bytes);
   check_count("global_load_requests", w.global_load_requests);
   check_count("global_load_sectors", w.global_load_sectors);
   check_count("shared_wavefronts", w.shared_wavefronts);
@@ -106,8 +107,8 @@ Prediction predict(const KernelWork& w, const GpuSpec& gpu) {
   p.waves = blocks / static_cast<double>(wave_blocks);
 
   // ---- throughput limits at full-GPU rates: the ideal roofline ----------------------------------
-  const double dram = w.dram_bytes / gpu.hbm_bytes_per_s;
-  const double l2 = w.l2_sectors * gpu.sector_bytes / gpu.l2_bytes_per_s;
+  const double dram = (w.dram_bytes + w.local_bytes) / gpu.hbm_bytes_per_s;
+  const double l2 = (w.l2_sectors * gpu.sector_bytes + w.local_bytes) / gpu.l2_bytes_per_s;
   // L1 and shared memory are one array per SM, 128 bytes a clock: shared wavefronts and the global
   // requests' passes through it share the rate.
   const double shared_ideal = (w.shared_wavefronts + w.l1_wavefronts) /

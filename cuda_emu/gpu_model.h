@@ -64,6 +64,11 @@ struct KernelWork {
   double tensor_flops = 0;               // tensor-core FLOPs (bf16/f16 mma: counted)
   double atomics = 0;                    // global atomic operations (lane-level): informational,
                                          // their traffic is in l2_sectors (see the doc)
+  // Stack frames in local memory (ptxas -v's "bytes stack frame" x every thread of the grid, 0 when
+  // not counted): each thread writes its frame at least once, and the frames of a grid outgrow
+  // the L1s, so they are priced as L2 and DRAM traffic beside dram_bytes -- an upper bound on DRAM,
+  // as the L2 keeps some. On the H200 a 200-byte frame made a relu move 627 MB, not 134.
+  double local_bytes = 0;
 };
 
 struct Limit {

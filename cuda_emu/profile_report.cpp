@@ -49,6 +49,7 @@ KernelWork work_of(const LaunchProfile& l, double fp32_flops) {
     w.integer_instructions = m.of(K::integer);
     w.quarter_rate_instructions = m.of(K::conversion) + m.of(K::special);
     w.registers_per_thread = m.registers_per_thread;
+    w.local_bytes = static_cast<double>(m.stack_bytes) * static_cast<double>(w.blocks) * w.threads_per_block;
   }
   return w;
 }
@@ -61,6 +62,8 @@ void print_instructions(std::FILE* out, const InstructionMix& m) {
   const double total = m.total();
   std::fprintf(out, "    %-14s %12.0f warp instructions from %s", "instructions", total, m.source.c_str());
   if (m.registers_per_thread > 0) std::fprintf(out, ", %d registers/thread", m.registers_per_thread);
+  if (m.stack_bytes > 0)  // local memory: a copied argument or array indexed at run time, or spills
+    std::fprintf(out, ", a %d-byte stack frame/thread in LOCAL MEMORY", m.stack_bytes);
   std::fprintf(out, ":");
   for (size_t k = 0; k < kInstructionKinds; ++k)
     if (total > 0 && m.warp_instructions[k] >= 0.005 * total)

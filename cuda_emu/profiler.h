@@ -107,6 +107,7 @@ struct InstructionMix {
   double warp_instructions[kInstructionKinds] = {};  // over the whole grid (scaled like the counts)
   double inherited = 0;          // of the total: counted in blocks without an anchor (ptx_count.h)
   int registers_per_thread = 0;  // ptxas -v for sm_90; 0 = unknown
+  int stack_bytes = 0;           // ptxas -v: bytes of stack frame per thread, in local memory
   double total() const;
   double of(InstructionKind kind) const { return warp_instructions[static_cast<size_t>(kind)]; }
 };

@@ -1,6 +1,6 @@
 // Where a traced launch's PTX comes from: its kernel's source file compiled by nvcc to PTX for
-// sm_90 with -lineinfo, registers per thread from ptxas -v, and the launch's instruction count
-// (ptx_count.h) filled in when the profile ends.
+// sm_90 with -lineinfo, registers and stack frame per thread from ptxas -v, and the launch's instruction
+// count (ptx_count.h) filled in when the profile ends.
 //
 // The kernel is found from the address the launch was made with: addr2line names its function
 // (demangled, with its parameters) and the file it is defined in, which is compiled as it is in a
@@ -116,10 +116,16 @@ std::string cache_dir() {
          std::to_string(getuid());
 }
 
-// ptxas -v's "Compiling entry function 'X'" ... "Used N registers" -> X: N.
-std::map<std::string, int> registers_of(const std::string& ptxas_log) {
-  std::map<std::string, int> out;
-  std::string current;
+// What ptxas -v says of one entry function.
+struct Resources {
+  int registers = 0;    // "Used N registers"
+  int stack_bytes = 0;  // "N bytes stack frame": local memory every thread of the kernel has
+};
+
+// ptxas -v's "Compiling entry function 'X'", then "N bytes stack frame, ..." and "Used N registers".
+std::map<std::string, Resources> resources_of(const std::string& ptxas_log) {
+  std::map<std::string, Resources> out;
+  std::string current, properties;  // the entry being compiled; whose "Function properties" follow
   std::istringstream in(ptxas_log);
   for (std::string line; std::getline(in, line);) {
     const size_t fn = line.find("Compiling entry function '");
@@ -127,9 +133,18 @@ std::map<std::string, int> registers_of(const std::string& ptxas_log) {
       const size_t start = fn + 26;
       current = line.substr(start, line.find('\'', start) - start);
     }
+    const size_t props = line.find("Function properties for ");
+    if (props != std::string::npos) properties = line.substr(props + 24);
+    if (current.empty()) continue;
     const size_t used = line.find("Used ");
-    if (used != std::string::npos && line.find(" registers") != std::string::npos && !current.empty())
-      out[current] = std::atoi(line.c_str() + used + 5);
+    if (used != std::string::npos && line.find(" registers") != std::string::npos)
+      out[current].registers = std::atoi(line.c_str() + used + 5);
+    // A called (not inlined) device function has a frame of its own: only the entry's counts here.
+    const size_t stack = line.find(" bytes stack frame");
+    if (stack != std::string::npos && properties == current) {
+      const size_t start = line.find_last_of(" \t", stack - 1);
+      out[current].stack_bytes = std::atoi(line.c_str() + (start == std::string::npos ? 0 : start + 1));
+    }
   }
   return out;
 }
@@ -180,10 +195,12 @@ Module compile(const std::string& source) {
     m.why = std::string(e.what()) + " in " + ptx;
     return m;
   }
-  const std::map<std::string, int> r = registers_of(read_file(regs));
+  const std::map<std::string, Resources> r = resources_of(read_file(regs));
   for (ptx::Function& f : m.functions) {
     const auto it = r.find(f.mangled);
-    if (it != r.end()) f.registers_per_thread = it->second;
+    if (it == r.end()) continue;
+    f.registers_per_thread = it->second.registers;
+    f.stack_bytes = it->second.stack_bytes;
   }
   return m;
 }

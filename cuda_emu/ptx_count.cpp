@@ -287,6 +287,7 @@ profile::InstructionMix count(const Function& f, const std::vector<LineAccesses>
     }
   }
   mix.registers_per_thread = f.registers_per_thread;
+  mix.stack_bytes = f.stack_bytes;
   return mix;
 }
 

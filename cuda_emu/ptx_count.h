@@ -71,6 +71,7 @@ struct Function {
   std::vector<Block> blocks;
   std::vector<std::string> files;  // .file table: files[i] is file index i ("" where unused)
   int registers_per_thread = 0;    // from ptxas -v, 0 = unknown
+  int stack_bytes = 0;             // ptxas -v's "N bytes stack frame": per thread, in local memory
 };
 
 // Every .entry of a PTX module, with its basic blocks. Throws std::runtime_error on text that is

@@ -4,11 +4,15 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "cuda_emu/gpu_model.h"
+#include "cuda_emu/gpu_spec.h"
 #include "cuda_emu/profile_report.h"
 #include "cuda_emu/profiler.h"
 #include "cuda_emu/ptx_count.h"
@@ -271,33 +275,61 @@ __global__ void squares_kernel(const float* in, float* out, int n) {
   const float x = in[i];
   out[i] = x * x;
 }
-}  // namespace
 
-TEST_CASE("ptx count: a traced launch is counted from nvcc's PTX of its own source file", "[profiler][ptx]") {
+// The mistake the first H200 run found in unary_kernel, reduced: a by-value copy of an argument
+// written at a run-time index cannot live in registers, so ptxas gives every thread a stack frame
+// in local memory (elementwise.cu's OffsetCalc, 200 bytes, made relu 4x slower).
+struct Offsets {
+  int64_t v[24];  // 192 bytes
+};
+__global__ void offsets_copied_kernel(Offsets offsets, int dims, const float* in, float* out, int n) {
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i >= n) return;
+  Offsets mine = offsets;
+  mine.v[i % dims] += i;
+  out[i] = in[i] * static_cast<float>(mine.v[(i + 1) % dims]);
+}
+
+// Runs `launch(in, out)` on two device buffers of `n` floats (in zeroed) under a profile that
+// counts instructions. Empty, with a warning, where the count is switched off (MG_EMU_NVCC empty)
+// or this machine has no nvcc.
+std::vector<profile::LaunchProfile> counted_launches(int n,
+                                                     const std::function<void(float*, float*)>& launch) {
   const char* nvcc = std::getenv("MG_EMU_NVCC");
   if (nvcc != nullptr && *nvcc == '\0') {
     WARN("MG_EMU_NVCC is empty: the PTX count is switched off, nothing to check");
-    return;
+    return {};
   }
-  const int n = 4096;
   float *in = nullptr, *out = nullptr;
   REQUIRE(cudaMalloc(&in, n * sizeof(float)) == cudaSuccess);
   REQUIRE(cudaMalloc(&out, n * sizeof(float)) == cudaSuccess);
+  REQUIRE(cudaMemset(in, 0, n * sizeof(float)) == cudaSuccess);
   profile::Options options;
   options.count_instructions = true;
   profile::begin(options);
-  squares_kernel<<<n / 256, 256>>>(in, out, n);
+  launch(in, out);
   cudaDeviceSynchronize();
-  const std::vector<profile::LaunchProfile> launches = profile::end();
+  std::vector<profile::LaunchProfile> launches = profile::end();
   cudaFree(in);
   cudaFree(out);
-  REQUIRE(launches.size() == 1);
+  REQUIRE(!launches.empty());
   const profile::InstructionMix& m = launches[0].instructions;
   profile::print_instructions(stdout, m);
   if (!m.counted && m.why.find("no nvcc") != std::string::npos) {
     WARN("no nvcc on this machine: " << m.why);
-    return;
+    return {};
   }
+  return launches;
+}
+}  // namespace
+
+TEST_CASE("ptx count: a traced launch is counted from nvcc's PTX of its own source file", "[profiler][ptx]") {
+  const int n = 4096;
+  const std::vector<profile::LaunchProfile> launches =
+      counted_launches(n, [&](float* in, float* out) { squares_kernel<<<n / 256, 256>>>(in, out, n); });
+  if (launches.empty()) return;
+  REQUIRE(launches.size() == 1);
+  const profile::InstructionMix& m = launches[0].instructions;
   REQUIRE(m.counted);
   CHECK(launches[0].kernel_symbol.find("squares_kernel") != std::string::npos);
   // 128 warps, one block each of straight-line code: every warp issues its one load and one store
@@ -307,4 +339,29 @@ TEST_CASE("ptx count: a traced launch is counted from nvcc's PTX of its own sour
   CHECK(m.of(K::fp32) == Approx(warps));
   CHECK(m.of(K::integer) >= 3 * warps);  // S2Rs, the index arithmetic and the bound check at least
   CHECK(m.registers_per_thread > 0);
+  CHECK(m.stack_bytes == 0);  // registers only
+}
+
+TEST_CASE("ptx count: a stack frame in local memory is read off ptxas and priced as DRAM traffic",
+          "[profiler][ptx]") {
+  const int n = 4096;
+  const std::vector<profile::LaunchProfile> launches = counted_launches(
+      n, [&](float* in, float* out) { offsets_copied_kernel<<<n / 256, 256>>>(Offsets{}, 24, in, out, n); });
+  if (launches.empty()) return;
+  REQUIRE(launches.size() == 1);
+  const profile::InstructionMix& copied = launches[0].instructions;
+  REQUIRE(copied.counted);
+  CHECK(copied.stack_bytes >= static_cast<int>(sizeof(Offsets)));
+  // Every thread's frame is priced: a DRAM limit of (traced bytes + frames) / bandwidth.
+  const mg_emu::KernelWork w = profile::work_of(launches[0], 0);
+  CHECK(w.local_bytes == Approx(static_cast<double>(copied.stack_bytes) * n));
+  mg_emu::KernelWork without = w;
+  without.local_bytes = 0;
+  const mg_emu::GpuSpec& gpu = mg_emu::h200_sxm();
+  const auto dram_of = [&](const mg_emu::KernelWork& work) {
+    for (const mg_emu::Limit& l : mg_emu::predict(work, gpu).limits)
+      if (std::string(l.name) == "DRAM") return l.seconds;
+    return -1.0;
+  };
+  CHECK(dram_of(w) - dram_of(without) == Approx(w.local_bytes / gpu.hbm_bytes_per_s));
 }
