@@ -200,6 +200,8 @@ __device__ __forceinline__ C binary_math(int op, C x, C y) {
 
 // out = f(in) for one input and one output, element by element or as packs (run_elements): the
 // loop unary_kernel and clamp_kernel share. f maps an element's value (loaded as acc_t<T>).
+// `oc` by reference: a by-value copy indexed at run time became a 200-byte stack frame in local
+// memory in every thread, which made relu 4x slower on an H200 (docs/gpu-h200.md).
 template <class T, class F>
 __device__ __forceinline__ void map_elements(const OffsetCalc<2>& oc, bool contiguous, PackPlan plan,
                                              int64_t n, const T* in, T* out, F f) {
