@@ -115,7 +115,6 @@ ProfileRow profile_step(const std::function<void()>& fn, bool print_sites = fals
 // (profile.cpp). The prediction includes them.
 ProfileRow take_profile(double ideal_bytes, double fp32_flops);
 
-// Ceilings measured once by main.cpp before the families run.
 // The tolerance of a row reduction of `len` floats (softmax's sum, layer_norm's mean and variance)
 // checked against its CPU twin, which sums in another order: rounding errors of either sign grow
 // like sqrt(len) units of 2^-24, so 4 sqrt(len) 2^-24, and never below 1e-5. Rows of 32768 get
@@ -124,6 +123,7 @@ inline double row_sum_tolerance(int64_t len) {
   return std::max(1e-5, 4.0 * std::sqrt(static_cast<double>(len)) * 0x1p-24);
 }
 
+// Ceilings measured once by main.cpp before the families run.
 struct Ceilings {
   double copy_gbps = 0;  // cudaMemcpyAsync device->device of a large buffer: bytes read + written / s
 };
