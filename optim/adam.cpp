@@ -59,7 +59,7 @@ void Adam::validate(const Options& o) const {
 }
 
 std::vector<Optimizer::StateSpec> Adam::state_spec(const Options& o) const {
-  return {{"step", true, true},
+  return {{"step", true, true, true},
           {"exp_avg", false, true},
           {"exp_avg_sq", false, true},
           {"max_exp_avg_sq", false, o.at("amsgrad") != 0.0}};

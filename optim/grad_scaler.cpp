@@ -77,12 +77,12 @@ StateDict GradScaler::state_dict() const {
 }
 
 void GradScaler::load_state_dict(const StateDict& state) {
+  // Everything is read and checked first, then set: a refused state leaves the scaler as it was.
   for (const char* key : {"scale", "growth_tracker", "growth_factor", "backoff_factor", "growth_interval"})
     MG_CHECK(state.count(key) && state.at(key).numel() == 1,
              "GradScaler::load_state_dict: missing or non-scalar '", key, "'");
   const double scale = state.at("scale").item<double>();
   MG_CHECK(scale > 0 && std::isfinite(scale), "GradScaler::load_state_dict: bad scale ", scale);
-  scale_ = scale;
   const double tracker = state.at("growth_tracker").item<double>();
   const double interval = state.at("growth_interval").item<double>();
   const std::optional<int64_t> whole_tracker = try_whole_int64(tracker),
@@ -90,9 +90,17 @@ void GradScaler::load_state_dict(const StateDict& state) {
   MG_CHECK(whole_tracker && *whole_tracker >= 0, "GradScaler::load_state_dict: bad growth_tracker ", tracker);
   MG_CHECK(whole_interval && *whole_interval > 0, "GradScaler::load_state_dict: bad growth_interval ",
            interval);
+  // As the constructor requires (and PyTorch): growth above 1, backoff in (0, 1), both finite.
+  const double growth = state.at("growth_factor").item<double>();
+  const double backoff = state.at("backoff_factor").item<double>();
+  MG_CHECK(growth > 1.0 && std::isfinite(growth), "GradScaler::load_state_dict: bad growth_factor ", growth,
+           " (must be finite and above 1)");
+  MG_CHECK(backoff > 0.0 && backoff < 1.0, "GradScaler::load_state_dict: bad backoff_factor ", backoff,
+           " (must be in (0, 1))");
+  scale_ = scale;
   growth_tracker_ = *whole_tracker;
-  options_.growth_factor = state.at("growth_factor").item<double>();
-  options_.backoff_factor = state.at("backoff_factor").item<double>();
+  options_.growth_factor = growth;
+  options_.backoff_factor = backoff;
   options_.growth_interval = *whole_interval;
 }
 

@@ -295,6 +295,14 @@ void Optimizer::load_state_dict(const StateDict& sd) {
           ", expected ", shape_str(want), " float", spec->scalar ? "" : " like the parameter", ")"));
       continue;
     }
+    if (spec->count) {
+      const double value = t.item<double>();
+      const std::optional<int64_t> whole = try_whole_int64(value);
+      if (!whole || *whole < 0) {
+        misshaped.push_back(str_cat(key, " (", value, ", expected a whole number >= 0 below 2^63)"));
+        continue;
+      }
+    }
     new_state[static_cast<size_t>(i)][field] =
         spec->scalar ? copy_to(t, Device::cpu(), DType::f64) : copy_to(t, p.device(), p.dtype());
   }

@@ -134,6 +134,7 @@ class Optimizer {
     std::string name;
     bool scalar;
     bool required;
+    bool count = false;  // a 0-d step count: load_state_dict requires a whole number >= 0
   };
   virtual std::vector<StateSpec> state_spec(const Options& options) const = 0;
 

@@ -37,6 +37,7 @@
 #include <string>
 #include <type_traits>
 
+#include "base/float_to_int.h"
 #include "kernels/cpu/parallel_for.h"
 
 namespace mg::kernels::cpu {
@@ -74,8 +75,11 @@ inline To convert(From v) {
     return static_cast<acc_t<From>>(v) != 0;
   } else if constexpr (std::is_same<To, f16>::value || std::is_same<To, bf16>::value) {
     return To(static_cast<float>(v));  // f64 -> float -> half: rounds twice, as documented
+  } else if constexpr (std::is_integral<To>::value && std::is_floating_point<acc_t<From>>::value) {
+    // float -> int truncates toward zero; NaN -> 0 and out of range -> the nearest bound, as the GPU
+    return saturating_cast<To>(static_cast<acc_t<From>>(v));
   } else {
-    return static_cast<To>(static_cast<acc_t<From>>(v));  // float -> int truncates toward zero
+    return static_cast<To>(static_cast<acc_t<From>>(v));
   }
 }
 

@@ -68,6 +68,7 @@
 #include <cstring>
 #include <limits>
 
+#include "base/float_to_int.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/vectorized.cuh"
@@ -426,17 +427,19 @@ __device__ __forceinline__ void store_any(void* p, int64_t off, DType t, Value v
       return;
     }
     case DType::i32:
-      // float -> int truncates toward zero (static_cast); f32 sources truncate from float as the CPU does.
+      // float -> int truncates toward zero, NaN -> 0, out of range -> the nearest bound (cvt.rzi's
+      // saturation, written out so the emulator's host build gives the same); f32 sources convert
+      // from float as the CPU does.
       static_cast<int32_t*>(p)[off] =
           v.is_int ? static_cast<int32_t>(v.i)
-                   : (from == DType::f32 ? static_cast<int32_t>(static_cast<float>(v.f))
-                                         : static_cast<int32_t>(v.f));
+                   : (from == DType::f32 ? saturating_cast<int32_t>(static_cast<float>(v.f))
+                                         : saturating_cast<int32_t>(v.f));
       return;
     case DType::i64:
       static_cast<int64_t*>(p)[off] =
           v.is_int ? v.i
-                   : (from == DType::f32 ? static_cast<int64_t>(static_cast<float>(v.f))
-                                         : static_cast<int64_t>(v.f));
+                   : (from == DType::f32 ? saturating_cast<int64_t>(static_cast<float>(v.f))
+                                         : saturating_cast<int64_t>(v.f));
       return;
     case DType::boolean: static_cast<bool*>(p)[off] = v.is_int ? v.i != 0 : v.f != 0.0; return;
   }

@@ -39,7 +39,10 @@ std::vector<std::string> select_units(const nn::Module& root, const AutoWrapPoli
     case AutoWrapPolicy::Kind::ModuleTypes: {
       MG_CHECK(!policy.module_types.empty(), "FSDP: the ModuleTypes wrap policy names no module type");
       std::vector<std::string> taken;  // outermost matches only
-      for (const auto& [name, module] : root.named_modules()) {
+      for (const auto& entry : root.named_modules()) {
+        // Not a structured binding: a lambda may not capture one before C++20 (clang refuses it).
+        const std::string& name = entry.first;
+        const auto& module = entry.second;
         if (name.empty() || policy.module_types.count(module->type_name()) == 0) continue;
         const bool inside = std::any_of(taken.begin(), taken.end(), [&](const std::string& outer) {
           return name.compare(0, outer.size() + 1, outer + ".") == 0;

@@ -351,13 +351,19 @@ void ZeroRedundancyOptimizer::load_state_dict(const StateDict& state) {
         local["state.0." + name] = it->second;
         continue;
       }
-      // This rank's block: its segments at their offsets (ZeRO-2's padding: zeros).
-      Tensor block = zeros({flat_shard_.numel()}, TensorOptions{it->second.dtype(), it->second.device()});
+      // This rank's block: its segments at their offsets (ZeRO-2's padding: zeros), in the
+      // parameters' dtype. Every piece must be a float tensor of its parameter's shape: anything
+      // else would be cut at the wrong offsets or converted out of range.
+      Tensor block = zeros({flat_shard_.numel()}, TensorOptions{flat_shard_.dtype(), it->second.device()});
       for (const Segment& s : my_segments) {
         const std::string key = str_cat("state.", s.param, ".", name);
         MG_CHECK(state.count(key) == 1, "ZeroRedundancyOptimizer.load_state_dict: ", key, " is missing");
-        block.narrow(0, s.block_offset, s.numel)
-            .copy_(state.at(key).reshape({-1}).narrow(0, s.param_offset, s.numel));
+        const Tensor& piece = state.at(key);
+        const Shape& want = params_[static_cast<size_t>(s.param)].shape();
+        MG_CHECK(is_floating(piece.dtype()) && piece.shape() == want, "ZeroRedundancyOptimizer.load_state_dict: ",
+                 key, " is ", shape_str(piece.shape()), " ", dtype_name(piece.dtype()), "; expected ",
+                 shape_str(want), " float like parameter ", s.param);
+        block.narrow(0, s.block_offset, s.numel).copy_(piece.reshape({-1}).narrow(0, s.param_offset, s.numel));
       }
       local["state.0." + name] = block;
     }

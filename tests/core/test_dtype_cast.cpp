@@ -175,6 +175,29 @@ TEST_CASE("float -> int truncates toward zero; -> bool tests != 0", "[cast]") {
   CHECK(tensor<bool>({true, false}).to(DType::i64).to_vector<int64_t>() == std::vector<int64_t>{1, 0});
 }
 
+TEST_CASE("float -> int of NaN, infinities and out-of-range values saturates, as the GPU does", "[cast]") {
+  // C++ leaves these casts undefined; PTX's cvt.rzi gives NaN -> 0 and clamps to the bounds.
+  const double inf = std::numeric_limits<double>::infinity();
+  const std::vector<double> v = {std::nan(""), inf, -inf, 1e300, -1e300, 3e9, -3e9, 2147483647.5};
+  for (DType from : {DType::f32, DType::f64}) {
+    INFO("from " << dtype_name(from));
+    Tensor x = tensor<double>(v, TensorOptions{from});
+    const int32_t lo = INT32_MIN, hi = INT32_MAX;
+    // 2147483647.5 is 2^31 in f32 (out of range: the bound), and truncates to 2^31 - 1 in f64.
+    CHECK(x.to(DType::i32).to_vector<int32_t>() == std::vector<int32_t>{0, hi, lo, hi, lo, hi, lo, hi});
+    const int64_t lo64 = INT64_MIN, hi64 = INT64_MAX;
+    CHECK(x.to(DType::i64).to_vector<int64_t>() ==
+          std::vector<int64_t>{0, hi64, lo64, hi64, lo64, 3000000000, -3000000000,
+                               from == DType::f32 ? 2147483648 : 2147483647});
+  }
+  // The first double at or beyond 2^63 is the bound; the largest below it converts exactly.
+  CHECK(tensor<double>({9223372036854775808.0}).to(DType::i64).item<int64_t>() == INT64_MAX);
+  CHECK(tensor<double>({9223372036854774784.0}).to(DType::i64).item<int64_t>() == 9223372036854774784);
+  CHECK(tensor<double>({-9223372036854775808.0}).to(DType::i64).item<int64_t>() == INT64_MIN);
+  CHECK(tensor<float>({std::nanf("")}).to(DType::f16).to(DType::i32).item<int32_t>() == 0);
+  CHECK(tensor<float>({-1e30f}).to(DType::bf16).to(DType::i32).item<int32_t>() == INT32_MIN);
+}
+
 TEST_CASE("0.1 in bf16 and f16: rounding error within half an ulp", "[cast][half]") {
   const float bf = tensor<float>({0.1f}).to(DType::bf16).to(DType::f32).item<float>();
   CHECK(std::fabs(bf - 0.1) <= 0.1 * std::ldexp(1.0, -8));

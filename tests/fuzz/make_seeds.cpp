@@ -250,6 +250,61 @@ void checkpoint_seeds() {
   std::system(("rm -rf " + dir).c_str());
 }
 
+
+// fuzz_optimizer_state.cpp. Byte 0: bits 0-1 the reader (plain, ZeRO by parameter, ZeRO flat,
+// GradScaler), bits 2-3 the optimizer (SGD, Adam, AdamW), bit 4 structured.
+void optimizer_state_seeds() {
+  for (int reader = 0; reader < 4; ++reader)
+    for (int kind = 0; kind < 3; ++kind)
+      put("optimizer_state", "structured-unchanged-" + std::to_string(reader) + "-" + std::to_string(kind),
+          std::string(1, static_cast<char>(16 | reader | kind << 2)));
+  // Issue 37, finding 9: ZeRO given "state.x.exp_avg" (op 2 renames; the name is 4 words:
+  // "state.", "x", ".", "exp_avg") used to throw std::invalid_argument from stoll.
+  put("optimizer_state", "structured-zero-state-x", std::string("\x19\x02\x00\x04\x00\x08\x07\x09", 8));
+  // ... and a 20-digit index ("state.", "99999999999999999999", ".", "step").
+  put("optimizer_state", "structured-zero-20-digits", std::string("\x19\x02\x00\x04\x00\x18\x07\x0c", 8));
+  // A step count of 2^63 (op 3 sets a 0-d value; value 9 of the awkward numbers).
+  put("optimizer_state", "structured-step-2-63", std::string("\x18\x03\x05\x09\x03\x00\x09", 7));
+  // Raw: an AdamW's and an SGD's real state dicts, as a checkpoint file holds them.
+  Tensor w = randn({3, 2}), b = randn({3});
+  w.set_requires_grad(true);
+  b.set_requires_grad(true);
+  optim::AdamW adamw{{w, b}, optim::AdamWOptions{}};
+  w.set_grad(randn({3, 2}));
+  b.set_grad(randn({3}));
+  adamw.step();
+  put("optimizer_state", "raw-adamw", std::string(1, 8) + encode_safetensors(adamw.state_dict(), {}));
+  put("optimizer_state", "raw-adamw-zero", std::string(1, 9) + encode_safetensors(adamw.state_dict(), {}));
+  put("optimizer_state", "raw-scaler", std::string(1, 3) + encode_safetensors({{"scale", scalar_tensor(8.0)}}, {}));
+}
+
+// fuzz_fsdp_checkpoint.cpp. Byte 0: bits 0-1 the old world size - 1, bit 2 structured, bit 3
+// the in-memory reader, bit 4 without the optimizer.
+void fsdp_checkpoint_seeds() {
+  for (int flags = 0; flags < 32; ++flags)
+    if (flags & 4) put("fsdp_checkpoint", "structured-unchanged-" + std::to_string(flags), std::string(1, static_cast<char>(flags)));
+  // Issue 37, finding 3: a layout whose shard size is 0 (op 4 on file 0's first layout, the root's,
+  // set to [2, 0, 2, 0]: world 2, rank 0, its 2 elements, s = 0) was a SIGFPE.
+  put("fsdp_checkpoint", "structured-shard-size-0", std::string("\x05\x04\x00\x00\x02\x00\x02\x00", 8));
+  put("fsdp_checkpoint", "structured-shard-size-0-memory", std::string("\x0d\x04\x00\x00\x02\x00\x02\x00", 8));
+  // A stray fsdp-rank0-of99999999999.safetensors (op 6; the words "0", "-of", "99999999999").
+  put("fsdp_checkpoint", "structured-stray-huge-world", std::string("\x05\x06\x00\x03\x12\x11\x16", 7));
+  // rank 1 of 2 dropped (op 5 on file 1), and the files of a second world size (op 7: -of3).
+  put("fsdp_checkpoint", "structured-rank-1-missing", std::string("\x05\x05\x01", 3));
+  put("fsdp_checkpoint", "structured-two-worlds", std::string("\x05\x07\x00\x02\x00", 5));
+  // rank 1's file truncated to 64 bytes (op 8).
+  put("fsdp_checkpoint", "structured-rank-1-truncated", std::string("\x05\x08\x01\x08", 4));
+  // Raw: one rank's file of a one-unit model, and two ranks' files of it.
+  const std::string sep = "\n#MGFILE#\n";
+  auto rank_file = [](int64_t world, int64_t rank) {
+    return encode_safetensors({{"fsdp//layout", tensor(std::vector<int64_t>{world, rank, 3, (3 + world - 1) / world})},
+                               {"fsdp//flat_shard", zeros({(3 + world - 1) / world})}},
+                              {});
+  };
+  put("fsdp_checkpoint", "raw-one-rank", std::string(1, 0) + rank_file(1, 0));
+  put("fsdp_checkpoint", "raw-two-ranks", std::string(1, 1) + rank_file(2, 0) + sep + rank_file(2, 1));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -264,5 +319,7 @@ int main(int argc, char** argv) {
   gzip_seeds();
   object_collectives_seeds();
   checkpoint_seeds();
+  optimizer_state_seeds();
+  fsdp_checkpoint_seeds();
   return 0;
 }

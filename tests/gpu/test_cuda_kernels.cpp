@@ -8,6 +8,7 @@
 #if defined(MG_HAS_CUDA)
 
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "core/cuda_device_checks.h"
@@ -231,6 +232,26 @@ TEST_CASE("cuda copy converts between all dtype pairs like the CPU", "[gpu][copy
                             out.view_for_kernel());
       });
       CHECK(out.to_vector<double>() == ref.to_vector<double>());
+    }
+  }
+}
+
+TEST_CASE("cuda copy of NaN, infinities and huge floats into integers saturates like the CPU", "[gpu][copy]") {
+  const double inf = std::numeric_limits<double>::infinity();
+  const std::vector<double> v = {std::nan(""), inf, -inf, 1e300, -1e300, 3e9, -3e9, 2147483647.5, -2.75};
+  for (DType from : {DType::f32, DType::f64, DType::f16, DType::bf16}) {
+    const Tensor src = tensor<double>(v, TensorOptions{from});
+    const Tensor src_g = src.to(gpu());
+    for (DType to : {DType::i32, DType::i64}) {
+      INFO("copy " << from << " -> " << to);
+      Tensor ref = empty(src.shape(), TensorOptions{to});
+      kernels::cpu::copy(src.view_for_kernel(), ref.view_for_kernel());
+      Tensor out = poisoned(src.shape(), to, gpu());
+      on_gpu([&] {
+        kernels::cuda::copy(mg::cuda::current_kernel_stream(), src_g.view_for_kernel(), out.view_for_kernel());
+      });
+      CHECK(out.to_vector<double>() == ref.to_vector<double>());
+      CHECK(out.to(DType::i64).to_vector<int64_t>()[0] == 0);  // NaN -> 0, not whatever the cast gives
     }
   }
 }

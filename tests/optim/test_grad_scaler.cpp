@@ -2,7 +2,11 @@
 // backs off, clean steps grow the scale, the state round-trips, and a reducer
 // makes the skip decision global (what DDP needs).
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <limits>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "multigrad.h"
 #include "optim/grad_scaler.h"
@@ -87,3 +91,28 @@ TEST_CASE("GradScaler state round-trips and a reducer makes the verdict global",
   REQUIRE(c.get_scale() == 8.0);
   REQUIRE_THROWS_WITH(c.update(), Catch::Contains("step()"));
 }
+
+TEST_CASE("GradScaler load_state_dict checks every value first and changes nothing when it refuses",
+          "[grad_scaler]") {
+  optim::GradScalerOptions options;
+  options.init_scale = 64.0;
+  optim::GradScaler scaler(options);
+  optim::GradScaler source;
+  const StateDict good = source.state_dict();
+  for (const auto& [key, value] :
+       std::vector<std::pair<std::string, double>>{{"growth_factor", 1.0},
+                                                   {"growth_factor", std::numeric_limits<double>::infinity()},
+                                                   {"backoff_factor", 0.0},
+                                                   {"backoff_factor", 1.0},
+                                                   {"backoff_factor", std::nan("")},
+                                                   {"growth_interval", 0.5},
+                                                   {"growth_tracker", -1.0}}) {
+    INFO(key << " = " << value);
+    StateDict bad = good;
+    bad[key] = scalar_tensor(value, TensorOptions{DType::f64});
+    bad["scale"] = scalar_tensor(2.0, TensorOptions{DType::f64});  // valid, and read before the bad value
+    REQUIRE_THROWS_AS(scaler.load_state_dict(bad), Error);
+    REQUIRE(scaler.get_scale() == 64.0);  // the scale was not taken from a state that was refused
+  }
+}
+

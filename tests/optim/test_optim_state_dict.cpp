@@ -8,6 +8,7 @@
 // load, and the error cases -- each names the offending keys and leaves the
 // optimizer exactly as it was.
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <functional>
 #include <memory>
 #include <string>
@@ -239,6 +240,14 @@ TEST_CASE("load_state_dict rejects a state dict that does not fit, and changes n
     bad["state.0.exp_avg"] = mg::zeros({3, 2});
     bad["param_groups.0.lr"] = mg::zeros({2}, {mg::DType::f64});
     expect_error(bad, {"state.0.exp_avg ([3, 2] f32, expected [2, 3]", "param_groups.0.lr (expected a 0-d"});
+  }
+  SECTION("a per-parameter step that is not a count (found by fuzz_optimizer_state)") {
+    // Used to load, and fail only at the next step() -- or, under ZeRO, after the load returned.
+    for (double step : {std::nan(""), -1.0, 2.5, 9.3e18}) {
+      INFO("step " << step);
+      bad["state.1.step"] = mg::scalar_tensor(step, {mg::DType::f64});
+      expect_error(bad, {"state.1.step (", "expected a whole number >= 0"});
+    }
   }
   SECTION("unexpected keys") {
     bad["state.7.exp_avg"] = mg::zeros({2});
