@@ -21,7 +21,7 @@
 //
 // Properties on top of "only mg::Error comes out": a refused load leaves the model's parameters
 // and buffers and the optimizer's state exactly as they were (the documented all-or-nothing), and
-// an accepted one leaves a model that trains a step without any exception.
+// an accepted one leaves a model that runs a forward pass and an optimizer step without any exception.
 #include <unistd.h>
 
 #include <cstdint>
@@ -89,6 +89,19 @@ struct Run {
     Tensor x = randn({4, 3});
     Tensor y = randint(0, 2, {4});
     nn::cross_entropy(fsdp->forward(x), y).backward();
+    opt->step();
+    opt->zero_grad();
+  }
+  // What "usable" means for a loaded checkpoint, at a third of train()'s cost under ASan: a forward
+  // through every unit (gathering each shard, reading the buffers) and an optimizer step over
+  // every shard with the loaded state (a gradient of the shard's shape is given directly).
+  void use() {
+    {
+      NoGradGuard no_grad;
+      manual_seed(4);
+      fsdp->forward(randn({4, 3}));
+    }
+    for (const Tensor& shard : fsdp->parameters()) shard.set_grad(full(shard.shape(), 0.01));
     opt->step();
     opt->zero_grad();
   }
@@ -445,7 +458,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   if (accepted) {
     try {
-      run.train(4);
+      run.use();
     } catch (const std::exception& e) {
       std::fprintf(stderr, "an accepted checkpoint is unusable: %s\n", e.what());
       std::abort();

@@ -5,12 +5,9 @@
 # that are not a finite number of MB > 0 (inf was a JSON type error after the runs).
 #
 #   check_bench_dp_vs_ddp_flags.sh <bench_dp_vs_ddp>
-set -uo pipefail
 bench=${1:?bench_dp_vs_ddp}
-work=$(mktemp -d "${TMPDIR:-/tmp}/bench-flags.XXXXXX")
-trap 'rm -rf "$work"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+# shellcheck source=tests/check_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../check_lib.sh" check_bench_dp_vs_ddp_flags
 
 # expect NAME MESSAGE -- flags...: exit status 2 within 20 s, MESSAGE in stderr, no "wrote".
 expect() {
@@ -46,8 +43,4 @@ expect "--sweep-buckets 1,inf" "--sweep-buckets must be a finite number" -- --mo
 expect "the probe leaves no file" "unknown mode 'x'" -- --modes x --json "$work/new.json"
 [[ -e "$work/new.json" ]] && fail "the --json probe left $work/new.json behind"
 
-if ((failures > 0)); then
-  echo "check_bench_dp_vs_ddp_flags: $failures failure(s)"
-  exit 1
-fi
-echo "check_bench_dp_vs_ddp_flags: passed"
+check_done

@@ -6,13 +6,10 @@
 # --batch 3000000000 (unbounded growth), --text a directory ("basic_filebuf::underflow").
 #
 #   check_example_flags.sh <train_ddp> <train_gpt_parallel>
-set -uo pipefail
 train_ddp=${1:?train_ddp}
 train_gpt=${2:?train_gpt_parallel}
-work=$(mktemp -d "${TMPDIR:-/tmp}/example-flags.XXXXXX")
-trap 'rm -rf "$work"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+# shellcheck source=tests/check_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../check_lib.sh" check_example_flags
 
 # expect NAME MESSAGE -- command...: a non-zero exit within 20 s and MESSAGE in its output.
 expect() {
@@ -39,8 +36,4 @@ expect "train_gpt_parallel --batch 0" "--batch must be" -- "$train_gpt" --batch 
 expect "train_gpt_parallel --batch 3000000000" "--batch must be" -- "$train_gpt" --batch 3000000000
 expect "train_gpt_parallel --text <a directory>" "is not a regular file" -- "$train_gpt" --text "$work"
 
-if ((failures > 0)); then
-  echo "check_example_flags: $failures failure(s)"
-  exit 1
-fi
-echo "check_example_flags: passed"
+check_done

@@ -4,13 +4,10 @@
 # that never ran as done -- the bug this guards against.
 #
 #   check_mg_launch.sh [path/to/mg-launch]
-set -uo pipefail
 # shellcheck disable=SC2016  # the single-quoted $1 and $MG_LAUNCH_ATTEMPT are for the child shells
 launch=${1:-"$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)/scripts/mg-launch"}
-work=$(mktemp -d "${TMPDIR:-/tmp}/mg-launch-test.XXXXXX")
-trap 'rm -rf "$work"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+# shellcheck source=tests/check_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../check_lib.sh" check_mg_launch
 
 # expect STATUS_TEST NAME -- mg-launch args...: runs it (stderr to $work/err), checks the status.
 # STATUS_TEST is "0", "nonzero" or a number.
@@ -74,8 +71,4 @@ grep -q "restart 1" "$work/err" && fail "SIGTERM: the job was restarted"
 grep -q "no restart" "$work/err" || fail "SIGTERM: no 'no restart' line"
 ((failures == 0)) && echo "ok: SIGTERM forwarded, no restart (status $status)"
 
-if ((failures > 0)); then
-  echo "check_mg_launch: $failures failure(s)"
-  exit 1
-fi
-echo "check_mg_launch: passed"
+check_done

@@ -9,16 +9,13 @@
 # With a timeout_worker, also: a job whose rank 1 is stuck, so the others time out and call
 # MPI_Abort -- Open MPI does not always print "MPI_ABORT was invoked" then, the exit statuses decide.
 # shellcheck disable=SC2016  # the single-quoted $OMPI_COMM_WORLD_RANK etc. are for the ranks' shells
-set -uo pipefail
 launch=${1:?mg-launch}
 worker=${2-}
 shift 2
 [[ "${1:-}" == "--" ]] && shift
 mpirun=("$@" --enable-recovery)
-work=$(mktemp -d "${TMPDIR:-/tmp}/mg-launch-recovery.XXXXXX")
-trap 'rm -rf "$work"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+# shellcheck source=tests/check_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../check_lib.sh" check_mg_launch_recovery
 
 # expect STATUS_TEST NAME -- mg-launch args...: runs it (stderr to $work/err), checks the status.
 expect() {
@@ -66,8 +63,4 @@ if [[ -n "$worker" ]]; then
     "$worker" stuck 2
 fi
 
-if ((failures > 0)); then
-  echo "check_mg_launch_recovery: $failures failure(s)"
-  exit 1
-fi
-echo "check_mg_launch_recovery: passed"
+check_done
