@@ -21,7 +21,8 @@ namespace mg {
 
 template <class Int, class Float>
 MG_FLOAT_TO_INT_HD Int saturating_cast(Float v) {
-  static_assert(std::is_integral<Int>::value && std::is_floating_point<Float>::value, "float -> integer only");
+  static_assert(std::is_integral<Int>::value && std::is_floating_point<Float>::value,
+                "float -> integer only");
   // Both bounds are exact in Float or round to a power of two beyond the range (INT64_MAX -> 2^63),
   // so "v below lo" and "v at or above hi" are decided without any rounding doubt.
   constexpr Float lo = static_cast<Float>(std::numeric_limits<Int>::min());

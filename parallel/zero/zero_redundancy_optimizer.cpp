@@ -360,10 +360,12 @@ void ZeroRedundancyOptimizer::load_state_dict(const StateDict& state) {
         MG_CHECK(state.count(key) == 1, "ZeroRedundancyOptimizer.load_state_dict: ", key, " is missing");
         const Tensor& piece = state.at(key);
         const Shape& want = params_[static_cast<size_t>(s.param)].shape();
-        MG_CHECK(is_floating(piece.dtype()) && piece.shape() == want, "ZeroRedundancyOptimizer.load_state_dict: ",
-                 key, " is ", shape_str(piece.shape()), " ", dtype_name(piece.dtype()), "; expected ",
-                 shape_str(want), " float like parameter ", s.param);
-        block.narrow(0, s.block_offset, s.numel).copy_(piece.reshape({-1}).narrow(0, s.param_offset, s.numel));
+        MG_CHECK(is_floating(piece.dtype()) && piece.shape() == want,
+                 "ZeroRedundancyOptimizer.load_state_dict: ", key, " is ", shape_str(piece.shape()), " ",
+                 dtype_name(piece.dtype()), "; expected ", shape_str(want), " float like parameter ",
+                 s.param);
+        block.narrow(0, s.block_offset, s.numel)
+            .copy_(piece.reshape({-1}).narrow(0, s.param_offset, s.numel));
       }
       local["state.0." + name] = block;
     }

@@ -29,6 +29,7 @@
 #include "core/random.h"
 #include "core/safetensors.h"
 #include "fuzz_common.h"
+#include "fuzz_input.h"
 #include "multigrad.h"
 #include "nn/zoo.h"
 #include "optim/adam.h"
@@ -117,44 +118,11 @@ const std::map<std::string, SafetensorsFile>& template_files() {
   return files;
 }
 
-// Reads the input front to back; past the end every read gives zeros.
-struct Reader {
-  const uint8_t* data;
-  size_t size;
-  size_t pos = 0;
-  bool done() const { return pos >= size; }
-  uint8_t byte() { return pos < size ? data[pos++] : 0; }
-  std::string text() {
-    const size_t n = byte() % 32;
-    std::string s;
-    // 7-bit: the writer is not what is fuzzed here (fuzz_safetensors_writer.cpp is), and JSON
-    // headers hold UTF-8 only; every ASCII byte, control characters included, is valid UTF-8.
-    for (size_t i = 0; i < n && pos < size; ++i) s.push_back(static_cast<char>(data[pos++] & 0x7f));
-    return s;
-  }
+// The input (fuzz_input.h). Its texts are 7-bit: the writer is not what is fuzzed here
+// (fuzz_safetensors_writer.cpp is), and JSON headers hold UTF-8 only.
+struct Reader : mg::fuzz::Input {
+  std::string text() { return mg::fuzz::Input::text(32, true); }
 };
-
-template <class Map>
-typename Map::iterator pick(Map& map, uint8_t choice) {
-  if (map.empty()) return map.end();
-  auto it = map.begin();
-  std::advance(it, choice % map.size());
-  return it;
-}
-
-Tensor fuzzed_tensor(Reader& in) {
-  static const DType kDTypes[] = {DType::f32, DType::f64, DType::f16,    DType::bf16,
-                                  DType::i32, DType::i64, DType::boolean};
-  const DType dtype = kDTypes[in.byte() % 7];
-  Shape shape(in.byte() % 4);
-  for (int64_t& dim : shape) dim = in.byte() % 5;
-  Tensor t = zeros(shape, TensorOptions{dtype});
-  auto* bytes = static_cast<uint8_t*>(t.data_ptr());
-  for (size_t i = 0; i < t.nbytes(); ++i) bytes[i] = in.byte();
-  if (dtype == DType::boolean)
-    for (size_t i = 0; i < t.nbytes(); ++i) bytes[i] &= 1;  // a bool byte other than 0/1 is not a bool
-  return t;
-}
 
 // The structured mode: the template, edited by the input. Returns file name -> bytes (absent: dropped).
 std::map<std::string, std::string> edited_checkpoint(Reader& in) {
@@ -167,27 +135,27 @@ std::map<std::string, std::string> edited_checkpoint(Reader& in) {
       case 0: {  // set a metadata value (an existing key, or a new one)
         const uint8_t choice = in.byte();
         std::string key =
-            choice >= 200 || file.metadata.empty() ? in.text() : pick(file.metadata, choice)->first;
+            choice >= 200 || file.metadata.empty() ? in.text() : mg::fuzz::pick(file.metadata, choice)->first;
         file.metadata[key] = in.text();
         break;
       }
       case 1: {
-        auto it = pick(file.metadata, in.byte());
+        auto it = mg::fuzz::pick(file.metadata, in.byte());
         if (it != file.metadata.end()) file.metadata.erase(it);
         break;
       }
       case 2: {
-        auto it = pick(file.tensors, in.byte());
+        auto it = mg::fuzz::pick(file.tensors, in.byte());
         if (it != file.tensors.end()) file.tensors.erase(it);
         break;
       }
       case 3: {
-        auto it = pick(file.tensors, in.byte());
-        if (it != file.tensors.end()) it->second = fuzzed_tensor(in);
+        auto it = mg::fuzz::pick(file.tensors, in.byte());
+        if (it != file.tensors.end()) it->second = in.tensor();
         break;
       }
       case 4: {
-        auto it = pick(file.tensors, in.byte());
+        auto it = mg::fuzz::pick(file.tensors, in.byte());
         if (it != file.tensors.end()) {
           Tensor t = it->second;
           file.tensors.erase(it);
@@ -249,7 +217,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   std::map<std::string, std::string> files;
   if (structured) {
-    Reader in{data + 1, size - 1};
+    Reader in{{data + 1, size - 1}};
     bool refused = true;  // the edit made a file the writer refuses to write (a reserved key)
     mg::fuzz::expect_only_mg_error([&] {
       files = edited_checkpoint(in);

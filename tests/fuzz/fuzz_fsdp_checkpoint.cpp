@@ -38,6 +38,7 @@
 
 #include "core/safetensors.h"
 #include "fuzz_common.h"
+#include "fuzz_input.h"
 #include "multigrad.h"
 #include "optim/adam.h"
 #include "parallel/fsdp/fsdp_state_dict.h"
@@ -142,20 +143,9 @@ const StateDict& target_saved() {
   return saved;
 }
 
-bool same_state(const StateDict& a, const StateDict& b) {
-  if (a.size() != b.size()) return false;
-  for (auto ia = a.begin(), ib = b.begin(); ia != a.end(); ++ia, ++ib) {
-    if (ia->first != ib->first || ia->second.dtype() != ib->second.dtype() ||
-        ia->second.shape() != ib->second.shape())
-      return false;
-    const Tensor x = ia->second.contiguous(), y = ib->second.contiguous();
-    if (x.nbytes() != y.nbytes() || std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()) != 0) return false;
-  }
-  return true;
-}
-
 bool ends_with(const std::string& text, const std::string& suffix) {
-  return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return text.size() >= suffix.size() &&
+         text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 std::string file_name(int rank, int world) {
@@ -186,7 +176,8 @@ std::vector<StateDict> cut(const StateDict& one, int world) {
   }
   for (const auto& [unit, n] : numel_of)
     for (int r = 0; r < world; ++r)
-      out[static_cast<size_t>(r)][unit + "layout"] = tensor(std::vector<int64_t>{world, r, n, (n + world - 1) / world});
+      out[static_cast<size_t>(r)][unit + "layout"] =
+          tensor(std::vector<int64_t>{world, r, n, (n + world - 1) / world});
   return out;
 }
 
@@ -206,69 +197,36 @@ const std::map<std::string, SafetensorsFile>& template_files(int world) {
   return cache[world] = files;
 }
 
-// Reads the input front to back; past the end every read gives zeros.
-struct Input {
-  const uint8_t* data;
-  size_t size;
-  size_t pos = 0;
-  bool done() const { return pos >= size; }
-  uint8_t byte() { return pos < size ? data[pos++] : 0; }
-
+// The input (fuzz_input.h), with this harness's words and awkward values.
+struct Input : mg::fuzz::Input {
   // A tensor or file name made of the layout's own words.
   std::string name() {
+    // clang-format off
     static const char* const kWords[] = {
-        "fsdp/", "fc0",          "bn",       "fc1",        "/",          "layout",
-        "flat_shard", "optim_state/", "exp_avg", "exp_avg_sq", "step",   "optim/",
-        "param_groups.0.", "lr",  "running_mean", "running_var", "num_batches_tracked", "-of",
-        "0",     "1",            "2",        "3",          "99999999999", "x",
-        ".",     "",             "-",        "0000001",    "weight",     "bias",
+        "fsdp/", "fc0", "bn", "fc1", "/", "layout",
+        "flat_shard", "optim_state/", "exp_avg", "exp_avg_sq", "step", "optim/",
+        "param_groups.0.", "lr", "running_mean", "running_var", "num_batches_tracked", "-of",
+        "0", "1", "2", "3", "99999999999", "x",
+        ".", "", "-", "0000001", "weight", "bias"
     };
-    constexpr size_t kCount = sizeof(kWords) / sizeof(kWords[0]);
-    std::string s;
-    const int words = byte() % 7;
-    for (int i = 0; i < words; ++i) s += kWords[byte() % kCount];
-    return s;
+    // clang-format on
+    return words(kWords, 7);
   }
 
-  std::string text() {
-    const size_t n = byte() % 16;
-    std::string s;
-    for (size_t i = 0; i < n && pos < size; ++i) s.push_back(static_cast<char>(data[pos++] & 0x7f));
-    return s;
-  }
+  std::string text() { return mg::fuzz::Input::text(16, true); }
 
   int64_t awkward_integer() {
-    static const int64_t kValues[] = {0,  1,  2,  3,  4,  -1, 5,  8,  9,  10, 16, 17,
-                                      std::numeric_limits<int64_t>::max(),
-                                      std::numeric_limits<int64_t>::min(),
-                                      int64_t{1} << 62,
-                                      int64_t{1} << 31,
-                                      (int64_t{1} << 20) + 1};
-    return kValues[byte() % (sizeof(kValues) / sizeof(kValues[0]))];
-  }
-
-  Tensor tensor() {
-    static const DType kDTypes[] = {DType::f32, DType::f64, DType::f16,    DType::bf16,
-                                    DType::i32, DType::i64, DType::boolean};
-    const DType dtype = kDTypes[byte() % 7];
-    Shape shape(byte() % 4);
-    for (int64_t& dim : shape) dim = byte() % 5;
-    Tensor t = zeros(shape, TensorOptions{dtype});
-    auto* bytes = static_cast<uint8_t*>(t.data_ptr());
-    for (size_t i = 0; i < t.nbytes(); ++i) bytes[i] = byte();
-    if (dtype == DType::boolean)
-      for (size_t i = 0; i < t.nbytes(); ++i) bytes[i] &= 1;  // a bool byte other than 0/1 is not a bool
-    return t;
+    // clang-format off
+    static const int64_t kValues[] = {
+        0, 1, 2, 3, 4, -1,
+        5, 8, 9, 10, 16, 17,
+        std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::min(),
+        int64_t{1} << 62, int64_t{1} << 31, (int64_t{1} << 20) + 1
+    };
+    // clang-format on
+    return one_of(kValues);
   }
 };
-
-template <class Map>
-typename Map::iterator pick(Map& map, uint8_t choice) {
-  if (map.empty()) return map.end();
-  auto it = map.begin();
-  std::advance(it, choice % map.size());
-  return it;
-}
 
 // The structured mode: the template of world N, edited. Returns file name -> bytes.
 std::map<std::string, std::string> edited_checkpoint(int world, Input& in) {
@@ -276,23 +234,23 @@ std::map<std::string, std::string> edited_checkpoint(int world, Input& in) {
   std::map<std::string, size_t> truncated;
   for (int op = 0; op < 16 && !in.done(); ++op) {
     const uint8_t code = in.byte();
-    auto file = pick(files, in.byte());
+    auto file = mg::fuzz::pick(files, in.byte());
     if (file == files.end()) break;
     std::map<std::string, Tensor>& tensors = file->second.tensors;
     switch (code % 9) {
       case 0: file->second.metadata[in.name()] = in.text(); break;
       case 1: {
-        auto it = pick(tensors, in.byte());
+        auto it = mg::fuzz::pick(tensors, in.byte());
         if (it != tensors.end()) tensors.erase(it);
         break;
       }
       case 2: {
-        auto it = pick(tensors, in.byte());
+        auto it = mg::fuzz::pick(tensors, in.byte());
         if (it != tensors.end()) it->second = in.tensor();
         break;
       }
       case 3: {
-        auto it = pick(tensors, in.byte());
+        auto it = mg::fuzz::pick(tensors, in.byte());
         if (it != tensors.end()) {
           Tensor t = it->second;
           tensors.erase(it);
@@ -391,7 +349,8 @@ void check_template_loads() {
     write_dir(work_dir(), files);
     Run run(9);
     parallel::load_sharded_checkpoint(*run.fsdp, *run.opt, work_dir());
-    MG_FUZZ_ASSERT(same_state(run.snapshot(), expected), "the template loads back as the model it was cut from");
+    MG_FUZZ_ASSERT(mg::fuzz::same_state(run.snapshot(), expected),
+                   "the template loads back as the model it was cut from");
   }
 }
 
@@ -412,7 +371,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   std::map<std::string, std::string> files;
   if (structured) {
-    Input in{data + 1, size - 1};
+    Input in{{data + 1, size - 1}};
     bool refused = true;  // the edit made a file the writer refuses to write (a reserved name)
     mg::fuzz::expect_only_mg_error([&] {
       files = edited_checkpoint(world, in);
@@ -442,9 +401,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       accepted = true;
     });
     if (!model_loaded)
-      MG_FUZZ_ASSERT(same_state(run.snapshot(), before), "a refused model load leaves the model as it was");
+      MG_FUZZ_ASSERT(mg::fuzz::same_state(run.snapshot(), before),
+                     "a refused model load leaves the model as it was");
     else if (!accepted)
-      MG_FUZZ_ASSERT(same_state(run.snapshot(), after_model), "a refused optimizer load leaves it as it was");
+      MG_FUZZ_ASSERT(mg::fuzz::same_state(run.snapshot(), after_model),
+                     "a refused optimizer load leaves it as it was");
   } else {
     write_dir(work_dir(), files);
     mg::fuzz::expect_only_mg_error([&] {
@@ -454,7 +415,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         parallel::load_sharded_checkpoint(*run.fsdp, work_dir());
       accepted = changed = true;
     });
-    if (!accepted) MG_FUZZ_ASSERT(same_state(run.snapshot(), before), "a refused load changes nothing");
+    if (!accepted)
+      MG_FUZZ_ASSERT(mg::fuzz::same_state(run.snapshot(), before), "a refused load changes nothing");
   }
   if (accepted) {
     try {

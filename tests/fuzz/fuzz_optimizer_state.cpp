@@ -30,6 +30,7 @@
 
 #include "core/safetensors.h"
 #include "fuzz_common.h"
+#include "fuzz_input.h"
 #include "multigrad.h"
 #include "optim/adam.h"
 #include "optim/grad_scaler.h"
@@ -148,97 +149,54 @@ const StateDict& template_state(Reader reader, Kind kind) {
   return cache[key] = t.state();
 }
 
-bool same_state(const StateDict& a, const StateDict& b) {
-  if (a.size() != b.size()) return false;
-  for (auto ia = a.begin(), ib = b.begin(); ia != a.end(); ++ia, ++ib) {
-    if (ia->first != ib->first || ia->second.dtype() != ib->second.dtype() ||
-        ia->second.shape() != ib->second.shape())
-      return false;
-    const Tensor x = ia->second.contiguous(), y = ib->second.contiguous();
-    if (x.nbytes() != y.nbytes() || std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()) != 0) return false;
-  }
-  return true;
-}
-
-// Reads the input front to back; past the end every read gives zeros.
-struct Input {
-  const uint8_t* data;
-  size_t size;
-  size_t pos = 0;
-  bool done() const { return pos >= size; }
-  uint8_t byte() { return pos < size ? data[pos++] : 0; }
-
+// The input (fuzz_input.h), with this harness's words and awkward values.
+struct Input : mg::fuzz::Input {
   // A key made of the layout's words: what the key parsers must take apart.
   std::string name() {
+    // clang-format off
     static const char* const kWords[] = {
-        "state.",     "param_groups.", "0",     "1",         "2",        "3",
-        "7",          ".",             "x",     "exp_avg",   "exp_avg_sq", "max_exp_avg_sq",
-        "step",       "momentum_buffer", "lr",  "params",    "beta1",    "eps",
-        "weight_decay", "momentum",   "amsgrad", "nesterov", "scale",    "growth_tracker",
-        "99999999999999999999", "-1", "18446744073709551616", "",  "..",  "00",
+        "state.", "param_groups.", "0", "1", "2", "3",
+        "7", ".", "x", "exp_avg", "exp_avg_sq", "max_exp_avg_sq",
+        "step", "momentum_buffer", "lr", "params", "beta1", "eps",
+        "weight_decay", "momentum", "amsgrad", "nesterov", "scale", "growth_tracker",
+        "99999999999999999999", "-1", "18446744073709551616", "", "..", "00"
     };
-    constexpr size_t kCount = sizeof(kWords) / sizeof(kWords[0]);
-    std::string s;
-    const int words = byte() % 6;
-    for (int i = 0; i < words; ++i) s += kWords[byte() % kCount];
-    return s;
+    // clang-format on
+    return words(kWords, 6);
   }
 
   double awkward_number() {
-    static const double kValues[] = {0.0,
-                                     -0.0,
-                                     1.0,
-                                     -1.0,
-                                     0.5,
-                                     2.0,
-                                     3.0,
-                                     1e300,
-                                     -1e300,
-                                     9.2233720368547758e18,  // 2^63: one past int64
-                                     -9.2233720368547758e18,
-                                     4294967296.0,
-                                     std::numeric_limits<double>::infinity(),
-                                     -std::numeric_limits<double>::infinity(),
-                                     std::numeric_limits<double>::quiet_NaN(),
-                                     std::numeric_limits<double>::denorm_min(),
-                                     1e-320};
-    return kValues[byte() % (sizeof(kValues) / sizeof(kValues[0]))];
-  }
-
-  Tensor tensor() {
-    static const DType kDTypes[] = {DType::f32, DType::f64, DType::f16,    DType::bf16,
-                                    DType::i32, DType::i64, DType::boolean};
-    const DType dtype = kDTypes[byte() % 7];
-    Shape shape(byte() % 4);
-    for (int64_t& dim : shape) dim = byte() % 5;
-    Tensor t = zeros(shape, TensorOptions{dtype});
-    auto* bytes = static_cast<uint8_t*>(t.data_ptr());
-    for (size_t i = 0; i < t.nbytes(); ++i) bytes[i] = byte();
-    if (dtype == DType::boolean)
-      for (size_t i = 0; i < t.nbytes(); ++i) bytes[i] &= 1;  // a bool byte other than 0/1 is not a bool
-    return t;
+    // clang-format off
+    static const double kValues[] = {
+        0.0, -0.0, 1.0, -1.0, 0.5, 2.0, 3.0, 1e300, -1e300,
+        9.2233720368547758e18, -9.2233720368547758e18,  // 2^63: one past int64
+        4294967296.0, std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity(),
+        std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::denorm_min(), 1e-320
+    };
+    // clang-format on
+    return one_of(kValues);
   }
 
   std::vector<int64_t> awkward_indices() {
-    static const int64_t kValues[] = {0, 1, 2, 3, -1, 7, std::numeric_limits<int64_t>::max(),
-                                      std::numeric_limits<int64_t>::min(), int64_t{1} << 32};
+    static const int64_t kValues[] = {0,
+                                      1,
+                                      2,
+                                      3,
+                                      -1,
+                                      7,
+                                      std::numeric_limits<int64_t>::max(),
+                                      std::numeric_limits<int64_t>::min(),
+                                      int64_t{1} << 32};
     std::vector<int64_t> out(byte() % 5);
-    for (int64_t& v : out) v = kValues[byte() % (sizeof(kValues) / sizeof(kValues[0]))];
+    for (int64_t& v : out) v = one_of(kValues);
     return out;
   }
 };
 
-StateDict::iterator pick(StateDict& state, uint8_t choice) {
-  if (state.empty()) return state.end();
-  auto it = state.begin();
-  std::advance(it, choice % state.size());
-  return it;
-}
-
 StateDict edited(StateDict state, Input& in) {
   for (int op = 0; op < 12 && !in.done(); ++op) {
     const uint8_t code = in.byte();
-    auto it = pick(state, in.byte());
+    auto it = mg::fuzz::pick(state, in.byte());
     switch (code % 6) {
       case 0:
         if (it != state.end()) state.erase(it);
@@ -259,8 +217,10 @@ StateDict edited(StateDict state, Input& in) {
       case 4: {  // an index list (param_groups.<g>.params, or anything else)
         const std::vector<int64_t> indices = in.awkward_indices();
         Tensor t = tensor(indices);
-        if (it != state.end() && (in.byte() & 1)) it->second = t;
-        else state[in.name()] = t;
+        if (it != state.end() && (in.byte() & 1))
+          it->second = t;
+        else
+          state[in.name()] = t;
         break;
       }
       case 5: state[in.name()] = in.tensor(); break;
@@ -279,7 +239,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   StateDict state;
   if (structured) {
-    Input in{data + 1, size - 1};
+    Input in{{data + 1, size - 1}};
     state = edited(template_state(reader, kind), in);
   } else {
     bool decoded = false;
@@ -299,7 +259,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     accepted = true;
   });
   if (!accepted) {
-    MG_FUZZ_ASSERT(same_state(target.state(), before), "a refused state leaves the optimizer as it was");
+    MG_FUZZ_ASSERT(mg::fuzz::same_state(target.state(), before),
+                   "a refused state leaves the optimizer as it was");
     return 0;
   }
   // Accepted: the state it now holds loads into a fresh one, and a step runs. Any exception here
@@ -308,7 +269,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const StateDict now = target.state();
     Target fresh(reader, kind);
     fresh.load(now);
-    MG_FUZZ_ASSERT(same_state(fresh.state(), now), "an accepted state reloads as it is");
+    MG_FUZZ_ASSERT(mg::fuzz::same_state(fresh.state(), now), "an accepted state reloads as it is");
     target.step(4);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "an accepted state is unusable: %s\n", e.what());

@@ -13,22 +13,13 @@
 
 #include "core/safetensors.h"
 #include "fuzz_common.h"
+#include "fuzz_input.h"
 #include "multigrad.h"
 
 namespace {
 
-struct Reader {
-  const uint8_t* data;
-  size_t size;
-  size_t pos = 0;
-  bool done() const { return pos >= size; }
-  uint8_t byte() { return pos < size ? data[pos++] : 0; }
-  std::string text() {
-    const size_t n = byte() % 48;
-    std::string s;
-    for (size_t i = 0; i < n && pos < size; ++i) s.push_back(static_cast<char>(data[pos++]));
-    return s;
-  }
+struct Reader : mg::fuzz::Input {
+  std::string text() { return mg::fuzz::Input::text(48, false); }
 };
 
 }  // namespace
@@ -36,7 +27,7 @@ struct Reader {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const mg::DType kDTypes[] = {mg::DType::f32, mg::DType::f64, mg::DType::f16,    mg::DType::bf16,
                                       mg::DType::i32, mg::DType::i64, mg::DType::boolean};
-  Reader in{data, size};
+  Reader in{{data, size}};
   mg::StateDict tensors;
   mg::SafetensorsMetadata metadata;
   for (int entry = 0; entry < 16 && !in.done(); ++entry) {

@@ -250,7 +250,6 @@ void checkpoint_seeds() {
   std::system(("rm -rf " + dir).c_str());
 }
 
-
 // fuzz_optimizer_state.cpp. Byte 0: bits 0-1 the reader (plain, ZeRO by parameter, ZeRO flat,
 // GradScaler), bits 2-3 the optimizer (SGD, Adam, AdamW), bit 4 structured.
 void optimizer_state_seeds() {
@@ -275,18 +274,22 @@ void optimizer_state_seeds() {
   adamw.step();
   put("optimizer_state", "raw-adamw", std::string(1, 8) + encode_safetensors(adamw.state_dict(), {}));
   put("optimizer_state", "raw-adamw-zero", std::string(1, 9) + encode_safetensors(adamw.state_dict(), {}));
-  put("optimizer_state", "raw-scaler", std::string(1, 3) + encode_safetensors({{"scale", scalar_tensor(8.0)}}, {}));
+  put("optimizer_state", "raw-scaler",
+      std::string(1, 3) + encode_safetensors({{"scale", scalar_tensor(8.0)}}, {}));
 }
 
 // fuzz_fsdp_checkpoint.cpp. Byte 0: bits 0-1 the old world size - 1, bit 2 structured, bit 3
 // the in-memory reader, bit 4 without the optimizer.
 void fsdp_checkpoint_seeds() {
   for (int flags = 0; flags < 32; ++flags)
-    if (flags & 4) put("fsdp_checkpoint", "structured-unchanged-" + std::to_string(flags), std::string(1, static_cast<char>(flags)));
+    if (flags & 4)
+      put("fsdp_checkpoint", "structured-unchanged-" + std::to_string(flags),
+          std::string(1, static_cast<char>(flags)));
   // Issue 37, finding 3: a layout whose shard size is 0 (op 4 on file 0's first layout, the root's,
   // set to [2, 0, 2, 0]: world 2, rank 0, its 2 elements, s = 0) was a SIGFPE.
   put("fsdp_checkpoint", "structured-shard-size-0", std::string("\x05\x04\x00\x00\x02\x00\x02\x00", 8));
-  put("fsdp_checkpoint", "structured-shard-size-0-memory", std::string("\x0d\x04\x00\x00\x02\x00\x02\x00", 8));
+  put("fsdp_checkpoint", "structured-shard-size-0-memory",
+      std::string("\x0d\x04\x00\x00\x02\x00\x02\x00", 8));
   // A stray fsdp-rank0-of99999999999.safetensors (op 6; the words "0", "-of", "99999999999").
   put("fsdp_checkpoint", "structured-stray-huge-world", std::string("\x05\x06\x00\x03\x12\x11\x16", 7));
   // rank 1 of 2 dropped (op 5 on file 1), and the files of a second world size (op 7: -of3).
@@ -297,9 +300,10 @@ void fsdp_checkpoint_seeds() {
   // Raw: one rank's file of a one-unit model, and two ranks' files of it.
   const std::string sep = "\n#MGFILE#\n";
   auto rank_file = [](int64_t world, int64_t rank) {
-    return encode_safetensors({{"fsdp//layout", tensor(std::vector<int64_t>{world, rank, 3, (3 + world - 1) / world})},
-                               {"fsdp//flat_shard", zeros({(3 + world - 1) / world})}},
-                              {});
+    return encode_safetensors(
+        {{"fsdp//layout", tensor(std::vector<int64_t>{world, rank, 3, (3 + world - 1) / world})},
+         {"fsdp//flat_shard", zeros({(3 + world - 1) / world})}},
+        {});
   };
   put("fsdp_checkpoint", "raw-one-rank", std::string(1, 0) + rank_file(1, 0));
   put("fsdp_checkpoint", "raw-two-ranks", std::string(1, 1) + rank_file(2, 0) + sep + rank_file(2, 1));

@@ -236,7 +236,8 @@ TEST_CASE("cuda copy converts between all dtype pairs like the CPU", "[gpu][copy
   }
 }
 
-TEST_CASE("cuda copy of NaN, infinities and huge floats into integers saturates like the CPU", "[gpu][copy]") {
+TEST_CASE("cuda copy of NaN, infinities and huge floats into integers saturates like the CPU",
+          "[gpu][copy]") {
   const double inf = std::numeric_limits<double>::infinity();
   const std::vector<double> v = {std::nan(""), inf, -inf, 1e300, -1e300, 3e9, -3e9, 2147483647.5, -2.75};
   for (DType from : {DType::f32, DType::f64, DType::f16, DType::bf16}) {
@@ -248,7 +249,8 @@ TEST_CASE("cuda copy of NaN, infinities and huge floats into integers saturates 
       kernels::cpu::copy(src.view_for_kernel(), ref.view_for_kernel());
       Tensor out = poisoned(src.shape(), to, gpu());
       on_gpu([&] {
-        kernels::cuda::copy(mg::cuda::current_kernel_stream(), src_g.view_for_kernel(), out.view_for_kernel());
+        kernels::cuda::copy(mg::cuda::current_kernel_stream(), src_g.view_for_kernel(),
+                            out.view_for_kernel());
       });
       CHECK(out.to_vector<double>() == ref.to_vector<double>());
       CHECK(out.to(DType::i64).to_vector<int64_t>()[0] == 0);  // NaN -> 0, not whatever the cast gives

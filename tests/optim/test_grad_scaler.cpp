@@ -115,4 +115,3 @@ TEST_CASE("GradScaler load_state_dict checks every value first and changes nothi
     REQUIRE(scaler.get_scale() == 64.0);  // the scale was not taken from a state that was refused
   }
 }
-
