@@ -76,20 +76,8 @@ parallel::CheckpointManagerOptions reader_options() {
   return options;
 }
 
-// A scratch directory of this process's own (tmpfs when there is one: an input is three files).
-const std::string& work_dir() {
-  static const std::string dir = [] {
-    const char* base = ::access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
-    std::string pattern = std::string(base) + "/mg_fuzz_checkpoint_XXXXXX";
-    MG_FUZZ_ASSERT(::mkdtemp(pattern.data()) != nullptr, "mkdtemp");
-    // The command is built now: at exit this string may already be destroyed.
-    static char remove_command[512];
-    std::snprintf(remove_command, sizeof(remove_command), "rm -rf '%s'", pattern.c_str());
-    std::atexit([] { std::system(remove_command); });
-    return pattern;
-  }();
-  return dir;
-}
+// Where the step directory is written (tmpfs when there is one: an input is three files).
+const std::string& work_dir() { return mg::fuzz::scratch_dir("mg_fuzz_checkpoint"); }
 
 // The valid checkpoint the structured mode edits: written once by CheckpointManager::save.
 const std::map<std::string, SafetensorsFile>& template_files() {

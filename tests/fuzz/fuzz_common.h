@@ -5,8 +5,11 @@
 // as a crash ("deadly signal" from std::terminate), and so does the replay driver.
 #pragma once
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 
 #include "base/error.h"
 
@@ -31,5 +34,22 @@ int expect_only_mg_error(Body&& body) {
       std::abort();                                                                   \
     }                                                                                 \
   } while (0)
+
+// This process's scratch directory (one per process: the first call's prefix names it), on tmpfs
+// when there is one (a harness that writes its input as files writes them per execution), removed
+// at exit.
+inline const std::string& scratch_dir(const char* prefix) {
+  static const std::string dir = [prefix] {
+    const char* base = ::access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
+    std::string pattern = std::string(base) + "/" + prefix + "_XXXXXX";
+    MG_FUZZ_ASSERT(::mkdtemp(pattern.data()) != nullptr, "mkdtemp");
+    // The command is built now: at exit this string may already be destroyed.
+    static char remove_command[512];
+    std::snprintf(remove_command, sizeof(remove_command), "rm -rf '%s'", pattern.c_str());
+    std::atexit([] { std::system(remove_command); });
+    return pattern;
+  }();
+  return dir;
+}
 
 }  // namespace mg::fuzz

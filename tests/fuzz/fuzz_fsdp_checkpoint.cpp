@@ -311,19 +311,8 @@ std::map<std::string, std::string> raw_checkpoint(int world, const std::string& 
   return out;
 }
 
-// A scratch directory of this process's own (tmpfs when there is one).
-const std::string& work_dir() {
-  static const std::string dir = [] {
-    const char* base = ::access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
-    std::string pattern = std::string(base) + "/mg_fuzz_fsdp_XXXXXX";
-    MG_FUZZ_ASSERT(::mkdtemp(pattern.data()) != nullptr, "mkdtemp");
-    static char remove_command[512];  // built now: at exit this string may already be destroyed
-    std::snprintf(remove_command, sizeof(remove_command), "rm -rf '%s'", pattern.c_str());
-    std::atexit([] { std::system(remove_command); });
-    return pattern;
-  }();
-  return dir;
-}
+// Where the rank files are written (tmpfs when there is one).
+const std::string& work_dir() { return mg::fuzz::scratch_dir("mg_fuzz_fsdp"); }
 
 void write_dir(const std::string& dir, const std::map<std::string, std::string>& files) {
   std::error_code error;

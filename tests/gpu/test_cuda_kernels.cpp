@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "core/cuda_device_checks.h"
@@ -213,6 +214,18 @@ TEST_CASE("cuda axpby, where, clamp, fill, arange match the CPU", "[gpu][element
   }
 }
 
+// `src` (on the CPU) copied into `to` by the CUDA kernel, and by the CPU kernel for reference.
+std::pair<Tensor, Tensor> copied_both_ways(const Tensor& src, DType to) {
+  const Tensor src_g = src.to(gpu());
+  Tensor ref = empty(src.shape(), TensorOptions{to});
+  kernels::cpu::copy(src.view_for_kernel(), ref.view_for_kernel());
+  Tensor out = poisoned(src.shape(), to, gpu());
+  on_gpu([&] {
+    kernels::cuda::copy(mg::cuda::current_kernel_stream(), src_g.view_for_kernel(), out.view_for_kernel());
+  });
+  return {out, ref};
+}
+
 TEST_CASE("cuda copy converts between all dtype pairs like the CPU", "[gpu][copy]") {
   manual_seed(4);
   const DType all[] = {DType::f32, DType::f64, DType::f16,    DType::bf16,
@@ -221,16 +234,9 @@ TEST_CASE("cuda copy converts between all dtype pairs like the CPU", "[gpu][copy
     // Values with fractions, negatives and zeros; a transposed source.
     Tensor src = mul(random_cpu({9, 12}, DType::f64), 40.0);
     src = where(lt(abs(src), 10.0), zeros_like(src), src).to(from).t();
-    const Tensor src_g = src.to(gpu());
     for (DType to : all) {
       INFO("copy " << from << " -> " << to);
-      Tensor ref = empty(src.shape(), TensorOptions{to});
-      kernels::cpu::copy(src.view_for_kernel(), ref.view_for_kernel());
-      Tensor out = poisoned(src.shape(), to, gpu());
-      on_gpu([&] {
-        kernels::cuda::copy(mg::cuda::current_kernel_stream(), src_g.view_for_kernel(),
-                            out.view_for_kernel());
-      });
+      const auto [out, ref] = copied_both_ways(src, to);
       CHECK(out.to_vector<double>() == ref.to_vector<double>());
     }
   }
@@ -242,16 +248,9 @@ TEST_CASE("cuda copy of NaN, infinities and huge floats into integers saturates 
   const std::vector<double> v = {std::nan(""), inf, -inf, 1e300, -1e300, 3e9, -3e9, 2147483647.5, -2.75};
   for (DType from : {DType::f32, DType::f64, DType::f16, DType::bf16}) {
     const Tensor src = tensor<double>(v, TensorOptions{from});
-    const Tensor src_g = src.to(gpu());
     for (DType to : {DType::i32, DType::i64}) {
       INFO("copy " << from << " -> " << to);
-      Tensor ref = empty(src.shape(), TensorOptions{to});
-      kernels::cpu::copy(src.view_for_kernel(), ref.view_for_kernel());
-      Tensor out = poisoned(src.shape(), to, gpu());
-      on_gpu([&] {
-        kernels::cuda::copy(mg::cuda::current_kernel_stream(), src_g.view_for_kernel(),
-                            out.view_for_kernel());
-      });
+      const auto [out, ref] = copied_both_ways(src, to);
       CHECK(out.to_vector<double>() == ref.to_vector<double>());
       CHECK(out.to(DType::i64).to_vector<int64_t>()[0] == 0);  // NaN -> 0, not whatever the cast gives
     }
