@@ -33,6 +33,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <string>
 #include <type_traits>
@@ -355,6 +356,19 @@ Saved saved_operand(UnaryOp op, bool have_output) {
 
 // ---- binary ----------------------------------------------------------------------
 
+// Integer +, - and * in unsigned arithmetic, so overflow wraps modulo 2^bits (as in PyTorch, and
+// as the GPU's add/sub/mul do) instead of being undefined: a loaded int64 counter at INT64_MAX
+// plus one is INT64_MIN, not anything at all. Floats are computed as they are.
+template <class X, class Op>
+X wrapping(X x, X y, Op op) {
+  if constexpr (std::is_integral<X>::value && !std::is_same<X, bool>::value) {
+    using U = std::make_unsigned_t<X>;
+    return static_cast<X>(op(static_cast<U>(x), static_cast<U>(y)));
+  } else {
+    return op(x, y);
+  }
+}
+
 // Integer power by squaring, in unsigned arithmetic so overflow wraps (as in
 // PyTorch) instead of being undefined. Floats use std::pow.
 template <class X, class Y>
@@ -381,9 +395,15 @@ template <class Launch>
 void dispatch_binary(BinaryOp op, const Launch& launch) {
   using T = typename Launch::type;
   switch (op) {
-    case BinaryOp::Add: return launch.template run<T>([](auto x, auto y) { return x + y; });
-    case BinaryOp::Sub: return launch.template run<T>([](auto x, auto y) { return x - y; });
-    case BinaryOp::Mul: return launch.template run<T>([](auto x, auto y) { return x * y; });
+    case BinaryOp::Add:
+      return launch.template run<T>(
+          [](auto x, auto y) { return wrapping<decltype(x)>(x, y, std::plus<>()); });
+    case BinaryOp::Sub:
+      return launch.template run<T>(
+          [](auto x, auto y) { return wrapping<decltype(x)>(x, y, std::minus<>()); });
+    case BinaryOp::Mul:
+      return launch.template run<T>(
+          [](auto x, auto y) { return wrapping<decltype(x)>(x, y, std::multiplies<>()); });
     case BinaryOp::Div: return launch.template run<T>([](auto x, auto y) { return x / y; });
     // NaN wins: if y is NaN then x > y is false and y is returned.
     case BinaryOp::Maximum:

@@ -198,6 +198,18 @@ TEST_CASE("float -> int of NaN, infinities and out-of-range values saturates, as
   CHECK(tensor<float>({-1e30f}).to(DType::bf16).to(DType::i32).item<int32_t>() == INT32_MIN);
 }
 
+TEST_CASE("integer +, - and * wrap around on overflow, as on the GPU (and in PyTorch)", "[cast]") {
+  // Signed overflow is undefined in C++; the kernels compute in unsigned arithmetic. Found by the
+  // FSDP checkpoint fuzzer: a BatchNorm's loaded num_batches_tracked at INT64_MAX, then += 1.
+  Tensor counter = tensor<int64_t>({INT64_MAX, INT64_MIN, 3});
+  counter.add_(1.0);
+  CHECK(counter.to_vector<int64_t>() == std::vector<int64_t>{INT64_MIN, INT64_MIN + 1, 4});
+  CHECK(sub(tensor<int64_t>({INT64_MIN}), tensor<int64_t>({1})).item<int64_t>() == INT64_MAX);
+  CHECK(mul(tensor<int64_t>({INT64_MAX}), tensor<int64_t>({2})).item<int64_t>() == -2);
+  CHECK(add(tensor<int32_t>({INT32_MAX}), tensor<int32_t>({1})).item<int32_t>() == INT32_MIN);
+  CHECK(mul(tensor<int32_t>({65536}), tensor<int32_t>({65536})).item<int32_t>() == 0);
+}
+
 TEST_CASE("0.1 in bf16 and f16: rounding error within half an ulp", "[cast][half]") {
   const float bf = tensor<float>({0.1f}).to(DType::bf16).to(DType::f32).item<float>();
   CHECK(std::fabs(bf - 0.1) <= 0.1 * std::ldexp(1.0, -8));
