@@ -2,8 +2,7 @@
 #include "cuda_emu/cache_model.h"
 
 #include <algorithm>
-#include <list>
-#include <unordered_map>
+#include <stdexcept>
 
 namespace mg_emu {
 
@@ -12,48 +11,127 @@ namespace {
 constexpr double kSectorBytes = 32;
 
 // An LRU set of sectors, each with a dirty bit. capacity 0: unbounded.
+//
+// A replay pushes every traced sector through it (millions per launch), so it allocates nothing
+// per sector: the lines live in one array, linked most recent first by index, and an
+// open-addressing table (linear probing, a power of two at most half full) maps a sector to its
+// line. Freed lines are reused; a deletion shifts the entries after it back, so no tombstones.
 class LruSectors {
  public:
-  explicit LruSectors(uint64_t capacity) : capacity_(capacity) {}
+  explicit LruSectors(uint64_t capacity) : capacity_(capacity) {
+    if (capacity > kMaxLines) throw std::length_error("cache model: more than 2^31 sectors in one cache");
+    grow_table(1024);  // and doubled as it fills: most launches touch far fewer sectors than fit
+  }
 
   // Whether `sector` is held; if so it becomes the most recent.
   bool touch(uint64_t sector) {
-    auto it = lines_.find(sector);
-    if (it == lines_.end()) return false;
-    order_.splice(order_.begin(), order_, it->second.position);
+    const uint32_t line = find(sector);
+    if (line == kNone) return false;
+    unlink(line);
+    push_front(line);
     return true;
   }
   // Inserts `sector` (not held) as the most recent, evicting the least recent when full.
   void insert(uint64_t sector, bool dirty) {
-    order_.push_front(sector);
-    lines_.emplace(sector, Line{order_.begin(), dirty});
-    if (capacity_ > 0 && lines_.size() > capacity_) {
-      lines_.erase(order_.back());
-      order_.pop_back();
+    uint32_t line;
+    if (!free_.empty()) {
+      line = free_.back();
+      free_.pop_back();
+    } else {
+      if (lines_.size() >= kMaxLines)
+        throw std::length_error("cache model: more than 2^31 sectors in one cache");
+      line = static_cast<uint32_t>(lines_.size());
+      lines_.emplace_back();
     }
+    lines_[line] = Line{sector, kNone, kNone, dirty};
+    push_front(line);
+    if (2 * (size_ + 1) > table_.size()) grow_table(2 * (size_ + 1));
+    table_[slot_for(sector)] = line + 1;
+    ++size_;
+    if (capacity_ > 0 && size_ > capacity_) remove(tail_);
   }
   // Marks a held sector dirty; true when it was clean (a new write-back is owed).
   bool make_dirty(uint64_t sector) {
-    Line& line = lines_.at(sector);
-    const bool was_clean = !line.dirty;
-    line.dirty = true;
+    const uint32_t line = find(sector);
+    if (line == kNone) throw std::logic_error("cache model: make_dirty of a sector not held");
+    const bool was_clean = !lines_[line].dirty;
+    lines_[line].dirty = true;
     return was_clean;
   }
   void erase(uint64_t sector) {
-    auto it = lines_.find(sector);
-    if (it == lines_.end()) return;
-    order_.erase(it->second.position);
-    lines_.erase(it);
+    const uint32_t line = find(sector);
+    if (line != kNone) remove(line);
   }
 
  private:
+  static constexpr uint32_t kNone = 0xffffffffu;
+  static constexpr uint64_t kMaxLines = uint64_t{1} << 31;
   struct Line {
-    std::list<uint64_t>::iterator position;
+    uint64_t sector;
+    uint32_t newer, older;  // neighbours in recency order (kNone at the ends)
     bool dirty;
   };
+
+  // Where `sector` is looked for first: Fibonacci hashing (the top bits of a multiplication).
+  size_t home_slot(uint64_t sector) const {
+    return static_cast<size_t>((sector * 0x9E3779B97F4A7C15ull) >> shift_);
+  }
+  // The table slot that holds `sector`, or the empty one where it would go.
+  size_t slot_for(uint64_t sector) const {
+    size_t slot = home_slot(sector);
+    while (table_[slot] != 0 && lines_[table_[slot] - 1].sector != sector) slot = (slot + 1) & mask_;
+    return slot;
+  }
+  uint32_t find(uint64_t sector) const { return table_[slot_for(sector)] - 1; }  // kNone when empty
+  void grow_table(uint64_t entries) {
+    size_t size = 16;
+    while (size < 2 * entries) size *= 2;
+    if (size <= table_.size()) return;
+    table_.assign(size, 0);
+    mask_ = size - 1;
+    shift_ = 64 - static_cast<unsigned>(__builtin_ctzll(size));
+    for (uint32_t line = head_; line != kNone; line = lines_[line].older) {
+      table_[slot_for(lines_[line].sector)] = line + 1;
+    }
+  }
+  void push_front(uint32_t line) {
+    lines_[line].newer = kNone;
+    lines_[line].older = head_;
+    if (head_ != kNone) lines_[head_].newer = line;
+    head_ = line;
+    if (tail_ == kNone) tail_ = line;
+  }
+  void unlink(uint32_t line) {
+    const Line& l = lines_[line];
+    (l.newer != kNone ? lines_[l.newer].older : head_) = l.older;
+    (l.older != kNone ? lines_[l.older].newer : tail_) = l.newer;
+  }
+  // Drops `line` from the order and the table (backward-shift deletion), and frees it.
+  void remove(uint32_t line) {
+    unlink(line);
+    size_t hole = slot_for(lines_[line].sector);
+    for (size_t next = (hole + 1) & mask_; table_[next] != 0; next = (next + 1) & mask_) {
+      const size_t home = home_slot(lines_[table_[next] - 1].sector);
+      // The entry at `next` may fill the hole when its home is not in (hole, next] (cyclically).
+      const bool stays = hole <= next ? (home > hole && home <= next) : (home > hole || home <= next);
+      if (!stays) {
+        table_[hole] = table_[next];
+        hole = next;
+      }
+    }
+    table_[hole] = 0;
+    free_.push_back(line);
+    --size_;
+  }
+
   uint64_t capacity_;
-  std::list<uint64_t> order_;  // most recent first
-  std::unordered_map<uint64_t, Line> lines_;
+  uint64_t size_ = 0;
+  std::vector<Line> lines_;
+  std::vector<uint32_t> free_;   // lines to reuse
+  std::vector<uint32_t> table_;  // line + 1, or 0 for an empty slot
+  size_t mask_ = 0;
+  unsigned shift_ = 64;
+  uint32_t head_ = kNone, tail_ = kNone;  // most and least recent
 };
 
 // A block running on an SM: which one, and how far it has got.
