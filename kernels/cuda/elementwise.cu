@@ -169,9 +169,21 @@ __device__ __forceinline__ C pow_int(C x, C y) {
   return static_cast<C>(result);
 }
 
-// Arithmetic ops return C; comparisons and logical ops return 0/1 in C.
+// Arithmetic ops return C; comparisons and logical ops return 0/1 in C. Integer +, - and * are
+// computed unsigned, so overflow wraps modulo 2^bits as the GPU's add and mul do and as the CPU
+// kernels compute; a signed overflow in C++ would be undefined (and the emulator runs this as C++).
 template <class C>
 __device__ __forceinline__ C binary_math(int op, C x, C y) {
+  if constexpr (std::is_integral<C>::value && !std::is_same<C, bool>::value) {
+    using U = std::make_unsigned_t<std::common_type_t<C, int>>;  // no promotion back to int
+    const U ux = static_cast<U>(x), uy = static_cast<U>(y);
+    switch (static_cast<BinaryOp>(op)) {
+      case BinaryOp::Add: return static_cast<C>(ux + uy);
+      case BinaryOp::Sub: return static_cast<C>(ux - uy);
+      case BinaryOp::Mul: return static_cast<C>(ux * uy);
+      default: break;
+    }
+  }
   switch (static_cast<BinaryOp>(op)) {
     case BinaryOp::Add: return x + y;
     case BinaryOp::Sub: return x - y;

@@ -257,6 +257,31 @@ TEST_CASE("cuda copy of NaN, infinities and huge floats into integers saturates 
   }
 }
 
+TEST_CASE("cuda integer add, sub and mul wrap on overflow like the CPU", "[gpu][elementwise]") {
+  const int64_t big = std::numeric_limits<int64_t>::max(), small = std::numeric_limits<int64_t>::min();
+  const std::vector<int64_t> x = {big, small, big, 3037000500, -7, 0};
+  const std::vector<int64_t> y = {1, 1, big, 3037000500, 5, small};
+  for (DType dt : {DType::i64, DType::i32}) {
+    const Tensor a = tensor<int64_t>(x).to(dt), b = tensor<int64_t>(y).to(dt);
+    const Tensor a_gpu = a.to(gpu()), b_gpu = b.to(gpu());
+    for (BinaryOp op : {BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul}) {
+      INFO("dtype " << dt << " op " << static_cast<int>(op));
+      Tensor ref = empty({6}, TensorOptions{dt}), out = empty({6}, TensorOptions{dt, gpu()});
+      kernels::cpu::binary(op, a.view_for_kernel(), b.view_for_kernel(), ref.view_for_kernel());
+      on_gpu([&] {
+        kernels::cuda::binary(mg::cuda::current_kernel_stream(), op, a_gpu.view_for_kernel(),
+                              b_gpu.view_for_kernel(), out.view_for_kernel());
+      });
+      CHECK(out.to(Device::cpu()).to_vector<int64_t>() == ref.to_vector<int64_t>());
+    }
+  }
+  // The CPU's answers are the two's-complement ones: INT64_MAX + 1 is INT64_MIN.
+  Tensor sum = empty({6}, TensorOptions{DType::i64});
+  kernels::cpu::binary(BinaryOp::Add, tensor<int64_t>(x).view_for_kernel(),
+                       tensor<int64_t>(y).view_for_kernel(), sum.view_for_kernel());
+  CHECK(sum.to_vector<int64_t>()[0] == small);
+}
+
 TEST_CASE("cuda reductions match the CPU", "[gpu][reduce]") {
   manual_seed(5);
   // The last two split their long reduced axis over many blocks (a full sum(), the split reduce).
