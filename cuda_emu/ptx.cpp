@@ -74,13 +74,23 @@ void complete_mma(WarpLane (&lanes)[32], uint32_t, WarpOpArgs args) {
       c[g + 8][2 * t + h] = from_bits<float>(in[8 + h]);
     }
   }
+  // D = C + A B, each output's sum in the order k = 0..15; the loops run k outside the columns so
+  // the eight columns of a row are summed side by side (vector instructions), in the same order.
+  double d[16][8], bd[16][8];
+  for (int k = 0; k < 16; ++k)
+    for (int col = 0; col < 8; ++col) bd[k][col] = b[k][col];
+  for (int row = 0; row < 16; ++row) {
+    for (int col = 0; col < 8; ++col) d[row][col] = c[row][col];
+    for (int k = 0; k < 16; ++k) {
+      const double ak = a[row][k];
+      for (int col = 0; col < 8; ++col) d[row][col] += ak * bd[k][col];
+    }
+  }
   for (int l = 0; l < 32; ++l) {
     const int g = l / 4, t = l % 4;
     for (int e = 0; e < 4; ++e) {
       const int row = g + (e >= 2 ? 8 : 0), col = 2 * t + (e & 1);
-      double sum = c[row][col];
-      for (int k = 0; k < 16; ++k) sum += double(a[row][k]) * double(b[k][col]);
-      lanes[l].out[e] = static_cast<uint32_t>(to_bits(static_cast<float>(sum)));
+      lanes[l].out[e] = static_cast<uint32_t>(to_bits(static_cast<float>(d[row][col])));
     }
   }
 }
