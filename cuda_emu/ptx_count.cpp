@@ -2,11 +2,22 @@
 #include "cuda_emu/ptx_count.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <tuple>
 
 namespace mg_emu::ptx {
+
+namespace {
+bool debug_blocks() {
+  static const bool on = [] {
+    const char* v = std::getenv("MG_EMU_PTX_BLOCKS");
+    return v != nullptr && *v != '\0' && *v != '0';
+  }();
+  return on;
+}
+}  // namespace
 
 using profile::Space;
 
@@ -274,6 +285,18 @@ profile::InstructionMix count(const Function& f, const std::vector<LineAccesses>
           b.loops_back_to == static_cast<int>(k) ? constant_trips(f, static_cast<int>(k)) : 0;
       runs[k] = trips > 0 ? reached[k] * trips : reached[k];
       inherited = trips == 0;
+    }
+    if (debug_blocks()) {  // MG_EMU_PTX_BLOCKS=1: where each block's count came from
+      double weight = 0;
+      std::string lines;
+      for (const Instruction& in : b.instructions) {
+        weight += in.weight;
+        const std::string line = key_of(in).first;
+        if (in.line > 0 && lines.find(line) == std::string::npos) lines += (lines.empty() ? "" : " ") + line;
+      }
+      std::fprintf(stderr, "ptx %s block %zu %s: %.0f instructions x %.4g runs (%s) %s\n",
+                   f.demangled.c_str(), k, b.label.c_str(), weight, runs[k] / warps,
+                   !votes.empty() ? "anchored" : (inherited ? "reached" : "trip count"), lines.c_str());
     }
     for (const Instruction& in : b.instructions) {
       InstructionKind kind = in.kind;

@@ -80,7 +80,10 @@ double profiled_seconds(const std::function<void()>& fn, const BenchOptions& o) 
   options.gpu = g_gpu;
   options.count_instructions = g_count_instructions;
   run_traced(fn, options);
-  if (o.profile_sites) profile::print_sites(stdout, last_launches());
+  if (o.profile_sites) {
+    profile::print_sites(stdout, last_launches());
+    for (const auto& l : last_launches()) profile::print_instructions(stdout, l.instructions);
+  }
   return take_profile(0, 0).predicted_seconds;
 }
 
