@@ -78,6 +78,8 @@ std::string units_of(const std::vector<const FlatParamUnit*>& units) {
   return out;
 }
 
+constexpr int64_t kMaxShardWorld = 1 << 20;  // ranks of a sharded checkpoint; far above any job
+
 // Old ranks' sharded state dicts, each fetched once and only when a range needs it. `source(k)`
 // names old rank k's state dict in messages (its file, when it came from one).
 class OldShards {
@@ -121,14 +123,16 @@ class OldShards {
     MG_CHECK(it->second.dim() == 1 && it->second.numel() == 4 && !is_floating(it->second.dtype()),
              "FSDP: ", source(k), ": the layout of unit ", unit_label(unit.name()), " is not 4 integers");
     std::vector<int64_t> layout = it->second.to(DType::i64).to_vector<int64_t>();
-    MG_CHECK(layout[0] >= 1 && layout[1] == k && layout[1] < layout[0], "FSDP: ", source(k),
-             ": the layout of unit ", unit_label(unit.name()), " says rank ", layout[1], " of ", layout[0],
-             " ranks; expected rank ", k);
+    MG_CHECK(layout[0] >= 1 && layout[0] <= kMaxShardWorld && layout[1] == k && layout[1] < layout[0],
+             "FSDP: ", source(k), ": the layout of unit ", unit_label(unit.name()), " says rank ", layout[1],
+             " of ", layout[0], " ranks; expected rank ", k, " of at most ", kMaxShardWorld);
     MG_CHECK(layout[2] == unit.numel(), "FSDP: unit ", unit_label(unit.name()), " has ", unit.numel(),
              " parameter elements but ", source(k), " has ", layout[2], " (another model?)");
-    MG_CHECK(layout[3] >= 1 && layout[3] <= layout[2] && layout[3] >= (layout[2] + layout[0] - 1) / layout[0],
-             "FSDP: ", source(k), ": the layout of unit ", unit_label(unit.name()), " has a shard size of ",
-             layout[3], ", which cannot hold ", layout[2], " elements over ", layout[0], " ranks");
+    // The fewest elements per rank that cover the unit, ceil(numel / world), without overflow.
+    const int64_t fewest = layout[2] > 0 ? (layout[2] - 1) / layout[0] + 1 : 0;
+    MG_CHECK(layout[3] >= 1 && layout[3] <= layout[2] && layout[3] >= fewest, "FSDP: ", source(k),
+             ": the layout of unit ", unit_label(unit.name()), " has a shard size of ", layout[3],
+             ", which cannot hold ", layout[2], " elements over ", layout[0], " ranks");
     return layout;
   }
 
@@ -216,8 +220,6 @@ int64_t parse_count(const std::string& text) {
     return -1;
   return std::stoll(text);
 }
-
-constexpr int64_t kMaxShardWorld = 1 << 20;  // ranks of a sharded checkpoint; far above any job
 
 // The world size N of the sharded checkpoint in `dir`: its files are fsdp-rank<r>-of<N>.safetensors
 // for every r < N. Any other file named fsdp-rank*.safetensors (a world or rank that is not a

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
@@ -171,6 +172,12 @@ TEST_CASE("FSDP sharded checkpoints: a damaged or mismatched one fails on every 
     rewrite_layout(pg, dir, {n, 0, 77, 1});
     pg.barrier()->wait();
     require_all_fail(pg, load(pg, dir, false), {"fc0", "layout"});
+  }
+  SECTION("a layout of INT64_MAX ranks (fuzz finding 11: the coverage check overflowed)") {
+    const std::string dir = fresh();
+    rewrite_layout(pg, dir, {std::numeric_limits<int64_t>::max(), 0, 77, 1});
+    pg.barrier()->wait();
+    require_all_fail(pg, load(pg, dir, false), {"fc0", "layout", "of at most"});
   }
   SECTION("a stray file whose world size is not a number") {
     const std::string dir = fresh();
