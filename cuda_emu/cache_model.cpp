@@ -45,10 +45,9 @@ class LruSectors {
     }
     lines_[line] = Line{sector, kNone, kNone, dirty};
     push_front(line);
-    if (2 * (size_ + 1) > table_.size()) grow_table(2 * (size_ + 1));
+    if (2 * held() > table_.size()) grow_table(2 * held());  // held() counts the new line
     table_[slot_for(sector)] = line + 1;
-    ++size_;
-    if (capacity_ > 0 && size_ > capacity_) remove(tail_);
+    if (capacity_ > 0 && held() > capacity_) remove(tail_);
   }
   // Marks a held sector dirty; true when it was clean (a new write-back is owed).
   bool make_dirty(uint64_t sector) {
@@ -65,6 +64,7 @@ class LruSectors {
 
  private:
   static constexpr uint32_t kNone = 0xffffffffu;
+  uint64_t held() const { return lines_.size() - free_.size(); }  // the sectors held
   static constexpr uint64_t kMaxLines = uint64_t{1} << 31;
   struct Line {
     uint64_t sector;
@@ -121,11 +121,9 @@ class LruSectors {
     }
     table_[hole] = 0;
     free_.push_back(line);
-    --size_;
   }
 
   uint64_t capacity_;
-  uint64_t size_ = 0;
   std::vector<Line> lines_;
   std::vector<uint32_t> free_;   // lines to reuse
   std::vector<uint32_t> table_;  // line + 1, or 0 for an empty slot

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <set>
 #include <tuple>
 
 namespace mg_emu::ptx {
@@ -288,11 +289,12 @@ profile::InstructionMix count(const Function& f, const std::vector<LineAccesses>
     }
     if (debug_blocks()) {  // MG_EMU_PTX_BLOCKS=1: where each block's count came from
       double weight = 0;
+      std::set<std::string> seen_lines;
       std::string lines;
       for (const Instruction& in : b.instructions) {
         weight += in.weight;
         const std::string line = key_of(in).first;
-        if (in.line > 0 && lines.find(line) == std::string::npos) lines += (lines.empty() ? "" : " ") + line;
+        if (in.line > 0 && seen_lines.insert(line).second) lines += (lines.empty() ? "" : " ") + line;
       }
       std::fprintf(stderr, "ptx %s block %zu %s: %.0f instructions x %.4g runs (%s) %s\n",
                    f.demangled.c_str(), k, b.label.c_str(), weight, runs[k] / warps,
