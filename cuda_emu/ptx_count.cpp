@@ -180,7 +180,7 @@ profile::InstructionMix count(const Function& f, const std::vector<LineAccesses>
   std::map<std::string, int> label_of;
   for (size_t k = 0; k < f.blocks.size(); ++k)
     if (!f.blocks[k].label.empty()) label_of[f.blocks[k].label] = static_cast<int>(k);
-  // What the CPU build saw of a block's lines: the most warp executions of a basic block that
+  // What the CPU build saw of a block's own lines: the most warp executions of a basic block that
   // began at one of them, or of a memory access on one of them; -1 when none was seen.
   std::map<std::string, double> accessed;
   for (const LineAccesses& l : seen) accessed[l.where] = std::max(accessed[l.where], l.requests);
@@ -193,19 +193,86 @@ profile::InstructionMix count(const Function& f, const std::vector<LineAccesses>
     }
     return most;
   };
-  // How often control reaches block k from the blocks before it: each forward edge carries its
-  // source's count; a conditional branch splits it between its two ways as the CPU build ran their
-  // lines (all of it to one way when only that one's lines ran: a switch over an op's kind counts
-  // the case taken, not every case), evenly when nothing is known; the way out of a loop (a
-  // latch's fall-through) carries the count the loop was entered with.
+  // Whether block k ran, from its memory instructions alone: 1 when the tracer saw one of their
+  // lines; 0 when the launch traced accesses but none on any of them (a store or load the CPU
+  // build never made: the block did not run); -1 when no memory instruction says (none, or only
+  // generic ones, which may be a stack frame the tracer does not see).
+  std::vector<int> evidence(f.blocks.size(), -1);
+  if (!seen_bytes.empty()) {
+    for (size_t k = 0; k < f.blocks.size(); ++k) {
+      for (const Instruction& in : f.blocks[k].instructions) {
+        if (in.access == Access::none) continue;
+        if (seen_bytes.count(key_of(in)) != 0) {
+          evidence[k] = 1;
+        } else if (!in.generic) {
+          evidence[k] = std::max(evidence[k], 0);
+        }
+      }
+    }
+  }
+  // The blocks each block leads to, following only forward edges (a loop's way back leads to
+  // blocks already counted): successors[k] = the fall-through and the branch target.
+  auto successors = [&](size_t k) {
+    std::vector<size_t> out;
+    const Block& b = f.blocks[k];
+    const Instruction* last = b.instructions.empty() ? nullptr : &b.instructions.back();
+    const std::string op = last != nullptr ? last->opcode : "";
+    const bool branch = op == "bra" || op == "bra.uni";
+    const bool conditional = branch && !last->guard.empty();
+    if (branch && !last->operands.empty()) {
+      const auto t = label_of.find(last->operands[0]);
+      if (t != label_of.end() && t->second > static_cast<int>(k))
+        out.push_back(static_cast<size_t>(t->second));
+    }
+    const bool stops = op == "ret" || op == "exit" || op.rfind("brx", 0) == 0 || (branch && !conditional);
+    if (!stops && k + 1 < f.blocks.size()) out.push_back(k + 1);
+    return out;
+  };
+  auto reachable = [&](size_t from) {
+    std::vector<char> in(f.blocks.size(), 0);
+    std::vector<size_t> todo = {from};
+    in[from] = 1;
+    while (!todo.empty()) {
+      const size_t k = todo.back();
+      todo.pop_back();
+      for (size_t next : successors(k))
+        if (!in[next]) {
+          in[next] = 1;
+          todo.push_back(next);
+        }
+    }
+    return in;
+  };
+  // A conditional branch at the end of block p splits its runs between the way taken (to `to`)
+  // and the fall-through. The share taken, from what the tracer saw:
+  //   1. the memory instructions of the blocks only one way reaches (blocks both ways reach say
+  //      nothing about the choice; `evidence`): a way whose own accesses were never made, when the
+  //      other's were or are not known, is not taken;
+  //   2. else the lines of the two blocks the branch goes to (`activity`): as often as each ran,
+  //      all to one way when only its lines ran (a `switch` over an op's kind counts the case
+  //      taken, not every case);
+  //   3. else evenly.
   auto taken_share = [&](size_t p, int to) {
-    if (lines_run.empty()) return 0.5;
+    const std::vector<char> reach_taken = reachable(static_cast<size_t>(to)), reach_fall = reachable(p + 1);
+    int m_taken = -1, m_fall = -1;
+    for (size_t k = 0; k < f.blocks.size(); ++k) {
+      if (reach_taken[k] && !reach_fall[k]) m_taken = std::max(m_taken, evidence[k]);
+      if (reach_fall[k] && !reach_taken[k]) m_fall = std::max(m_fall, evidence[k]);
+    }
+    if (m_taken == 0 && m_fall != 0) return 0.0;
+    if (m_fall == 0 && m_taken != 0) return 1.0;
+    if (lines_run.empty()) return 0.5;  // a build without the CPU's basic blocks
     const double a_taken = activity(static_cast<size_t>(to)), a_fall = activity(p + 1);
     if (a_taken > 0 && a_fall > 0) return a_taken / (a_taken + a_fall);
     if (a_taken > 0 && a_fall < 0) return 1.0;
     if (a_fall > 0 && a_taken < 0) return 0.0;
     return 0.5;
   };
+  // How often control reaches block k from the blocks before it: each forward edge carries its
+  // source's count; a conditional branch splits it between its two ways by what the tracer saw of
+  // the blocks only that way reaches (taken_share, above); the way out of a loop (a latch's
+  // fall-through) carries the count the loop was entered with.
+  std::vector<double> share_of(f.blocks.size(), -1);  // taken_share of each branch, once
   auto reach = [&](size_t k) {
     if (k == 0) return warps;
     double n = 0;
@@ -220,7 +287,9 @@ profile::InstructionMix count(const Function& f, const std::vector<LineAccesses>
           branch && !last->operands.empty() ? label_of.find(last->operands[0]) : label_of.end();
       const int to = target != label_of.end() ? target->second : -1;
       const bool forward = to > static_cast<int>(p);
-      const double share = conditional && forward && p + 1 < f.blocks.size() ? taken_share(p, to) : 1.0;
+      if (conditional && forward && p + 1 < f.blocks.size() && share_of[p] < 0)
+        share_of[p] = taken_share(p, to);
+      const double share = conditional && forward && p + 1 < f.blocks.size() ? share_of[p] : 1.0;
       if (to == static_cast<int>(k) && forward) n += runs[p] * share;
       if (p + 1 == k && !stops) {
         if (to >= 0 && !forward) {

@@ -18,9 +18,11 @@
 //   * a constant trip count: a loop of one block with no memory instruction (an unrolled FMA
 //     chain) whose counter starts, steps and stops at constants runs trips x its entry's count;
 //   * otherwise it is reached: the sum over the edges into it from the blocks before it, each
-//     carrying its source's count, split evenly between the two ways of a conditional branch, the
-//     way out of a loop carrying the count the loop was entered with. InstructionMix::inherited
-//     says how many instructions were counted so.
+//     carrying its source's count, the way out of a loop carrying the count the loop was entered
+//     with. A conditional branch splits its count between its two ways by what the tracer saw: a
+//     way whose own memory accesses were never made gets none, else the ways get it as the CPU
+//     build ran their lines, else evenly. InstructionMix::inherited says how many instructions
+//     were counted so.
 //
 // PTX is not SASS: ptxas still folds, fuses and expands. The counting rules below stand in for it
 // (docs/performance-model.md lists them): parameter loads, cvta and register moves are free (ptxas

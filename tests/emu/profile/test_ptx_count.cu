@@ -229,6 +229,52 @@ $L__BB0_3:
   CHECK(b.of(K::special) == Approx(2 * 2 + 1 * 6));
 }
 
+TEST_CASE("ptx count: a way whose own stores were never made is not taken", "[profiler][ptx]") {
+  // A store every warp makes (line 5), then a tail for the elements a size leaves over: its address
+  // arithmetic (line 7) and its store (line 8), which no warp reached -- the tracer saw the line-5
+  // store and none on line 8. The arithmetic has no memory instruction of its own and nothing says
+  // how often the CPU build ran it; the store after it in the same way says the way was not taken.
+  // (Before this rule it was counted as taken by half the warps: fill's per-element path, which a
+  // size that is a multiple of the pack never runs, counted so came to 73 of 137 instructions.)
+  const std::string body = R"(
+.visible .entry _Z4tailPfl(
+	.param .u64 _Z4tailPfl_param_0,
+	.param .u64 _Z4tailPfl_param_1
+)
+{
+	.loc	1 5 0
+	ld.param.u64 	%rd1, [_Z4tailPfl_param_0];
+	ld.param.u64 	%rd2, [_Z4tailPfl_param_1];
+	st.global.f32 	[%rd1], %f1;
+	setp.lt.s64 	%p1, %rd2, 1;
+	@%p1 bra 	$L__BB0_2;
+	.loc	1 7 0
+	mul.lo.s64 	%rd3, %rd2, 4;
+	add.s64 	%rd4, %rd1, %rd3;
+	.loc	1 8 0
+	st.global.f32 	[%rd4], %f1;
+$L__BB0_2:
+	.loc	1 9 0
+	ret;
+}
+	.file	1 "/src/tail.cu"
+)";
+  const std::vector<ptx::Function> fs = ptx::parse(body);
+  REQUIRE(fs.size() == 1);
+  REQUIRE(fs[0].blocks.size() == 3);
+  const double warps = 8;
+  const profile::InstructionMix m =
+      ptx::count(fs[0], {seen("tail.cu:5", ptx::Access::store, warps, 4)}, warps);
+  CHECK(m.of(K::global_memory) == Approx(warps));  // the line-5 store only
+  CHECK(m.of(K::integer) == Approx(warps * 2));    // the 64-bit compare; not the tail's 3 + 2
+  CHECK(m.of(K::branch) == Approx(warps * 2));     // @p bra and ret
+  // With the tail's store seen too (4 of the 8 warps made it), the tail is counted by its store.
+  const profile::InstructionMix both = ptx::count(
+      fs[0], {seen("tail.cu:5", ptx::Access::store, warps, 4), seen("tail.cu:8", ptx::Access::store, 4, 4)},
+      warps);
+  CHECK(both.of(K::integer) == Approx(warps * 2 + 0.5 * warps * 5));
+}
+
 TEST_CASE("ptx count: what is free, what is several instructions, and names both compilers share",
           "[profiler][ptx]") {
   const std::string body = R"(
