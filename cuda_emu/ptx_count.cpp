@@ -210,36 +210,44 @@ profile::InstructionMix count(const Function& f, const std::vector<LineAccesses>
       }
     }
   }
-  // The blocks each block leads to, following only forward edges (a loop's way back leads to
-  // blocks already counted): successors[k] = the fall-through and the branch target.
-  auto successors = [&](size_t k) {
-    std::vector<size_t> out;
-    const Block& b = f.blocks[k];
-    const Instruction* last = b.instructions.empty() ? nullptr : &b.instructions.back();
-    const std::string op = last != nullptr ? last->opcode : "";
-    const bool branch = op == "bra" || op == "bra.uni";
-    const bool conditional = branch && !last->guard.empty();
-    if (branch && !last->operands.empty()) {
-      const auto t = label_of.find(last->operands[0]);
-      if (t != label_of.end() && t->second > static_cast<int>(k))
-        out.push_back(static_cast<size_t>(t->second));
-    }
-    const bool stops = op == "ret" || op == "exit" || op.rfind("brx", 0) == 0 || (branch && !conditional);
-    if (!stops && k + 1 < f.blocks.size()) out.push_back(k + 1);
-    return out;
+  // How each block ends, read once: its branch target (-1: none, or a label not in the function),
+  // whether the branch is conditional, and whether control stops there (ret, exit, an indirect or
+  // unconditional branch) instead of falling through to the next block.
+  struct Exit {
+    int to = -1;
+    bool conditional = false;
+    bool stops = false;
   };
+  std::vector<Exit> exits(f.blocks.size());
+  for (size_t k = 0; k < f.blocks.size(); ++k) {
+    const std::vector<Instruction>& ins = f.blocks[k].instructions;
+    const std::string op = ins.empty() ? "" : ins.back().opcode;
+    const bool branch = op == "bra" || op == "bra.uni";
+    exits[k].conditional = branch && !ins.back().guard.empty();
+    exits[k].stops =
+        op == "ret" || op == "exit" || op.rfind("brx", 0) == 0 || (branch && !exits[k].conditional);
+    if (branch && !ins.back().operands.empty()) {
+      const auto t = label_of.find(ins.back().operands[0]);
+      if (t != label_of.end()) exits[k].to = t->second;
+    }
+  }
+  // The blocks reachable from `from` by forward edges only (a loop's way back leads to blocks
+  // already counted): the branch target when it lies ahead, and the fall-through.
   auto reachable = [&](size_t from) {
     std::vector<char> in(f.blocks.size(), 0);
-    std::vector<size_t> todo = {from};
+    std::vector<size_t> pending = {from};
     in[from] = 1;
-    while (!todo.empty()) {
-      const size_t k = todo.back();
-      todo.pop_back();
-      for (size_t next : successors(k))
-        if (!in[next]) {
-          in[next] = 1;
-          todo.push_back(next);
-        }
+    auto visit = [&](size_t next) {
+      if (next < f.blocks.size() && !in[next]) {
+        in[next] = 1;
+        pending.push_back(next);
+      }
+    };
+    while (!pending.empty()) {
+      const size_t k = pending.back();
+      pending.pop_back();
+      if (exits[k].to > static_cast<int>(k)) visit(static_cast<size_t>(exits[k].to));
+      if (!exits[k].stops) visit(k + 1);
     }
     return in;
   };
@@ -277,15 +285,8 @@ profile::InstructionMix count(const Function& f, const std::vector<LineAccesses>
     if (k == 0) return warps;
     double n = 0;
     for (size_t p = 0; p < k; ++p) {
-      const Block& from = f.blocks[p];
-      const Instruction* last = from.instructions.empty() ? nullptr : &from.instructions.back();
-      const std::string op = last != nullptr ? last->opcode : "";
-      const bool branch = op == "bra" || op == "bra.uni";
-      const bool conditional = branch && !last->guard.empty();
-      const bool stops = op == "ret" || op == "exit" || op.rfind("brx", 0) == 0 || (branch && !conditional);
-      const auto target =
-          branch && !last->operands.empty() ? label_of.find(last->operands[0]) : label_of.end();
-      const int to = target != label_of.end() ? target->second : -1;
+      const int to = exits[p].to;
+      const bool conditional = exits[p].conditional, stops = exits[p].stops;
       const bool forward = to > static_cast<int>(p);
       if (conditional && forward && p + 1 < f.blocks.size() && share_of[p] < 0)
         share_of[p] = taken_share(p, to);
