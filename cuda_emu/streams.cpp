@@ -49,11 +49,17 @@ struct CUstream_st {
   std::thread worker;
 };
 
+// An event is its newest record. Each cudaEventRecord makes a record of its own, completed by
+// its stream: a wait holds on to the record it saw, so recording the event again elsewhere (and
+// that record finishing first) never releases it early, as on a GPU.
 struct CUevent_st {
+  struct Record {
+    bool done = false;
+    std::chrono::steady_clock::time_point when{};
+  };
   std::mutex mutex;
   std::condition_variable changed;
-  uint64_t recorded = 0, completed = 0;
-  std::chrono::steady_clock::time_point when{};
+  std::shared_ptr<Record> latest;  // null until first recorded
   bool timing = true;
 };
 
@@ -560,17 +566,15 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   if (event == nullptr) return fail(cudaErrorInvalidResourceHandle, "cudaEventRecord");
   if (!mg_emu::stream_exists(stream)) return fail(cudaErrorInvalidResourceHandle, "cudaEventRecord");
-  uint64_t generation;
+  auto record = std::make_shared<CUevent_st::Record>();
   {
     std::lock_guard<std::mutex> lock(event->mutex);
-    generation = ++event->recorded;
+    event->latest = record;
   }
-  mg_emu::enqueue(stream, "cudaEventRecord", [event, generation] {
+  mg_emu::enqueue(stream, "cudaEventRecord", [event, record] {
     std::lock_guard<std::mutex> lock(event->mutex);
-    if (event->completed < generation) {
-      event->completed = generation;
-      event->when = std::chrono::steady_clock::now();
-    }
+    record->done = true;
+    record->when = std::chrono::steady_clock::now();
     event->changed.notify_all();
   });
   return cudaSuccess;
@@ -579,30 +583,30 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
 cudaError_t cudaEventQuery(cudaEvent_t event) {
   if (event == nullptr) return fail(cudaErrorInvalidResourceHandle, "cudaEventQuery");
   std::lock_guard<std::mutex> lock(event->mutex);
-  return event->completed >= event->recorded ? cudaSuccess : cudaErrorNotReady;
+  return event->latest == nullptr || event->latest->done ? cudaSuccess : cudaErrorNotReady;
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   if (event == nullptr) return fail(cudaErrorInvalidResourceHandle, "cudaEventSynchronize");
   mg_emu::count_host_sync();
   std::unique_lock<std::mutex> lock(event->mutex);
-  const uint64_t target = event->recorded;
-  event->changed.wait(lock, [&] { return event->completed >= target; });
+  const std::shared_ptr<CUevent_st::Record> target = event->latest;
+  if (target != nullptr) event->changed.wait(lock, [&] { return target->done; });
   return cudaSuccess;
 }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int) {
   if (event == nullptr || !mg_emu::stream_exists(stream))
     return fail(cudaErrorInvalidResourceHandle, "cudaStreamWaitEvent");
-  uint64_t target;
+  std::shared_ptr<CUevent_st::Record> target;
   {
     std::lock_guard<std::mutex> lock(event->mutex);
-    target = event->recorded;
+    target = event->latest;
   }
-  if (target == 0) return cudaSuccess;  // never recorded: nothing to wait for
+  if (target == nullptr) return cudaSuccess;  // never recorded: nothing to wait for
   mg_emu::enqueue(stream, "cudaStreamWaitEvent", [event, target] {
     std::unique_lock<std::mutex> lock(event->mutex);
-    event->changed.wait(lock, [&] { return event->completed >= target; });
+    event->changed.wait(lock, [&] { return target->done; });
   });
   return cudaSuccess;
 }
@@ -612,18 +616,11 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
   if (start == nullptr || end == nullptr) return fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime");
   if (!start->timing || !end->timing) return fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime");
   std::chrono::steady_clock::time_point a, b;
-  {
-    std::lock_guard<std::mutex> lock(start->mutex);
-    if (start->recorded == 0 || start->completed < start->recorded)
-      return fail(start->recorded ? cudaErrorNotReady : cudaErrorInvalidResourceHandle,
-                  "cudaEventElapsedTime");
-    a = start->when;
-  }
-  {
-    std::lock_guard<std::mutex> lock(end->mutex);
-    if (end->recorded == 0 || end->completed < end->recorded)
-      return fail(end->recorded ? cudaErrorNotReady : cudaErrorInvalidResourceHandle, "cudaEventElapsedTime");
-    b = end->when;
+  for (auto [event, at] : {std::pair{start, &a}, std::pair{end, &b}}) {
+    std::lock_guard<std::mutex> lock(event->mutex);
+    if (event->latest == nullptr) return fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime");
+    if (!event->latest->done) return fail(cudaErrorNotReady, "cudaEventElapsedTime");
+    *at = event->latest->when;
   }
   *ms = std::chrono::duration<float, std::milli>(b - a).count();
   return cudaSuccess;

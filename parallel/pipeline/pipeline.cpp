@@ -63,6 +63,15 @@ Tensor Pipeline::recv_tensor(int src, int tag) {
   Tensor shape = zeros({2 + kMaxDims}, TensorOptions{DType::i64, group_.device()});
   group_.recv(shape, src, tag)->wait();
   std::vector<int64_t> header = shape.to(Device::cpu()).to_vector<int64_t>();
+  // A header that is not one send_tensor writes means the stages disagree (or memory was
+  // overwritten in flight): an error naming it, never a read past the header.
+  const bool dims_ok = header[0] >= 0 && header[0] <= kMaxDims;
+  const bool dtype_ok = header[1] >= 0 && header[1] <= static_cast<int64_t>(DType::boolean);
+  bool sizes_ok = dims_ok;
+  for (int64_t d = 0; sizes_ok && d < header[0]; ++d) sizes_ok = header[static_cast<size_t>(2 + d)] >= 0;
+  MG_CHECK(dims_ok && dtype_ok && sizes_ok, "Pipeline: rank ", group_.rank(),
+           " received a malformed header from rank ", src, " (tag ", tag, "): ", header[0],
+           " dimensions, dtype code ", header[1]);
   Shape dims(header.begin() + 2, header.begin() + 2 + header[0]);
   Tensor data = empty(dims, TensorOptions{static_cast<DType>(header[1]), group_.device()});
   group_.recv(data, src, tag)->wait();

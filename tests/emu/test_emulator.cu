@@ -9,6 +9,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -534,6 +535,35 @@ TEST_CASE("emulator: streams run asynchronously (a host read before synchronisin
   CHECK(pinned[0] == 42.f);
   cudaFreeHost(pinned);
   cudaFree(d);
+}
+
+// A wait captures the event's record as of the cudaStreamWaitEvent call: recording the same event
+// again on another stream that finishes first must not release it (the caching allocator hands
+// its spare events from block to block exactly like this).
+TEST_CASE("emulator: a stream waits for the record it saw, not a later one of the same event", "[emu]") {
+  cudaStream_t slow, fast, waiter;
+  for (cudaStream_t* s : {&slow, &fast, &waiter})
+    REQUIRE(cudaStreamCreateWithFlags(s, cudaStreamNonBlocking) == cudaSuccess);
+  std::atomic<bool> release{false};
+  auto hold = [](void* flag) {
+    while (!static_cast<std::atomic<bool>*>(flag)->load())
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  };
+  REQUIRE(cudaLaunchHostFunc(slow, hold, &release) == cudaSuccess);
+  cudaEvent_t event;
+  REQUIRE(cudaEventCreateWithFlags(&event, cudaEventDisableTiming) == cudaSuccess);
+  REQUIRE(cudaEventRecord(event, slow) == cudaSuccess);           // completes once `slow` is released
+  REQUIRE(cudaStreamWaitEvent(waiter, event, 0) == cudaSuccess);  // waits for that record
+  REQUIRE(cudaEventRecord(event, fast) == cudaSuccess);           // a newer record, done at once
+  REQUIRE(cudaStreamSynchronize(fast) == cudaSuccess);
+  CHECK(cudaEventQuery(event) == cudaSuccess);  // the query reports the newest record
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  CHECK(cudaStreamQuery(waiter) == cudaErrorNotReady);  // still behind the older one
+  release = true;
+  REQUIRE(cudaStreamSynchronize(waiter) == cudaSuccess);
+  REQUIRE(cudaStreamSynchronize(slow) == cudaSuccess);
+  cudaEventDestroy(event);
+  for (cudaStream_t s : {slow, fast, waiter}) cudaStreamDestroy(s);
 }
 
 TEST_CASE("emulator: copies check their direction against the memory", "[emu]") {
