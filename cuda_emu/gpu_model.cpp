@@ -107,7 +107,9 @@ Prediction predict(const KernelWork& w, const GpuSpec& gpu) {
   p.waves = blocks / static_cast<double>(wave_blocks);
 
   // ---- throughput limits at full-GPU rates: the ideal roofline ----------------------------------
-  const double dram = (w.dram_bytes + w.local_bytes) / gpu.hbm_bytes_per_s;
+  // DRAM at the rate a stream sustains, not the datasheet peak (gpu_spec.h).
+  const double sustained_hbm = gpu.hbm_bytes_per_s * gpu.hbm_sustained_fraction;
+  const double dram = (w.dram_bytes + w.local_bytes) / sustained_hbm;
   const double l2 = (w.l2_sectors * gpu.sector_bytes + w.local_bytes) / gpu.l2_bytes_per_s;
   // L1 and shared memory are one array per SM, 128 bytes a clock: shared wavefronts and the global
   // requests' passes through it share the rate.
@@ -178,7 +180,7 @@ Prediction predict(const KernelWork& w, const GpuSpec& gpu) {
   }
   p.load_latency_seconds = fixed + dram_share * gpu.dram_latency_per_utilisation_s * p.dram_utilisation;
   p.achievable_bytes_per_s =
-      p.bytes_in_flight > 0 ? std::min(gpu.hbm_bytes_per_s, p.bytes_in_flight / p.load_latency_seconds) : 0;
+      p.bytes_in_flight > 0 ? std::min(sustained_hbm, p.bytes_in_flight / p.load_latency_seconds) : 0;
 
   p.limits = {{"DRAM", dram},
               {"L2", l2},

@@ -5,10 +5,10 @@
 // output is a prediction from published figures and public microbenchmarks, and is labelled so.
 //
 // The model (docs/performance-model.md explains it, with the sources of every constant):
-//   * lower bounds on the time: DRAM bytes / HBM bandwidth, L2 sectors (after the L1s) x 32 / L2
-//     bandwidth, L1/shared wavefronts (shared memory's and the global requests' passes through the
-//     same 128-byte-a-clock array) / (one per SM per clock), FP32 FLOPs / the CUDA-core peak,
-//     tensor FLOPs / the dense BF16/FP16 tensor-core peak;
+//   * lower bounds on the time: DRAM bytes / the HBM bandwidth a stream sustains, L2 sectors
+//     (after the L1s) x 32 / L2 bandwidth, L1/shared wavefronts (shared memory's and the global
+//     requests' passes through the same 128-byte-a-clock array) / (one per SM per clock), FP32
+//     FLOPs / the CUDA-core peak, tensor FLOPs / the dense BF16/FP16 tensor-core peak;
 //   * instruction issue: warp instructions (the counted ones above, plus one FFMA per 64 declared
 //     FP32 FLOPs) / (4 schedulers x SMs x clock): the cap below the FP32 peak that any load, store
 //     or mma between the FMAs imposes. Address and integer arithmetic, branches and conversions
@@ -117,7 +117,7 @@ Prediction predict(const KernelWork& w, const GpuSpec& gpu = h200_sxm());
 double predict_step_seconds(const std::vector<Prediction>& launches, uint64_t host_syncs,
                             const GpuSpec& gpu = h200_sxm());
 
-// One line for a report: "predicted 449.82 us on an NVIDIA H200 SXM (bound by DRAM; 0.99 of the
+// One line for a report: "predicted 554.77 us on an NVIDIA H200 SXM (bound by DRAM; 1.00 of the
 // roofline; 8 blocks/SM, 248.24 waves)".
 std::string describe(const Prediction& p);
 

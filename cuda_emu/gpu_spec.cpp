@@ -23,8 +23,10 @@ GpuSpec make_h200() {
   // gpu-latency reports on a GH200 (1980 MHz).
   g.clock_hz = 1.98e9;
   // HBM3e: 4.8 TB/s, 141 GB (NVIDIA H200 Tensor Core GPU datasheet). A peak: a streaming read
-  // sustains about 3.9 TB/s (RRZE gpu-l2-cache/h200.txt, data sets past the L2).
+  // sustains 3.888 TB/s = 0.81 of it (RRZE gpu-l2-cache/h200.txt, the plateau of data sets from
+  // 2.5 GB up; the first H200 run measured read+write streams at 3.3-3.4 TB/s, docs/gpu-h200.md).
   g.hbm_bytes_per_s = 4.8e12;
+  g.hbm_sustained_fraction = 3.888 / 4.8;
   g.hbm_capacity_bytes = 141e9;
   // L2: 50 MB (NVIDIA Hopper whitepaper, H100 SXM5). L1 and shared memory: one 256 KB array per SM
   // (Hopper tuning guide), of which shared memory takes up to 228 KB.
@@ -86,6 +88,9 @@ GpuSpec make_h100() {
   // BF16 989 TFLOPS are the same datasheet's, equal to the H200's.
   g.hbm_bytes_per_s = 3.35e12;
   g.hbm_capacity_bytes = 80e9;
+  // Sustained share of the HBM peak: BORROWED from the H200 (0.81, the same memory controllers; no
+  // public H100 SXM sweep past the L2 was found; RRZE's H100 PCIe, with HBM2e at 2.0 TB/s, reads
+  // at 0.98 of its peak, so this may be pessimistic).
   // L2 bandwidth and both latencies: BORROWED from the H200/GH200 measurements above (the same
   // GH100 die and L2 at the same clock; no public H100 SXM L2 sweep was found). markdewing/AI_kernels
   // measures 700 cycles of DRAM and 291 of L2 latency on an H100 SXM, within 2% and 4% of these.
@@ -102,8 +107,10 @@ GpuSpec make_a100() {
   // per SM: 108 x 64 x 2 x 1.41e9 = 19.5 TFLOPS, the datasheet's FP32 figure.
   g.sms = 108;
   g.clock_hz = 1.41e9;
-  // HBM2e: 2,039 GB/s, 80 GB (A100 80GB datasheet, SXM); L2 40 MB (whitepaper).
+  // HBM2e: 2,039 GB/s, 80 GB (A100 80GB datasheet, SXM); L2 40 MB (whitepaper). A streaming read
+  // sustains 1,731 GB/s = 0.85 of it (RRZE gpu-l2-cache/a100_80.txt, data sets from 2.5 GB up).
   g.hbm_bytes_per_s = 2.039e12;
+  g.hbm_sustained_fraction = 1.731 / 2.039;
   g.hbm_capacity_bytes = 80e9;
   g.l2_capacity_bytes = 40.0 * 1024 * 1024;
   g.l1_shared_bytes_per_sm = 192 * 1024;  // combined L1/shared per SM (A100 whitepaper)
@@ -145,8 +152,10 @@ GpuSpec make_a6000() {
   // the datasheet's FP32 figure (NVIDIA RTX A6000 datasheet; NVIDIA Ampere GA102 whitepaper).
   g.sms = 84;
   g.clock_hz = 1.80e9;
-  // GDDR6: 768 GB/s, 48 GB (datasheet); L2 6 MB (GA102 whitepaper).
+  // GDDR6: 768 GB/s, 48 GB (datasheet); L2 6 MB (GA102 whitepaper). Sustained share BORROWED from
+  // the A40 (GA102 with 696 GB/s of GDDR6): RRZE gpu-stream/a40.txt reads 680 GB/s = 0.98 of it.
   g.hbm_bytes_per_s = 768e9;
+  g.hbm_sustained_fraction = 680.0 / 696.0;
   g.hbm_capacity_bytes = 48e9;
   g.l2_capacity_bytes = 6.0 * 1024 * 1024;
   g.l1_shared_bytes_per_sm = 128 * 1024;  // combined L1/shared per SM (GA102 whitepaper)

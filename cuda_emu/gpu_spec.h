@@ -27,6 +27,9 @@ struct GpuSpec {
 
   // ---- memory -----------------------------------------------------------------------------------
   double hbm_bytes_per_s = 4.8e12;  // DRAM (HBM or GDDR) peak
+  // The share of that peak a streaming kernel sustains (refresh, page and read/write turnaround
+  // cost the rest): the DRAM limit and the bytes latency can move are priced at this rate.
+  double hbm_sustained_fraction = 0.81;
   double hbm_capacity_bytes = 141e9;
   double l2_capacity_bytes = 50.0 * 1024 * 1024;  // the tracer's LRU L2 takes its size from here
   uint64_t l1_shared_bytes_per_sm = 256 * 1024;   // the unified L1 / shared-memory array of an SM

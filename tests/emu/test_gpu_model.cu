@@ -111,9 +111,10 @@ TEST_CASE("gpu model, H200: a 1 GiB copy with 16-byte loads at full occupancy is
   CHECK(p.blocks_per_sm == 8);
   CHECK(p.active_sms == 132);
   CHECK(p.waves == Approx(248.24).epsilon(1e-4));  // 262144 / (132 x 8)
-  // 2 GiB / 4.8 TB/s = 447.39 us, plus the 2.43 us launch: 449.83 us.
-  CHECK(p.seconds == Approx(449.83e-6).epsilon(1e-4));
-  CHECK(limit(p, "DRAM") == Approx(447.39e-6).epsilon(1e-4));
+  // 2 GiB at the sustained 3.888 TB/s (0.81 of the 4.8 TB/s peak) = 552.34 us, plus the 2.43 us
+  // launch: 554.77 us.
+  CHECK(p.seconds == Approx(554.77e-6).epsilon(1e-4));
+  CHECK(limit(p, "DRAM") == Approx(552.34e-6).epsilon(1e-4));
   // L2: 2 GiB / 9.78 TB/s = 219.6 us. Latency: one round trip a warp, 249 waves; at the loaded
   // latency of u = 0 (538 ns) that is 134 us, which would move 2 GiB at 16 TB/s: u is capped at 1,
   // a round trip takes 538 + 215 = 753 ns, 249 x 753 ns = 187.5 us.
@@ -121,10 +122,11 @@ TEST_CASE("gpu model, H200: a 1 GiB copy with 16-byte loads at full occupancy is
   CHECK(limit(p, "latency (bytes in flight)") == Approx(187.5e-6).epsilon(1e-3));
   CHECK(p.dram_utilisation == 1);
   CHECK(p.load_latency_seconds == Approx(753e-9));
-  // Little's law: 8448 warps x 512 bytes = 4.33 MB in flight / 753 ns = 5.7 TB/s -> capped at HBM.
+  // Little's law: 8448 warps x 512 bytes = 4.33 MB in flight / 753 ns = 5.7 TB/s -> capped at the
+  // sustained HBM rate.
   CHECK(p.bytes_in_flight == Approx(8448.0 * 512));
-  CHECK(p.achievable_bytes_per_s == Approx(4.8e12));
-  CHECK(p.roofline_fraction == Approx(447.39 / 449.83).epsilon(1e-3));
+  CHECK(p.achievable_bytes_per_s == Approx(3.888e12));
+  CHECK(p.roofline_fraction == Approx(552.34 / 554.77).epsilon(1e-3));
 }
 
 TEST_CASE("gpu model, H200: the same copy in a 24-block grid is bound by bytes in flight", "[gpu_model]") {
@@ -153,17 +155,17 @@ TEST_CASE("gpu model, H200: the same copy in a 24-block grid is bound by bytes i
 
 TEST_CASE("gpu model, H200: 4-byte loads at one request per warp cannot fill HBM; 16-byte loads can",
           "[gpu_model]") {
-  // A 1 GiB read. DRAM bound: 2^30 / 4.8 TB/s = 223.7 us.
+  // A 1 GiB read. DRAM bound: 2^30 / 3.888 TB/s (sustained) = 276.2 us.
   const Prediction narrow = predict(read_work(GiB, 4));
   const Prediction wide = predict(read_work(GiB, 16));
-  CHECK(limit(narrow, "DRAM") == Approx(223.7e-6).epsilon(1e-3));
+  CHECK(limit(narrow, "DRAM") == Approx(276.2e-6).epsilon(1e-3));
   // 4-byte loads: 1048576 blocks / 1056 a wave = 993 waves x 1 round trip. T = 993 x (538 ns +
   // 215 ns x u), u = 1 GiB / (T x 4.8 TB/s): T = 612.2 us, u = 0.365, a round trip 616.6 ns. So
-  // 8448 warps x 128 bytes = 1.08 MB in flight / 616.6 ns = 1.75 TB/s < 4.8 TB/s.
+  // 8448 warps x 128 bytes = 1.08 MB in flight / 616.6 ns = 1.75 TB/s < 3.888 TB/s.
   CHECK(narrow.binding == "latency (bytes in flight)");
   CHECK(narrow.achievable_bytes_per_s == Approx(1.7538e12).epsilon(1e-3));
   CHECK(limit(narrow, "latency (bytes in flight)") == Approx(612.24e-6).epsilon(1e-3));
-  CHECK(narrow.roofline_fraction == Approx(223.7 / (612.24 + 2.43)).epsilon(2e-3));
+  CHECK(narrow.roofline_fraction == Approx(276.2 / (612.24 + 2.43)).epsilon(2e-3));
   // 16-byte loads: 4 times the bytes a request; 249 waves of one round trip: DRAM binds.
   CHECK(wide.binding == "DRAM");
   CHECK(wide.seconds < narrow.seconds);
@@ -187,11 +189,11 @@ TEST_CASE("gpu model, H200: a 4096^3 bf16 GEMM is tensor-bound near 139 us", "[g
   CHECK(limit(p, "tensor") == Approx(143.31e-6).epsilon(1e-3));
   CHECK(p.seconds == Approx(145.74e-6).epsilon(1e-3));
   CHECK(p.roofline_fraction == Approx(138.97 / 145.74).epsilon(2e-3));
-  // The others stay below: DRAM 21.0 us, L2 109.8 us; latency: 9.375% of the loaded bytes from
-  // DRAM, the rest from L2 (141.6 ns): 0.09375 x 538 + 0.90625 x 141.6 = 178.8 ns at u = 0, and
-  // 256 round trips x 3 waves = 768 of them: T = 768 x (178.8 ns + 0.09375 x 215 ns x u) with
-  // u = 100.7 MB / (T x 4.8 TB/s): T = 139.6 us (u = 0.150).
-  CHECK(limit(p, "DRAM") == Approx(20.97e-6).epsilon(1e-3));
+  // The others stay below: DRAM 25.9 us (at 3.888 TB/s), L2 109.8 us; latency: 9.375% of the loaded bytes
+  // from DRAM, the rest from L2 (141.6 ns): 0.09375 x 538 + 0.90625 x 141.6 = 178.8 ns at u = 0, and 256
+  // round trips x 3 waves = 768 of them: T = 768 x (178.8 ns + 0.09375 x 215 ns x u) with u = 100.7 MB / (T
+  // x 4.8 TB/s): T = 139.6 us (u = 0.150).
+  CHECK(limit(p, "DRAM") == Approx(25.89e-6).epsilon(1e-3));
   CHECK(limit(p, "L2") == Approx(109.8e-6).epsilon(1e-3));
   CHECK(limit(p, "latency (bytes in flight)") == Approx(139.61e-6).epsilon(2e-3));
 }
@@ -324,11 +326,11 @@ TEST_CASE("gpu model, H200: properties of every prediction", "[gpu_model]") {
 TEST_CASE("gpu model, H200: a step is its launches plus its host synchronisations", "[gpu_model]") {
   const Prediction a = predict(copy_work(GiB, 16, 262144));
   const Prediction b = predict(copy_work(GiB, 16, 24));
-  // 449.83 us + 3.803 ms + 3 synchronisations x 10 us (the stated assumption).
-  CHECK(mg_emu::predict_step_seconds({a, b}, 3) == Approx(449.83e-6 + 6.0524e-3 + 30e-6).epsilon(1e-3));
+  // 554.77 us + 6.052 ms + 3 synchronisations x 10 us (the stated assumption).
+  CHECK(mg_emu::predict_step_seconds({a, b}, 3) == Approx(554.77e-6 + 6.0524e-3 + 30e-6).epsilon(1e-3));
   CHECK(mg_emu::predict_step_seconds({}, 0) == 0);
   const std::string line = mg_emu::describe(a);
-  CHECK(line.find("predicted 449.8") == 0);
+  CHECK(line.find("predicted 554.7") == 0);
   CHECK(line.find("bound by DRAM") != std::string::npos);
 }
 
@@ -431,13 +433,14 @@ TEST_CASE("gpu model: occupancy follows each compute capability's limits", "[gpu
 }
 
 TEST_CASE("gpu model: the same copy on each GPU is bound by its DRAM, and says which GPU", "[gpu_model]") {
-  // 1 GiB copied with 16-byte lanes over 262,144 blocks: 2 GiB of DRAM traffic at each part's peak.
+  // 1 GiB copied with 16-byte lanes over 262,144 blocks: 2 GiB of DRAM traffic at each part's
+  // sustained rate (its peak x the share gpu_spec.cpp sources).
   const KernelWork w = copy_work(GiB, 16, 262144);
   const std::pair<const GpuSpec*, double> expected[] = {
-      {&mg_emu::h200_sxm(), 2 * GiB / 4.8e12},    // 447.4 us
-      {&mg_emu::h100_sxm(), 2 * GiB / 3.35e12},   // 641.0 us
-      {&mg_emu::a100_sxm(), 2 * GiB / 2.039e12},  // 1.053 ms
-      {&mg_emu::rtx_a6000(), 2 * GiB / 768e9}};   // 2.796 ms
+      {&mg_emu::h200_sxm(), 2 * GiB / 3.888e12},          // 552.3 us
+      {&mg_emu::h100_sxm(), 2 * GiB / (3.35e12 * 0.81)},  // 791.4 us
+      {&mg_emu::a100_sxm(), 2 * GiB / 1.731e12},          // 1.241 ms
+      {&mg_emu::rtx_a6000(), 2 * GiB / 750.3e9}};         // 2.862 ms (768 x 680 / 696)
   for (const auto& [g, dram] : expected) {
     const Prediction p = predict(w, *g);
     INFO(g->name);

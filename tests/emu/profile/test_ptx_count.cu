@@ -409,5 +409,6 @@ TEST_CASE("ptx count: a stack frame in local memory is read off ptxas and priced
       if (std::string(l.name) == "DRAM") return l.seconds;
     return -1.0;
   };
-  CHECK(dram_of(w) - dram_of(without) == Approx(w.local_bytes / gpu.hbm_bytes_per_s));
+  CHECK(dram_of(w) - dram_of(without) ==
+        Approx(w.local_bytes / (gpu.hbm_bytes_per_s * gpu.hbm_sustained_fraction)));
 }

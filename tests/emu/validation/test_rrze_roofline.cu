@@ -95,9 +95,11 @@ TEST_CASE("model validation: RRZE gpu-roofline on an H200 and an A100 40GB", "[g
                          sweep(mg_emu::h200_sxm(), {3759, 3629, 2690, 2029, 1213, 642}));
   const validation::Summary a100 = validation::report("gpu-roofline, gpu-roofline/alex_a100_40.txt", a100_40,
                                                       sweep(a100_40, {1372, 1322, 1284, 1150, 554, 291}));
+  // DRAM at its sustained rate ties N = 0-56 at one predicted time, hence correlations of 0.85
+  // (docs/performance-model.md); before, the bands were 1.28-2.07 and 1.04-1.21 at 0.94.
   if (validation::instructions_counted())
-    validation::hold(h200, 1.25, 2.12, 0.90);  // today: 1.28-2.07, 0.94 (issue counted from the PTX)
+    validation::hold(h200, 0.95, 1.97, 0.80);  // today: 1.03-1.91, 0.85 (issue counted from the PTX)
   else
-    validation::hold(h200, 1.25, 2.30, 0.90);  // without nvcc: 1.28-2.23, 0.94
-  validation::hold(a100, 1.00, 1.25, 0.90);    // today: 1.04-1.21, 0.94
+    validation::hold(h200, 0.95, 2.00, 0.80);  // without nvcc: 1.03-1.91, 0.85
+  validation::hold(a100, 0.90, 1.20, 0.80);    // today: 0.96-1.15, 0.85
 }
