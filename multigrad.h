@@ -5,6 +5,7 @@
 #include "base/dtype.h"
 #include "base/error.h"
 #include "core/allocator.h"
+#include "core/attention.h"
 #include "core/autocast.h"
 #include "core/autograd/node.h"
 #include "core/cuda_runtime.h"

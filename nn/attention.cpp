@@ -1,5 +1,6 @@
-// CausalSelfAttention composed from matmul, where, softmax and views, so autograd
-// differentiates it and the reader can follow each step in the header's formulas.
+// CausalSelfAttention: projections and head views around causal_attention, which runs the fused
+// scaled_dot_product_attention on the CPU and, on CUDA, the composed matmul, where, softmax and
+// dropout (the header's formulas step by step, differentiated by autograd).
 #include "nn/attention.h"
 
 #include <cmath>
@@ -31,6 +32,12 @@ Tensor CausalSelfAttention::causal_mask(int64_t T, Device device) {
 }
 
 Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, Dropout& attn_dropout) {
+  if (q.device().is_cpu()) {
+    // The fused kernel: the same function without storing the [T, T] scores. Its dropout draws one
+    // generator call, as attn_dropout would, and the same mask for the same generator state.
+    const double p = attn_dropout.is_training() ? attn_dropout.p : 0.0;
+    return mg::scaled_dot_product_attention(q, k, v, AttentionOptions{true, p, std::nullopt});
+  }
   const int64_t T = q.size(-2), D = q.size(-1);
   Tensor att = mul(matmul(q, k.transpose(-2, -1)), 1.0 / std::sqrt(static_cast<double>(D)));  // [B, H, T, T]
   const Tensor minus_inf =
@@ -38,6 +45,11 @@ Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, Dropo
   att = where(CausalSelfAttention::causal_mask(T, q.device()), att, minus_inf);
   att = attn_dropout(softmax(att, -1));
   return matmul(att, v);
+}
+
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const AttentionOptions& options) {
+  return mg::scaled_dot_product_attention(q, k, v, options);
 }
 
 Tensor CausalSelfAttention::forward(const Tensor& x) {

@@ -11,16 +11,29 @@
 //
 // The parameter names follow nanoGPT (c_attn: [3C, C], c_proj: [C, C]); PyTorch's
 // nn.MultiheadAttention packs the same three projections as in_proj_weight [3C, C].
+//
+// scaled_dot_product_attention(q, k, v, {causal, dropout_p, scale}) is the functional form
+// (PyTorch's torch.nn.functional name): fused on the CPU, never storing the [Tq, Tk] scores;
+// core/attention.h has its contract. causal_attention (so CausalSelfAttention, TinyGPT and the
+// tensor-parallel attention) runs it for CPU tensors, and the composed steps above for CUDA ones.
 #pragma once
 
+#include "core/attention.h"
 #include "nn/dropout.h"
 #include "nn/linear.h"
 #include "nn/module.h"
 
 namespace mg::nn {
 
+// q [B, H, Tq, D], k and v [B, H, Tk, D] -> [B, H, Tq, D]: softmax(q k^T * scale, causal mask)
+// with dropout (whenever options.dropout_p > 0), times v. mg::scaled_dot_product_attention.
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const AttentionOptions& options = {});
+
 // The middle of attention, for q, k, v [B, H, T, D] -> [B, H, T, D]: softmax(q k^T / sqrt(D))
-// masked causally, dropout, times v. Shared by CausalSelfAttention and the tensor-parallel
+// masked causally, dropout (attn_dropout's p in training mode, none in eval), times v. CPU tensors
+// take the fused scaled_dot_product_attention, which draws the same dropout mask from the same
+// generator state; CUDA tensors the composed ops. Shared by CausalSelfAttention and the tensor-parallel
 // attention (parallel/tensor_parallel/tensor_parallel_gpt.h), which runs it on its own heads only.
 Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, Dropout& attn_dropout);
 
