@@ -102,6 +102,20 @@ inline Tensor grid_input(const Shape& shape, double start, double step, uint32_t
   return t;
 }
 
+// max |a - b| / max(max |b|, floor): the error relative to the reference b's scale (elementwise
+// ratios blow up near 0); `floor` keeps an all-zero reference from dividing by zero.
+inline double relative_error(const Tensor& a, const Tensor& b, double floor = 1e-30) {
+  MG_CHECK(a.shape() == b.shape(), "relative_error: shapes ", shape_str(a.shape()), " and ",
+           shape_str(b.shape()), " differ");
+  const std::vector<double> x = a.to_vector<double>(), y = b.to_vector<double>();
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    diff = std::max(diff, std::abs(x[i] - y[i]));
+    scale = std::max(scale, std::abs(y[i]));
+  }
+  return diff / std::max(scale, floor);
+}
+
 }  // namespace mg::testing
 
 // CHECK-style assertion that prints the first mismatch.

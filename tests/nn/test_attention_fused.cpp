@@ -17,18 +17,8 @@ using namespace mg;
 
 namespace {
 
-// max |a - b| / max |b|: relative to the reference's scale (elementwise ratios blow up near 0).
-// The scale is at least 1e-2, so an all-zero reference does not divide by zero.
-double rel_diff(const Tensor& a, const Tensor& b) {
-  REQUIRE(a.shape() == b.shape());
-  const std::vector<double> u = a.to_vector<double>(), v = b.to_vector<double>();
-  double worst = 0, scale = 0;
-  for (size_t i = 0; i < u.size(); ++i) {
-    worst = std::max(worst, std::abs(u[i] - v[i]));
-    scale = std::max(scale, std::abs(v[i]));
-  }
-  return worst / std::max(scale, 1e-2);
-}
+// The error relative to the reference's scale, at least 1e-2 (an all-zero reference).
+double rel_diff(const Tensor& a, const Tensor& b) { return testing::relative_error(a, b, 1e-2); }
 
 bool all_finite(const Tensor& t) {
   for (double x : t.to_vector<double>())

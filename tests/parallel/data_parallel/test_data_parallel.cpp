@@ -14,11 +14,13 @@
 #include "optim/adam.h"
 #include "optim/sgd.h"
 #include "parallel/parallel.h"
+#include "tests/gradcheck.h"
 #include "tests/parallel/data_parallel/two_in_two_out.h"
 #include "tests/test_device.h"
 
 using namespace mg;
 using Catch::Matchers::Contains;
+using mg::testing::relative_error;  // max |a - b| / max |b| (tests/gradcheck.h)
 
 namespace {
 
@@ -35,18 +37,6 @@ std::vector<Device> test_devices(int n) {
   std::vector<Device> devices;
   for (int i = 0; i < n; ++i) devices.push_back(Device::cuda(i));
   return devices;
-}
-
-// max |a - b| / max |b|: the error relative to the tensor's scale.
-double relative_error(const Tensor& a, const Tensor& b) {
-  REQUIRE(a.shape() == b.shape());
-  const std::vector<double> x = a.to_vector<double>(), y = b.to_vector<double>();
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    diff = std::max(diff, std::abs(x[i] - y[i]));
-    scale = std::max(scale, std::abs(y[i]));
-  }
-  return diff / std::max(scale, 1e-30);
 }
 
 // Padding 1: the 3x3 convolution keeps the 8x8 input size.
