@@ -3,7 +3,7 @@
 // matmul), time and the allocator's peak bytes.
 //
 //   build/benchmarks/bench_attention [--quick] [--repeats N] [--heads H] [--dim D] [--t T ...]
-//   build/benchmarks/bench_attention --gpt [--t T ...]
+//   build/benchmarks/bench_attention --gpt [--batch B] [--attention fused|composed|both] [--t T ...]
 //
 // Default: B = 1, H = 12, D = 64 (GPT-2 small's heads), T = 256, 1024, 2048, causal, f32, 1 warmup
 // + 5 timed rounds. --quick: T = 256 and 1024, 1 + 2 rounds. The exit status is 1 when the two
@@ -16,10 +16,13 @@
 // "model GFLOP/s" counts the useful work, 4 T^2 D H / 2 forward and 8 T^2 D H / 2 backward
 // (causal halves both); the fused backward does more (it rebuilds P and dP in two passes).
 //
-// --gpt: GPT-2 small (TinyGPT: 12 layers, 12 heads, 768 wide, vocab 50257) at B = 1, one forward
-// and backward of the cross-entropy per T, with whatever attention CausalSelfAttention runs (the
-// fused one on the CPU): the bytes live after forward beyond what was live before (the activations
-// kept for backward), and the peak during the step. Parameters are counted apart.
+// --gpt: GPT-2 small (TinyGPT: 12 layers, 12 heads, 768 wide, vocab 50257) at B = 1 (--batch),
+// one forward and backward of the cross-entropy per T, with the fused and the composed attention
+// (GPTConfig::attention; --attention picks one): the bytes live after forward beyond what was live
+// before (the activations kept for backward), and the peak during the step. Parameters are counted
+// apart. Beside them: kept bytes per token (constant in T when nothing grows with T^2), and kept
+// bytes in units of one [B, H, T, T] f32 matrix per layer (12 x 4 B H T^2): what the composed path
+// adds over the fused one, divided by it, says how many score-sized tensors each layer keeps.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -66,32 +69,37 @@ double rel_diff(const Tensor& a, const Tensor& b) {
 }
 
 // GPT-2 small, one training step's kept and peak bytes.
-void gpt_memory(const std::vector<int64_t>& lengths) {
+void gpt_memory(const std::vector<int64_t>& lengths, int64_t B, const std::vector<nn::AttentionImpl>& impls) {
   const int64_t vocab = 50257;
-  for (const int64_t T : lengths) {
-    nn::GPTConfig cfg;
-    cfg.vocab_size = vocab;
-    cfg.block_size = T;
-    cfg.n_layer = 12;
-    cfg.n_head = 12;
-    cfg.n_embd = 768;
-    manual_seed(0);
-    nn::TinyGPT model(cfg);
-    const Tensor idx = randint(0, vocab, {1, T}), targets = randint(0, vocab, {1, T});
-    const int64_t before = cpu_device_memory(0).live_bytes;
-    reset_cpu_device_peak(0);
-    const auto start = std::chrono::steady_clock::now();
-    Tensor loss = cross_entropy(model(idx).reshape({T, vocab}), targets.reshape({T}));
-    const int64_t kept = cpu_device_memory(0).live_bytes - before;
-    loss.backward();
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::printf(
-        "GPT-2 small, B = 1, T = %5lld: parameters and inputs %.0f MB, kept after forward %.0f MB, "
-        "peak %.0f MB above the parameters, step %.1f s\n",
-        static_cast<long long>(T), before / 1e6, kept / 1e6, (cpu_device_memory(0).peak_bytes - before) / 1e6,
-        seconds);
-    std::fflush(stdout);
-  }
+  for (const int64_t T : lengths)
+    for (const nn::AttentionImpl impl : impls) {
+      const bool fused = impl == nn::AttentionImpl::fused;
+      nn::GPTConfig cfg;
+      cfg.attention = impl;
+      cfg.vocab_size = vocab;
+      cfg.block_size = T;
+      cfg.n_layer = 12;
+      cfg.n_head = 12;
+      cfg.n_embd = 768;
+      manual_seed(0);
+      nn::TinyGPT model(cfg);
+      const Tensor idx = randint(0, vocab, {B, T}), targets = randint(0, vocab, {B, T});
+      const int64_t before = cpu_device_memory(0).live_bytes;
+      reset_cpu_device_peak(0);
+      const auto start = std::chrono::steady_clock::now();
+      Tensor loss = cross_entropy(model(idx).reshape({B * T, vocab}), targets.reshape({B * T}));
+      const int64_t kept = cpu_device_memory(0).live_bytes - before;
+      loss.backward();
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const double tokens = double(B) * double(T), score_matrices = 12.0 * 4 * 12 * double(B) * double(T) * T;
+      std::printf(
+          "GPT-2 small, %-9s B = %lld, T = %5lld: parameters and inputs %.0f MB, kept after forward %.0f MB "
+          "(%.3f MB a token; %.2f score matrices a layer), peak %.0f MB above the parameters, step %.1f s\n",
+          fused ? "fused," : "composed,", static_cast<long long>(B), static_cast<long long>(T), before / 1e6,
+          kept / 1e6, kept / tokens / 1e6, kept / score_matrices,
+          (cpu_device_memory(0).peak_bytes - before) / 1e6, seconds);
+      std::fflush(stdout);
+    }
 }
 
 }  // namespace
@@ -99,7 +107,8 @@ void gpt_memory(const std::vector<int64_t>& lengths) {
 int main(int argc, char** argv) {
   bool quick = false, gpt = false;
   int repeats = 5;
-  int64_t H = 12, D = 64;
+  int64_t H = 12, D = 64, batch = 1;
+  std::string attention = "both";
   std::vector<int64_t> lengths;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -111,18 +120,27 @@ int main(int argc, char** argv) {
       H = std::atoll(argv[++i]);
     } else if (a == "--dim" && i + 1 < argc) {
       D = std::atoll(argv[++i]);
+    } else if (a == "--batch" && i + 1 < argc) {
+      batch = std::atoll(argv[++i]);
+    } else if (a == "--attention" && i + 1 < argc) {
+      attention = argv[++i];
     } else if (a == "--gpt") {
       gpt = true;
     } else if (a == "--t" && i + 1 < argc) {
       lengths.push_back(std::atoll(argv[++i]));
     } else {
-      std::fprintf(stderr, "usage: %s [--quick | --gpt] [--repeats N] [--heads H] [--dim D] [--t T ...]\n",
+      std::fprintf(stderr,
+                   "usage: %s [--quick | --gpt [--batch B] [--attention fused|composed|both]] [--repeats N] "
+                   "[--heads H] [--dim D] [--t T ...]\n",
                    argv[0]);
       return 2;
     }
   }
   if (gpt) {
-    gpt_memory(lengths.empty() ? std::vector<int64_t>{256, 1024, 2048} : lengths);
+    std::vector<nn::AttentionImpl> impls;
+    if (attention != "composed") impls.push_back(nn::AttentionImpl::fused);
+    if (attention != "fused") impls.push_back(nn::AttentionImpl::composed);
+    gpt_memory(lengths.empty() ? std::vector<int64_t>{256, 1024, 2048} : lengths, batch, impls);
     return 0;
   }
   if (quick) repeats = 2;

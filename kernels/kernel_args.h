@@ -1,7 +1,7 @@
 // The argument types the CPU kernels (kernels/cpu/) and their CUDA twins (kernels/cuda/kernels.h)
 // share: op enums, the [outer, axis, inner] shapes, GEMM arguments, convolution and pooling
-// geometry, optimizer hyperparameters. Defined once here, in mg::kernels, so that one value
-// dispatches to either device and a test can hand both the same arguments. Host-only, no CUDA.
+// geometry, the attention problem, optimizer hyperparameters. Defined once here, in mg::kernels, so that one
+// value dispatches to either device and a test can hand both the same arguments. Host-only, no CUDA.
 #pragma once
 
 #include <cstdint>
@@ -190,5 +190,23 @@ void check_conv2d_geometry(const Conv2dGeometry& g);
 // Throws mg::Error unless the geometry is valid (positive kernel and stride,
 // 0 <= pad <= kernel/2, the padded input at least one kernel large).
 void check_pool2d_geometry(const Pool2dGeometry& g);
+
+// ---- attention (semantics: kernels/cpu/attention.h) ----
+// Element (b, h, t, d) of an operand is at b * batch + h * head + t * row + d: the last dim must
+// be contiguous (stride 1), every other stride is free (e.g. a transpose(1, 2) of [B, T, H, D]).
+struct AttentionStrides {
+  int64_t batch = 0, head = 0, row = 0;
+};
+
+struct AttentionProblem {
+  int64_t B = 0, H = 0, Tq = 0, Tk = 0, D = 0;
+  double scale = 1.0;
+  bool causal = false;
+  double dropout_p = 0.0;  // in [0, 1]; 0 draws nothing
+  uint64_t seed = 0, offset = 0;
+};
+
+// The dtype of LSE and of the backward's row workspace: f64 for f64 inputs, f32 otherwise.
+inline DType attention_stats_dtype(DType dtype) { return dtype == DType::f64 ? DType::f64 : DType::f32; }
 
 }  // namespace mg::kernels

@@ -1,6 +1,6 @@
 // CausalSelfAttention: projections and head views around causal_attention, which runs the fused
-// scaled_dot_product_attention on the CPU and, on CUDA, the composed matmul, where, softmax and
-// dropout (the header's formulas step by step, differentiated by autograd).
+// scaled_dot_product_attention or, selected, the composed matmul, where, softmax and dropout (the
+// header's formulas step by step, differentiated by autograd).
 #include "nn/attention.h"
 
 #include <cmath>
@@ -10,10 +10,11 @@
 
 namespace mg::nn {
 
-CausalSelfAttention::CausalSelfAttention(int64_t embd, int64_t heads, double p)
+CausalSelfAttention::CausalSelfAttention(int64_t embd, int64_t heads, double p, AttentionImpl attention_impl)
     : n_embd(embd),
       n_head(heads),
       dropout_p(p),
+      impl(attention_impl),
       c_attn(embd, 3 * embd),
       c_proj(embd, embd),
       attn_dropout(p),
@@ -31,8 +32,9 @@ Tensor CausalSelfAttention::causal_mask(int64_t T, Device device) {
   return ge(arange(T, idx).unsqueeze(1), arange(T, idx).unsqueeze(0));  // row = query i, column = key j
 }
 
-Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, Dropout& attn_dropout) {
-  if (q.device().is_cpu()) {
+Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, Dropout& attn_dropout,
+                        AttentionImpl impl) {
+  if (impl == AttentionImpl::fused) {
     // The fused kernel: the same function without storing the [T, T] scores. Its dropout draws one
     // generator call, as attn_dropout would, and the same mask for the same generator state.
     const double p = attn_dropout.is_training() ? attn_dropout.p : 0.0;
@@ -62,16 +64,17 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
   Tensor q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
 
   Tensor y =
-      causal_attention(q, k, v, attn_dropout).transpose(1, 2).reshape({B, T, C});  // heads side by side
+      causal_attention(q, k, v, attn_dropout, impl).transpose(1, 2).reshape({B, T, C});  // heads side by side
   return resid_dropout(c_proj(y));
 }
 
 std::shared_ptr<Module> CausalSelfAttention::clone_empty() const {
-  return std::make_shared<CausalSelfAttention>(n_embd, n_head, dropout_p);
+  return std::make_shared<CausalSelfAttention>(n_embd, n_head, dropout_p, impl);
 }
 
 std::string CausalSelfAttention::extra_repr() const {
-  return str_cat("n_embd=", n_embd, ", n_head=", n_head, ", dropout=", dropout_p);
+  return str_cat("n_embd=", n_embd, ", n_head=", n_head, ", dropout=", dropout_p,
+                 impl == AttentionImpl::composed ? ", attention=composed" : "");
 }
 
 }  // namespace mg::nn

@@ -19,8 +19,14 @@ std::shared_ptr<Module> TransformerMLP::clone_empty() const {
   return std::make_shared<TransformerMLP>(n_embd, dropout_p);
 }
 
-TransformerBlock::TransformerBlock(int64_t embd, int64_t heads, double p)
-    : n_embd(embd), n_head(heads), dropout_p(p), ln_1(embd), attn(embd, heads, p), ln_2(embd), mlp(embd, p) {
+TransformerBlock::TransformerBlock(int64_t embd, int64_t heads, double p, AttentionImpl attention)
+    : n_embd(embd),
+      n_head(heads),
+      dropout_p(p),
+      ln_1(embd),
+      attn(embd, heads, p, attention),
+      ln_2(embd),
+      mlp(embd, p) {
   register_module("ln_1", ln_1);
   register_module("attn", attn);
   register_module("ln_2", ln_2);
@@ -33,7 +39,7 @@ Tensor TransformerBlock::forward(const Tensor& x) {
 }
 
 std::shared_ptr<Module> TransformerBlock::clone_empty() const {
-  return std::make_shared<TransformerBlock>(n_embd, n_head, dropout_p);
+  return std::make_shared<TransformerBlock>(n_embd, n_head, dropout_p, attn.impl);
 }
 
 }  // namespace mg::nn

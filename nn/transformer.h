@@ -33,7 +33,8 @@ class TransformerMLP : public Module {
 
 class TransformerBlock : public Module {
  public:
-  TransformerBlock(int64_t n_embd, int64_t n_head, double dropout = 0.0);
+  TransformerBlock(int64_t n_embd, int64_t n_head, double dropout = 0.0,
+                   AttentionImpl attention = AttentionImpl::fused);
   Tensor forward(const Tensor& x) override;  // [B, T, n_embd] -> [B, T, n_embd]
   std::shared_ptr<Module> clone_empty() const override;
 

@@ -152,7 +152,8 @@ TinyGPT::TinyGPT(GPTConfig c)
   register_module("wte", wte);
   register_module("wpe", wpe);
   register_module("drop", drop);
-  for (int64_t i = 0; i < c.n_layer; ++i) h.emplace_back<TransformerBlock>(c.n_embd, c.n_head, c.dropout);
+  for (int64_t i = 0; i < c.n_layer; ++i)
+    h.emplace_back<TransformerBlock>(c.n_embd, c.n_head, c.dropout, c.attention);
   register_module("h", h);
   register_module("ln_f", ln_f);
   register_module("lm_head", lm_head);

@@ -108,6 +108,8 @@ struct GPTConfig {
   int64_t n_embd = 64;
   double dropout = 0.0;
   bool checkpoint_activations = false;  // recompute each block in backward (nn/activation_checkpoint.h)
+  // The fused scaled_dot_product_attention (no [T, T] scores stored), or the composed ops.
+  AttentionImpl attention = AttentionImpl::fused;
 };
 
 class TinyGPT : public Module {

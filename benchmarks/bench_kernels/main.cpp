@@ -92,7 +92,8 @@ const char* usage =
     "  defaults: device 0, every family, -w 3 -n 20, a 256 MiB copy ceiling;\n"
     "  --quick: -w 2 -n 10, a 64 MiB ceiling and each family's short list of sizes;\n"
     "  JSON: --json PATH, else $MG_BENCH_OUT_DIR/bench_kernels.json, else ./bench_kernels.json\n"
-    "  --profile (CUDA emulation build): the families memory, layers, lab, gemm and step traced, one call "
+    "  --profile (CUDA emulation build): the families memory, layers, lab, attention, gemm and step traced, "
+    "one call "
     "per row,\n"
     "    and predicted on a GPU (profile.cpp); --gpu NAME: which one, h200 (default), h100, a100 or\n"
     "    a6000 (cuda_emu/gpu_spec.h); --profile-blocks N: blocks traced per launch (132);\n"
@@ -158,7 +159,7 @@ Flags parse_flags(int argc, char** argv) {
   if (f.options.profile) {  // one traced call per row: nothing to warm up or repeat
     f.options.warmup = 0;
     f.options.repeats = 1;
-    if (f.families.empty()) f.families = {"memory", "layers", "lab", "gemm", "step"};
+    if (f.families.empty()) f.families = {"memory", "layers", "lab", "attention", "gemm", "step"};
   }
   if (f.options.quick) {
     if (!warmup_set) f.options.warmup = f.options.check ? 0 : 2;

@@ -1,5 +1,5 @@
-// scaled_dot_product_attention: argument checks, the fused CPU kernel with its backward node,
-// and the composed path (the reference, and what CUDA tensors run for now).
+// scaled_dot_product_attention: argument checks, the fused kernels (kernels/cpu/attention.cpp and
+// kernels/cuda/attention.cu) with their backward node, and the composed path (the reference).
 #include "core/attention.h"
 
 #include <cmath>
@@ -17,8 +17,8 @@ namespace {
 constexpr const char* kName = "scaled_dot_product_attention";
 
 // Checks shapes and dtypes; returns the problem (sizes, scale, causal, dropout_p) without the seed.
-kernels::cpu::AttentionProblem check_attention(const Tensor& q, const Tensor& k, const Tensor& v,
-                                               const AttentionOptions& options) {
+kernels::AttentionProblem check_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                          const AttentionOptions& options) {
   check_defined(kName, {q, k, v});
   check_same_device(kName, {q, k, v});
   check_floating(kName, q);
@@ -36,7 +36,7 @@ kernels::cpu::AttentionProblem check_attention(const Tensor& q, const Tensor& k,
   MG_CHECK(q.size(3) > 0, kName, ": the head dim D must be positive");
   MG_CHECK(options.dropout_p >= 0 && options.dropout_p <= 1, kName, ": dropout_p must be in [0, 1], got ",
            options.dropout_p);
-  kernels::cpu::AttentionProblem p;
+  kernels::AttentionProblem p;
   p.B = q.size(0);
   p.H = q.size(1);
   p.Tq = q.size(2);
@@ -54,13 +54,13 @@ Tensor kernel_operand(const Tensor& t) {
   return d.size(3) <= 1 || d.stride(3) == 1 ? d : d.contiguous();
 }
 
-kernels::cpu::AttentionStrides strides_of(const Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
+kernels::AttentionStrides strides_of(const Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
 
 }  // namespace
 
 Tensor scaled_dot_product_attention_composed(const Tensor& q, const Tensor& k, const Tensor& v,
                                              const AttentionOptions& options) {
-  const kernels::cpu::AttentionProblem p = check_attention(q, k, v, options);
+  const kernels::AttentionProblem p = check_attention(q, k, v, options);
   Tensor att = mul(matmul(q, k.transpose(-2, -1)), p.scale);  // [B, H, Tq, Tk]
   if (p.causal) {
     const TensorOptions idx{DType::i64, q.device(), false};
@@ -76,11 +76,9 @@ Tensor scaled_dot_product_attention_composed(const Tensor& q, const Tensor& k, c
 
 Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
                                     const AttentionOptions& options) {
-  kernels::cpu::AttentionProblem p = check_attention(q_in, k_in, v_in, options);
-  if (!q_in.device().is_cpu()) return scaled_dot_product_attention_composed(q_in, k_in, v_in, options);
-
+  kernels::AttentionProblem p = check_attention(q_in, k_in, v_in, options);
   const Tensor q = kernel_operand(q_in), k = kernel_operand(k_in), v = kernel_operand(v_in);
-  const DType stats_dtype = kernels::cpu::attention_stats_dtype(q.dtype());
+  const DType stats_dtype = kernels::attention_stats_dtype(q.dtype());
   Tensor out = new_output({p.B, p.H, p.Tq, p.D}, q.dtype(), q);
   Tensor lse = new_output({p.B, p.H, p.Tq}, stats_dtype, q);
   if (p.dropout_p > 0) {
@@ -88,27 +86,27 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
     p.seed = call.seed;
     p.offset = call.offset;
   }
-  kernels::cpu::attention_forward(q.dtype(), p, q.data_ptr(), strides_of(q), k.data_ptr(), strides_of(k),
-                                  v.data_ptr(), strides_of(v), out.data_ptr(), lse.data_ptr());
+  MG_KERNEL(q.device(), attention_forward, q.dtype(), p, q.data_ptr(), strides_of(q), k.data_ptr(),
+            strides_of(k), v.data_ptr(), strides_of(v), out.data_ptr(), lse.data_ptr());
 
   if (autograd::any_requires_grad({q_in, k_in, v_in})) {
     const autograd::SavedTensor saved_q(q, kName), saved_k(k, kName), saved_v(v, kName),
         saved_out(out, kName), saved_lse(lse, kName);
-    autograd::record(
-        "ScaledDotProductAttentionBackward", {q_in, k_in, v_in}, {out}, [=](const std::vector<Tensor>& g) {
-          const Tensor sq = saved_q.unpack(), sk = saved_k.unpack(), sv = saved_v.unpack();
-          const Tensor so = saved_out.unpack(), sl = saved_lse.unpack();
-          const Tensor gout = kernel_operand(g[0].to(sq.dtype()));
-          Tensor dq = new_output(sq.shape(), sq.dtype(), sq);
-          Tensor dk = new_output(sk.shape(), sk.dtype(), sk);
-          Tensor dv = new_output(sv.shape(), sv.dtype(), sv);
-          Tensor delta = new_output({p.B, p.H, p.Tq}, sl.dtype(), sl);
-          kernels::cpu::attention_backward(sq.dtype(), p, sq.data_ptr(), strides_of(sq), sk.data_ptr(),
-                                           strides_of(sk), sv.data_ptr(), strides_of(sv), so.data_ptr(),
-                                           sl.data_ptr(), gout.data_ptr(), strides_of(gout), delta.data_ptr(),
-                                           dq.data_ptr(), dk.data_ptr(), dv.data_ptr());
-          return std::vector<Tensor>{dq, dk, dv};
-        });
+    autograd::record("ScaledDotProductAttentionBackward", {q_in, k_in, v_in}, {out},
+                     [=](const std::vector<Tensor>& g) {
+                       const Tensor sq = saved_q.unpack(), sk = saved_k.unpack(), sv = saved_v.unpack();
+                       const Tensor so = saved_out.unpack(), sl = saved_lse.unpack();
+                       const Tensor gout = kernel_operand(g[0].to(sq.dtype()));
+                       Tensor dq = new_output(sq.shape(), sq.dtype(), sq);
+                       Tensor dk = new_output(sk.shape(), sk.dtype(), sk);
+                       Tensor dv = new_output(sv.shape(), sv.dtype(), sv);
+                       Tensor delta = new_output({p.B, p.H, p.Tq}, sl.dtype(), sl);
+                       MG_KERNEL(sq.device(), attention_backward, sq.dtype(), p, sq.data_ptr(),
+                                 strides_of(sq), sk.data_ptr(), strides_of(sk), sv.data_ptr(), strides_of(sv),
+                                 so.data_ptr(), sl.data_ptr(), gout.data_ptr(), strides_of(gout),
+                                 delta.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr());
+                       return std::vector<Tensor>{dq, dk, dv};
+                     });
   }
   return out;
 }

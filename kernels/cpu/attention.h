@@ -14,31 +14,16 @@
 // contiguous [B, H, Tq, Tk] tensor, so the composed path with the same generator state drops the
 // same elements, and the backward regenerates the mask from (seed, offset) alone.
 //
-// The argument struct lives here until a CUDA twin exists; it then moves to kernels/kernel_args.h.
+// AttentionProblem and AttentionStrides are in kernels/kernel_args.h (shared with the CUDA twin,
+// kernels/cuda/attention.cu).
 #pragma once
 
 #include <cstdint>
 
 #include "base/dtype.h"
+#include "kernels/kernel_args.h"
 
 namespace mg::kernels::cpu {
-
-// Element (b, h, t, d) of an operand is at b * batch + h * head + t * row + d: the last dim must
-// be contiguous (stride 1), every other stride is free (e.g. a transpose(1, 2) of [B, T, H, D]).
-struct AttentionStrides {
-  int64_t batch = 0, head = 0, row = 0;
-};
-
-struct AttentionProblem {
-  int64_t B = 0, H = 0, Tq = 0, Tk = 0, D = 0;
-  double scale = 1.0;
-  bool causal = false;
-  double dropout_p = 0.0;  // in [0, 1]; 0 draws nothing
-  uint64_t seed = 0, offset = 0;
-};
-
-// The dtype of LSE and of the backward's row workspace: f64 for f64 inputs, f32 otherwise.
-inline DType attention_stats_dtype(DType dtype) { return dtype == DType::f64 ? DType::f64 : DType::f32; }
 
 // o: [B, H, Tq, D] contiguous, of `dtype`; lse: [B, H, Tq] contiguous, of attention_stats_dtype.
 // dtype: f32, f64, f16 or bf16 (halves are widened to f32 tile by tile).

@@ -32,8 +32,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <mutex>
-#include <set>
 #include <type_traits>
 #include <utility>
 
@@ -448,20 +446,6 @@ __global__ void __launch_bounds__(TcConfig<kTileN>::kThreads, kTileN == 128 ? 2 
 // ================================================================================================
 // Host side
 // ================================================================================================
-
-// cudaFuncSetAttribute for more than 48 KiB of dynamic shared memory, once per (kernel, device).
-void allow_dynamic_smem(const void* kernel, int bytes) {
-  static std::mutex mutex;
-  static std::set<std::pair<const void*, int>> done;
-  int device = 0;
-  MG_CUDA_CHECK(cudaGetDevice(&device));
-  std::lock_guard<std::mutex> lock(mutex);
-  if (done.count({kernel, device})) return;
-  MG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-  MG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                     cudaSharedmemCarveoutMaxShared));
-  done.insert({kernel, device});
-}
 
 // One tile configuration of one of the four layout instantiations, with its shared-memory opt-in.
 template <class T, bool kAKContiguous, bool kBKContiguous, int kTileN>

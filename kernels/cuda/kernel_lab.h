@@ -1,6 +1,7 @@
-// The kernel lab for the memory-bound row kernels: softmax forward over the last axis
-// (kernels/cuda/softmax_ladder.cu) and layer norm forward (kernels/cuda/layer_norm_ladder.cu), each
-// as a ladder of versions, in the manner of llm.c's dev/cuda. Every rung computes exactly what the
+// The kernel lab: the memory-bound row kernels, softmax forward over the last axis
+// (kernels/cuda/softmax_ladder.cu) and layer norm forward (kernels/cuda/layer_norm_ladder.cu), and
+// the attention forward (kernels/cuda/attention_ladder.cu, at the end of this header), each as a
+// ladder of versions, in the manner of llm.c's dev/cuda. Every rung computes exactly what the
 // CPU kernel computes (kernels/cpu/softmax.h, kernels/cpu/layer_norm.h) for f32 rows; each is a
 // step faster than the one before, and the two ladder files' opening comments say what each step
 // buys (bytes, FLOPs, what limits it). benchmarks/bench_kernels/kernel_lab.cpp (family "lab")
@@ -33,6 +34,7 @@
 #include "base/dtype.h"
 #include "base/error.h"
 #include "kernels/cuda/stream.h"
+#include "kernels/kernel_args.h"
 
 namespace mg::kernels::cuda {
 
@@ -74,5 +76,33 @@ void softmax_rows_forward(cudaStream_t stream, DType dtype, int64_t rows, int64_
 void layer_norm_rows_forward(cudaStream_t stream, DType dtype, const void* x, const void* weight,
                              const void* bias, int64_t rows, int64_t cols, double eps, void* y, void* mean,
                              void* rstd, bool online);
+
+// ---- the attention ladder (kernels/cuda/attention_ladder.cu has each rung's design) ------------
+//   naive               three kernels, the [Tq, Tk] scores written to DRAM and read back
+//   row                 a block per query row, its scores in shared memory; K and V read per row
+//   flash_cuda_cores    the production CUDA-core kernel: 16-row blocks, K/V tiles, online softmax
+//   flash_tensor_cores  the production tensor-core kernel (bf16): mma.sync, ldmatrix, cp.async
+enum class AttentionRung { naive, row, flash_cuda_cores, flash_tensor_cores };
+
+inline const char* attention_rung_name(AttentionRung r) {
+  switch (r) {
+    case AttentionRung::naive: return "naive";
+    case AttentionRung::row: return "row";
+    case AttentionRung::flash_cuda_cores: return "flash_cuda_cores";
+    case AttentionRung::flash_tensor_cores: return "flash_tensor_cores";
+  }
+  return "unknown";
+}
+
+constexpr AttentionRung kAllAttentionRungs[] = {AttentionRung::naive, AttentionRung::row,
+                                                AttentionRung::flash_cuda_cores,
+                                                AttentionRung::flash_tensor_cores};
+
+// The attention forward of kernels/cpu/attention.h without dropout, with the chosen rung: q [B, H,
+// Tq, D], k and v [B, H, Tk, D], o [B, H, Tq, D], all contiguous, f32 or bf16 (flash_tensor_cores:
+// bf16 with D = 64 or 128); lse [B, H, Tq] f32. `scores`: B H Tq Tk floats of workspace for the naive
+// rung (the others take nullptr).
+void attention_lab(cudaStream_t stream, AttentionRung rung, DType dtype, const AttentionProblem& p,
+                   const void* q, const void* k, const void* v, void* o, float* lse, float* scores);
 
 }  // namespace mg::kernels::cuda

@@ -16,6 +16,9 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <map>
+#include <mutex>
+#include <utility>
 
 #include "base/cuda_check.cuh"
 
@@ -27,6 +30,24 @@ void launch_kernel(dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stre
   Kernel<<<grid, block, shared_bytes, stream>>>(args...);
   // clang-format on
   MG_CUDA_CHECK_LAUNCH();
+}
+
+// A kernel that wants more than 48 KiB of dynamic shared memory must say so first, once per
+// device: cudaFuncSetAttribute(MaxDynamicSharedMemorySize), and the largest carveout of the unified
+// L1/shared array for shared memory. Call before launch_kernel with the same `bytes`; a kernel
+// whose size depends on its arguments is raised again when a call needs more than before.
+inline void allow_dynamic_smem(const void* kernel, int bytes) {
+  static std::mutex mutex;
+  static std::map<std::pair<const void*, int>, int> allowed;  // (kernel, device) -> bytes
+  int device = 0;
+  MG_CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mutex);
+  int& current = allowed[{kernel, device}];
+  if (bytes <= current) return;
+  MG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  MG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                     cudaSharedmemCarveoutMaxShared));
+  current = bytes;
 }
 
 }  // namespace mg::kernels::cuda

@@ -22,6 +22,7 @@ TensorParallelAttention::TensorParallelAttention(const nn::CausalSelfAttention& 
       n_head(full.n_head),
       heads_per_rank(group.defined() && group.size() > 0 ? full.n_head / group.size() : 0),
       dropout_p(full.dropout_p),
+      impl(full.impl),
       attn_dropout(full.dropout_p),
       resid_dropout(full.dropout_p),
       group_(std::move(group)) {
@@ -43,12 +44,12 @@ Tensor TensorParallelAttention::forward(const Tensor& x) {
   const int64_t B = x.size(0), T = x.size(1), D = n_embd / n_head, H = heads_per_rank;
   std::vector<Tensor> qkv = split((*c_attn)(x), H * D, /*dim=*/2);  // this rank's q, k, v: [B, T, H D]
   auto heads = [&](const Tensor& t) { return t.reshape({B, T, H, D}).transpose(1, 2); };
-  Tensor y = nn::causal_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), attn_dropout);
+  Tensor y = nn::causal_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), attn_dropout, impl);
   return resid_dropout((*c_proj)(y.transpose(1, 2).reshape({B, T, H * D})));  // c_proj sums over ranks
 }
 
 std::shared_ptr<nn::Module> TensorParallelAttention::clone_empty() const {
-  return std::make_shared<TensorParallelAttention>(nn::CausalSelfAttention(n_embd, n_head, dropout_p),
+  return std::make_shared<TensorParallelAttention>(nn::CausalSelfAttention(n_embd, n_head, dropout_p, impl),
                                                    group_);
 }
 
@@ -96,7 +97,8 @@ Tensor TensorParallelBlock::forward(const Tensor& x) {
 }
 
 std::shared_ptr<nn::Module> TensorParallelBlock::clone_empty() const {
-  return std::make_shared<TensorParallelBlock>(nn::TransformerBlock(n_embd, n_head, dropout_p), group_);
+  return std::make_shared<TensorParallelBlock>(nn::TransformerBlock(n_embd, n_head, dropout_p, attn->impl),
+                                               group_);
 }
 
 // ---- TensorParallelGPT -------------------------------------------------------------------------

@@ -42,6 +42,7 @@ class TensorParallelAttention : public nn::Module {
 
   const int64_t n_embd, n_head, heads_per_rank;
   const double dropout_p;
+  const nn::AttentionImpl impl;                  // the full model's choice (nn/attention.h)
   std::shared_ptr<ColumnParallelLinear> c_attn;  // [3 n_embd / T, n_embd]: q_r, k_r, v_r
   std::shared_ptr<RowParallelLinear> c_proj;     // [n_embd, n_embd / T]
   nn::Dropout attn_dropout, resid_dropout;

@@ -116,6 +116,32 @@ TEST_CASE("zoo steady state: ResNetSmall (BasicBlocks, downsample shortcuts, ave
   check_steady(count_training_steps(model, x, y));
 }
 
+TEST_CASE("TinyGPT's fused attention launches fewer kernels than the composed ops, and stays steady",
+          "[emu][counters]") {
+  const Device dev = Device::cuda(0);
+  nn::GPTConfig config;
+  config.vocab_size = 65, config.block_size = 16, config.n_layer = 2, config.n_head = 2, config.n_embd = 32;
+  config.dropout = 0.1;  // attention dropout inside the fused kernel, a mask tensor in the composed path
+  manual_seed(4);
+  const Tensor idx = randint(0, config.vocab_size, {2, 16}).to(dev);
+  const Tensor targets = randint(0, config.vocab_size, {2, 16}).to(dev);
+  double launches[2];
+  for (nn::AttentionImpl impl : {nn::AttentionImpl::fused, nn::AttentionImpl::composed}) {
+    config.attention = impl;
+    manual_seed(3);
+    nn::TinyGPT model(config);
+    model.to(dev);
+    std::printf("%s attention: ", impl == nn::AttentionImpl::fused ? "fused" : "composed");
+    const PerStep p = count_training_steps(model, idx, targets);
+    check_steady(p, /*embedding_lookups=*/2);
+    launches[impl == nn::AttentionImpl::fused ? 0 : 1] = p.launches;
+  }
+  // Per layer the fused path launches 1 kernel forward and 3 backward (delta, dK/dV, dQ); the
+  // composed path a GEMM, the scale, the mask, the softmax, the dropout and a GEMM forward, and their
+  // backward. At least 8 launches per layer fewer (2 layers).
+  CHECK(launches[1] - launches[0] >= 16);
+}
+
 TEST_CASE("zoo steady state: TinyGPT (embeddings, attention, layer norm, GELU) on cuda:0",
           "[emu][counters]") {
   const Device dev = Device::cuda(0);
