@@ -116,6 +116,14 @@ inline double relative_error(const Tensor& a, const Tensor& b, double floor = 1e
   return diff / std::max(scale, floor);
 }
 
+// A fresh leaf with t's values that requires grad (a detached copy: t's graph and storage are left
+// alone).
+inline Tensor leaf(const Tensor& t) {
+  Tensor r = t.detach().clone();
+  r.set_requires_grad(true);
+  return r;
+}
+
 }  // namespace mg::testing
 
 // CHECK-style assertion that prints the first mismatch.

@@ -82,17 +82,6 @@ std::vector<float> bf16_to_host(const void* device, int64_t n) {
   return out;
 }
 
-// max |out - ref| / max |ref|; NaN anywhere in out gives NaN.
-double max_rel_error(const std::vector<float>& out, const std::vector<float>& ref) {
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < out.size(); ++i) {
-    if (std::isnan(out[i])) return NAN;
-    diff = std::max(diff, std::fabs(double(out[i]) - ref[i]));
-    scale = std::max(scale, std::fabs(double(ref[i])));
-  }
-  return scale > 0 ? diff / scale : diff;
-}
-
 struct Problem {
   int64_t B, H, T, D;
   kernels::AttentionProblem args() const {

@@ -123,6 +123,17 @@ inline double row_sum_tolerance(int64_t len) {
   return std::max(1e-5, 4.0 * std::sqrt(static_cast<double>(len)) * 0x1p-24);
 }
 
+// max |out - ref| / max |ref| of a result copied back to the host; NaN anywhere in out gives NaN.
+inline double max_rel_error(const std::vector<float>& out, const std::vector<float>& ref) {
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (std::isnan(out[i])) return NAN;
+    diff = std::max(diff, std::fabs(double(out[i]) - ref[i]));
+    scale = std::max(scale, std::fabs(double(ref[i])));
+  }
+  return scale > 0 ? diff / scale : diff;
+}
+
 // Ceilings measured once by main.cpp before the families run.
 struct Ceilings {
   double copy_gbps = 0;  // cudaMemcpyAsync device->device of a large buffer: bytes read + written / s

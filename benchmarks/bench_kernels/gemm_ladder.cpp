@@ -84,17 +84,6 @@ std::vector<float> to_host(const void* device, int64_t n, bool bf16_values) {
   return out;
 }
 
-// max |out - ref| / max |ref|; NaN anywhere in out gives NaN.
-double max_rel_error(const std::vector<float>& out, const std::vector<float>& ref) {
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < out.size(); ++i) {
-    if (std::isnan(out[i])) return NAN;
-    diff = std::max(diff, std::fabs(double(out[i]) - ref[i]));
-    scale = std::max(scale, std::fabs(double(ref[i])));
-  }
-  return scale > 0 ? diff / scale : diff;
-}
-
 // Row-major C = A B through cuBLAS (column-major C^T = B^T A^T), f32 without TF32 or bf16 with
 // f32 accumulation.
 void cublas_gemm(cublasHandle_t handle, bool bf16_values, int m, int n, int k, const void* a, const void* b,

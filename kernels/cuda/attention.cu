@@ -68,6 +68,27 @@ __device__ __forceinline__ void store_row(T* row, const A (&acc)[kMaxDimsPerLane
   }
 }
 
+// acc[r][c] += sum over jj < n of w_r(jj) tile[jj * pitch + lane + 32 c], where w_r(jj) is
+// weights[r] of lane jj (broadcast by shuffle): lanes own the output's dims, and each row of the
+// tile is read once for the warp's 4 rows. O += P V, dQ += dS K, dV += P~ dO and dK += dS Q alike.
+template <class A>
+__device__ __forceinline__ void accumulate_rows(A (&acc)[kRowsPerWarp][kMaxDimsPerLane],
+                                                const A (&weights)[kRowsPerWarp], const A* tile, int pitch,
+                                                int n, int D, int lane) {
+  for (int jj = 0; jj < n; ++jj) {
+    A x[kMaxDimsPerLane];
+#pragma unroll
+    for (int c = 0; c < kMaxDimsPerLane; ++c)
+      x[c] = lane + 32 * c < D ? tile[jj * pitch + lane + 32 * c] : A(0);
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+      const A w = __shfl_sync(0xffffffffu, weights[r], jj);
+#pragma unroll
+      for (int c = 0; c < kMaxDimsPerLane; ++c) acc[r][c] += w * x[c];
+    }
+  }
+}
+
 // ---- forward ---------------------------------------------------------------------------------
 // Shared: Q [16][D], K [32][odd pitch], V [32][D], in the accumulation type.
 template <class T>
@@ -128,18 +149,7 @@ __global__ void __launch_bounds__(kBlockThreads)
       for (int c = 0; c < kMaxDimsPerLane; ++c) acc[r][c] *= alpha;
     }
     // Lanes own dims: acc[r][c] += sum_j p_rj v_j[lane + 32 c].
-    const int nc = static_cast<int>(end - j0 < kTile ? end - j0 : kTile);
-    for (int jj = 0; jj < nc; ++jj) {
-      A vv[kMaxDimsPerLane];
-#pragma unroll
-      for (int c = 0; c < kMaxDimsPerLane; ++c) vv[c] = lane + 32 * c < D ? vs[jj * D + lane + 32 * c] : A(0);
-#pragma unroll
-      for (int r = 0; r < kRowsPerWarp; ++r) {
-        const A pj = __shfl_sync(0xffffffffu, pv[r], jj);
-#pragma unroll
-        for (int c = 0; c < kMaxDimsPerLane; ++c) acc[r][c] += pj * vv[c];
-      }
-    }
+    accumulate_rows(acc, pv, vs, D, static_cast<int>(end - j0 < kTile ? end - j0 : kTile), D, lane);
   }
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r) {
@@ -244,24 +254,8 @@ __global__ void __launch_bounds__(kBlockThreads)
     }
     // Lanes own dims: dV_j += sum_i p~_ij dO_i, dK_j += sum_i dS_ij q_i.
     const int nr = static_cast<int>(p.Tq - i0 < kTile ? p.Tq - i0 : kTile);
-    for (int ii = 0; ii < nr; ++ii) {
-      A gv[kMaxDimsPerLane], qv[kMaxDimsPerLane];
-#pragma unroll
-      for (int c = 0; c < kMaxDimsPerLane; ++c) {
-        const bool in = lane + 32 * c < D;
-        gv[c] = in ? gs[ii * pitch + lane + 32 * c] : A(0);
-        qv[c] = in ? qs[ii * pitch + lane + 32 * c] : A(0);
-      }
-#pragma unroll
-      for (int r = 0; r < kRowsPerWarp; ++r) {
-        const A a = __shfl_sync(0xffffffffu, pd[r], ii), g = __shfl_sync(0xffffffffu, ds[r], ii);
-#pragma unroll
-        for (int c = 0; c < kMaxDimsPerLane; ++c) {
-          acc_v[r][c] += a * gv[c];
-          acc_k[r][c] += g * qv[c];
-        }
-      }
-    }
+    accumulate_rows(acc_v, pd, gs, pitch, nr, D, lane);
+    accumulate_rows(acc_k, ds, qs, pitch, nr, D, lane);
   }
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r) {
@@ -324,19 +318,7 @@ __global__ void __launch_bounds__(kBlockThreads)
       const bool visible = j < end && (!p.causal || j <= i);
       ds[r] = score_grad(p, bh, i, j, visible, s[r], dp[r], L[r], dl[r]).ds;
     }
-    const int nc = static_cast<int>(end - j0 < kTile ? end - j0 : kTile);
-    for (int jj = 0; jj < nc; ++jj) {
-      A kv[kMaxDimsPerLane];
-#pragma unroll
-      for (int c = 0; c < kMaxDimsPerLane; ++c)
-        kv[c] = lane + 32 * c < D ? ks[jj * pitch + lane + 32 * c] : A(0);
-#pragma unroll
-      for (int r = 0; r < kRowsPerWarp; ++r) {
-        const A g = __shfl_sync(0xffffffffu, ds[r], jj);
-#pragma unroll
-        for (int c = 0; c < kMaxDimsPerLane; ++c) acc[r][c] += g * kv[c];
-      }
-    }
+    accumulate_rows(acc, ds, ks, pitch, static_cast<int>(end - j0 < kTile ? end - j0 : kTile), D, lane);
   }
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r) {

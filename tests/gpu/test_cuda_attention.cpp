@@ -19,16 +19,13 @@
 #include "kernels/cuda/kernels.h"
 #include "nn/zoo.h"
 #include "tests/gpu/gpu_compare.h"
+#include "tests/gradcheck.h"
 
 namespace mg {
 namespace {
 using namespace gpu_test;
 
-Tensor leaf(const Tensor& t) {
-  Tensor r = t.detach().clone();
-  r.set_requires_grad(true);
-  return r;
-}
+using testing::leaf;
 
 struct Case {
   int64_t B, H, Tq, Tk, D;

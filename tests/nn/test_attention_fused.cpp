@@ -26,11 +26,7 @@ bool all_finite(const Tensor& t) {
   return true;
 }
 
-Tensor leaf(const Tensor& t) {
-  Tensor r = t.detach().clone();
-  r.set_requires_grad(true);
-  return r;
-}
+using testing::leaf;
 
 struct Case {
   int64_t B, H, Tq, Tk, D;
