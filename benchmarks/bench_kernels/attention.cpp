@@ -1,6 +1,6 @@
 // bench_kernels family "attention" (order 18): the attention ladder of the kernel lab
 // (kernels/cuda/attention_ladder.cu: naive, row, flash_cuda_cores, flash_tensor_cores) and the
-// production backward, bf16, causal, at the shape [B 8, H 12, T, D 64]:
+// backward on CUDA cores and on tensor cores, bf16, causal, at the shape [B 8, H 12, T, D 64]:
 //
 //   T = 1024: every rung, and the backward
 //   T = 4096: the two flash rungs and the backward (the naive rung's scores would be 6.4 GB, and
@@ -8,12 +8,12 @@
 //   --check:  [B 1, H 2, T 100 and 200, D 64], every rung and the backward
 //
 // FLOPs are the useful ones, FlashAttention's convention: forward 4 D x (visible scores), causal
-// about half of 4 Tq Tk D; backward 2.5x the forward (its 5 products; the production backward
-// computes 8, see attention.cu). achieved = FLOPs / median seconds; ceiling = cuBLAS's bf16 rate on
-// the same products written as GEMMs (per head S = Q K^T, [T, 64] x [64, T], batched over B H: the
-// composed path's first GEMM), measured in the same run; ratio = achieved / ceiling.
-// max_rel_error: the forward's O against the CPU kernel (kernels/cpu/attention.h) on the same bf16
-// values in f32 where T <= 1024, else against the CUDA-core flash rung; the backward's dQ, dK, dV
+// about half of 4 Tq Tk D; backward 2.5x the forward (its 5 products; the backwards compute 8 on
+// CUDA cores and 7 on tensor cores, see attention.cu and attention_tensor_core_backward.cu). achieved = FLOPs
+// / median seconds; ceiling = cuBLAS's bf16 rate on the same products written as GEMMs (per head S = Q K^T,
+// [T, 64] x [64, T], batched over B H: the composed path's first GEMM), measured in the same run; ratio =
+// achieved / ceiling. max_rel_error: the forward's O against the CPU kernel (kernels/cpu/attention.h) on the
+// same bf16 values in f32 where T <= 1024, else against the CUDA-core flash rung; the backward's dQ, dK, dV
 // against the CPU backward.
 //
 // --profile: each call traced once (the first blocks; a block is a query tile of one head, so the
@@ -194,42 +194,51 @@ void run_problem(const Problem& pr, const BenchOptions& o, cudaStream_t stream,
     rows.push_back(r);
   }
 
-  // The backward (production, CUDA cores) from the tensor-core forward's O and LSE.
-  KernelResult r = make_row("backward/cuda_cores", pr, ceiling);
-  try {
-    if (!o.profile)  // (traced, only the first blocks would run: the backward's counts do not need O)
-      kc::attention_forward(mg::cuda::current_kernel_stream(), DType::bf16, p, q.ptr, st, k.ptr, st, v.ptr,
-                            st, o_buf.ptr, lse.ptr);
-    r.seconds = median_seconds(
-        [&] {
-          kc::attention_backward(mg::cuda::current_kernel_stream(), DType::bf16, p, q.ptr, st, k.ptr, st,
-                                 v.ptr, st, o_buf.ptr, lse.ptr, g.ptr, st, delta.ptr, dq.ptr, dk.ptr, dv.ptr);
-        },
-        o, stream);
-    r.achieved = 2.5 * pr.forward_flops() / r.seconds * 1e-12;
-    r.ratio = r.ceiling > 0 ? r.achieved / r.ceiling : 0;
-    if (o.profile) {
-      r.profile = take_profile(9.0 * n * 2 + 2.0 * lse_n * 4, 8.0 / 2.0 * pr.forward_flops());
-      r.tolerance = -1;
-    } else if (reference) {
-      // The CPU backward from the CPU forward, on the same values (and the GPU's O and dO in bf16).
-      std::vector<float> cdq(n), cdk(n), cdv(n), cdelta(lse_n);
-      kernels::cpu::attention_backward(DType::f32, p, qh.data(), st, kh.data(), st, vh.data(), st,
-                                       ref_o.data(), ref_lse.data(), gh.data(), st, cdelta.data(), cdq.data(),
-                                       cdk.data(), cdv.data());
-      r.max_rel_error =
-          std::max({max_rel_error(bf16_to_host(dq.ptr, n), cdq), max_rel_error(bf16_to_host(dk.ptr, n), cdk),
-                    max_rel_error(bf16_to_host(dv.ptr, n), cdv)});
-      r.tolerance = 5e-2;  // O rounded to bf16 feeds delta; every gradient rounded to bf16
-      r.failed = !(r.max_rel_error <= r.tolerance);
-    } else {
-      r.tolerance = -1;
-    }
-  } catch (const Error& e) {
-    r.failed = true;
-    r.note = std::string("failed: ") + e.what();
+  // The backward on CUDA cores and on tensor cores (the production choice for bf16), from the
+  // tensor-core forward's O and LSE. The CPU's backward, once, is the reference of both.
+  std::vector<float> cdq, cdk, cdv;
+  if (reference) {
+    std::vector<float> cdelta(lse_n);
+    cdq.resize(n), cdk.resize(n), cdv.resize(n);
+    kernels::cpu::attention_backward(DType::f32, p, qh.data(), st, kh.data(), st, vh.data(), st, ref_o.data(),
+                                     ref_lse.data(), gh.data(), st, cdelta.data(), cdq.data(), cdk.data(),
+                                     cdv.data());
   }
-  rows.push_back(r);
+  for (kc::AttentionKernel kernel : {kc::AttentionKernel::cuda_cores, kc::AttentionKernel::tensor_cores}) {
+    const bool tensor = kernel == kc::AttentionKernel::tensor_cores;
+    KernelResult r = make_row(tensor ? "backward/tensor_cores" : "backward/cuda_cores", pr, ceiling);
+    try {
+      if (!o.profile)  // (traced, only the first blocks would run: the backward's counts do not need O)
+        kc::attention_forward(mg::cuda::current_kernel_stream(), DType::bf16, p, q.ptr, st, k.ptr, st, v.ptr,
+                              st, o_buf.ptr, lse.ptr);
+      r.seconds = median_seconds(
+          [&] {
+            kc::attention_backward(mg::cuda::current_kernel_stream(), DType::bf16, p, q.ptr, st, k.ptr, st,
+                                   v.ptr, st, o_buf.ptr, lse.ptr, g.ptr, st, delta.ptr, dq.ptr, dk.ptr,
+                                   dv.ptr, kernel);
+          },
+          o, stream);
+      r.achieved = 2.5 * pr.forward_flops() / r.seconds * 1e-12;
+      r.ratio = r.ceiling > 0 ? r.achieved / r.ceiling : 0;
+      if (o.profile) {
+        // CUDA cores: 8 products of 2 D FLOPs per visible score, 4 forwards' worth (4 D each).
+        r.profile = take_profile(9.0 * n * 2 + 2.0 * lse_n * 4, tensor ? 0.0 : 4.0 * pr.forward_flops());
+        r.tolerance = -1;
+      } else if (reference) {
+        r.max_rel_error = std::max({max_rel_error(bf16_to_host(dq.ptr, n), cdq),
+                                    max_rel_error(bf16_to_host(dk.ptr, n), cdk),
+                                    max_rel_error(bf16_to_host(dv.ptr, n), cdv)});
+        r.tolerance = 5e-2;  // O rounded to bf16 feeds delta; P~, dS and every gradient rounded to bf16
+        r.failed = !(r.max_rel_error <= r.tolerance);
+      } else {
+        r.tolerance = -1;
+      }
+    } catch (const Error& e) {
+      r.failed = true;
+      r.note = std::string("failed: ") + e.what();
+    }
+    rows.push_back(r);
+  }
 }
 
 std::vector<KernelResult> bench_attention(const BenchOptions& o, const Ceilings&) {

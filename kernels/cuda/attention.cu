@@ -1,7 +1,8 @@
 // Fused scaled-dot-product attention on the GPU: the CUDA-core kernels (any floating dtype, any
-// D <= 256), the backward, and the entry points. Semantics, the online softmax and the backward's
-// formulas: kernels/cpu/attention.h and .cpp (the CPU twin); docs/attention.md derives them.
-// bf16/f16 with D = 64 or 128 take the tensor-core forward (attention_tensor_core.cu) on sm_80+.
+// D <= 256), forward and backward, and the entry points. Semantics, the online softmax and the
+// backward's formulas: kernels/cpu/attention.h and .cpp (the CPU twin); docs/attention.md derives
+// them. bf16/f16 with D = 64 or 128 take the tensor-core kernels on sm_80+ instead
+// (attention_tensor_core.cu, attention_tensor_core_backward.cu), after this file's delta kernel.
 //
 // Why fused: the composed path writes the [Tq, Tk] scores of every head to DRAM several times and
 // keeps one copy for backward. Here a block owns a few query rows; K and V stream through shared
@@ -26,6 +27,8 @@
 // diagonal, about half. Nothing of size Tq x Tk touches DRAM. (Counters and the predicted H200
 // time: docs/kernels.md and docs/attention.md.)
 // Also runs on the CPU under the emulator (MG_CUDA=EMULATE): see docs/cuda-emulation.md.
+#include <type_traits>
+
 #include "kernels/cuda/attention_internal.cuh"
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/online_softmax.cuh"
@@ -401,9 +404,16 @@ void attention_forward(cudaStream_t stream, DType dtype, const AttentionProblem&
 void attention_backward(cudaStream_t stream, DType dtype, const AttentionProblem& p, const void* q,
                         AttentionStrides q_strides, const void* k, AttentionStrides k_strides, const void* v,
                         AttentionStrides v_strides, const void* o, const void* lse, const void* dout,
-                        AttentionStrides dout_strides, void* delta, void* dq, void* dk, void* dv) {
+                        AttentionStrides dout_strides, void* delta, void* dq, void* dk, void* dv,
+                        AttentionKernel kernel) {
   check_problem("attention_backward", p);
   const Params prm = make_params(p);
+  const bool tensor_cores = kernel == AttentionKernel::tensor_cores ||
+                            (kernel == AttentionKernel::automatic && tensor_core_forward_applies(dtype, p.D));
+  MG_CHECK(!tensor_cores || tensor_core_forward_applies(dtype, p.D),
+           "attention_backward (CUDA): the tensor-core kernels take bf16 or f16 with D = 64 or 128 on "
+           "sm_80+, got ",
+           dtype_name(dtype), " with D = ", p.D);
   visit_float(dtype, "attention_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     using A = acc_t<T>;
@@ -416,6 +426,12 @@ void attention_backward(cudaStream_t stream, DType dtype, const AttentionProblem
       const int64_t rows = p.B * p.H * p.Tq, blocks = (rows + kWarps - 1) / kWarps;
       launch_kernel<attention_delta<T>>(static_cast<unsigned>(blocks < 65535 ? blocks : 65535), kBlockThreads,
                                         0, stream, prm, vg, static_cast<const T*>(o), delta_rows);
+    }
+    if (tensor_cores) {
+      if constexpr (std::is_same<T, bf16_t>::value || std::is_same<T, f16_t>::value)
+        launch_backward_tensor_core(stream, dtype, prm, q, q_strides, k, k_strides, v, v_strides, dout,
+                                    dout_strides, lse_rows, delta_rows, dq, dk, dv);
+      return;
     }
     if (p.B * p.H * p.Tk > 0) {
       const int smem = prepare_smem<flash_backward_kv_simt<T>>(

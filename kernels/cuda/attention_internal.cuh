@@ -66,10 +66,17 @@ __host__ __device__ __forceinline__ int64_t key_end(const Params& p, int64_t i0,
   return p.causal ? (end < p.Tk ? end : p.Tk) : p.Tk;
 }
 
-// The tensor-core forward (attention_tensor_core.cu): bf16/f16, D = 64 or 128, sm_80+.
+// The tensor-core kernels (attention_tensor_core.cu, attention_tensor_core_backward.cu): bf16/f16,
+// D = 64 or 128, sm_80+.
 bool tensor_core_forward_applies(DType dtype, int64_t D);
 void launch_forward_tensor_core(cudaStream_t stream, DType dtype, const Params& p, const void* q,
                                 const AttentionStrides& qs, const void* k, const AttentionStrides& ks,
                                 const void* v, const AttentionStrides& vs, void* o, float* lse);
+// dK, dV and dQ (contiguous) from the forward's LSE and delta = rowsum(dO O), already computed.
+void launch_backward_tensor_core(cudaStream_t stream, DType dtype, const Params& p, const void* q,
+                                 const AttentionStrides& qs, const void* k, const AttentionStrides& ks,
+                                 const void* v, const AttentionStrides& vs, const void* dout,
+                                 const AttentionStrides& gs, const float* lse, const float* delta, void* dq,
+                                 void* dk, void* dv);
 
 }  // namespace mg::kernels::cuda::attention_internal

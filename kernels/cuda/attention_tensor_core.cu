@@ -36,15 +36,13 @@
 #include <type_traits>
 
 #include "kernels/cuda/attention_internal.cuh"
-#include "kernels/cuda/native.cuh"
+#include "kernels/cuda/attention_tensor_core.cuh"
 
 namespace mg::kernels::cuda {
 namespace {
 
 using namespace attention_internal;
-
-constexpr int kTcKeys = 64;  // keys per tile
-constexpr int kTcThreads = 128;
+using namespace attention_tc;
 
 template <int D>
 struct TcForward {
@@ -58,63 +56,6 @@ struct TcForward {
   static constexpr int kSmemBytes = (kRows * D + 4 * kKvElems) * 2;  // Q + 2 x (K + V): 48 / 80 KiB
   static constexpr int kChunksPerRow = D / 8;                        // 16-byte chunks
 };
-
-// Element offset of (row, col) in a swizzled [rows][D] tile: chunk c of row r at chunk c ^ (r & 7).
-template <int D>
-__host__ __device__ __forceinline__ int swizzled(int row, int col) {
-  return row * D + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7);
-}
-
-__device__ __forceinline__ uint32_t shared_address(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// Queues the copy of rows [t0, t0 + kRows) of x into `tile`: cp.async for whole 16-byte chunks of
-// an aligned operand, element loads otherwise, zeros for rows at or past t_end.
-template <class T, int D, int kRows>
-__device__ __forceinline__ void load_tile(const View<T>& x, int64_t b, int64_t h, int64_t t0, int64_t t_end,
-                                          uint16_t* tile) {
-  constexpr int kChunksPerRow = TcForward<D>::kChunksPerRow;
-  constexpr int kChunksPerThread = kRows * kChunksPerRow / kTcThreads;
-#pragma unroll
-  for (int i = 0; i < kChunksPerThread; ++i) {
-    const int chunk = threadIdx.x + i * kTcThreads;
-    const int r = chunk / kChunksPerRow, c = chunk % kChunksPerRow;
-    uint16_t* dst = tile + swizzled<D>(r, 8 * c);
-    if (t0 + r >= t_end) {
-      *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);
-      continue;
-    }
-    const uint16_t* src = reinterpret_cast<const uint16_t*>(x.at(b, h, t0 + r)) + 8 * c;
-    if (x.vector_ok) {
-      cp_async_16(dst, src);
-    } else {
-      uint32_t w[4] = {0u, 0u, 0u, 0u};
-#pragma unroll
-      for (int e = 0; e < 8; ++e) w[e / 2] |= uint32_t(src[e]) << (16 * (e % 2));
-      *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
-    }
-  }
-}
-
-// Two f32 values as one register of two 16-bit values, the lower column in the low half.
-template <class T>
-__device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
-  if constexpr (std::is_same<T, bf16_t>::value) {
-    return uint32_t(make_bf16(lo).bits) | (uint32_t(make_bf16(hi).bits) << 16);
-  } else {
-    return uint32_t(make_f16(lo).bits) | (uint32_t(make_f16(hi).bits) << 16);
-  }
-}
-
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
 
 template <class T, int D>
 __global__ void __launch_bounds__(kTcThreads)
@@ -131,8 +72,6 @@ __global__ void __launch_bounds__(kTcThreads)
   auto k_tile = [&](int stage) { return q_tile + Cfg::kRows * D + 2 * stage * Cfg::kKvElems; };
   auto v_tile = [&](int stage) { return q_tile + Cfg::kRows * D + (2 * stage + 1) * Cfg::kKvElems; };
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int matrix = lane / 8,
-            matrix_row = lane % 8;  // which 8x8 matrix of an ldmatrix.x4 this lane addresses
   const int64_t n_qt = (p.Tq + Cfg::kRows - 1) / Cfg::kRows;
   const int64_t bh = blockIdx.x / n_qt, b = bh / p.H, h = bh % p.H;
   const int64_t i0 = (n_qt - 1 - blockIdx.x % n_qt) * Cfg::kRows;  // the longest causal rows first
@@ -143,10 +82,7 @@ __global__ void __launch_bounds__(kTcThreads)
   // wait_group<1> after tile t + 1 was queued.
   load_tile<T, D, Cfg::kRows>(q, b, h, i0, p.Tq, q_tile);
   cp_async_commit();
-  if (tiles > 0) {
-    load_tile<T, D, kTcKeys>(k, b, h, 0, end, k_tile(0));
-    load_tile<T, D, kTcKeys>(v, b, h, 0, end, v_tile(0));
-  }
+  if (tiles > 0) load_kv_tile<T, D>(k, v, b, h, 0, end, k_tile(0), v_tile(0));
   cp_async_commit();
   cp_async_wait<1>();
   __syncthreads();
@@ -158,10 +94,7 @@ __global__ void __launch_bounds__(kTcThreads)
   for (int mt = 0; mt < kM; ++mt)
 #pragma unroll
     for (int ks = 0; ks < kSteps; ++ks)
-      ldmatrix_x4<false>(
-          q_frag[mt][ks],
-          shared_address(q_tile + swizzled<D>(warp * Cfg::kWarpRows + 16 * mt + 8 * (matrix & 1) + matrix_row,
-                                              16 * ks + 8 * (matrix >> 1))));
+      load_a_fragment<D>(q_frag[mt][ks], q_tile, warp * Cfg::kWarpRows + 16 * mt, 16 * ks);
 
   // Accumulator element e of an m16n8 tile is row lane/4 + 8 (e / 2), column 2 (lane % 4) + e % 2.
   float o_acc[kM][D / 8][4];
@@ -177,10 +110,8 @@ __global__ void __launch_bounds__(kTcThreads)
   const float scale = static_cast<float>(p.scale), keep_scale = static_cast<float>(p.keep_scale);
 
   for (int t = 0; t < tiles; ++t) {
-    if (t + 1 < tiles) {  // into the stage tile t - 1 used; every warp left it at the last barrier
-      load_tile<T, D, kTcKeys>(k, b, h, int64_t(t + 1) * kTcKeys, end, k_tile((t + 1) % 2));
-      load_tile<T, D, kTcKeys>(v, b, h, int64_t(t + 1) * kTcKeys, end, v_tile((t + 1) % 2));
-    }
+    // Tile t + 1 into the stage tile t - 1 used: every warp left it at the last barrier.
+    if (t + 1 < tiles) load_kv_tile<T, D>(k, v, b, h, t + 1, end, k_tile((t + 1) % 2), v_tile((t + 1) % 2));
     cp_async_commit();
     cp_async_wait<1>();  // this thread's copies of tile t are in shared memory...
     __syncthreads();     // ...and everyone's
@@ -202,8 +133,7 @@ __global__ void __launch_bounds__(kTcThreads)
 #pragma unroll
       for (int jp = 0; jp < 4; ++jp) {
         uint32_t r[4];
-        ldmatrix_x4<false>(r, shared_address(kt + swizzled<D>(16 * jp + 8 * (matrix >> 1) + matrix_row,
-                                                              16 * ks + 8 * (matrix & 1))));
+        load_b_fragments<D>(r, kt, 16 * jp, 16 * ks);
 #pragma unroll
         for (int mt = 0; mt < kM; ++mt) {
           mma_16816<T>(s[mt][2 * jp], q_frag[mt][ks], r[0], r[1]);
@@ -264,17 +194,11 @@ __global__ void __launch_bounds__(kTcThreads)
     for (int kk = 0; kk < 4; ++kk) {
       uint32_t a[kM][4];
 #pragma unroll
-      for (int mt = 0; mt < kM; ++mt) {
-        a[mt][0] = pack_pair<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-        a[mt][1] = pack_pair<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-        a[mt][2] = pack_pair<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-        a[mt][3] = pack_pair<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-      }
+      for (int mt = 0; mt < kM; ++mt) accumulators_as_a<T>(a[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
 #pragma unroll
       for (int dp = 0; dp < kSteps; ++dp) {
         uint32_t r[4];
-        ldmatrix_x4<true>(r, shared_address(vt + swizzled<D>(16 * kk + 8 * (matrix & 1) + matrix_row,
-                                                             16 * dp + 8 * (matrix >> 1))));
+        load_b_fragments_trans<D>(r, vt, 16 * kk, 16 * dp);
 #pragma unroll
         for (int mt = 0; mt < kM; ++mt) {
           mma_16816<T>(o_acc[mt][2 * dp], a[mt], r[0], r[1]);
@@ -296,11 +220,7 @@ __global__ void __launch_bounds__(kTcThreads)
       if (i >= p.Tq) continue;
       const bool seen = row_sum > 0.f;  // a row that saw no key: O = 0 and LSE = -inf
       const float inv = seen ? 1.f / row_sum : 0.f;
-      T* const out = o + (bh * p.Tq + i) * D + 2 * (lane % 4);
-#pragma unroll
-      for (int n = 0; n < D / 8; ++n)
-        *reinterpret_cast<uint32_t*>(out + 8 * n) =
-            pack_pair<T>(o_acc[mt][n][2 * half] * inv, o_acc[mt][n][2 * half + 1] * inv);
+      store_accumulator_row<T>(o + (bh * p.Tq + i) * D, o_acc[mt], 2 * half, inv);
       if (lane % 4 == 0) lse[bh * p.Tq + i] = seen ? m[mt][half] + logf(row_sum) : -INFINITY;
     }
   }

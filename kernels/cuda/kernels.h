@@ -176,8 +176,8 @@ void dropout_backward(cudaStream_t stream, DType dtype, const void* grad_y, cons
                       int64_t count, double p);
 
 // ---- attention.cu, attention_tensor_core.cu (semantics: kernels/cpu/attention.h) ----
-// Which forward kernel: `automatic` takes tensor cores for bf16/f16 with D = 64 or 128 on sm_80+,
-// CUDA cores otherwise; the other two force one (the tests and the kernel lab compare them).
+// Which kernels: `automatic` takes tensor cores for bf16/f16 with D = 64 or 128 on sm_80+, CUDA
+// cores otherwise; the other two force one (the tests and the kernel lab compare them).
 enum class AttentionKernel { automatic, cuda_cores, tensor_cores };
 // o and lse contiguous ([B, H, Tq, D] and [B, H, Tq] of attention_stats_dtype); D <= 256.
 void attention_forward(cudaStream_t stream, DType dtype, const AttentionProblem& p, const void* q,
@@ -188,6 +188,7 @@ void attention_forward(cudaStream_t stream, DType dtype, const AttentionProblem&
 void attention_backward(cudaStream_t stream, DType dtype, const AttentionProblem& p, const void* q,
                         AttentionStrides q_strides, const void* k, AttentionStrides k_strides, const void* v,
                         AttentionStrides v_strides, const void* o, const void* lse, const void* dout,
-                        AttentionStrides dout_strides, void* delta, void* dq, void* dk, void* dv);
+                        AttentionStrides dout_strides, void* delta, void* dq, void* dk, void* dv,
+                        AttentionKernel kernel = AttentionKernel::automatic);
 
 }  // namespace mg::kernels::cuda

@@ -211,6 +211,93 @@ TEST_CASE("cuda attention: the tensor-core forward reads unaligned operands and 
   MG_REQUIRE_CLOSE(gpu_forward(aligned, p, AttentionKernel::cuda_cores), ref, tolerance(DType::bf16));
 }
 
+// dQ, dK, dV of kernels::cuda::attention_backward with the chosen kernels, from the automatic
+// forward's O and LSE on the same inputs; each in f32 on the CPU.
+std::vector<Tensor> gpu_backward(const Operands& x, const Tensor& dout, const kernels::AttentionProblem& p,
+                                 kernels::cuda::AttentionKernel kernel) {
+  const DType dtype = x.q.dtype();
+  Tensor o = poisoned({p.B, p.H, p.Tq, p.D}, dtype, gpu());
+  Tensor lse = poisoned({p.B, p.H, p.Tq}, DType::f32, gpu()),
+         delta = poisoned({p.B, p.H, p.Tq}, DType::f32, gpu());
+  Tensor dq = poisoned({p.B, p.H, p.Tq, p.D}, dtype, gpu()),
+         dk = poisoned({p.B, p.H, p.Tk, p.D}, dtype, gpu()),
+         dv = poisoned({p.B, p.H, p.Tk, p.D}, dtype, gpu());
+  auto strides = [](const Tensor& t) {
+    return kernels::AttentionStrides{t.stride(0), t.stride(1), t.stride(2)};
+  };
+  {
+    cuda::DeviceGuard guard(0);
+    const cudaStream_t stream = cuda::kernel_stream(0);
+    kernels::cuda::attention_forward(stream, dtype, p, x.q.data_ptr(), strides(x.q), x.k.data_ptr(),
+                                     strides(x.k), x.v.data_ptr(), strides(x.v), o.data_ptr(),
+                                     lse.data_ptr());
+    kernels::cuda::attention_backward(stream, dtype, p, x.q.data_ptr(), strides(x.q), x.k.data_ptr(),
+                                      strides(x.k), x.v.data_ptr(), strides(x.v), o.data_ptr(),
+                                      lse.data_ptr(), dout.data_ptr(), strides(dout), delta.data_ptr(),
+                                      dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), kernel);
+    cuda::synchronize(cuda::current_stream(0));
+  }
+  auto host = [](const Tensor& t) { return t.to(Device::cpu()).to(DType::f32); };
+  return {host(dq), host(dk), host(dv)};
+}
+
+TEST_CASE("cuda attention: the tensor-core backward matches the CUDA-core one and the CPU",
+          "[gpu][attention]") {
+  using kernels::cuda::AttentionKernel;
+  struct BackwardCase {
+    Case c;
+    double dropout_p;
+  };
+  const std::vector<BackwardCase> cases = {
+      {{1, 2, 64, 64, 64, false}, 0.0},   // whole tiles
+      {{1, 2, 100, 100, 64, true}, 0.0},  // the diagonal, ragged last tiles
+      {{2, 1, 30, 130, 64, false}, 0.0},  // Tq < Tk: one query tile, three key blocks
+      {{1, 1, 130, 30, 128, true}, 0.0},  // Tq > Tk, D = 128 (32-row query tiles)
+      {{1, 2, 70, 90, 128, false}, 0.0},  //
+      {{1, 2, 80, 80, 64, true}, 0.2},    // dropout regenerated from Philox
+  };
+  uint64_t seed = 700;
+  for (DType dtype : {DType::bf16, DType::f16}) {
+    for (const BackwardCase& bc : cases) {
+      const Case& c = bc.c;
+      INFO("B=" << c.B << " H=" << c.H << " Tq=" << c.Tq << " Tk=" << c.Tk << " D=" << c.D
+                << " causal=" << c.causal << " dropout=" << bc.dropout_p << " dtype=" << dtype_name(dtype));
+      manual_seed(seed++);
+      const Operands x{random_cpu({c.B, c.H, c.Tq, c.D}, dtype).to(gpu()),
+                       random_cpu({c.B, c.H, c.Tk, c.D}, dtype).to(gpu()),
+                       random_cpu({c.B, c.H, c.Tk, c.D}, dtype).to(gpu())};
+      const Tensor dout = random_cpu({c.B, c.H, c.Tq, c.D}, dtype).to(gpu());
+      kernels::AttentionProblem p;
+      p.B = c.B, p.H = c.H, p.Tq = c.Tq, p.Tk = c.Tk, p.D = c.D, p.causal = c.causal;
+      p.scale = 1.0 / std::sqrt(double(c.D));
+      p.dropout_p = bc.dropout_p, p.seed = 99, p.offset = 3;
+      // The CPU's backward in f32 on the same 16-bit values, from its own forward.
+      auto f32 = [](const Tensor& t) { return t.to(Device::cpu()).to(DType::f32).contiguous(); };
+      const Tensor q = f32(x.q), k = f32(x.k), v = f32(x.v), g = f32(dout);
+      Tensor o = zeros({c.B, c.H, c.Tq, c.D}), lse = zeros({c.B, c.H, c.Tq}), delta = zeros({c.B, c.H, c.Tq});
+      Tensor dq = zeros(q.shape()), dk = zeros(k.shape()), dv = zeros(v.shape());
+      const kernels::AttentionStrides sq{q.stride(0), q.stride(1), q.stride(2)},
+          skv{k.stride(0), k.stride(1), k.stride(2)};
+      kernels::cpu::attention_forward(DType::f32, p, q.data_ptr(), sq, k.data_ptr(), skv, v.data_ptr(), skv,
+                                      o.data_ptr(), lse.data_ptr());
+      kernels::cpu::attention_backward(DType::f32, p, q.data_ptr(), sq, k.data_ptr(), skv, v.data_ptr(), skv,
+                                       o.data_ptr(), lse.data_ptr(), g.data_ptr(), sq, delta.data_ptr(),
+                                       dq.data_ptr(), dk.data_ptr(), dv.data_ptr());
+      const std::vector<Tensor> tc = gpu_backward(x, dout, p, AttentionKernel::tensor_cores);
+      const std::vector<Tensor> simt = gpu_backward(x, dout, p, AttentionKernel::cuda_cores);
+      const std::vector<Tensor> ref = {dq, dk, dv};
+      for (int i = 0; i < 3; ++i) {
+        INFO("gradient "
+             << "qkv"[i]);
+        // P~ and dS rounded to 16 bits for their products, O to 16 bits before delta: a few roundings
+        // of the inputs' size.
+        MG_REQUIRE_CLOSE(tc[i], ref[i], 4 * tolerance(dtype));
+        MG_REQUIRE_CLOSE(simt[i], ref[i], 2 * tolerance(dtype));
+      }
+    }
+  }
+}
+
 TEST_CASE("cuda fused attention backward for bf16 and f16 matches the CPU's", "[gpu][attention]") {
   // The op: the tensor-core forward, then the CUDA-core backward from its O and LSE.
   check_op_against_cpu({1, 2, 70, 70, 64, true}, DType::bf16, 0.0, 2 * tolerance(DType::bf16), 900);
