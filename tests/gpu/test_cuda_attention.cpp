@@ -3,8 +3,9 @@
 // tests/nn/test_attention_fused.cpp): outputs and gradients through the op, over the edge cases
 // (T not a multiple of any tile, T = 1, Tq != Tk with and without the causal mask, odd and large D,
 // a row that sees no key, the head split of a [B, T, 3C] projection read in place, an operand not
-// 16-byte aligned); both forward kernels (CUDA cores, tensor cores) for bf16 and f16; and dropout,
-// whose mask both devices draw from Philox, so the outputs agree only if every element's keep does.
+// 16-byte aligned); both forward kernels (CUDA cores, tensor cores) and both backwards for bf16
+// and f16; and dropout, whose mask both devices draw from Philox (read back bit for bit through
+// V = I, and compared between the devices' outputs).
 #include <catch2/catch.hpp>
 
 #if defined(MG_HAS_CUDA)
@@ -12,6 +13,7 @@
 #include <cmath>
 #include <vector>
 
+#include "base/philox.h"
 #include "core/attention.h"
 #include "core/cuda_scratch.h"
 #include "core/cuda_stream.h"
@@ -209,6 +211,39 @@ TEST_CASE("cuda attention: the tensor-core forward reads unaligned operands and 
   const Tensor ref = cpu_reference(aligned, AttentionOptions{true, 0.25, 0.125});
   MG_REQUIRE_CLOSE(gpu_forward(aligned, p, AttentionKernel::tensor_cores), ref, 2 * tolerance(DType::bf16));
   MG_REQUIRE_CLOSE(gpu_forward(aligned, p, AttentionKernel::cuda_cores), ref, tolerance(DType::bf16));
+}
+
+TEST_CASE("cuda attention: each forward kernel's dropout mask is Philox's, bit for bit", "[gpu][attention]") {
+  // With V the identity (Tk = D keys, v_j = e_j), O[i][j] = P~[i][j], zero exactly where the kernel
+  // dropped score (i, j): without a mask and with small scores every P is about 1/64, far from 0.
+  using kernels::cuda::AttentionKernel;
+  const int64_t B = 1, H = 2, T = 64, D = 64;
+  std::vector<float> identity(static_cast<size_t>(B * H * T * D), 0.f);
+  for (int64_t bh = 0; bh < B * H; ++bh)
+    for (int64_t j = 0; j < T; ++j) identity[static_cast<size_t>((bh * T + j) * D + j)] = 1.f;
+  kernels::AttentionProblem p;
+  p.B = B, p.H = H, p.Tq = T, p.Tk = T, p.D = D, p.scale = 0.125, p.dropout_p = 0.3, p.seed = 1234,
+  p.offset = 56;
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    for (AttentionKernel kernel : {AttentionKernel::cuda_cores, AttentionKernel::tensor_cores}) {
+      if (kernel == AttentionKernel::tensor_cores && dtype != DType::bf16) continue;
+      INFO("dtype " << dtype_name(dtype)
+                    << (kernel == AttentionKernel::tensor_cores ? " tensor cores" : " CUDA cores"));
+      manual_seed(5);
+      const Operands x{random_cpu({B, H, T, D}, dtype, 0.1).to(gpu()),
+                       random_cpu({B, H, T, D}, dtype, 0.1).to(gpu()),
+                       tensor<float>(identity, {B, H, T, D}).to(dtype).to(gpu())};
+      const std::vector<float> o = gpu_forward(x, p, kernel).to_vector<float>();
+      int64_t wrong = 0, kept = 0;
+      for (int64_t e = 0; e < B * H * T * T; ++e) {  // e = (bh T + i) T + j, and O is [bh, i, d = j]
+        const bool keep = philox_dropout_uniform(p.seed, static_cast<uint64_t>(e), p.offset) >= 0.3f;
+        kept += keep;
+        wrong += (o[static_cast<size_t>(e)] != 0.f) != keep;
+      }
+      CHECK(wrong == 0);
+      CHECK(kept > B * H * T * T / 2);  // about 70 % kept: the mask is not trivially all or nothing
+    }
+  }
 }
 
 // dQ, dK, dV of kernels::cuda::attention_backward with the chosen kernels, from the automatic
