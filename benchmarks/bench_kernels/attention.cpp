@@ -8,8 +8,8 @@
 //   --check:  [B 1, H 2, T 100 and 200, D 64], every rung and the backward
 //
 // FLOPs are the useful ones, FlashAttention's convention: forward 4 D x (visible scores), causal
-// about half of 4 Tq Tk D; backward 2.5x the forward (its 5 products; the backwards compute 8 on
-// CUDA cores and 7 on tensor cores, see attention.cu and attention_tensor_core_backward.cu). achieved = FLOPs
+// about half of 4 Tq Tk D; backward 2.5x the forward (its 5 products; both backwards compute 7,
+// see attention.cu and attention_tensor_core_backward.cu). achieved = FLOPs
 // / median seconds; ceiling = cuBLAS's bf16 rate on the same products written as GEMMs (per head S = Q K^T,
 // [T, 64] x [64, T], batched over B H: the composed path's first GEMM), measured in the same run; ratio =
 // achieved / ceiling. max_rel_error: the forward's O against the CPU kernel (kernels/cpu/attention.h) on the
@@ -221,8 +221,8 @@ void run_problem(const Problem& pr, const BenchOptions& o, cudaStream_t stream,
       r.achieved = 2.5 * pr.forward_flops() / r.seconds * 1e-12;
       r.ratio = r.ceiling > 0 ? r.achieved / r.ceiling : 0;
       if (o.profile) {
-        // CUDA cores: 8 products of 2 D FLOPs per visible score, 4 forwards' worth (4 D each).
-        r.profile = take_profile(9.0 * n * 2 + 2.0 * lse_n * 4, tensor ? 0.0 : 4.0 * pr.forward_flops());
+        // CUDA cores: 7 products of 2 D FLOPs per visible score, 3.5 forwards' worth (4 D each).
+        r.profile = take_profile(9.0 * n * 2 + 2.0 * lse_n * 4, tensor ? 0.0 : 3.5 * pr.forward_flops());
         r.tolerance = -1;
       } else if (reference) {
         r.max_rel_error = std::max({max_rel_error(bf16_to_host(dq.ptr, n), cdq),

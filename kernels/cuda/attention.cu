@@ -22,8 +22,9 @@
 //     dQ_i += scale dS_ij k_j.
 // Bytes and FLOPs, one head, no mask: the forward does 4 Tq Tk D FLOPs and Tq Tk exps, reads Q once
 // and K, V once per 16-row block (2 Tk D (Tq / 16) elements, mostly from L2) and writes Tq D + Tq.
-// The backward does 5 products in the first kernel and 3 in the second (16 Tq Tk D FLOPs): the
-// price of determinism is recomputing S and dP twice. Causal skips the key tiles above the
+// The backward does 4 products in the first kernel (S, dP, dV, dK) and 3 in the second (S, dP,
+// dQ): 14 Tq Tk D FLOPs, where FlashAttention-2 does 5 products; the price of determinism is
+// recomputing S and dP twice. Causal skips the key tiles above the
 // diagonal, about half. Nothing of size Tq x Tk touches DRAM. (Counters and the predicted H200
 // time: docs/kernels.md and docs/attention.md.)
 // Also runs on the CPU under the emulator (MG_CUDA=EMULATE): see docs/cuda-emulation.md.
