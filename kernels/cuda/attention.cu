@@ -378,6 +378,17 @@ void forward_simt(cudaStream_t stream, const Params& prm, const AttentionProblem
                                        make_view<T>(v, vs), static_cast<T*>(o), static_cast<A*>(lse));
 }
 
+// Whether a call takes the tensor-core kernels: `automatic` where they apply; forcing them where they
+// do not is an error that says why. One device query per call.
+bool use_tensor_cores(const char* what, AttentionKernel kernel, DType dtype, int64_t D) {
+  if (kernel == AttentionKernel::cuda_cores) return false;
+  const bool applies = tensor_cores_apply(dtype, D);
+  MG_CHECK(applies || kernel == AttentionKernel::automatic, what,
+           " (CUDA): the tensor-core kernels take bf16 or f16 with D = 64 or 128 on sm_80+, got ",
+           dtype_name(dtype), " with D = ", D);
+  return applies;
+}
+
 }  // namespace
 
 void attention_forward(cudaStream_t stream, DType dtype, const AttentionProblem& p, const void* q,
@@ -386,13 +397,7 @@ void attention_forward(cudaStream_t stream, DType dtype, const AttentionProblem&
   check_problem("attention_forward", p);
   if (p.B * p.H * p.Tq == 0) return;
   const Params prm = make_params(p);
-  const bool tensor_cores = kernel == AttentionKernel::tensor_cores ||
-                            (kernel == AttentionKernel::automatic && tensor_core_forward_applies(dtype, p.D));
-  if (tensor_cores) {
-    MG_CHECK(tensor_core_forward_applies(dtype, p.D),
-             "attention_forward (CUDA): the tensor-core kernel takes bf16 or f16 with D = 64 or 128 on "
-             "sm_80+, got ",
-             dtype_name(dtype), " with D = ", p.D);
+  if (use_tensor_cores("attention_forward", kernel, dtype, p.D)) {
     return launch_forward_tensor_core(stream, dtype, prm, q, q_strides, k, k_strides, v, v_strides, o,
                                       static_cast<float*>(lse));
   }
@@ -409,12 +414,7 @@ void attention_backward(cudaStream_t stream, DType dtype, const AttentionProblem
                         AttentionKernel kernel) {
   check_problem("attention_backward", p);
   const Params prm = make_params(p);
-  const bool tensor_cores = kernel == AttentionKernel::tensor_cores ||
-                            (kernel == AttentionKernel::automatic && tensor_core_forward_applies(dtype, p.D));
-  MG_CHECK(!tensor_cores || tensor_core_forward_applies(dtype, p.D),
-           "attention_backward (CUDA): the tensor-core kernels take bf16 or f16 with D = 64 or 128 on "
-           "sm_80+, got ",
-           dtype_name(dtype), " with D = ", p.D);
+  const bool tensor_cores = use_tensor_cores("attention_backward", kernel, dtype, p.D);
   visit_float(dtype, "attention_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     using A = acc_t<T>;

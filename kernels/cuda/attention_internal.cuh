@@ -68,7 +68,7 @@ __host__ __device__ __forceinline__ int64_t key_end(const Params& p, int64_t i0,
 
 // The tensor-core kernels (attention_tensor_core.cu, attention_tensor_core_backward.cu): bf16/f16,
 // D = 64 or 128, sm_80+.
-bool tensor_core_forward_applies(DType dtype, int64_t D);
+bool tensor_cores_apply(DType dtype, int64_t D);
 void launch_forward_tensor_core(cudaStream_t stream, DType dtype, const Params& p, const void* q,
                                 const AttentionStrides& qs, const void* k, const AttentionStrides& ks,
                                 const void* v, const AttentionStrides& vs, void* o, float* lse);

@@ -244,7 +244,7 @@ void launch(cudaStream_t stream, const Params& p, const void* q, const Attention
 
 namespace attention_internal {
 
-bool tensor_core_forward_applies(DType dtype, int64_t D) {
+bool tensor_cores_apply(DType dtype, int64_t D) {
   if ((dtype != DType::bf16 && dtype != DType::f16) || (D != 64 && D != 128)) return false;
   int device = 0, major = 0;
   MG_CUDA_CHECK(cudaGetDevice(&device));
