@@ -6,8 +6,6 @@
 //
 // MG_REQUIRE_GPU=1 (set by scripts/gpu-check) turns "no device" into a failure,
 // so a GPU machine that lost its GPU cannot pass by skipping everything.
-#define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
 
 #include <cstdio>
 #include <cstdlib>
@@ -17,6 +15,7 @@
 #include "base/error.h"
 #include "core/cuda_allocator.h"
 #include "core/cuda_runtime.h"
+#include "tests/catch_session.h"
 
 int main(int argc, char** argv) {
   const std::string devices = mg::cuda::describe_devices();
@@ -38,7 +37,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "FAIL: could not enable the CUDA backend: %s\n", e.what());
     return 1;
   }
-  const int failures = Catch::Session().run(argc, argv);
+  const int failures = mg::testing::run_catch_session(argc, argv);
   // Catch returns the number of failed assertions (capped at 255): never let
   // exactly 77 failures read as "skipped".
   return failures == 77 ? 1 : failures;

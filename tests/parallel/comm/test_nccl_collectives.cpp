@@ -5,7 +5,7 @@
 // Exits 77 (ctest: skipped) when this build has no NCCL, when there is no CUDA device, or when
 // two ranks would share one physical GPU (NCCL refuses that; MG_VIRTUAL_GPUS cannot help here).
 // MG_REQUIRE_GPU=1 turns the missing device into a failure, as in tests/gpu_main.cpp.
-#define CATCH_CONFIG_RUNNER
+
 #include <unistd.h>
 #include <catch2/catch.hpp>
 
@@ -25,6 +25,7 @@
 #include "multigrad.h"
 #include "parallel/comm/process_group.h"
 #include "parallel/comm/ring_allreduce.h"
+#include "tests/catch_session.h"
 
 using namespace mg;
 using namespace mg::parallel;
@@ -307,7 +308,7 @@ int main(int argc, char** argv) {
     ProcessGroup pg = init_process_group(options);
     g_group = &pg;
     std::printf("rank %d of %d: NCCL tests on %s\n", pg.rank(), pg.size(), cuda::describe_devices().c_str());
-    failures = Catch::Session().run(argc, argv);
+    failures = mg::testing::run_catch_session(argc, argv);
     g_group = nullptr;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "FAIL: %s\n", e.what());
