@@ -2,7 +2,7 @@
 // D <= 256), forward and backward, and the entry points. Semantics, the online softmax and the
 // backward's formulas: kernels/cpu/attention.h and .cpp (the CPU twin); docs/attention.md derives
 // them. bf16/f16 with D = 64 or 128 take the tensor-core kernels on sm_80+ instead
-// (attention_tensor_core.cu, attention_tensor_core_backward.cu), after this file's delta kernel.
+// (attention_tensor_core.cu, attention_tensor_core_backward.cu; that backward computes delta itself).
 //
 // Why fused: the composed path writes the [Tq, Tk] scores of every head to DRAM several times and
 // keeps one copy for backward. Here a block owns a few query rows; K and V stream through shared
@@ -423,16 +423,16 @@ void attention_backward(cudaStream_t stream, DType dtype, const AttentionProblem
     const A* lse_rows = static_cast<const A*>(lse);
     A* delta_rows = static_cast<A*>(delta);
     const int D = prm.D, pitch = odd_pitch(D);
+    if (tensor_cores) {  // two launches: they compute delta themselves
+      if constexpr (std::is_same<T, bf16_t>::value || std::is_same<T, f16_t>::value)
+        launch_backward_tensor_core(stream, dtype, prm, q, q_strides, k, k_strides, v, v_strides, o, dout,
+                                    dout_strides, lse_rows, delta_rows, dq, dk, dv);
+      return;
+    }
     if (p.B * p.H * p.Tq > 0) {
       const int64_t rows = p.B * p.H * p.Tq, blocks = (rows + kWarps - 1) / kWarps;
       launch_kernel<attention_delta<T>>(static_cast<unsigned>(blocks < 65535 ? blocks : 65535), kBlockThreads,
                                         0, stream, prm, vg, static_cast<const T*>(o), delta_rows);
-    }
-    if (tensor_cores) {
-      if constexpr (std::is_same<T, bf16_t>::value || std::is_same<T, f16_t>::value)
-        launch_backward_tensor_core(stream, dtype, prm, q, q_strides, k, k_strides, v, v_strides, dout,
-                                    dout_strides, lse_rows, delta_rows, dq, dk, dv);
-      return;
     }
     if (p.B * p.H * p.Tk > 0) {
       const int smem = prepare_smem<flash_backward_kv_simt<T>>(

@@ -72,11 +72,12 @@ bool tensor_cores_apply(DType dtype, int64_t D);
 void launch_forward_tensor_core(cudaStream_t stream, DType dtype, const Params& p, const void* q,
                                 const AttentionStrides& qs, const void* k, const AttentionStrides& ks,
                                 const void* v, const AttentionStrides& vs, void* o, float* lse);
-// dK, dV and dQ (contiguous) from the forward's LSE and delta = rowsum(dO O), already computed.
+// dK, dV and dQ (contiguous) from the forward's O (contiguous) and LSE; writes delta = rowsum(dO O)
+// too (its queries' kernel computes it, before the keys' kernel reads it: no launch of its own).
 void launch_backward_tensor_core(cudaStream_t stream, DType dtype, const Params& p, const void* q,
                                  const AttentionStrides& qs, const void* k, const AttentionStrides& ks,
-                                 const void* v, const AttentionStrides& vs, const void* dout,
-                                 const AttentionStrides& gs, const float* lse, const float* delta, void* dq,
-                                 void* dk, void* dv);
+                                 const void* v, const AttentionStrides& vs, const void* o, const void* dout,
+                                 const AttentionStrides& gs, const float* lse, float* delta, void* dq, void* dk,
+                                 void* dv);
 
 }  // namespace mg::kernels::cuda::attention_internal

@@ -3,25 +3,32 @@
 // attention_delta, as for the CUDA-core backward); the shared tensor-core pieces:
 // attention_tensor_core.cuh.
 //
-// Two kernels, each writing its outputs alone (deterministic, no atomics), like the CPU's two
-// passes; both rebuild P = exp(S scale - LSE) from Q, K and the forward's LSE, and dP = dO V^T:
-//   flash_backward_kv_tensor_core: a block owns 64 keys (16 a warp) and streams query tiles (Q, dO,
-//     LSE, delta) through two cp.async stages. It computes the TRANSPOSED scores S^T = K Q^T and
-//     dP^T = V dO^T (the warp's K and V rows are its A fragments, held in registers), so that the
-//     accumulators of P~^T and dS^T, keys by queries, are already the A fragments of
-//       dV += P~^T dO  and  dK += dS^T Q   (dO and Q read as B by ldmatrix.trans):
-//     no transpose through shared memory, four products a tile.
-//   flash_backward_q_tensor_core: a block owns 64 query rows (16 a warp, Q and dO as A fragments)
-//     and streams K and V tiles, like the forward: S = Q K^T, dP = dO V^T, and dS as the A
-//     fragment of dQ += dS K (K by ldmatrix.trans). Three products a tile.
-// Seven products in all (FlashAttention-2 computes five, adding dQ from the first kernel with f32
-// atomics, which makes the result depend on the order the blocks run in). dS and P~ are rounded to
-// bf16/f16 for their products, as in FlashAttention; every accumulator is f32.
-// Tile sizes: the first kernel's query tile is 64 rows at D = 64 and 32 at D = 128, so that the f32
-// accumulators (dK and dV: D/2 each, S^T and dP^T: query tile/2 each, per lane) and the K and V
-// fragments (D/4 each) stay under 255 registers a thread. Shared memory: 49 / 65 KiB and 48 /
-// 96 KiB. FLOPs: 4 x 2 Tq Tk D (first kernel) + 3 x 2 Tq Tk D (second), causal about half; bytes
-// from L2: Q, dO once per 64 keys, K, V once per 64 query rows.
+// Every output is written by one block alone (deterministic, no atomics), and every block rebuilds
+// P = exp(S scale - LSE) from Q, K and the forward's LSE; nothing of size Tq x Tk is stored.
+//   flash_backward_keys_tensor_core: a block owns 64 kM keys (16 kM a warp) and streams 32-query
+//     tiles of Q and dO (and the LSE and delta) through two cp.async stages. It computes the
+//     TRANSPOSED scores S^T = K Q^T (the warp's K rows are its A fragments, held in registers), so
+//     that the accumulators of P~^T, keys by queries, are already the A fragments of the products
+//     into the keys' gradients (Q and dO read as B by ldmatrix.trans): nothing is transposed through
+//     shared memory. Its blocks come in pairs for one key block:
+//       even blocks  dV += P~^T dO                           2 products a tile (S^T, dV)
+//       odd blocks   dP^T = V dO^T,  dK += dS^T Q             3 products a tile (S^T, dP^T, dK)
+//   flash_backward_queries_tensor_core: a block owns 64 kM query rows (16 kM a warp, Q and dO as A
+//     fragments) and streams 32-key tiles of K and V, like the forward: S = Q K^T, dP = dO V^T, and
+//     dS as the A fragment of dQ += dS K (K by ldmatrix.trans). 3 products a tile.
+// Eight products in all, where FlashAttention-2 computes five (one kernel, dQ added with f32 atomics,
+// which makes the result depend on the order the blocks run in) and this file's first version seven
+// (dK and dV in one block). The split is what lets a warp own two m16 tiles at D = 64 (kM = 2):
+// every Q, dO, K or V fragment read from shared memory then feeds two mma instead of one, and shared
+// memory is what binds (docs/attention.md, "The backward"). Per warp, a block holding dK and dV
+// together would need their 2 x kM x D/2 f32 accumulators plus 4 kM D/16 fragment registers of K
+// and V: 256 registers a thread at kM = 2, over the 255 a thread may have. One gradient a block
+// needs 128 (dV) or 192 (dK).
+// Shared memory per 16 x 16 fragment (ldmatrix.x4, 4 wavefronts) per warp: 2 kM mma. At kM = 2 that
+// is 1 wavefront per mma (the forward's ratio), against 2 with one m-tile.
+// dS and P~ are rounded to bf16/f16 for their products, as in FlashAttention; every accumulator is
+// f32. FLOPs: 8 x 2 Tq Tk D, causal about half (the declared, useful count is FlashAttention's 5).
+// Bytes from L2: Q and dO twice per 64 kM keys, K and V once per 64 kM query rows.
 // Also runs on the CPU under the emulator (MG_CUDA=EMULATE): see docs/cuda-emulation.md.
 #include "kernels/cuda/attention_internal.cuh"
 #include "kernels/cuda/attention_tensor_core.cuh"
@@ -32,295 +39,407 @@ namespace {
 using namespace attention_internal;
 using namespace attention_tc;
 
-constexpr int kBlockKeys = 64;  // first kernel: keys a block, 16 a warp
-constexpr int kBlockRows = 64;  // second kernel: query rows a block, 16 a warp
+constexpr int kStep = 32;  // queries per tile of the keys' kernel, keys per tile of the queries' kernel
 
 template <int D>
-struct KvConfig {
-  static constexpr int kQueryTile = D == 64 ? 64 : 32;
-  static constexpr int kStageElems = 2 * kQueryTile * D;  // Q and dO
-  static constexpr int kSmemBytes = (2 * kBlockKeys * D + 2 * kStageElems) * 2 + 2 * 2 * kQueryTile * 4;
-};
-template <int D>
-struct QConfig {
-  static constexpr int kSmemBytes = (2 * kBlockRows * D + 2 * 2 * kTcKeys * D) * 2;
+struct BackwardConfig {
+  static_assert(D == 64 || D == 128, "specialised head dims");
+  // m16 tiles a warp: 2 at D = 64, 1 at D = 128 (the keys' dK block: 2 x kM x D/16 x 4 fragment
+  // registers of K and V plus kM x D/2 accumulators, 128 + 128 at D = 128 with kM = 2: too many).
+  static constexpr int kM = D == 64 ? 2 : 1;
+  static constexpr int kWarpRows = 16 * kM;
+  static constexpr int kRows = 4 * kWarpRows;  // keys (first kernel) or query rows (second) a block
+  static constexpr int kSteps = D / 16;        // k-steps over d
+  // First kernel: K and V, then 2 stages of (Q, dO, LSE, delta).
+  static constexpr int kStageElems = 2 * kStep * D;
+  static constexpr int kKeysSmem = (2 * kRows * D + 2 * kStageElems) * 2 + 2 * 2 * kStep * 4;
+  // Second kernel: Q and dO, 2 stages of (K, V), then O (for delta).
+  static constexpr int kQueriesSmem = (3 * kRows * D + 2 * 2 * kStep * D) * 2;
 };
 
-// p~ (dropped and rescaled) into s and scale dS into dp, for the score of query i and key j.
-__device__ __forceinline__ void score_grads(const Params& p, int64_t bh, int64_t i, int64_t j, bool visible,
-                                            float lse_i, float delta_i, float& s, float& dp) {
-  const float scale = static_cast<float>(p.scale);
-  const float P = visible && lse_i != -INFINITY ? expf(s * scale - lse_i) : 0.f;
-  float z = 1.f;
+// P = exp(s scale - lse) of a visible score (0 otherwise), and the dropout factor z that P~ = P z
+// applies in the forward (1 without dropout, 0 or 1 / (1 - p) with it).
+__device__ __forceinline__ float probability(const Params& p, int64_t bh, int64_t i, int64_t j, bool visible,
+                                             float s, float lse_i, float& z) {
+  const float P = visible && lse_i != -INFINITY ? expf(s * static_cast<float>(p.scale) - lse_i) : 0.f;
+  z = 1.f;
   if (p.dropout) z = visible && dropout_keeps(p, bh, i, j) ? static_cast<float>(p.keep_scale) : 0.f;
-  s = P * z;
-  dp = P * (dp * z - delta_i) * scale;
+  return P;
 }
 
-template <class T, int D>
-__global__ void __launch_bounds__(kTcThreads)
-    flash_backward_kv_tensor_core(const Params p, const View<T> q, const View<T> k, const View<T> v,
-                                  const View<T> dout, const float* lse, const float* delta, T* dk, T* dv) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-  __trap();
-#else
-  using Cfg = KvConfig<D>;
-  constexpr int kQ = Cfg::kQueryTile, kSteps = D / 16;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+// The sum of the products of the two 16-bit pairs in x and y (same element layout).
+template <class T>
+__device__ __forceinline__ float pair_dot(uint32_t x, uint32_t y) {
+  const T x0{static_cast<uint16_t>(x & 0xffffu)}, x1{static_cast<uint16_t>(x >> 16)};
+  const T y0{static_cast<uint16_t>(y & 0xffffu)}, y1{static_cast<uint16_t>(y >> 16)};
+  return to_float(x0) * to_float(y0) + to_float(x1) * to_float(y1);
+}
+
+// One block of the keys' kernel: dV (kGradK false) or dK (true) of 64 kM keys.
+template <class T, int D, bool kGradK>
+__device__ __forceinline__ void keys_block(const Params& p, const View<T>& q, const View<T>& k,
+                                           const View<T>& v, const View<T>& dout, const float* lse,
+                                           const float* delta, T* grad, int64_t bh, int64_t j0,
+                                           unsigned char* smem_raw) {
+  using Cfg = BackwardConfig<D>;
+  constexpr int kM = Cfg::kM, kSteps = Cfg::kSteps, kRows = Cfg::kRows;
   uint16_t* const k_tile = reinterpret_cast<uint16_t*>(smem_raw);
-  uint16_t* const v_tile = k_tile + kBlockKeys * D;
-  auto q_tile = [&](int stage) { return v_tile + kBlockKeys * D + stage * Cfg::kStageElems; };
-  auto g_tile = [&](int stage) { return q_tile(stage) + kQ * D; };
-  float* const stats = reinterpret_cast<float*>(v_tile + kBlockKeys * D + 2 * Cfg::kStageElems);
-  auto lse_s = [&](int stage) { return stats + stage * 2 * kQ; };
-  auto delta_s = [&](int stage) { return stats + stage * 2 * kQ + kQ; };
+  uint16_t* const v_tile = k_tile + kRows * D;
+  auto q_tile = [&](int stage) { return v_tile + kRows * D + stage * Cfg::kStageElems; };
+  auto g_tile = [&](int stage) { return q_tile(stage) + kStep * D; };
+  float* const stats = reinterpret_cast<float*>(v_tile + kRows * D + 2 * Cfg::kStageElems);
+  auto lse_s = [&](int stage) { return stats + stage * 2 * kStep; };
+  auto delta_s = [&](int stage) { return stats + stage * 2 * kStep + kStep; };
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int64_t n_kt = (p.Tk + kBlockKeys - 1) / kBlockKeys;
-  const int64_t bh = blockIdx.x / n_kt, b = bh / p.H, h = bh % p.H;
-  const int64_t j0 = (blockIdx.x % n_kt) * kBlockKeys;
+  const int64_t b = bh / p.H, h = bh % p.H;
+  const int64_t warp_j0 = j0 + warp * Cfg::kWarpRows;
   // Causal: query i sees key j only when i >= j, so the query tiles before j0 contribute nothing.
-  const int first = p.causal ? static_cast<int>(j0 / kQ) : 0;
-  const int tiles = static_cast<int>((p.Tq + kQ - 1) / kQ);
+  const int first = p.causal ? static_cast<int>(j0 / kStep) : 0;
+  const int tiles = static_cast<int>((p.Tq + kStep - 1) / kStep);
 
   auto load_stage = [&](int t) {
-    const int64_t i0 = int64_t(t) * kQ;
-    load_tile<T, D, kQ>(q, b, h, i0, p.Tq, q_tile(t % 2));
-    load_tile<T, D, kQ>(dout, b, h, i0, p.Tq, g_tile(t % 2));
-    if (threadIdx.x < kQ) {
+    const int64_t i0 = int64_t(t) * kStep;
+    load_tile<T, D, kStep>(q, b, h, i0, p.Tq, q_tile(t % 2));
+    load_tile<T, D, kStep>(dout, b, h, i0, p.Tq, g_tile(t % 2));
+    if (threadIdx.x < kStep) {
       const int64_t i = i0 + threadIdx.x;
       lse_s(t % 2)[threadIdx.x] = i < p.Tq ? lse[bh * p.Tq + i] : -INFINITY;
-      delta_s(t % 2)[threadIdx.x] = i < p.Tq ? delta[bh * p.Tq + i] : 0.f;
+      if constexpr (kGradK) delta_s(t % 2)[threadIdx.x] = i < p.Tq ? delta[bh * p.Tq + i] : 0.f;
     }
   };
-  // cp.async groups: K and V, then one per query tile (maybe empty): tile t has landed at
+  // cp.async groups: K (and V), then one per query tile (maybe empty): tile t has landed at
   // wait_group<1> once tile t + 1 is queued.
-  load_tile<T, D, kBlockKeys>(k, b, h, j0, p.Tk, k_tile);
-  load_tile<T, D, kBlockKeys>(v, b, h, j0, p.Tk, v_tile);
+  load_tile<T, D, kRows>(k, b, h, j0, p.Tk, k_tile);
+  if constexpr (kGradK) load_tile<T, D, kRows>(v, b, h, j0, p.Tk, v_tile);
   cp_async_commit();
   if (first < tiles) load_stage(first);
   cp_async_commit();
   cp_async_wait<1>();
   __syncthreads();
-  uint32_t k_frag[kSteps][4], v_frag[kSteps][4];  // this warp's 16 keys as A fragments
+  uint32_t k_frag[kM][kSteps][4], v_frag[kM][kSteps][4];  // this warp's keys as A fragments
 #pragma unroll
-  for (int ks = 0; ks < kSteps; ++ks) {
-    load_a_fragment<D>(k_frag[ks], k_tile, warp * 16, 16 * ks);
-    load_a_fragment<D>(v_frag[ks], v_tile, warp * 16, 16 * ks);
-  }
-  float dk_acc[D / 8][4], dv_acc[D / 8][4];
+  for (int mt = 0; mt < kM; ++mt)
 #pragma unroll
-  for (int n = 0; n < D / 8; ++n)
+    for (int ks = 0; ks < kSteps; ++ks) {
+      load_a_fragment<D>(k_frag[mt][ks], k_tile, warp * Cfg::kWarpRows + 16 * mt, 16 * ks);
+      if constexpr (kGradK) load_a_fragment<D>(v_frag[mt][ks], v_tile, warp * Cfg::kWarpRows + 16 * mt, 16 * ks);
+    }
+  float acc[kM][D / 8][4];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) dk_acc[n][e] = dv_acc[n][e] = 0.f;
+  for (int mt = 0; mt < kM; ++mt)
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mt][n][e] = 0.f;
 
   for (int t = first; t < tiles; ++t) {
     if (t + 1 < tiles) load_stage(t + 1);  // into the stage tile t - 1 used, left at the last barrier
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
-    const uint16_t* const qt = q_tile(t % 2);
-    const uint16_t* const gt = g_tile(t % 2);
-    // S^T = K Q^T and dP^T = V dO^T: this warp's 16 keys by the tile's kQ queries.
-    float s[kQ / 8][4], dp[kQ / 8][4];
+    const int64_t i0 = int64_t(t) * kStep;
+    // A causal tile wholly before this warp's first key adds nothing to its keys (warp-uniform).
+    if (!p.causal || i0 + kStep - 1 >= warp_j0) {
+      const uint16_t* const qt = q_tile(t % 2);
+      const uint16_t* const gt = g_tile(t % 2);
+      // S^T = K Q^T (and dP^T = V dO^T): this warp's keys by the tile's 32 queries.
+      float s[kM][kStep / 8][4], dp[kM][kStep / 8][4];
 #pragma unroll
-    for (int n = 0; n < kQ / 8; ++n)
+      for (int mt = 0; mt < kM; ++mt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[n][e] = dp[n][e] = 0.f;
+        for (int n = 0; n < kStep / 8; ++n)
 #pragma unroll
-    for (int ks = 0; ks < kSteps; ++ks) {
+          for (int e = 0; e < 4; ++e) {
+            s[mt][n][e] = 0.f;
+            if constexpr (kGradK) dp[mt][n][e] = 0.f;
+          }
 #pragma unroll
-      for (int qp = 0; qp < kQ / 16; ++qp) {
-        uint32_t r[4];
-        load_b_fragments<D>(r, qt, 16 * qp, 16 * ks);
-        mma_16816<T>(s[2 * qp], k_frag[ks], r[0], r[1]);
-        mma_16816<T>(s[2 * qp + 1], k_frag[ks], r[2], r[3]);
-        load_b_fragments<D>(r, gt, 16 * qp, 16 * ks);
-        mma_16816<T>(dp[2 * qp], v_frag[ks], r[0], r[1]);
-        mma_16816<T>(dp[2 * qp + 1], v_frag[ks], r[2], r[3]);
+      for (int ks = 0; ks < kSteps; ++ks) {
+#pragma unroll
+        for (int qp = 0; qp < kStep / 16; ++qp) {
+          uint32_t r[4];
+          load_b_fragments<D>(r, qt, 16 * qp, 16 * ks);
+#pragma unroll
+          for (int mt = 0; mt < kM; ++mt) {
+            mma_16816<T>(s[mt][2 * qp], k_frag[mt][ks], r[0], r[1]);
+            mma_16816<T>(s[mt][2 * qp + 1], k_frag[mt][ks], r[2], r[3]);
+          }
+          if constexpr (kGradK) {
+            load_b_fragments<D>(r, gt, 16 * qp, 16 * ks);
+#pragma unroll
+            for (int mt = 0; mt < kM; ++mt) {
+              mma_16816<T>(dp[mt][2 * qp], v_frag[mt][ks], r[0], r[1]);
+              mma_16816<T>(dp[mt][2 * qp + 1], v_frag[mt][ks], r[2], r[3]);
+            }
+          }
+        }
       }
-    }
-    // Element e of n-tile n: key j0 + 16 warp + lane/4 + 8 (e/2), query i0 + 8 n + 2 (lane%4) + e%2.
-    const int64_t i0 = int64_t(t) * kQ;
+      // Element e of n-tile n of m-tile mt: key warp_j0 + 16 mt + lane/4 + 8 (e/2), query
+      // i0 + 8 n + 2 (lane%4) + e%2. s becomes P~ (dV) or dS = P (dP z - delta) scale (dK). A lane's
+      // two neighbouring queries take their LSE (and delta) in one 8-byte shared load.
 #pragma unroll
-    for (int n = 0; n < kQ / 8; ++n)
+      for (int n = 0; n < kStep / 8; ++n) {
+        const int col0 = 8 * n + 2 * (lane % 4);
+        const float2 lse2 = *reinterpret_cast<const float2*>(lse_s(t % 2) + col0);
+        float2 delta2 = make_float2(0.f, 0.f);
+        if constexpr (kGradK) delta2 = *reinterpret_cast<const float2*>(delta_s(t % 2) + col0);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int col = 8 * n + 2 * (lane % 4) + e % 2;
-        const int64_t i = i0 + col, j = j0 + warp * 16 + lane / 4 + 8 * (e / 2);
-        const bool visible = i < p.Tq && j < p.Tk && (!p.causal || j <= i);
-        score_grads(p, bh, i, j, visible, lse_s(t % 2)[col], delta_s(t % 2)[col], s[n][e], dp[n][e]);
+        for (int mt = 0; mt < kM; ++mt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int64_t i = i0 + col0 + e % 2, j = warp_j0 + 16 * mt + lane / 4 + 8 * (e / 2);
+            const bool visible = i < p.Tq && j < p.Tk && (!p.causal || j <= i);
+            float z;
+            const float P = probability(p, bh, i, j, visible, s[mt][n][e], e % 2 ? lse2.y : lse2.x, z);
+            if constexpr (kGradK) {
+              const float delta_i = e % 2 ? delta2.y : delta2.x;
+              s[mt][n][e] = P * (dp[mt][n][e] * z - delta_i) * static_cast<float>(p.scale);
+            } else {
+              s[mt][n][e] = P * z;
+            }
+          }
       }
-      // dV += P~^T dO and dK += dS^T Q: the accumulators are the A fragments (k = query).
+      // grad += s^T-as-A times (dO for dV, Q for dK): the accumulators are the A fragments (k = query).
+      const uint16_t* const bt = kGradK ? qt : gt;
 #pragma unroll
-    for (int kk = 0; kk < kQ / 16; ++kk) {
-      uint32_t a_p[4], a_ds[4];
-      accumulators_as_a<T>(a_p, s[2 * kk], s[2 * kk + 1]);
-      accumulators_as_a<T>(a_ds, dp[2 * kk], dp[2 * kk + 1]);
+      for (int kk = 0; kk < kStep / 16; ++kk) {
+        uint32_t a[kM][4];
 #pragma unroll
-      for (int dn = 0; dn < kSteps; ++dn) {
-        uint32_t r[4];
-        load_b_fragments_trans<D>(r, gt, 16 * kk, 16 * dn);
-        mma_16816<T>(dv_acc[2 * dn], a_p, r[0], r[1]);
-        mma_16816<T>(dv_acc[2 * dn + 1], a_p, r[2], r[3]);
-        load_b_fragments_trans<D>(r, qt, 16 * kk, 16 * dn);
-        mma_16816<T>(dk_acc[2 * dn], a_ds, r[0], r[1]);
-        mma_16816<T>(dk_acc[2 * dn + 1], a_ds, r[2], r[3]);
+        for (int mt = 0; mt < kM; ++mt) accumulators_as_a<T>(a[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
+#pragma unroll
+        for (int dn = 0; dn < kSteps; ++dn) {
+          uint32_t r[4];
+          load_b_fragments_trans<D>(r, bt, 16 * kk, 16 * dn);
+#pragma unroll
+          for (int mt = 0; mt < kM; ++mt) {
+            mma_16816<T>(acc[mt][2 * dn], a[mt], r[0], r[1]);
+            mma_16816<T>(acc[mt][2 * dn + 1], a[mt], r[2], r[3]);
+          }
+        }
       }
     }
     __syncthreads();  // every warp is done with this stage before the next iteration refills it
   }
   cp_async_wait<0>();
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int64_t j = j0 + warp * 16 + lane / 4 + 8 * half;
-    if (j >= p.Tk) continue;
-    store_accumulator_row<T>(dk + (bh * p.Tk + j) * D, dk_acc, 2 * half, 1.f);
-    store_accumulator_row<T>(dv + (bh * p.Tk + j) * D, dv_acc, 2 * half, 1.f);
+  for (int mt = 0; mt < kM; ++mt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int64_t j = warp_j0 + 16 * mt + lane / 4 + 8 * half;
+      if (j < p.Tk) store_accumulator_row<T>(grad + (bh * p.Tk + j) * D, acc[mt], 2 * half, 1.f);
+    }
+}
+
+template <class T, int D>
+__global__ void __launch_bounds__(kTcThreads)
+    flash_backward_keys_tensor_core(const Params p, const View<T> q, const View<T> k, const View<T> v,
+                                    const View<T> dout, const float* lse, const float* delta, T* dk, T* dv) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap();
+#else
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  constexpr int kRows = BackwardConfig<D>::kRows;
+  const int64_t n_kt = (p.Tk + kRows - 1) / kRows;
+  const int64_t pair = blockIdx.x / 2, bh = pair / n_kt, j0 = (pair % n_kt) * kRows;
+  // The two blocks of a key block are neighbours, so they run side by side and share Q and dO in L2.
+  if (blockIdx.x % 2 == 0) {
+    keys_block<T, D, false>(p, q, k, v, dout, lse, delta, dv, bh, j0, smem_raw);
+  } else {
+    keys_block<T, D, true>(p, q, k, v, dout, lse, delta, dk, bh, j0, smem_raw);
   }
 #endif
 }
 
 template <class T, int D>
 __global__ void __launch_bounds__(kTcThreads)
-    flash_backward_q_tensor_core(const Params p, const View<T> q, const View<T> k, const View<T> v,
-                                 const View<T> dout, const float* lse, const float* delta, T* dq) {
+    flash_backward_queries_tensor_core(const Params p, const View<T> q, const View<T> k, const View<T> v,
+                                       const View<T> dout, const View<T> o, const float* lse, float* delta,
+                                       T* dq) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();
 #else
-  constexpr int kSteps = D / 16;
+  using Cfg = BackwardConfig<D>;
+  constexpr int kM = Cfg::kM, kSteps = Cfg::kSteps, kRows = Cfg::kRows;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   uint16_t* const q_tile = reinterpret_cast<uint16_t*>(smem_raw);
-  uint16_t* const g_tile = q_tile + kBlockRows * D;
-  auto k_tile = [&](int stage) { return g_tile + kBlockRows * D + 2 * stage * kTcKeys * D; };
-  auto v_tile = [&](int stage) { return k_tile(stage) + kTcKeys * D; };
+  uint16_t* const g_tile = q_tile + kRows * D;
+  auto k_tile = [&](int stage) { return g_tile + kRows * D + 2 * stage * kStep * D; };
+  auto v_tile = [&](int stage) { return k_tile(stage) + kStep * D; };
+  uint16_t* const o_tile = k_tile(2);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int64_t n_qt = (p.Tq + kBlockRows - 1) / kBlockRows;
+  const int64_t n_qt = (p.Tq + kRows - 1) / kRows;
   const int64_t bh = blockIdx.x / n_qt, b = bh / p.H, h = bh % p.H;
-  const int64_t i0 = (n_qt - 1 - blockIdx.x % n_qt) * kBlockRows;  // the longest causal rows first
-  const int64_t end = key_end(p, i0, kBlockRows);
-  const int tiles = static_cast<int>((end + kTcKeys - 1) / kTcKeys);
+  const int64_t i0 = (n_qt - 1 - blockIdx.x % n_qt) * kRows;  // the longest causal rows first
+  const int64_t warp_i0 = i0 + warp * Cfg::kWarpRows;
+  const int64_t end = key_end(p, i0, kRows);
+  const int tiles = static_cast<int>((end + kStep - 1) / kStep);
+  auto load_stage = [&](int t) {
+    load_tile<T, D, kStep>(k, b, h, int64_t(t) * kStep, end, k_tile(t % 2));
+    load_tile<T, D, kStep>(v, b, h, int64_t(t) * kStep, end, v_tile(t % 2));
+  };
 
-  load_tile<T, D, kBlockRows>(q, b, h, i0, p.Tq, q_tile);
-  load_tile<T, D, kBlockRows>(dout, b, h, i0, p.Tq, g_tile);
+  load_tile<T, D, kRows>(q, b, h, i0, p.Tq, q_tile);
+  load_tile<T, D, kRows>(dout, b, h, i0, p.Tq, g_tile);
+  load_tile<T, D, kRows>(o, b, h, i0, p.Tq, o_tile);
   cp_async_commit();
-  if (tiles > 0) load_kv_tile<T, D>(k, v, b, h, 0, end, k_tile(0), v_tile(0));
+  if (tiles > 0) load_stage(0);
   cp_async_commit();
   cp_async_wait<1>();
   __syncthreads();
-  uint32_t q_frag[kSteps][4], g_frag[kSteps][4];  // this warp's 16 rows of Q and dO
+  uint32_t q_frag[kM][kSteps][4], g_frag[kM][kSteps][4];  // this warp's rows of Q and dO
+  float L[kM][2], dl[kM][2];                              // rows lane/4 and lane/4 + 8 of each m-tile
 #pragma unroll
-  for (int ks = 0; ks < kSteps; ++ks) {
-    load_a_fragment<D>(q_frag[ks], q_tile, warp * 16, 16 * ks);
-    load_a_fragment<D>(g_frag[ks], g_tile, warp * 16, 16 * ks);
+  for (int mt = 0; mt < kM; ++mt) {
+    dl[mt][0] = dl[mt][1] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < kSteps; ++ks) {
+      load_a_fragment<D>(q_frag[mt][ks], q_tile, warp * Cfg::kWarpRows + 16 * mt, 16 * ks);
+      load_a_fragment<D>(g_frag[mt][ks], g_tile, warp * Cfg::kWarpRows + 16 * mt, 16 * ks);
+      // delta = rowsum(dO O): O's fragment has dO's layout (registers 0 and 2 hold row lane/4,
+      // 1 and 3 row lane/4 + 8), so the products pair up register by register.
+      uint32_t o_frag[4];
+      load_a_fragment<D>(o_frag, o_tile, warp * Cfg::kWarpRows + 16 * mt, 16 * ks);
+      dl[mt][0] += pair_dot<T>(g_frag[mt][ks][0], o_frag[0]) + pair_dot<T>(g_frag[mt][ks][2], o_frag[2]);
+      dl[mt][1] += pair_dot<T>(g_frag[mt][ks][1], o_frag[1]) + pair_dot<T>(g_frag[mt][ks][3], o_frag[3]);
+    }
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      dl[mt][half] = quad_sum(dl[mt][half]);  // the 4 lanes of a row hold its 2 D/4 products
+      const int64_t i = warp_i0 + 16 * mt + lane / 4 + 8 * half;
+      L[mt][half] = i < p.Tq ? lse[bh * p.Tq + i] : -INFINITY;
+      if (i < p.Tq && lane % 4 == 0) delta[bh * p.Tq + i] = dl[mt][half];  // for the keys' kernel
+    }
   }
-  float L[2], dl[2];  // rows lane/4 and lane/4 + 8
+  float dq_acc[kM][D / 8][4];
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int64_t i = i0 + warp * 16 + lane / 4 + 8 * half;
-    L[half] = i < p.Tq ? lse[bh * p.Tq + i] : -INFINITY;
-    dl[half] = i < p.Tq ? delta[bh * p.Tq + i] : 0.f;
-  }
-  float dq_acc[D / 8][4];
+  for (int mt = 0; mt < kM; ++mt)
 #pragma unroll
-  for (int n = 0; n < D / 8; ++n)
+    for (int n = 0; n < D / 8; ++n)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) dq_acc[n][e] = 0.f;
+      for (int e = 0; e < 4; ++e) dq_acc[mt][n][e] = 0.f;
 
   for (int t = 0; t < tiles; ++t) {
     // Tile t + 1 into the stage tile t - 1 used: every warp left it at the last barrier.
-    if (t + 1 < tiles) load_kv_tile<T, D>(k, v, b, h, t + 1, end, k_tile((t + 1) % 2), v_tile((t + 1) % 2));
+    if (t + 1 < tiles) load_stage(t + 1);
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
-    const uint16_t* const kt = k_tile(t % 2);
-    const uint16_t* const vt = v_tile(t % 2);
-    // S = Q K^T and dP = dO V^T: 16 rows by 64 keys.
-    float s[8][4], dp[8][4];
+    const int64_t j0 = int64_t(t) * kStep;
+    // A causal tile wholly after this warp's last row adds nothing to its rows (warp-uniform).
+    if (!p.causal || j0 <= warp_i0 + Cfg::kWarpRows - 1) {
+      const uint16_t* const kt = k_tile(t % 2);
+      const uint16_t* const vt = v_tile(t % 2);
+      // S = Q K^T and dP = dO V^T: this warp's rows by 32 keys.
+      float s[kM][kStep / 8][4], dp[kM][kStep / 8][4];
 #pragma unroll
-    for (int n = 0; n < 8; ++n)
+      for (int mt = 0; mt < kM; ++mt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[n][e] = dp[n][e] = 0.f;
+        for (int n = 0; n < kStep / 8; ++n)
 #pragma unroll
-    for (int ks = 0; ks < kSteps; ++ks) {
+          for (int e = 0; e < 4; ++e) s[mt][n][e] = dp[mt][n][e] = 0.f;
 #pragma unroll
-      for (int jp = 0; jp < 4; ++jp) {
-        uint32_t r[4];
-        load_b_fragments<D>(r, kt, 16 * jp, 16 * ks);
-        mma_16816<T>(s[2 * jp], q_frag[ks], r[0], r[1]);
-        mma_16816<T>(s[2 * jp + 1], q_frag[ks], r[2], r[3]);
-        load_b_fragments<D>(r, vt, 16 * jp, 16 * ks);
-        mma_16816<T>(dp[2 * jp], g_frag[ks], r[0], r[1]);
-        mma_16816<T>(dp[2 * jp + 1], g_frag[ks], r[2], r[3]);
+      for (int ks = 0; ks < kSteps; ++ks) {
+#pragma unroll
+        for (int jp = 0; jp < kStep / 16; ++jp) {
+          uint32_t r[4];
+          load_b_fragments<D>(r, kt, 16 * jp, 16 * ks);
+#pragma unroll
+          for (int mt = 0; mt < kM; ++mt) {
+            mma_16816<T>(s[mt][2 * jp], q_frag[mt][ks], r[0], r[1]);
+            mma_16816<T>(s[mt][2 * jp + 1], q_frag[mt][ks], r[2], r[3]);
+          }
+          load_b_fragments<D>(r, vt, 16 * jp, 16 * ks);
+#pragma unroll
+          for (int mt = 0; mt < kM; ++mt) {
+            mma_16816<T>(dp[mt][2 * jp], g_frag[mt][ks], r[0], r[1]);
+            mma_16816<T>(dp[mt][2 * jp + 1], g_frag[mt][ks], r[2], r[3]);
+          }
+        }
       }
-    }
-    const int64_t j0 = int64_t(t) * kTcKeys;
+      // Element e of n-tile n of m-tile mt: row warp_i0 + 16 mt + lane/4 + 8 (e/2), key
+      // j0 + 8 n + 2 (lane%4) + e%2. dp becomes dS = P (dP z - delta) scale.
 #pragma unroll
-    for (int n = 0; n < 8; ++n)
+      for (int mt = 0; mt < kM; ++mt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int64_t i = i0 + warp * 16 + lane / 4 + 8 * (e / 2), j = j0 + 8 * n + 2 * (lane % 4) + e % 2;
-        const bool visible = j < end && (!p.causal || j <= i);
-        score_grads(p, bh, i, j, visible, L[e / 2], dl[e / 2], s[n][e], dp[n][e]);
-      }
+        for (int n = 0; n < kStep / 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int64_t i = warp_i0 + 16 * mt + lane / 4 + 8 * (e / 2), j = j0 + 8 * n + 2 * (lane % 4) + e % 2;
+            const bool visible = j < end && (!p.causal || j <= i);
+            float z;
+            const float P = probability(p, bh, i, j, visible, s[mt][n][e], L[mt][e / 2], z);
+            dp[mt][n][e] = P * (dp[mt][n][e] * z - dl[mt][e / 2]) * static_cast<float>(p.scale);
+          }
       // dQ += dS K: dS's accumulators are the A fragments (k = key), K's B fragments by ldmatrix.trans.
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      uint32_t a[4];
-      accumulators_as_a<T>(a, dp[2 * kk], dp[2 * kk + 1]);
+      for (int kk = 0; kk < kStep / 16; ++kk) {
+        uint32_t a[kM][4];
 #pragma unroll
-      for (int dn = 0; dn < kSteps; ++dn) {
-        uint32_t r[4];
-        load_b_fragments_trans<D>(r, kt, 16 * kk, 16 * dn);
-        mma_16816<T>(dq_acc[2 * dn], a, r[0], r[1]);
-        mma_16816<T>(dq_acc[2 * dn + 1], a, r[2], r[3]);
+        for (int mt = 0; mt < kM; ++mt) accumulators_as_a<T>(a[mt], dp[mt][2 * kk], dp[mt][2 * kk + 1]);
+#pragma unroll
+        for (int dn = 0; dn < kSteps; ++dn) {
+          uint32_t r[4];
+          load_b_fragments_trans<D>(r, kt, 16 * kk, 16 * dn);
+#pragma unroll
+          for (int mt = 0; mt < kM; ++mt) {
+            mma_16816<T>(dq_acc[mt][2 * dn], a[mt], r[0], r[1]);
+            mma_16816<T>(dq_acc[mt][2 * dn + 1], a[mt], r[2], r[3]);
+          }
+        }
       }
     }
     __syncthreads();
   }
   cp_async_wait<0>();
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int64_t i = i0 + warp * 16 + lane / 4 + 8 * half;
-    if (i < p.Tq) store_accumulator_row<T>(dq + (bh * p.Tq + i) * D, dq_acc, 2 * half, 1.f);
-  }
+  for (int mt = 0; mt < kM; ++mt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int64_t i = warp_i0 + 16 * mt + lane / 4 + 8 * half;
+      if (i < p.Tq) store_accumulator_row<T>(dq + (bh * p.Tq + i) * D, dq_acc[mt], 2 * half, 1.f);
+    }
 #endif
 }
 
+// The queries' kernel first: it writes delta, which the keys' kernel reads.
 template <class T, int D>
 void launch(cudaStream_t stream, const Params& p, const View<T>& q, const View<T>& k, const View<T>& v,
-            const View<T>& dout, const float* lse, const float* delta, void* dq, void* dk, void* dv) {
-  if (p.B * p.H * p.Tk > 0) {
-    constexpr int bytes = KvConfig<D>::kSmemBytes;
-    const int64_t blocks = p.B * p.H * ((p.Tk + kBlockKeys - 1) / kBlockKeys);
-    MG_CHECK(blocks <= 0x7fffffff, "attention_backward (CUDA): ", blocks,
-             " blocks exceed the grid's 2^31 - 1");
-    allow_dynamic_smem(reinterpret_cast<const void*>(flash_backward_kv_tensor_core<T, D>), bytes);
-    launch_kernel<flash_backward_kv_tensor_core<T, D>>(static_cast<unsigned>(blocks), kTcThreads, bytes,
-                                                       stream, p, q, k, v, dout, lse, delta,
-                                                       static_cast<T*>(dk), static_cast<T*>(dv));
-  }
+            const View<T>& dout, const View<T>& o, const float* lse, float* delta, void* dq, void* dk,
+            void* dv) {
+  using Cfg = BackwardConfig<D>;
   if (p.B * p.H * p.Tq > 0) {
-    constexpr int bytes = QConfig<D>::kSmemBytes;
-    const int64_t blocks = p.B * p.H * ((p.Tq + kBlockRows - 1) / kBlockRows);
+    constexpr int bytes = Cfg::kQueriesSmem;
+    const int64_t blocks = p.B * p.H * ((p.Tq + Cfg::kRows - 1) / Cfg::kRows);
     MG_CHECK(blocks <= 0x7fffffff, "attention_backward (CUDA): ", blocks,
              " blocks exceed the grid's 2^31 - 1");
-    if (bytes > 48 * 1024)
-      allow_dynamic_smem(reinterpret_cast<const void*>(flash_backward_q_tensor_core<T, D>), bytes);
-    launch_kernel<flash_backward_q_tensor_core<T, D>>(static_cast<unsigned>(blocks), kTcThreads, bytes,
-                                                      stream, p, q, k, v, dout, lse, delta,
-                                                      static_cast<T*>(dq));
+    allow_dynamic_smem(reinterpret_cast<const void*>(flash_backward_queries_tensor_core<T, D>), bytes);
+    launch_kernel<flash_backward_queries_tensor_core<T, D>>(static_cast<unsigned>(blocks), kTcThreads, bytes,
+                                                            stream, p, q, k, v, dout, o, lse, delta,
+                                                            static_cast<T*>(dq));
+  }
+  if (p.B * p.H * p.Tk > 0) {
+    constexpr int bytes = Cfg::kKeysSmem;
+    const int64_t blocks = 2 * p.B * p.H * ((p.Tk + Cfg::kRows - 1) / Cfg::kRows);
+    MG_CHECK(blocks <= 0x7fffffff, "attention_backward (CUDA): ", blocks,
+             " blocks exceed the grid's 2^31 - 1");
+    allow_dynamic_smem(reinterpret_cast<const void*>(flash_backward_keys_tensor_core<T, D>), bytes);
+    launch_kernel<flash_backward_keys_tensor_core<T, D>>(static_cast<unsigned>(blocks), kTcThreads, bytes,
+                                                         stream, p, q, k, v, dout, lse, delta,
+                                                         static_cast<T*>(dk), static_cast<T*>(dv));
   }
 }
 
 template <class T>
 void launch_dtype(cudaStream_t stream, const Params& p, const void* q, const AttentionStrides& qs,
                   const void* k, const AttentionStrides& ks, const void* v, const AttentionStrides& vs,
-                  const void* dout, const AttentionStrides& gs, const float* lse, const float* delta,
+                  const void* o, const void* dout, const AttentionStrides& gs, const float* lse, float* delta,
                   void* dq, void* dk, void* dv) {
   const View<T> vq = make_view<T>(q, qs), vk = make_view<T>(k, ks), vv = make_view<T>(v, vs),
                 vg = make_view<T>(dout, gs);
-  if (p.D == 64) return launch<T, 64>(stream, p, vq, vk, vv, vg, lse, delta, dq, dk, dv);
-  launch<T, 128>(stream, p, vq, vk, vv, vg, lse, delta, dq, dk, dv);
+  // O is the forward's output: contiguous [B, H, Tq, D].
+  const View<T> vo = make_view<T>(o, AttentionStrides{p.H * p.Tq * p.D, p.Tq * p.D, p.D});
+  if (p.D == 64) return launch<T, 64>(stream, p, vq, vk, vv, vg, vo, lse, delta, dq, dk, dv);
+  launch<T, 128>(stream, p, vq, vk, vv, vg, vo, lse, delta, dq, dk, dv);
 }
 
 }  // namespace
@@ -329,12 +448,12 @@ namespace attention_internal {
 
 void launch_backward_tensor_core(cudaStream_t stream, DType dtype, const Params& p, const void* q,
                                  const AttentionStrides& qs, const void* k, const AttentionStrides& ks,
-                                 const void* v, const AttentionStrides& vs, const void* dout,
-                                 const AttentionStrides& gs, const float* lse, const float* delta, void* dq,
-                                 void* dk, void* dv) {
+                                 const void* v, const AttentionStrides& vs, const void* o, const void* dout,
+                                 const AttentionStrides& gs, const float* lse, float* delta, void* dq, void* dk,
+                                 void* dv) {
   if (dtype == DType::bf16)
-    return launch_dtype<bf16_t>(stream, p, q, qs, k, ks, v, vs, dout, gs, lse, delta, dq, dk, dv);
-  launch_dtype<f16_t>(stream, p, q, qs, k, ks, v, vs, dout, gs, lse, delta, dq, dk, dv);
+    return launch_dtype<bf16_t>(stream, p, q, qs, k, ks, v, vs, o, dout, gs, lse, delta, dq, dk, dv);
+  launch_dtype<f16_t>(stream, p, q, qs, k, ks, v, vs, o, dout, gs, lse, delta, dq, dk, dv);
 }
 
 }  // namespace attention_internal

@@ -290,6 +290,7 @@ TEST_CASE("cuda attention: the tensor-core backward matches the CUDA-core one an
       {{1, 1, 130, 30, 128, true}, 0.0},  // Tq > Tk, D = 128 (32-row query tiles)
       {{1, 2, 70, 90, 128, false}, 0.0},  //
       {{1, 2, 80, 80, 64, true}, 0.2},    // dropout regenerated from Philox
+      {{1, 1, 200, 150, 64, true}, 0.1},  // Tq > Tk over two 128-row blocks of each kernel, dropout
   };
   uint64_t seed = 700;
   for (DType dtype : {DType::bf16, DType::f16}) {
