@@ -54,7 +54,6 @@ struct TcForward {
   static constexpr int kRows = 4 * kWarpRows;                        // 128 / 64 query rows a block
   static constexpr int kKvElems = kTcKeys * D;                       // one K or V tile
   static constexpr int kSmemBytes = (kRows * D + 4 * kKvElems) * 2;  // Q + 2 x (K + V): 48 / 80 KiB
-  static constexpr int kChunksPerRow = D / 8;                        // 16-byte chunks
 };
 
 template <class T, int D>
