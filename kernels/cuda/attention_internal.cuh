@@ -77,7 +77,7 @@ void launch_forward_tensor_core(cudaStream_t stream, DType dtype, const Params& 
 void launch_backward_tensor_core(cudaStream_t stream, DType dtype, const Params& p, const void* q,
                                  const AttentionStrides& qs, const void* k, const AttentionStrides& ks,
                                  const void* v, const AttentionStrides& vs, const void* o, const void* dout,
-                                 const AttentionStrides& gs, const float* lse, float* delta, void* dq, void* dk,
-                                 void* dv);
+                                 const AttentionStrides& gs, const float* lse, float* delta, void* dq,
+                                 void* dk, void* dv);
 
 }  // namespace mg::kernels::cuda::attention_internal

@@ -122,7 +122,8 @@ __device__ __forceinline__ void keys_block(const Params& p, const View<T>& q, co
 #pragma unroll
     for (int ks = 0; ks < kSteps; ++ks) {
       load_a_fragment<D>(k_frag[mt][ks], k_tile, warp * Cfg::kWarpRows + 16 * mt, 16 * ks);
-      if constexpr (kGradK) load_a_fragment<D>(v_frag[mt][ks], v_tile, warp * Cfg::kWarpRows + 16 * mt, 16 * ks);
+      if constexpr (kGradK)
+        load_a_fragment<D>(v_frag[mt][ks], v_tile, warp * Cfg::kWarpRows + 16 * mt, 16 * ks);
     }
   float acc[kM][D / 8][4];
 #pragma unroll
@@ -359,17 +360,19 @@ __global__ void __launch_bounds__(kTcThreads)
       // Element e of n-tile n of m-tile mt: row warp_i0 + 16 mt + lane/4 + 8 (e/2), key
       // j0 + 8 n + 2 (lane%4) + e%2. dp becomes dS = P (dP z - delta) scale.
 #pragma unroll
-      for (int mt = 0; mt < kM; ++mt)
+      for (int mt = 0; mt < kM; ++mt) {
 #pragma unroll
         for (int n = 0; n < kStep / 8; ++n)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            const int64_t i = warp_i0 + 16 * mt + lane / 4 + 8 * (e / 2), j = j0 + 8 * n + 2 * (lane % 4) + e % 2;
+            const int64_t i = warp_i0 + 16 * mt + lane / 4 + 8 * (e / 2),
+                          j = j0 + 8 * n + 2 * (lane % 4) + e % 2;
             const bool visible = j < end && (!p.causal || j <= i);
             float z;
             const float P = probability(p, bh, i, j, visible, s[mt][n][e], L[mt][e / 2], z);
             dp[mt][n][e] = P * (dp[mt][n][e] * z - dl[mt][e / 2]) * static_cast<float>(p.scale);
           }
+      }
       // dQ += dS K: dS's accumulators are the A fragments (k = key), K's B fragments by ldmatrix.trans.
 #pragma unroll
       for (int kk = 0; kk < kStep / 16; ++kk) {
@@ -449,8 +452,8 @@ namespace attention_internal {
 void launch_backward_tensor_core(cudaStream_t stream, DType dtype, const Params& p, const void* q,
                                  const AttentionStrides& qs, const void* k, const AttentionStrides& ks,
                                  const void* v, const AttentionStrides& vs, const void* o, const void* dout,
-                                 const AttentionStrides& gs, const float* lse, float* delta, void* dq, void* dk,
-                                 void* dv) {
+                                 const AttentionStrides& gs, const float* lse, float* delta, void* dq,
+                                 void* dk, void* dv) {
   if (dtype == DType::bf16)
     return launch_dtype<bf16_t>(stream, p, q, qs, k, ks, v, vs, o, dout, gs, lse, delta, dq, dk, dv);
   launch_dtype<f16_t>(stream, p, q, qs, k, ks, v, vs, o, dout, gs, lse, delta, dq, dk, dv);
