@@ -189,22 +189,7 @@ __global__ void __launch_bounds__(kTcThreads)
     // O += P V: the S accumulators of key n-tiles 2 kk and 2 kk + 1 are the A fragment of keys
     // 16 kk .. 16 kk + 15; V's B fragments through ldmatrix.trans, matrices (keys 0-7, d 0-7),
     // (keys 8-15, d 0-7), (keys 0-7, d 8-15), (keys 8-15, d 8-15), used by every m-tile.
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      uint32_t a[kM][4];
-#pragma unroll
-      for (int mt = 0; mt < kM; ++mt) accumulators_as_a<T>(a[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
-#pragma unroll
-      for (int dp = 0; dp < kSteps; ++dp) {
-        uint32_t r[4];
-        load_b_fragments_trans<D>(r, vt, 16 * kk, 16 * dp);
-#pragma unroll
-        for (int mt = 0; mt < kM; ++mt) {
-          mma_16816<T>(o_acc[mt][2 * dp], a[mt], r[0], r[1]);
-          mma_16816<T>(o_acc[mt][2 * dp + 1], a[mt], r[2], r[3]);
-        }
-      }
-    }
+    accumulate_product<T, D, kM, kTcKeys / 16>(o_acc, s, vt);
     __syncthreads();  // every warp is done with this stage before the next iteration refills it
   }
   cp_async_wait<0>();  // only empty groups can be left; nothing may land after the block exits

@@ -119,6 +119,33 @@ __device__ __forceinline__ void accumulators_as_a(uint32_t (&a)[4], const float 
   a[3] = pack_pair<T>(hi[2], hi[3]);
 }
 
+// acc[mt] += A[mt] B for the kM m-tiles of a warp, where A[mt] is the 16 x (16 kKTiles) result of an
+// earlier product, still in its f32 accumulators s[mt] (n-tiles 2 kk and 2 kk + 1 are k-step kk,
+// rounded to T), and B is rows [0, 16 kKTiles) x D of `tile` (rows are k, d contiguous), read through
+// ldmatrix.trans, each fragment used by every m-tile: O += P V, dV += P~^T dO, dK += dS^T Q,
+// dQ += dS K.
+template <class T, int D, int kM, int kKTiles>
+__device__ __forceinline__ void accumulate_product(float (&acc)[kM][D / 8][4],
+                                                   const float (&s)[kM][2 * kKTiles][4],
+                                                   const uint16_t* tile) {
+#pragma unroll
+  for (int kk = 0; kk < kKTiles; ++kk) {
+    uint32_t a[kM][4];
+#pragma unroll
+    for (int mt = 0; mt < kM; ++mt) accumulators_as_a<T>(a[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
+#pragma unroll
+    for (int dn = 0; dn < D / 16; ++dn) {
+      uint32_t r[4];
+      load_b_fragments_trans<D>(r, tile, 16 * kk, 16 * dn);
+#pragma unroll
+      for (int mt = 0; mt < kM; ++mt) {
+        mma_16816<T>(acc[mt][2 * dn], a[mt], r[0], r[1]);
+        mma_16816<T>(acc[mt][2 * dn + 1], a[mt], r[2], r[3]);
+      }
+    }
+  }
+}
+
 __device__ __forceinline__ float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
   return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));

@@ -201,23 +201,7 @@ __device__ __forceinline__ void keys_block(const Params& p, const View<T>& q, co
           }
       }
       // grad += s^T-as-A times (dO for dV, Q for dK): the accumulators are the A fragments (k = query).
-      const uint16_t* const bt = kGradK ? qt : gt;
-#pragma unroll
-      for (int kk = 0; kk < kStep / 16; ++kk) {
-        uint32_t a[kM][4];
-#pragma unroll
-        for (int mt = 0; mt < kM; ++mt) accumulators_as_a<T>(a[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
-#pragma unroll
-        for (int dn = 0; dn < kSteps; ++dn) {
-          uint32_t r[4];
-          load_b_fragments_trans<D>(r, bt, 16 * kk, 16 * dn);
-#pragma unroll
-          for (int mt = 0; mt < kM; ++mt) {
-            mma_16816<T>(acc[mt][2 * dn], a[mt], r[0], r[1]);
-            mma_16816<T>(acc[mt][2 * dn + 1], a[mt], r[2], r[3]);
-          }
-        }
-      }
+      accumulate_product<T, D, kM, kStep / 16>(acc, s, kGradK ? qt : gt);
     }
     __syncthreads();  // every warp is done with this stage before the next iteration refills it
   }
@@ -374,22 +358,7 @@ __global__ void __launch_bounds__(kTcThreads)
           }
       }
       // dQ += dS K: dS's accumulators are the A fragments (k = key), K's B fragments by ldmatrix.trans.
-#pragma unroll
-      for (int kk = 0; kk < kStep / 16; ++kk) {
-        uint32_t a[kM][4];
-#pragma unroll
-        for (int mt = 0; mt < kM; ++mt) accumulators_as_a<T>(a[mt], dp[mt][2 * kk], dp[mt][2 * kk + 1]);
-#pragma unroll
-        for (int dn = 0; dn < kSteps; ++dn) {
-          uint32_t r[4];
-          load_b_fragments_trans<D>(r, kt, 16 * kk, 16 * dn);
-#pragma unroll
-          for (int mt = 0; mt < kM; ++mt) {
-            mma_16816<T>(dq_acc[mt][2 * dn], a[mt], r[0], r[1]);
-            mma_16816<T>(dq_acc[mt][2 * dn + 1], a[mt], r[2], r[3]);
-          }
-        }
-      }
+      accumulate_product<T, D, kM, kStep / 16>(dq_acc, dp, kt);
     }
     __syncthreads();
   }
