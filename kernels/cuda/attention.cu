@@ -2,7 +2,7 @@
 // D <= 256), forward and backward, and the entry points. Semantics, the online softmax and the
 // backward's formulas: kernels/cpu/attention.h and .cpp (the CPU twin); docs/attention.md derives
 // them. bf16/f16 with D = 64 or 128 take the tensor-core kernels on sm_80+ instead
-// (attention_tensor_core.cu, attention_tensor_core_backward.cu; that backward computes delta itself).
+// (attention_tensor_core.cu, attention_tensor_core_backward.cu).
 //
 // Why fused: the composed path writes the [Tq, Tk] scores of every head to DRAM several times and
 // keeps one copy for backward. Here a block owns a few query rows; K and V stream through shared
@@ -13,13 +13,14 @@
 // against its warp's rows (the dot over D reads K[j][d] from a row padded to an odd pitch, so the
 // 32 lanes hit 32 banks, and q[d] as a broadcast); warp shuffles take the row max and sum; then
 // lanes own the output's dims (lane + 32 c) and add sum_j p_j v_j[d], p_j broadcast by shuffle.
-// Backward: delta_i = rowsum(dO O) (attention_delta, a warp per row), then two kernels that each
-// write their outputs alone, deterministic and without atomics, as on the CPU:
+// Backward: two kernels that each write their outputs alone, deterministic and without atomics, as
+// on the CPU:
+//   flash_backward_q_simt, first: a block owns 16 query rows, computes their delta_i = rowsum(dO O)
+//     (a warp per row, written for the next kernel) and streams 32-key tiles, the forward's shape:
+//     dQ_i += scale dS_ij k_j;
 //   flash_backward_kv_simt: a block owns 16 keys (4 per warp) and streams 32-row query tiles (Q, dO,
 //     LSE, delta): lane i rebuilds p_ij = exp(s_ij - LSE_i) and dp_ij = dO_i . v_j, then the warp
-//     adds dV_j += p~_ij dO_i and dK_j += scale dS_ij q_i;
-//   flash_backward_q_simt: a block owns 16 query rows and streams 32-key tiles, the forward's shape:
-//     dQ_i += scale dS_ij k_j.
+//     adds dV_j += p~_ij dO_i and dK_j += scale dS_ij q_i.
 // Bytes and FLOPs, one head, no mask: the forward does 4 Tq Tk D FLOPs and Tq Tk exps, reads Q once
 // and K, V once per 16-row block (2 Tk D (Tq / 16) elements, mostly from L2) and writes Tq D + Tq.
 // The backward does 4 products in the first kernel (S, dP, dV, dK) and 3 in the second (S, dP,
@@ -165,23 +166,16 @@ __global__ void __launch_bounds__(kBlockThreads)
   }
 }
 
-// ---- backward: delta = rowsum(dO * O), a warp per row ------------------------------------------
+// ---- backward: delta_i = rowsum(dO_i O_i), one row by one warp (lanes over d) -------------------
 template <class T>
-__global__ void __launch_bounds__(kBlockThreads)
-    attention_delta(const Params p, const View<T> dout, const T* o, acc_t<T>* delta) {
+__device__ __forceinline__ acc_t<T> row_delta(const Params& p, const View<T>& dout, const T* o, int64_t bh,
+                                              int64_t i, int lane) {
   using A = acc_t<T>;
-  const int lane = threadIdx.x % 32;
-  const int64_t rows = p.B * p.H * p.Tq;
-  for (int64_t row = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32; row < rows;
-       row += int64_t(gridDim.x) * kWarps) {
-    const int64_t bh = row / p.Tq, i = row % p.Tq;
-    const T* g = dout.at(bh / p.H, bh % p.H, i);
-    const T* out = o + row * p.D;
-    A sum = A(0);
-    for (int d = lane; d < p.D; d += 32) sum += load(g + d) * load(out + d);
-    sum = warp_sum(sum);
-    if (lane == 0) delta[row] = sum;
-  }
+  const T* g = dout.at(bh / p.H, bh % p.H, i);
+  const T* out = o + (bh * p.Tq + i) * p.D;
+  A sum = A(0);
+  for (int d = lane; d < p.D; d += 32) sum += load(g + d) * load(out + d);
+  return warp_sum(sum);
 }
 
 // p~ (dropped and rescaled) and scale * dS of one score, from its raw dot s and dp = dO_i . v_j.
@@ -274,7 +268,7 @@ __global__ void __launch_bounds__(kBlockThreads)
 template <class T>
 __global__ void __launch_bounds__(kBlockThreads)
     flash_backward_q_simt(const Params p, const View<T> q, const View<T> k, const View<T> v,
-                          const View<T> dout, const acc_t<T>* lse, const acc_t<T>* delta, T* dq) {
+                          const View<T> dout, const T* o, const acc_t<T>* lse, acc_t<T>* delta, T* dq) {
   using A = acc_t<T>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int D = p.D, pitch = odd_pitch(D);
@@ -293,7 +287,8 @@ __global__ void __launch_bounds__(kBlockThreads)
   for (int r = 0; r < kRowsPerWarp; ++r) {
     const int64_t i = i0 + warp * kRowsPerWarp + r;
     L[r] = i < p.Tq ? lse[bh * p.Tq + i] : neg_inf<A>();
-    dl[r] = i < p.Tq ? delta[bh * p.Tq + i] : A(0);
+    dl[r] = i < p.Tq ? row_delta(p, dout, o, bh, i, lane) : A(0);  // warp-uniform branch
+    if (i < p.Tq && lane == 0) delta[bh * p.Tq + i] = dl[r];       // for the dK/dV kernel, launched next
 #pragma unroll
     for (int c = 0; c < kMaxDimsPerLane; ++c) acc[r][c] = A(0);
   }
@@ -423,16 +418,20 @@ void attention_backward(cudaStream_t stream, DType dtype, const AttentionProblem
     const A* lse_rows = static_cast<const A*>(lse);
     A* delta_rows = static_cast<A*>(delta);
     const int D = prm.D, pitch = odd_pitch(D);
-    if (tensor_cores) {  // two launches: they compute delta themselves
+    // Two launches on either path: the dQ kernel first, which computes delta for its rows and
+    // writes it, then the dK/dV kernel, which reads it.
+    if (tensor_cores) {
       if constexpr (std::is_same<T, bf16_t>::value || std::is_same<T, f16_t>::value)
         launch_backward_tensor_core(stream, dtype, prm, q, q_strides, k, k_strides, v, v_strides, o, dout,
                                     dout_strides, lse_rows, delta_rows, dq, dk, dv);
       return;
     }
     if (p.B * p.H * p.Tq > 0) {
-      const int64_t rows = p.B * p.H * p.Tq, blocks = (rows + kWarps - 1) / kWarps;
-      launch_kernel<attention_delta<T>>(static_cast<unsigned>(blocks < 65535 ? blocks : 65535), kBlockThreads,
-                                        0, stream, prm, vg, static_cast<const T*>(o), delta_rows);
+      const int smem = prepare_smem<flash_backward_q_simt<T>>(
+          "attention_backward", 2 * int64_t(kBlockRows) * D + 2 * int64_t(kTile) * pitch, sizeof(A));
+      launch_kernel<flash_backward_q_simt<T>>(
+          blocks_for("attention_backward", p, p.Tq, kBlockRows), kBlockThreads, smem, stream, prm, vq, vk, vv,
+          vg, static_cast<const T*>(o), lse_rows, delta_rows, static_cast<T*>(dq));
     }
     if (p.B * p.H * p.Tk > 0) {
       const int smem = prepare_smem<flash_backward_kv_simt<T>>(
@@ -441,13 +440,6 @@ void attention_backward(cudaStream_t stream, DType dtype, const AttentionProblem
       launch_kernel<flash_backward_kv_simt<T>>(blocks_for("attention_backward", p, p.Tk, kBlockRows),
                                                kBlockThreads, smem, stream, prm, vq, vk, vv, vg, lse_rows,
                                                delta_rows, static_cast<T*>(dk), static_cast<T*>(dv));
-    }
-    if (p.B * p.H * p.Tq > 0) {
-      const int smem = prepare_smem<flash_backward_q_simt<T>>(
-          "attention_backward", 2 * int64_t(kBlockRows) * D + 2 * int64_t(kTile) * pitch, sizeof(A));
-      launch_kernel<flash_backward_q_simt<T>>(blocks_for("attention_backward", p, p.Tq, kBlockRows),
-                                              kBlockThreads, smem, stream, prm, vq, vk, vv, vg, lse_rows,
-                                              delta_rows, static_cast<T*>(dq));
     }
   });
 }

@@ -1,6 +1,5 @@
 // The attention backward on tensor cores, bf16/f16 with D = 64 or 128, sm_80+. Semantics and the
-// formulas: kernels/cpu/attention.h and .cpp; delta = rowsum(dO O) comes first (attention.cu's
-// attention_delta, as for the CUDA-core backward); the shared tensor-core pieces:
+// formulas: kernels/cpu/attention.h and .cpp; the shared tensor-core pieces:
 // attention_tensor_core.cuh.
 //
 // Every output is written by one block alone (deterministic, no atomics), and every block rebuilds
