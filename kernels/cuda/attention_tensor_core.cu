@@ -121,25 +121,7 @@ __global__ void __launch_bounds__(kTcThreads)
     // (keys 0-7, d 0-7), (keys 0-7, d 8-15), (keys 8-15, d 0-7), (keys 8-15, d 8-15), used by every
     // m-tile of the warp.
     float s[kM][8][4];
-#pragma unroll
-    for (int mt = 0; mt < kM; ++mt)
-#pragma unroll
-      for (int n = 0; n < 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[mt][n][e] = 0.f;
-#pragma unroll
-    for (int ks = 0; ks < kSteps; ++ks) {
-#pragma unroll
-      for (int jp = 0; jp < 4; ++jp) {
-        uint32_t r[4];
-        load_b_fragments<D>(r, kt, 16 * jp, 16 * ks);
-#pragma unroll
-        for (int mt = 0; mt < kM; ++mt) {
-          mma_16816<T>(s[mt][2 * jp], q_frag[mt][ks], r[0], r[1]);
-          mma_16816<T>(s[mt][2 * jp + 1], q_frag[mt][ks], r[2], r[3]);
-        }
-      }
-    }
+    multiply_transposed<T, D, kM, kTcKeys / 16>(s, q_frag, kt);
 
     // Online softmax on the registers, row by row (half 0: row lane/4, half 1: row lane/4 + 8).
     const int64_t j0 = int64_t(t) * kTcKeys;

@@ -119,6 +119,34 @@ __device__ __forceinline__ void accumulators_as_a(uint32_t (&a)[4], const float 
   a[3] = pack_pair<T>(hi[2], hi[3]);
 }
 
+// s[mt] = A[mt] X^T for the kM m-tiles of a warp, where A[mt] is 16 rows x D held as A fragments
+// (a[mt][ks] is d-step ks) and X is rows [0, 16 kNTiles) x D of `tile` (d contiguous), read through
+// ldmatrix, each fragment used by every m-tile: S = Q K^T, dP = dO V^T, S^T = K Q^T, dP^T = V dO^T.
+template <class T, int D, int kM, int kNTiles>
+__device__ __forceinline__ void multiply_transposed(float (&s)[kM][2 * kNTiles][4],
+                                                    const uint32_t (&a)[kM][D / 16][4],
+                                                    const uint16_t* tile) {
+#pragma unroll
+  for (int mt = 0; mt < kM; ++mt)
+#pragma unroll
+    for (int n = 0; n < 2 * kNTiles; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[mt][n][e] = 0.f;
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks) {
+#pragma unroll
+    for (int np = 0; np < kNTiles; ++np) {
+      uint32_t r[4];
+      load_b_fragments<D>(r, tile, 16 * np, 16 * ks);
+#pragma unroll
+      for (int mt = 0; mt < kM; ++mt) {
+        mma_16816<T>(s[mt][2 * np], a[mt][ks], r[0], r[1]);
+        mma_16816<T>(s[mt][2 * np + 1], a[mt][ks], r[2], r[3]);
+      }
+    }
+  }
+}
+
 // acc[mt] += A[mt] B for the kM m-tiles of a warp, where A[mt] is the 16 x (16 kKTiles) result of an
 // earlier product, still in its f32 accumulators s[mt] (n-tiles 2 kk and 2 kk + 1 are k-step kk,
 // rounded to T), and B is rows [0, 16 kKTiles) x D of `tile` (rows are k, d contiguous), read through

@@ -144,39 +144,11 @@ __device__ __forceinline__ void keys_block(const Params& p, const View<T>& q, co
       const uint16_t* const gt = g_tile(t % 2);
       // S^T = K Q^T (and dP^T = V dO^T): this warp's keys by the tile's 32 queries.
       float s[kM][kStep / 8][4], dp[kM][kStep / 8][4];
-#pragma unroll
-      for (int mt = 0; mt < kM; ++mt)
-#pragma unroll
-        for (int n = 0; n < kStep / 8; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            s[mt][n][e] = 0.f;
-            if constexpr (kGradK) dp[mt][n][e] = 0.f;
-          }
-#pragma unroll
-      for (int ks = 0; ks < kSteps; ++ks) {
-#pragma unroll
-        for (int qp = 0; qp < kStep / 16; ++qp) {
-          uint32_t r[4];
-          load_b_fragments<D>(r, qt, 16 * qp, 16 * ks);
-#pragma unroll
-          for (int mt = 0; mt < kM; ++mt) {
-            mma_16816<T>(s[mt][2 * qp], k_frag[mt][ks], r[0], r[1]);
-            mma_16816<T>(s[mt][2 * qp + 1], k_frag[mt][ks], r[2], r[3]);
-          }
-          if constexpr (kGradK) {
-            load_b_fragments<D>(r, gt, 16 * qp, 16 * ks);
-#pragma unroll
-            for (int mt = 0; mt < kM; ++mt) {
-              mma_16816<T>(dp[mt][2 * qp], v_frag[mt][ks], r[0], r[1]);
-              mma_16816<T>(dp[mt][2 * qp + 1], v_frag[mt][ks], r[2], r[3]);
-            }
-          }
-        }
-      }
-      // Element e of n-tile n of m-tile mt: key warp_j0 + 16 mt + lane/4 + 8 (e/2), query
-      // i0 + 8 n + 2 (lane%4) + e%2. s becomes P~ (dV) or dS = P (dP z - delta) scale (dK). A lane's
-      // two neighbouring queries take their LSE (and delta) in one 8-byte shared load.
+      multiply_transposed<T, D, kM, kStep / 16>(s, k_frag, qt);
+      if constexpr (kGradK) multiply_transposed<T, D, kM, kStep / 16>(dp, v_frag, gt);
+        // Element e of n-tile n of m-tile mt: key warp_j0 + 16 mt + lane/4 + 8 (e/2), query
+        // i0 + 8 n + 2 (lane%4) + e%2. s becomes P~ (dV) or dS = P (dP z - delta) scale (dK). A lane's
+        // two neighbouring queries take their LSE (and delta) in one 8-byte shared load.
 #pragma unroll
       for (int n = 0; n < kStep / 8; ++n) {
         const int col0 = 8 * n + 2 * (lane % 4);
@@ -315,31 +287,8 @@ __global__ void __launch_bounds__(kTcThreads)
       const uint16_t* const vt = v_tile(t % 2);
       // S = Q K^T and dP = dO V^T: this warp's rows by 32 keys.
       float s[kM][kStep / 8][4], dp[kM][kStep / 8][4];
-#pragma unroll
-      for (int mt = 0; mt < kM; ++mt)
-#pragma unroll
-        for (int n = 0; n < kStep / 8; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) s[mt][n][e] = dp[mt][n][e] = 0.f;
-#pragma unroll
-      for (int ks = 0; ks < kSteps; ++ks) {
-#pragma unroll
-        for (int jp = 0; jp < kStep / 16; ++jp) {
-          uint32_t r[4];
-          load_b_fragments<D>(r, kt, 16 * jp, 16 * ks);
-#pragma unroll
-          for (int mt = 0; mt < kM; ++mt) {
-            mma_16816<T>(s[mt][2 * jp], q_frag[mt][ks], r[0], r[1]);
-            mma_16816<T>(s[mt][2 * jp + 1], q_frag[mt][ks], r[2], r[3]);
-          }
-          load_b_fragments<D>(r, vt, 16 * jp, 16 * ks);
-#pragma unroll
-          for (int mt = 0; mt < kM; ++mt) {
-            mma_16816<T>(dp[mt][2 * jp], g_frag[mt][ks], r[0], r[1]);
-            mma_16816<T>(dp[mt][2 * jp + 1], g_frag[mt][ks], r[2], r[3]);
-          }
-        }
-      }
+      multiply_transposed<T, D, kM, kStep / 16>(s, q_frag, kt);
+      multiply_transposed<T, D, kM, kStep / 16>(dp, g_frag, vt);
       // Element e of n-tile n of m-tile mt: row warp_i0 + 16 mt + lane/4 + 8 (e/2), key
       // j0 + 8 n + 2 (lane%4) + e%2. dp becomes dS = P (dP z - delta) scale.
 #pragma unroll
