@@ -73,6 +73,18 @@ GemmOperand describe_operand(const Tensor& t) {
   return op;
 }
 
+// True when a's dims before the last collapse into one without a copy (each one's stride is the
+// next one's stride times its size; dims of size 1 fit anywhere).
+bool rows_fold_to_a_view(const Tensor& t) {
+  int64_t inner = -1;  // the nearest dim after d (up to the rows) of size > 1
+  for (int64_t d = t.dim() - 2; d >= 0; --d) {
+    if (t.size(d) == 1) continue;
+    if (inner >= 0 && t.stride(d) != t.stride(inner) * t.size(inner)) return false;
+    inner = d;
+  }
+  return true;
+}
+
 // True for a matrix (or batch of matrices) stored column by column, e.g. w.t() of a
 // contiguous w: its last two dims have strides (1, rows).
 bool is_column_major(const Tensor& t) {
@@ -176,6 +188,16 @@ Tensor matmul_impl(const Tensor& a, const Tensor& b, bool reference) {
   }
   if (a.dim() == 1) return batched_matmul(a.unsqueeze(0), b, reference).squeeze(-2);
   if (b.dim() == 1) return batched_matmul(a, b.unsqueeze(1), reference).squeeze(-1);
+  if (a.dim() >= 3 && b.dim() == 2 && rows_fold_to_a_view(a)) {
+    // One matrix shared by every batch entry (a Linear's weight applied to [B, T, C]): fold the
+    // batch dims into the rows, one [B*T, k] @ [k, n] product, as PyTorch does. Broadcast as a
+    // batch, b's gradient would be a [B, k, n] stack of per-entry products summed afterwards --
+    // 308 MB a sequence for GPT-2's lm_head -- where folded it is one GEMM of that size.
+    Shape out_shape = a.shape();
+    out_shape.back() = b.size(1);
+    const int64_t rows = shape_numel(Shape(a.shape().begin(), a.shape().end() - 1));
+    return batched_matmul(a.reshape({rows, a.size(-1)}), b, reference).reshape(out_shape);
+  }
   return batched_matmul(a, b, reference);
 }
 

@@ -103,6 +103,46 @@ TEST_CASE("gradcheck matmul batched 3-d @ 2-d [2,3,4] @ [4,5]", "[gradcheck][lin
                                  {random_input({2, 3, 4}), random_input({4, 5})}));
 }
 
+TEST_CASE("gradcheck matmul 3-d @ 2-d whose batch dims do not fold into the rows (a strided view)",
+          "[gradcheck][linalg]") {
+  // [3,2,4] transposed to [2,3,4]: its rows are not one stride apart, so the product runs as a
+  // broadcast batch; the contiguous case above runs folded, as one [6,4] @ [4,5] product.
+  mg::manual_seed(16);
+  MG_REQUIRE_GRADCHECK(gradcheck([](const Inputs& in) { return mg::matmul(in[0].transpose(0, 1), in[1]); },
+                                 {random_input({3, 2, 4}), random_input({4, 5})}));
+}
+
+TEST_CASE("a matrix shared by every batch entry gets its gradient from one product, not a stack",
+          "[linalg][memory]") {
+  // [B, T, C] @ [C, N] (Linear's weight applied to a batch of sequences) folds the batch into the
+  // rows; the weight's gradient is then one [C, N] GEMM. Summed from a broadcast batch it would
+  // hold a [B, C, N] stack of per-entry gradients first: B times the gradient's bytes.
+  mg::manual_seed(17);
+  const int64_t B = 16, T = 8, C = 64, N = 512;
+  Tensor x = mg::randn({B, T, C}), w = mg::randn({C, N});
+  x.set_requires_grad(true);
+  w.set_requires_grad(true);
+  const int64_t stack_bytes = B * C * N * 4;
+  const int64_t before = mg::cpu_device_memory(0).live_bytes;
+  mg::reset_cpu_device_peak(0);
+  mg::sum(mg::matmul(x, w)).backward();
+  const int64_t peak = mg::cpu_device_memory(0).peak_bytes - before;
+  INFO("peak " << peak << " bytes; a [B, C, N] f32 stack is " << stack_bytes);
+  CHECK(peak < stack_bytes / 2);
+  // The same numbers as the per-entry products, and the gradient as X^T 1 written out.
+  auto max_diff = [](const Tensor& a, const Tensor& b) {
+    const std::vector<double> u = a.to_vector<double>(), v = b.to_vector<double>();
+    double worst = 0;
+    for (size_t i = 0; i < u.size(); ++i) worst = std::max(worst, std::abs(u[i] - v[i]));
+    return worst;
+  };
+  const Tensor y = mg::matmul(x.detach(), w.detach());
+  for (int64_t b = 0; b < B; b += 5)
+    CHECK(max_diff(y.select(0, b), mg::matmul(x.detach().select(0, b), w.detach())) < 1e-4);
+  const Tensor expected = mg::matmul(x.detach().reshape({B * T, C}).t(), mg::ones({B * T, N}));
+  CHECK(max_diff(w.grad(), expected) < 1e-3);
+}
+
 TEST_CASE("gradcheck matmul 1-d @ batched 3-d [4] @ [2,4,3]", "[gradcheck][linalg]") {
   mg::manual_seed(7);
   MG_REQUIRE_GRADCHECK(gradcheck([](const Inputs& in) { return mg::matmul(in[0], in[1]); },

@@ -1,0 +1,389 @@
+// The performance model against a tuned SGEMM ladder measured on an A100: siboehm/SGEMM_CUDA
+// ("How to Optimize a CUDA Matmul Kernel for cuBLAS-like Performance", MIT licence), the table
+// of its README at commit c09b350 (2023-02-26, "Running the kernels on a NVIDIA A100"), GFLOP/s
+// at 4096^3 from 50 back-to-back launches between CUDA events. docs/data/validation-sources.md
+// has the figures, the configurations of that commit and why kernel 11 is left out.
+//
+// C = alpha A B + beta C, row-major fp32, M = N = K = 4096 (beta != 0: C is read and written).
+// The kernels below are our own, written from the article's description of each rung:
+//
+//   K1  naive             32 x 32 threads, one output each; threadIdx.x walks the ROWS, so a
+//                         warp reads A 32 rows apart and writes C uncoalesced (B is a broadcast)
+//   K2  coalesced         the same with the warp along a row of C: A broadcast, B and C coalesced
+//   K3  shared tiles      32 x 32 tiles of A and B in shared memory, one output a thread
+//   K4  1-D block tiles   64 x 64 outputs a block of 512 threads, BK = 8; a thread owns a column
+//                         of 8 outputs and reuses one B value from a register for all 8
+//   K5  2-D block tiles   128 x 128 a block of 256 threads, BK = 8; a thread owns 8 x 8 outputs,
+//                         an outer product of 8 A and 8 B values from registers per k
+//   K6  vectorised        K5 with float4 global loads and stores, A stored transposed in shared
+//                         memory so a thread's 8 A values are contiguous
+//   K7  linearised B      K6 with B's tile permuted in shared memory so a warp's reads of it are
+//                         consecutive words (no bank conflicts)
+//   K8  padded B          K6 with B's tile rows padded by 5 floats (the other cure)
+//   K9  autotuned         K6's algorithm at the A100 setting: 64 x 64 tiles, BK = 16, 4 x 4 a thread
+//   K10 warp tiles        128 threads; a warp owns a 32 x 64 part of a 64 x 128 block tile, walked
+//                         as four 8 x 64 sub-tiles; a thread's 16 x 4 outputs from 4 + 16 registers
+//
+// Each rung is checked against a CPU product on a small problem first, then its 4096^3 launch is
+// traced (the first blocks of the grid; the rest extrapolated) and predicted on the A100 with its
+// 2 M N K FLOPs declared.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "validation.h"
+
+namespace {
+
+// ---- K1, K2: one output a thread, straight from global memory --------------------------------
+
+__global__ void sgemm_naive(int n, float alpha, const float* a, const float* b, float beta, float* c) {
+  const int row = blockIdx.x * 32 + threadIdx.x, col = blockIdx.y * 32 + threadIdx.y;
+  if (row >= n || col >= n) return;
+  float acc = 0;
+  for (int k = 0; k < n; ++k) acc += a[row * n + k] * b[k * n + col];
+  c[row * n + col] = alpha * acc + beta * c[row * n + col];
+}
+
+__global__ void sgemm_coalesced(int n, float alpha, const float* a, const float* b, float beta, float* c) {
+  const int row = blockIdx.x * 32 + threadIdx.x / 32, col = blockIdx.y * 32 + threadIdx.x % 32;
+  if (row >= n || col >= n) return;
+  float acc = 0;
+  for (int k = 0; k < n; ++k) acc += a[row * n + k] * b[k * n + col];
+  c[row * n + col] = alpha * acc + beta * c[row * n + col];
+}
+
+// ---- K3: 32 x 32 tiles in shared memory --------------------------------------------------------
+
+__global__ void sgemm_shared(int n, float alpha, const float* a, const float* b, float beta, float* c) {
+  __shared__ float a_tile[32 * 32];
+  __shared__ float b_tile[32 * 32];
+  const int ty = threadIdx.x / 32, tx = threadIdx.x % 32;
+  const float* a_block = a + blockIdx.x * 32 * n;  // 32 rows of A
+  const float* b_block = b + blockIdx.y * 32;      // 32 columns of B
+  float acc = 0;
+  for (int k0 = 0; k0 < n; k0 += 32) {
+    a_tile[ty * 32 + tx] = a_block[ty * n + k0 + tx];
+    b_tile[ty * 32 + tx] = b_block[(k0 + ty) * n + tx];
+    __syncthreads();
+    for (int k = 0; k < 32; ++k) acc += a_tile[ty * 32 + k] * b_tile[k * 32 + tx];
+    __syncthreads();
+  }
+  float* out = c + (blockIdx.x * 32 + ty) * n + blockIdx.y * 32 + tx;
+  *out = alpha * acc + beta * *out;
+}
+
+// ---- K4: a column of 8 outputs a thread ------------------------------------------------------
+
+constexpr int k4M = 64, k4N = 64, k4K = 8, k4Rows = 8;  // 512 threads
+
+__global__ void sgemm_1d_tiles(int n, float alpha, const float* a, const float* b, float beta, float* c) {
+  __shared__ float a_tile[k4M * k4K];
+  __shared__ float b_tile[k4K * k4N];
+  const int block_row = blockIdx.y, block_col = blockIdx.x;
+  const int col = threadIdx.x % k4N, row_group = threadIdx.x / k4N;  // 8 groups of 8 rows
+  const int a_row = threadIdx.x / k4K, a_col = threadIdx.x % k4K;    // one A and one B value a thread
+  const int b_row = threadIdx.x / k4N, b_col = threadIdx.x % k4N;
+  const float* a_block = a + block_row * k4M * n;
+  const float* b_block = b + block_col * k4N;
+  float acc[k4Rows] = {};
+  for (int k0 = 0; k0 < n; k0 += k4K) {
+    a_tile[a_row * k4K + a_col] = a_block[a_row * n + k0 + a_col];
+    b_tile[b_row * k4N + b_col] = b_block[(k0 + b_row) * n + b_col];
+    __syncthreads();
+    for (int k = 0; k < k4K; ++k) {
+      const float b_value = b_tile[k * k4N + col];
+      for (int r = 0; r < k4Rows; ++r) acc[r] += a_tile[(row_group * k4Rows + r) * k4K + k] * b_value;
+    }
+    __syncthreads();
+  }
+  for (int r = 0; r < k4Rows; ++r) {
+    float* out = c + (block_row * k4M + row_group * k4Rows + r) * n + block_col * k4N + col;
+    *out = alpha * acc[r] + beta * *out;
+  }
+}
+
+// ---- K5: 8 x 8 outputs a thread, an outer product per k -----------------------------------------
+
+constexpr int k5M = 128, k5N = 128, k5K = 8, k5T = 8, k5Threads = 256;
+
+__global__ void sgemm_2d_tiles(int n, float alpha, const float* a, const float* b, float beta, float* c) {
+  __shared__ float a_tile[k5M * k5K];
+  __shared__ float b_tile[k5K * k5N];
+  const int block_row = blockIdx.y, block_col = blockIdx.x;
+  const int thread_row = threadIdx.x / (k5N / k5T), thread_col = threadIdx.x % (k5N / k5T);
+  const int a_row = threadIdx.x / k5K, a_col = threadIdx.x % k5K;  // 32 rows of A per pass
+  const int b_row = threadIdx.x / k5N, b_col = threadIdx.x % k5N;  // 2 rows of B per pass
+  const float* a_block = a + block_row * k5M * n;
+  const float* b_block = b + block_col * k5N;
+  float acc[k5T * k5T] = {};
+  float a_reg[k5T], b_reg[k5T];
+  for (int k0 = 0; k0 < n; k0 += k5K) {
+    for (int r = 0; r < k5M; r += k5Threads / k5K)
+      a_tile[(a_row + r) * k5K + a_col] = a_block[(a_row + r) * n + k0 + a_col];
+    for (int r = 0; r < k5K; r += k5Threads / k5N)
+      b_tile[(b_row + r) * k5N + b_col] = b_block[(k0 + b_row + r) * n + b_col];
+    __syncthreads();
+    for (int k = 0; k < k5K; ++k) {
+      for (int i = 0; i < k5T; ++i) a_reg[i] = a_tile[(thread_row * k5T + i) * k5K + k];
+      for (int j = 0; j < k5T; ++j) b_reg[j] = b_tile[k * k5N + thread_col * k5T + j];
+      for (int i = 0; i < k5T; ++i)
+        for (int j = 0; j < k5T; ++j) acc[i * k5T + j] += a_reg[i] * b_reg[j];
+    }
+    __syncthreads();
+  }
+  for (int i = 0; i < k5T; ++i)
+    for (int j = 0; j < k5T; ++j) {
+      float* out = c + (block_row * k5M + thread_row * k5T + i) * n + block_col * k5N + thread_col * k5T + j;
+      *out = alpha * acc[i * k5T + j] + beta * *out;
+    }
+}
+
+// ---- K6-K9: float4 loads, A transposed in shared memory; three layouts of B's tile --------------
+
+enum class BLayout { plain, linearised, padded };
+
+// Where B's tile element (row k, column j) lives in shared memory, for a tile of kN columns.
+template <BLayout L, int kN>
+__device__ __forceinline__ int b_index(int k, int j) {
+  if constexpr (L == BLayout::padded) {
+    return k * (kN + 5) + j;
+  } else if constexpr (L == BLayout::linearised) {
+    // Only for 16 threads of 8 columns each (kN = 128, a thread's columns t*8 .. t*8+7): the
+    // element lands at (k*8 + i)*16 + t, so the 16 threads reading their i-th column read 16
+    // consecutive words.
+    return (k * 8 + j % 8) * 16 + j / 8;
+  } else {
+    return k * kN + j;
+  }
+}
+
+template <BLayout L, int kM, int kN, int kK, int kT, int kThreads>
+__global__ void sgemm_vectorised(int n, float alpha, const float* a, const float* b, float beta, float* c) {
+  constexpr int kBTileFloats = L == BLayout::padded ? kK * (kN + 5) : kK * kN;
+  __shared__ __align__(16) float a_tile[kK * kM];  // transposed: a_tile[k * kM + m]
+  __shared__ __align__(16) float b_tile[kBTileFloats];
+  const int block_row = blockIdx.y, block_col = blockIdx.x;
+  const int thread_row = threadIdx.x / (kN / kT), thread_col = threadIdx.x % (kN / kT);
+  const float* a_block = a + block_row * kM * n;
+  const float* b_block = b + block_col * kN;
+  float acc[kT * kT] = {};
+  float a_reg[kT], b_reg[kT];
+  for (int k0 = 0; k0 < n; k0 += kK) {
+    for (int v = threadIdx.x; v < kM * kK / 4; v += kThreads) {  // float4s of A's tile
+      const int row = v / (kK / 4), col = (v % (kK / 4)) * 4;
+      const float4 x = *reinterpret_cast<const float4*>(&a_block[row * n + k0 + col]);
+      a_tile[(col + 0) * kM + row] = x.x;
+      a_tile[(col + 1) * kM + row] = x.y;
+      a_tile[(col + 2) * kM + row] = x.z;
+      a_tile[(col + 3) * kM + row] = x.w;
+    }
+    for (int v = threadIdx.x; v < kK * kN / 4; v += kThreads) {  // float4s of B's tile
+      const int row = v / (kN / 4), col = (v % (kN / 4)) * 4;
+      const float4 x = *reinterpret_cast<const float4*>(&b_block[(k0 + row) * n + col]);
+      if constexpr (L == BLayout::plain) {
+        *reinterpret_cast<float4*>(&b_tile[row * kN + col]) = x;
+      } else {
+        b_tile[b_index<L, kN>(row, col + 0)] = x.x;
+        b_tile[b_index<L, kN>(row, col + 1)] = x.y;
+        b_tile[b_index<L, kN>(row, col + 2)] = x.z;
+        b_tile[b_index<L, kN>(row, col + 3)] = x.w;
+      }
+    }
+    __syncthreads();
+    for (int k = 0; k < kK; ++k) {
+      for (int i = 0; i < kT; ++i) a_reg[i] = a_tile[k * kM + thread_row * kT + i];
+      for (int j = 0; j < kT; ++j) b_reg[j] = b_tile[b_index<L, kN>(k, thread_col * kT + j)];
+      for (int i = 0; i < kT; ++i)
+        for (int j = 0; j < kT; ++j) acc[i * kT + j] += a_reg[i] * b_reg[j];
+    }
+    __syncthreads();
+  }
+  for (int i = 0; i < kT; ++i)
+    for (int j = 0; j < kT; j += 4) {
+      float4* out = reinterpret_cast<float4*>(
+          &c[(block_row * kM + thread_row * kT + i) * n + block_col * kN + thread_col * kT + j]);
+      float4 old = *out;
+      old.x = alpha * acc[i * kT + j + 0] + beta * old.x;
+      old.y = alpha * acc[i * kT + j + 1] + beta * old.y;
+      old.z = alpha * acc[i * kT + j + 2] + beta * old.z;
+      old.w = alpha * acc[i * kT + j + 3] + beta * old.w;
+      *out = old;
+    }
+}
+
+// ---- K10: warp tiles ---------------------------------------------------------------------------
+
+constexpr int kWM = 64, kWN = 128, kWK = 16;  // the block tile
+constexpr int kWarpM = 32, kWarpN = 64;       // a warp's part of it (2 x 2 warps)
+constexpr int kSubM = 8;                      // walked as 4 sub-tiles of 8 x 64
+constexpr int kWThreads = 128, kWT = 4;       // a thread: 4 x 4 outputs in each sub-tile
+
+__global__ void sgemm_warp_tiles(int n, float alpha, const float* a, const float* b, float beta, float* c) {
+  constexpr int kSubTiles = kWarpM / kSubM;
+  __shared__ __align__(16) float a_tile[kWK * kWM];  // transposed
+  __shared__ __align__(16) float b_tile[kWK * kWN];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warp_row = warp / (kWN / kWarpN), warp_col = warp % (kWN / kWarpN);
+  const int lane_row = lane / (kWarpN / kWT), lane_col = lane % (kWarpN / kWT);  // 2 x 16 lanes
+  const float* a_block = a + blockIdx.y * kWM * n;
+  const float* b_block = b + blockIdx.x * kWN;
+  float acc[kSubTiles * kWT * kWT] = {};
+  float a_reg[kSubTiles * kWT], b_reg[kWT];
+  for (int k0 = 0; k0 < n; k0 += kWK) {
+    for (int v = threadIdx.x; v < kWM * kWK / 4; v += kWThreads) {
+      const int row = v / (kWK / 4), col = (v % (kWK / 4)) * 4;
+      const float4 x = *reinterpret_cast<const float4*>(&a_block[row * n + k0 + col]);
+      a_tile[(col + 0) * kWM + row] = x.x;
+      a_tile[(col + 1) * kWM + row] = x.y;
+      a_tile[(col + 2) * kWM + row] = x.z;
+      a_tile[(col + 3) * kWM + row] = x.w;
+    }
+    for (int v = threadIdx.x; v < kWK * kWN / 4; v += kWThreads) {
+      const int row = v / (kWN / 4), col = (v % (kWN / 4)) * 4;
+      *reinterpret_cast<float4*>(&b_tile[row * kWN + col]) =
+          *reinterpret_cast<const float4*>(&b_block[(k0 + row) * n + col]);
+    }
+    __syncthreads();
+    for (int k = 0; k < kWK; ++k) {
+      for (int s = 0; s < kSubTiles; ++s)
+        for (int i = 0; i < kWT; ++i)
+          a_reg[s * kWT + i] = a_tile[k * kWM + warp_row * kWarpM + s * kSubM + lane_row * kWT + i];
+      for (int j = 0; j < kWT; ++j) b_reg[j] = b_tile[k * kWN + warp_col * kWarpN + lane_col * kWT + j];
+      for (int r = 0; r < kSubTiles * kWT; ++r)
+        for (int j = 0; j < kWT; ++j) acc[r * kWT + j] += a_reg[r] * b_reg[j];
+    }
+    __syncthreads();
+  }
+  for (int s = 0; s < kSubTiles; ++s)
+    for (int i = 0; i < kWT; ++i) {
+      const int row = blockIdx.y * kWM + warp_row * kWarpM + s * kSubM + lane_row * kWT + i;
+      const int col = blockIdx.x * kWN + warp_col * kWarpN + lane_col * kWT;
+      float4* out = reinterpret_cast<float4*>(&c[row * n + col]);
+      const float* r = &acc[(s * kWT + i) * kWT];
+      float4 old = *out;
+      old.x = alpha * r[0] + beta * old.x;
+      old.y = alpha * r[1] + beta * old.y;
+      old.z = alpha * r[2] + beta * old.z;
+      old.w = alpha * r[3] + beta * old.w;
+      *out = old;
+    }
+}
+
+// ---- the ladder ---------------------------------------------------------------------------------
+
+struct Rung {
+  const char* label;
+  double measured_gflops;  // the README's table at c09b350
+  void (*launch)(int n, const float* a, const float* b, float* c);
+};
+
+constexpr float kAlpha = 0.5f, kBeta = 3.0f;  // the source's values
+
+template <BLayout L, int kM, int kN, int kK, int kT, int kThreads>
+void launch_vectorised(int n, const float* a, const float* b, float* c) {
+  sgemm_vectorised<L, kM, kN, kK, kT, kThreads>
+      <<<dim3(n / kN, n / kM), kThreads>>>(n, kAlpha, a, b, kBeta, c);
+}
+
+const std::vector<Rung>& ladder() {
+  static const std::vector<Rung> rungs = {
+      {"K1 naive", 292.1,
+       [](int n, const float* a, const float* b, float* c) {
+         sgemm_naive<<<dim3(n / 32, n / 32), dim3(32, 32)>>>(n, kAlpha, a, b, kBeta, c);
+       }},
+      {"K2 coalesced", 3119.0,
+       [](int n, const float* a, const float* b, float* c) {
+         sgemm_coalesced<<<dim3(n / 32, n / 32), 1024>>>(n, kAlpha, a, b, kBeta, c);
+       }},
+      {"K3 shared tiles", 5451.9,
+       [](int n, const float* a, const float* b, float* c) {
+         sgemm_shared<<<dim3(n / 32, n / 32), 1024>>>(n, kAlpha, a, b, kBeta, c);
+       }},
+      {"K4 1-D tiles", 10368.6,
+       [](int n, const float* a, const float* b, float* c) {
+         sgemm_1d_tiles<<<dim3(n / k4N, n / k4M), k4M * k4N / k4Rows>>>(n, kAlpha, a, b, kBeta, c);
+       }},
+      {"K5 2-D tiles", 14155.1,
+       [](int n, const float* a, const float* b, float* c) {
+         sgemm_2d_tiles<<<dim3(n / k5N, n / k5M), k5Threads>>>(n, kAlpha, a, b, kBeta, c);
+       }},
+      {"K6 vectorised", 15296.5, launch_vectorised<BLayout::plain, 128, 128, 8, 8, 256>},
+      {"K7 linearised B", 15171.3, launch_vectorised<BLayout::linearised, 128, 128, 8, 8, 256>},
+      {"K8 padded B", 15086.2, launch_vectorised<BLayout::padded, 128, 128, 8, 8, 256>},
+      {"K9 autotuned", 16344.1, launch_vectorised<BLayout::plain, 64, 64, 16, 4, 256>},
+      {"K10 warp tiles", 17806.7,
+       [](int n, const float* a, const float* b, float* c) {
+         sgemm_warp_tiles<<<dim3(n / kWN, n / kWM), kWThreads>>>(n, kAlpha, a, b, kBeta, c);
+       }},
+  };
+  return rungs;
+}
+
+struct DeviceMatrices {
+  float *a = nullptr, *b = nullptr, *c = nullptr;
+  explicit DeviceMatrices(int n) {
+    const size_t bytes = size_t(n) * size_t(n) * sizeof(float);
+    REQUIRE(cudaMalloc(&a, bytes) == cudaSuccess);
+    REQUIRE(cudaMalloc(&b, bytes) == cudaSuccess);
+    REQUIRE(cudaMalloc(&c, bytes) == cudaSuccess);
+  }
+  ~DeviceMatrices() {
+    cudaFree(a);
+    cudaFree(b);
+    cudaFree(c);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("the SGEMM ladder's kernels compute C = alpha A B + beta C", "[gpu_model][validation]") {
+  const int n = 256;  // a multiple of every rung's tile
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> dist(-1, 1);
+  std::vector<float> a(n * n), b(n * n), c0(n * n);
+  for (float* v : {a.data(), b.data(), c0.data()})
+    for (int i = 0; i < n * n; ++i) v[i] = dist(rng);
+  std::vector<double> expected(n * n);
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < n; ++j) {
+      double s = 0;
+      for (int k = 0; k < n; ++k) s += double(a[i * n + k]) * b[k * n + j];
+      expected[i * n + j] = kAlpha * s + kBeta * double(c0[i * n + j]);
+    }
+  DeviceMatrices d(n);
+  const size_t bytes = size_t(n) * n * sizeof(float);
+  REQUIRE(cudaMemcpy(d.a, a.data(), bytes, cudaMemcpyHostToDevice) == cudaSuccess);
+  REQUIRE(cudaMemcpy(d.b, b.data(), bytes, cudaMemcpyHostToDevice) == cudaSuccess);
+  for (const Rung& rung : ladder()) {
+    REQUIRE(cudaMemcpy(d.c, c0.data(), bytes, cudaMemcpyHostToDevice) == cudaSuccess);
+    rung.launch(n, d.a, d.b, d.c);
+    std::vector<float> got(n * n);
+    REQUIRE(cudaMemcpy(got.data(), d.c, bytes, cudaMemcpyDeviceToHost) == cudaSuccess);
+    double worst = 0;
+    for (int i = 0; i < n * n; ++i) worst = std::max(worst, std::abs(got[i] - expected[i]));
+    INFO(rung.label << ": largest error " << worst);
+    CHECK(worst < 1e-3);
+  }
+}
+
+TEST_CASE("model validation: siboehm's SGEMM ladder on an A100", "[gpu_model][validation]") {
+  const mg_emu::GpuSpec& a100 = mg_emu::a100_sxm();
+  const int n = 4096;
+  const double flops = 2.0 * n * n * n;
+  DeviceMatrices d(n);
+  std::vector<validation::Row> rows;
+  for (const Rung& rung : ladder()) {
+    const mg_emu::Prediction pr =
+        validation::traced_launch(a100, 16, flops, [&] { rung.launch(n, d.a, d.b, d.c); });
+    rows.push_back({rung.label, flops / (rung.measured_gflops * 1e9), pr.seconds, pr.binding});
+  }
+  const validation::Summary s =
+      validation::report("SGEMM ladder at 4096^3, README.md at c09b350", a100, rows);
+  validation::hold(s, 0.0, 100.0, -1.0);  // placeholder until the first run
+}
