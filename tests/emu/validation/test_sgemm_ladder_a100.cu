@@ -342,7 +342,8 @@ struct DeviceMatrices {
 
 }  // namespace
 
-TEST_CASE("the SGEMM ladder's kernels compute C = alpha A B + beta C", "[gpu_model][validation]") {
+TEST_CASE("the SGEMM ladder's kernels compute C = alpha A B + beta C",
+          "[gpu_model][validation][sgemm_ladder]") {
   const int n = 256;  // a multiple of every rung's tile
   std::mt19937 rng(3);
   std::uniform_real_distribution<float> dist(-1, 1);
@@ -372,18 +373,29 @@ TEST_CASE("the SGEMM ladder's kernels compute C = alpha A B + beta C", "[gpu_mod
   }
 }
 
-TEST_CASE("model validation: siboehm's SGEMM ladder on an A100", "[gpu_model][validation]") {
+TEST_CASE("model validation: siboehm's SGEMM ladder on an A100", "[gpu_model][validation][sgemm_ladder]") {
   const mg_emu::GpuSpec& a100 = mg_emu::a100_sxm();
   const int n = 4096;
   const double flops = 2.0 * n * n * n;
   DeviceMatrices d(n);
   std::vector<validation::Row> rows;
   for (const Rung& rung : ladder()) {
+    // Two blocks traced: every block does the same work, and an L1 miss goes to L2 whatever the
+    // other blocks did, so 2, 4 and 16 traced blocks give the same predictions (16 take 100 s).
     const mg_emu::Prediction pr =
-        validation::traced_launch(a100, 16, flops, [&] { rung.launch(n, d.a, d.b, d.c); });
+        validation::traced_launch(a100, 2, flops, [&] { rung.launch(n, d.a, d.b, d.c); });
     rows.push_back({rung.label, flops / (rung.measured_gflops * 1e9), pr.seconds, pr.binding});
   }
   const validation::Summary s =
       validation::report("SGEMM ladder at 4096^3, README.md at c09b350", a100, rows);
-  validation::hold(s, 0.0, 100.0, -1.0);  // placeholder until the first run
+  // The tuned rungs alone (K5-K10), the ones the model has to tell apart.
+  std::vector<double> measured, predicted;
+  for (size_t i = 4; i < rows.size(); ++i) {
+    measured.push_back(rows[i].measured_seconds);
+    predicted.push_back(rows[i].predicted_seconds);
+  }
+  const double tuned = validation::rank_correlation(measured, predicted);
+  std::printf("  the tuned rungs K5-K10: rank correlation %.2f\n\n", tuned);
+  validation::hold(s, 0.65, 3.90, 0.85);  // today: 0.69-3.70, 0.87 (K1 at 3.70, the rest 0.69-1.22)
+  CHECK(tuned >= 0.35);                   // today: 0.37 (K9 predicted the slowest, measured second fastest)
 }
