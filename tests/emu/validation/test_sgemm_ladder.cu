@@ -164,6 +164,19 @@ __device__ __forceinline__ int b_index(int k, int j) {
   }
 }
 
+// A's kM x kK tile at column k0, read as float4s and stored transposed: a_tile[k * kM + m].
+template <int kM, int kK, int kThreads>
+__device__ __forceinline__ void load_a_transposed(float* a_tile, const float* a_block, int n, int k0) {
+  for (int v = threadIdx.x; v < kM * kK / 4; v += kThreads) {
+    const int row = v / (kK / 4), col = (v % (kK / 4)) * 4;
+    const float4 x = *reinterpret_cast<const float4*>(&a_block[row * n + k0 + col]);
+    a_tile[(col + 0) * kM + row] = x.x;
+    a_tile[(col + 1) * kM + row] = x.y;
+    a_tile[(col + 2) * kM + row] = x.z;
+    a_tile[(col + 3) * kM + row] = x.w;
+  }
+}
+
 template <BLayout L, int kM, int kN, int kK, int kT, int kThreads>
 __global__ void sgemm_vectorised(int n, float alpha, const float* a, const float* b, float beta, float* c) {
   constexpr int kBTileFloats = L == BLayout::padded ? kK * (kN + 5) : kK * kN;
@@ -176,14 +189,7 @@ __global__ void sgemm_vectorised(int n, float alpha, const float* a, const float
   float acc[kT * kT] = {};
   float a_reg[kT], b_reg[kT];
   for (int k0 = 0; k0 < n; k0 += kK) {
-    for (int v = threadIdx.x; v < kM * kK / 4; v += kThreads) {  // float4s of A's tile
-      const int row = v / (kK / 4), col = (v % (kK / 4)) * 4;
-      const float4 x = *reinterpret_cast<const float4*>(&a_block[row * n + k0 + col]);
-      a_tile[(col + 0) * kM + row] = x.x;
-      a_tile[(col + 1) * kM + row] = x.y;
-      a_tile[(col + 2) * kM + row] = x.z;
-      a_tile[(col + 3) * kM + row] = x.w;
-    }
+    load_a_transposed<kM, kK, kThreads>(a_tile, a_block, n, k0);
     for (int v = threadIdx.x; v < kK * kN / 4; v += kThreads) {  // float4s of B's tile
       const int row = v / (kN / 4), col = (v % (kN / 4)) * 4;
       const float4 x = *reinterpret_cast<const float4*>(&b_block[(k0 + row) * n + col]);
@@ -238,14 +244,7 @@ __global__ void sgemm_warp_tiles(int n, float alpha, const float* a, const float
   float acc[kSubsM * kTM * kSubsN * kTN] = {};
   float a_reg[kSubsM * kTM], b_reg[kSubsN * kTN];
   for (int k0 = 0; k0 < n; k0 += kK) {
-    for (int v = threadIdx.x; v < kM * kK / 4; v += kThreads) {
-      const int row = v / (kK / 4), col = (v % (kK / 4)) * 4;
-      const float4 x = *reinterpret_cast<const float4*>(&a_block[row * n + k0 + col]);
-      a_tile[(col + 0) * kM + row] = x.x;
-      a_tile[(col + 1) * kM + row] = x.y;
-      a_tile[(col + 2) * kM + row] = x.z;
-      a_tile[(col + 3) * kM + row] = x.w;
-    }
+    load_a_transposed<kM, kK, kThreads>(a_tile, a_block, n, k0);
     for (int v = threadIdx.x; v < kK * kN / 4; v += kThreads) {
       const int row = v / (kN / 4), col = (v % (kN / 4)) * 4;
       *reinterpret_cast<float4*>(&b_tile[row * kN + col]) =
@@ -321,39 +320,46 @@ void launch_2d_tiles(int n, const float* a, const float* b, float* c) {
   sgemm_2d_tiles<<<dim3(n / k5N, n / k5M), k5Threads>>>(n, kAlpha, a, b, kBeta, c);
 }
 
-// On the A100 (README at c09b350): K9 and K10 at that commit's A100 settings.
-const std::vector<Rung>& a100_ladder() {
-  static const std::vector<Rung> rungs = {
-      {"K1 naive", 292.1, launch_naive},
-      {"K2 coalesced", 3119.0, launch_coalesced},
-      {"K3 shared tiles", 5451.9, launch_shared},
-      {"K4 1-D tiles", 10368.6, launch_1d_tiles},
-      {"K5 2-D tiles", 14155.1, launch_2d_tiles},
-      {"K6 vectorised", 15296.5, launch_vectorised<BLayout::plain, 128, 128, 8, 8, 256>},
-      {"K7 linearised B", 15171.3, launch_vectorised<BLayout::linearised, 128, 128, 8, 8, 256>},
-      {"K8 padded B", 15086.2, launch_vectorised<BLayout::padded, 128, 128, 8, 8, 256>},
-      {"K9 autotuned", 16344.1, launch_vectorised<BLayout::plain, 64, 64, 16, 4, 256>},
-      {"K10 warp tiles", 17806.7, launch_warp_tiles<64, 128, 16, 32, 64, 4, 1, 4, 4, 128>},
+using Launch = void (*)(int n, const float* a, const float* b, float* c);
+
+// The ladder on the two GPUs: the A100 table (README at c09b350) and the RTX A6000 one (README at
+// 60cba6f, from 4820c60). K1-K8 are the same kernels on both; K9 and K10 at each commit's tuned
+// settings -- A100: K9 64 x 64 tiles, BK = 16, 4 x 4 a thread; K10 32 x 64 warp tiles walked as
+// four 8 x 64 sub-tiles, 4 x 4 a lane. A6000: K9 128 x 128, BK = 16, 8 x 8 a thread; K10 64 x 64
+// warp tiles walked as four 64 x 16 sub-tiles, 8 x 4 a lane. Kernel 11 (double buffering) is left
+// out: which configuration its figure ran is not known.
+struct LadderRung {
+  const char* label;
+  double a100_gflops, a6000_gflops;  // the two README tables
+  Launch a100, a6000;
+};
+
+const std::vector<LadderRung>& ladder() {
+  const Launch k6 = launch_vectorised<BLayout::plain, 128, 128, 8, 8, 256>;
+  const Launch k7 = launch_vectorised<BLayout::linearised, 128, 128, 8, 8, 256>;
+  const Launch k8 = launch_vectorised<BLayout::padded, 128, 128, 8, 8, 256>;
+  static const std::vector<LadderRung> rungs = {
+      {"K1 naive", 292.1, 309.0, launch_naive, launch_naive},
+      {"K2 coalesced", 3119.0, 1986.5, launch_coalesced, launch_coalesced},
+      {"K3 shared tiles", 5451.9, 2980.3, launch_shared, launch_shared},
+      {"K4 1-D tiles", 10368.6, 8474.7, launch_1d_tiles, launch_1d_tiles},
+      {"K5 2-D tiles", 14155.1, 15971.7, launch_2d_tiles, launch_2d_tiles},
+      {"K6 vectorised", 15296.5, 18237.3, k6, k6},
+      {"K7 linearised B", 15171.3, 16213.4, k7, k7},
+      {"K8 padded B", 15086.2, 16459.2, k8, k8},
+      {"K9 autotuned", 16344.1, 19721.0, launch_vectorised<BLayout::plain, 64, 64, 16, 4, 256>,
+       launch_vectorised<BLayout::plain, 128, 128, 16, 8, 256>},
+      {"K10 warp tiles", 17806.7, 21779.3, launch_warp_tiles<64, 128, 16, 32, 64, 4, 1, 4, 4, 128>,
+       launch_warp_tiles<128, 128, 16, 64, 64, 1, 4, 8, 4, 128>},
   };
   return rungs;
 }
 
-// On the RTX A6000 (README at 60cba6f, its table from 4820c60): K9 as 128 x 128 tiles, BK = 16,
-// 8 x 8 a thread; K10 with 64 x 64 warp tiles walked as four 64 x 16 sub-tiles, 8 x 4 a lane.
-// Kernel 11 (double buffering) is left out: which configuration its figure ran is not known.
-const std::vector<Rung>& a6000_ladder() {
-  static const std::vector<Rung> rungs = {
-      {"K1 naive", 309.0, launch_naive},
-      {"K2 coalesced", 1986.5, launch_coalesced},
-      {"K3 shared tiles", 2980.3, launch_shared},
-      {"K4 1-D tiles", 8474.7, launch_1d_tiles},
-      {"K5 2-D tiles", 15971.7, launch_2d_tiles},
-      {"K6 vectorised", 18237.3, launch_vectorised<BLayout::plain, 128, 128, 8, 8, 256>},
-      {"K7 linearised B", 16213.4, launch_vectorised<BLayout::linearised, 128, 128, 8, 8, 256>},
-      {"K8 padded B", 16459.2, launch_vectorised<BLayout::padded, 128, 128, 8, 8, 256>},
-      {"K9 autotuned", 19721.0, launch_vectorised<BLayout::plain, 128, 128, 16, 8, 256>},
-      {"K10 warp tiles", 21779.3, launch_warp_tiles<128, 128, 16, 64, 64, 1, 4, 8, 4, 128>},
-  };
+// One GPU's column of the ladder.
+std::vector<Rung> ladder_on(bool a100) {
+  std::vector<Rung> rungs;
+  for (const LadderRung& r : ladder())
+    rungs.push_back({r.label, a100 ? r.a100_gflops : r.a6000_gflops, a100 ? r.a100 : r.a6000});
   return rungs;
 }
 
@@ -393,8 +399,8 @@ TEST_CASE("the SGEMM ladder's kernels compute C = alpha A B + beta C",
   const size_t bytes = size_t(n) * n * sizeof(float);
   REQUIRE(cudaMemcpy(d.a, a.data(), bytes, cudaMemcpyHostToDevice) == cudaSuccess);
   REQUIRE(cudaMemcpy(d.b, b.data(), bytes, cudaMemcpyHostToDevice) == cudaSuccess);
-  for (const std::vector<Rung>* ladder : {&a100_ladder(), &a6000_ladder()})
-    for (const Rung& rung : *ladder) {
+  for (const bool a100 : {true, false})
+    for (const Rung& rung : ladder_on(a100)) {
       REQUIRE(cudaMemcpy(d.c, c0.data(), bytes, cudaMemcpyHostToDevice) == cudaSuccess);
       rung.launch(n, d.a, d.b, d.c);
       std::vector<float> got(n * n);
@@ -441,7 +447,7 @@ LadderSummary predict_ladder(const std::string& title, const mg_emu::GpuSpec& gp
 
 TEST_CASE("model validation: siboehm's SGEMM ladder on an A100", "[gpu_model][validation][sgemm_ladder]") {
   const LadderSummary s =
-      predict_ladder("SGEMM ladder at 4096^3, README.md at c09b350", mg_emu::a100_sxm(), a100_ladder());
+      predict_ladder("SGEMM ladder at 4096^3, README.md at c09b350", mg_emu::a100_sxm(), ladder_on(true));
   validation::hold(s.all, 0.65, 3.90, 0.85);  // today: 0.69-3.70, 0.87 (K1 at 3.70, the rest 0.69-1.22)
   CHECK(s.tuned_correlation >= 0.35);  // today: 0.37 (K9 predicted the slowest, measured second fastest)
 }
@@ -449,7 +455,7 @@ TEST_CASE("model validation: siboehm's SGEMM ladder on an A100", "[gpu_model][va
 TEST_CASE("model validation: siboehm's SGEMM ladder on an RTX A6000",
           "[gpu_model][validation][sgemm_ladder]") {
   const LadderSummary s =
-      predict_ladder("SGEMM ladder at 4096^3, README.md at 60cba6f", mg_emu::rtx_a6000(), a6000_ladder());
+      predict_ladder("SGEMM ladder at 4096^3, README.md at 60cba6f", mg_emu::rtx_a6000(), ladder_on(false));
   validation::hold(s.all, 0.60, 3.50, 0.90);  // today: 0.63-3.33, 0.92 (K1 at 3.33, K2 0.63, K3 1.52)
   CHECK(s.tuned_correlation >= 0.55);         // today: 0.60
 }
