@@ -111,4 +111,64 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
   return out;
 }
 
+// ---- attention over blocks of keys ------------------------------------------------------------
+
+AttentionBlock attention_block_forward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
+                                       bool causal, std::optional<double> scale) {
+  const kernels::AttentionProblem p = check_attention(q_in, k_in, v_in, {causal, 0.0, scale});
+  const Tensor q = kernel_operand(q_in), k = kernel_operand(k_in), v = kernel_operand(v_in);
+  AttentionBlock r{new_output({p.B, p.H, p.Tq, p.D}, q.dtype(), q),
+                   new_output({p.B, p.H, p.Tq}, kernels::attention_stats_dtype(q.dtype()), q)};
+  MG_KERNEL(q.device(), attention_forward, q.dtype(), p, q.data_ptr(), strides_of(q), k.data_ptr(),
+            strides_of(k), v.data_ptr(), strides_of(v), r.out.data_ptr(), r.lse.data_ptr());
+  return r;
+}
+
+AttentionBlock merge_attention_blocks(const AttentionBlock& a, const AttentionBlock& b) {
+  check_defined("merge_attention_blocks", {a.out, a.lse, b.out, b.lse});
+  MG_CHECK(a.out.shape() == b.out.shape() && a.lse.shape() == b.lse.shape() &&
+               a.out.dtype() == b.out.dtype() && a.lse.dtype() == b.lse.dtype(),
+           "merge_attention_blocks: the two blocks must be results for the same queries, got out ",
+           shape_str(a.out.shape()), " ", a.out.dtype(), " and ", shape_str(b.out.shape()), " ",
+           b.out.dtype());
+  NoGradGuard no_grad;
+  // m = the larger lse, floored to the lowest finite float so that two -inf rows give weights
+  // exp(-inf) = 0 rather than exp(-inf - -inf) = NaN. Then lse = m + log(wa + wb) and out is the
+  // weighted mean of the two outs (weights wa = exp(lse_a - m), wb = exp(lse_b - m), one of them
+  // 1 unless both blocks saw nothing).
+  const Tensor m = maximum(maximum(a.lse, b.lse), static_cast<double>(std::numeric_limits<float>::lowest()));
+  const Tensor wa = exp(sub(a.lse, m)), wb = exp(sub(b.lse, m));
+  const Tensor total = add(wa, wb);
+  const Tensor lse = add(m, log(total));
+  // total is 0 only where both saw nothing, and there both outs are 0: any divisor does.
+  const Tensor divisor = maximum(total, 1.0).unsqueeze(-1);
+  const DType stats = a.lse.dtype();
+  const Tensor sum = add(mul(a.out.to(stats), wa.unsqueeze(-1)), mul(b.out.to(stats), wb.unsqueeze(-1)));
+  return {div(sum, divisor).to(a.out.dtype()).contiguous(), lse};
+}
+
+AttentionBlockGrads attention_block_backward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
+                                             const AttentionBlock& merged, const Tensor& dout, bool causal,
+                                             std::optional<double> scale) {
+  const kernels::AttentionProblem p = check_attention(q_in, k_in, v_in, {causal, 0.0, scale});
+  const Tensor q = kernel_operand(q_in), k = kernel_operand(k_in), v = kernel_operand(v_in);
+  const DType stats_dtype = kernels::attention_stats_dtype(q.dtype());
+  MG_CHECK(
+      merged.out.shape() == Shape({p.B, p.H, p.Tq, p.D}) && merged.lse.shape() == Shape({p.B, p.H, p.Tq}) &&
+          dout.shape() == merged.out.shape(),
+      "attention_block_backward: merged.out and dout must be [B, H, Tq, D] and merged.lse [B, H, Tq] for q ",
+      shape_str(q.shape()), ", got ", shape_str(merged.out.shape()), ", ", shape_str(dout.shape()), " and ",
+      shape_str(merged.lse.shape()));
+  const Tensor o = merged.out.detach().to(q.dtype()).contiguous();
+  const Tensor lse = merged.lse.detach().to(stats_dtype).contiguous();
+  const Tensor gout = kernel_operand(dout.to(q.dtype()));
+  AttentionBlockGrads g{new_output(q.shape(), q.dtype(), q), new_output(k.shape(), k.dtype(), k),
+                        new_output(v.shape(), v.dtype(), v)};
+  Tensor delta = new_output({p.B, p.H, p.Tq}, stats_dtype, q);
+  MG_KERNEL(q.device(), attention_backward, q.dtype(), p, q.data_ptr(), strides_of(q), k.data_ptr(),
+            strides_of(k), v.data_ptr(), strides_of(v), o.data_ptr(), lse.data_ptr(), gout.data_ptr(),
+            strides_of(gout), delta.data_ptr(), g.dq.data_ptr(), g.dk.data_ptr(), g.dv.data_ptr());
+  return g;
+}
+
 }  // namespace mg

@@ -375,6 +375,40 @@ TEST_CASE("TinyGPT: the fused and the composed attention agree, CPU and cuda", "
   }
 }
 
+TEST_CASE("cuda attention over key blocks: forward, merge and backward match the CPU's", "[gpu][attention]") {
+  // Two key blocks (the second under the causal mask, as a ring's diagonal block), merged, then
+  // each block's share of the gradients, on both devices from the same values.
+  const DType dtype = DType::f32;
+  const double tol = 5 * tolerance(dtype);
+  manual_seed(500);
+  const Tensor q = random_cpu({2, 2, 19, 24}, dtype), k = random_cpu({2, 2, 31, 24}, dtype),
+               v = random_cpu({2, 2, 31, 24}, dtype), dout = random_cpu({2, 2, 19, 24}, dtype);
+  struct Result {
+    AttentionBlock merged;
+    std::vector<AttentionBlockGrads> grads;
+  };
+  auto run = [&](const Device& device) {
+    const Tensor qd = q.to(device), kd = k.to(device), vd = v.to(device), dd = dout.to(device);
+    const Tensor k0 = kd.narrow(2, 0, 12), v0 = vd.narrow(2, 0, 12), k1 = kd.narrow(2, 12, 19),
+                 v1 = vd.narrow(2, 12, 19);
+    Result r{merge_attention_blocks(attention_block_forward(qd, k0, v0),
+                                    attention_block_forward(qd, k1, v1, true)),
+             {}};
+    r.grads.push_back(attention_block_backward(qd, k0, v0, r.merged, dd));
+    r.grads.push_back(attention_block_backward(qd, k1, v1, r.merged, dd, true));
+    return r;
+  };
+  const Result cpu = run(Device::cpu()), cuda = run(gpu());
+  REQUIRE(cuda.merged.out.device() == gpu());
+  MG_REQUIRE_CLOSE(cuda.merged.out.to(Device::cpu()), cpu.merged.out, tol);
+  MG_REQUIRE_CLOSE(cuda.merged.lse.to(Device::cpu()), cpu.merged.lse, tol);
+  for (size_t b = 0; b < 2; ++b) {
+    MG_REQUIRE_CLOSE(cuda.grads[b].dq.to(Device::cpu()), cpu.grads[b].dq, 4 * tol);
+    MG_REQUIRE_CLOSE(cuda.grads[b].dk.to(Device::cpu()), cpu.grads[b].dk, 4 * tol);
+    MG_REQUIRE_CLOSE(cuda.grads[b].dv.to(Device::cpu()), cpu.grads[b].dv, 4 * tol);
+  }
+}
+
 }  // namespace
 }  // namespace mg
 

@@ -428,6 +428,7 @@ LadderSummary predict_ladder(const std::string& title, const mg_emu::GpuSpec& gp
   for (const Rung& rung : ladder) {
     // Two blocks traced: every block does the same work, and an L1 miss goes to L2 whatever the
     // other blocks did, so 2, 4 and 16 traced blocks give the same predictions (16 take 100 s).
+    // One does not: on the A6000 a lone block's misses look like a wave too small to fill DRAM.
     const mg_emu::Prediction pr =
         validation::traced_launch(gpu, 2, flops, [&] { rung.launch(n, d.a, d.b, d.c); });
     rows.push_back({rung.label, flops / (rung.measured_gflops * 1e9), pr.seconds, pr.binding});
