@@ -35,6 +35,7 @@
 #include <chrono>
 #include <climits>
 #include <condition_variable>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
@@ -45,6 +46,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <signal.h>  // sigaction
 
 #include "base/error.h"
 #include "base/half.h"
@@ -184,6 +187,13 @@ class MpiRuntime {
     } else {
       MPI_Query_thread(&provided);
     }
+    // A write to a dead peer's TCP socket raises SIGPIPE, whose default action ends this process
+    // silently (status 141) before the heartbeat can report the peer lost: a survivor killed by its
+    // dead neighbour. Ignored (unless the program chose a handler), the write fails with EPIPE,
+    // which MPI reports as an error on that connection, and the heartbeat names the peer.
+    struct sigaction current {};
+    if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL)
+      std::signal(SIGPIPE, SIG_IGN);
     MG_CHECK(provided >= MPI_THREAD_MULTIPLE, "init_process_group: the MPI library offers thread level ",
              provided, " but multigrad's two communication threads need MPI_THREAD_MULTIPLE (",
              MPI_THREAD_MULTIPLE, "); use an MPI built with thread support (Debian's OpenMPI is)");
