@@ -56,6 +56,28 @@ Tensor kernel_operand(const Tensor& t) {
 
 kernels::AttentionStrides strides_of(const Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
 
+// The fused forward on kernel operands: out [B, H, Tq, D] and lse [B, H, Tq].
+AttentionBlock run_forward(const kernels::AttentionProblem& p, const Tensor& q, const Tensor& k,
+                           const Tensor& v) {
+  AttentionBlock r{new_output({p.B, p.H, p.Tq, p.D}, q.dtype(), q),
+                   new_output({p.B, p.H, p.Tq}, kernels::attention_stats_dtype(q.dtype()), q)};
+  MG_KERNEL(q.device(), attention_forward, q.dtype(), p, q.data_ptr(), strides_of(q), k.data_ptr(),
+            strides_of(k), v.data_ptr(), strides_of(v), r.out.data_ptr(), r.lse.data_ptr());
+  return r;
+}
+
+// The fused backward on kernel operands, given the forward's (or the merged) contiguous out and lse.
+AttentionBlockGrads run_backward(const kernels::AttentionProblem& p, const Tensor& q, const Tensor& k,
+                                 const Tensor& v, const Tensor& out, const Tensor& lse, const Tensor& gout) {
+  AttentionBlockGrads g{new_output(q.shape(), q.dtype(), q), new_output(k.shape(), k.dtype(), k),
+                        new_output(v.shape(), v.dtype(), v)};
+  Tensor delta = new_output({p.B, p.H, p.Tq}, lse.dtype(), lse);
+  MG_KERNEL(q.device(), attention_backward, q.dtype(), p, q.data_ptr(), strides_of(q), k.data_ptr(),
+            strides_of(k), v.data_ptr(), strides_of(v), out.data_ptr(), lse.data_ptr(), gout.data_ptr(),
+            strides_of(gout), delta.data_ptr(), g.dq.data_ptr(), g.dk.data_ptr(), g.dv.data_ptr());
+  return g;
+}
+
 }  // namespace
 
 Tensor scaled_dot_product_attention_composed(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -78,37 +100,26 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
                                     const AttentionOptions& options) {
   kernels::AttentionProblem p = check_attention(q_in, k_in, v_in, options);
   const Tensor q = kernel_operand(q_in), k = kernel_operand(k_in), v = kernel_operand(v_in);
-  const DType stats_dtype = kernels::attention_stats_dtype(q.dtype());
-  Tensor out = new_output({p.B, p.H, p.Tq, p.D}, q.dtype(), q);
-  Tensor lse = new_output({p.B, p.H, p.Tq}, stats_dtype, q);
   if (p.dropout_p > 0) {
     const GeneratorState call = next_random_call();  // as mg::dropout: one call offset per op
     p.seed = call.seed;
     p.offset = call.offset;
   }
-  MG_KERNEL(q.device(), attention_forward, q.dtype(), p, q.data_ptr(), strides_of(q), k.data_ptr(),
-            strides_of(k), v.data_ptr(), strides_of(v), out.data_ptr(), lse.data_ptr());
+  const AttentionBlock r = run_forward(p, q, k, v);
 
   if (autograd::any_requires_grad({q_in, k_in, v_in})) {
     const autograd::SavedTensor saved_q(q, kName), saved_k(k, kName), saved_v(v, kName),
-        saved_out(out, kName), saved_lse(lse, kName);
-    autograd::record("ScaledDotProductAttentionBackward", {q_in, k_in, v_in}, {out},
+        saved_out(r.out, kName), saved_lse(r.lse, kName);
+    autograd::record("ScaledDotProductAttentionBackward", {q_in, k_in, v_in}, {r.out},
                      [=](const std::vector<Tensor>& g) {
-                       const Tensor sq = saved_q.unpack(), sk = saved_k.unpack(), sv = saved_v.unpack();
-                       const Tensor so = saved_out.unpack(), sl = saved_lse.unpack();
-                       const Tensor gout = kernel_operand(g[0].to(sq.dtype()));
-                       Tensor dq = new_output(sq.shape(), sq.dtype(), sq);
-                       Tensor dk = new_output(sk.shape(), sk.dtype(), sk);
-                       Tensor dv = new_output(sv.shape(), sv.dtype(), sv);
-                       Tensor delta = new_output({p.B, p.H, p.Tq}, sl.dtype(), sl);
-                       MG_KERNEL(sq.device(), attention_backward, sq.dtype(), p, sq.data_ptr(),
-                                 strides_of(sq), sk.data_ptr(), strides_of(sk), sv.data_ptr(), strides_of(sv),
-                                 so.data_ptr(), sl.data_ptr(), gout.data_ptr(), strides_of(gout),
-                                 delta.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr());
-                       return std::vector<Tensor>{dq, dk, dv};
+                       const Tensor sq = saved_q.unpack();
+                       const AttentionBlockGrads d =
+                           run_backward(p, sq, saved_k.unpack(), saved_v.unpack(), saved_out.unpack(),
+                                        saved_lse.unpack(), kernel_operand(g[0].to(sq.dtype())));
+                       return std::vector<Tensor>{d.dq, d.dk, d.dv};
                      });
   }
-  return out;
+  return r.out;
 }
 
 // ---- attention over blocks of keys ------------------------------------------------------------
@@ -116,12 +127,7 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
 AttentionBlock attention_block_forward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
                                        bool causal, std::optional<double> scale) {
   const kernels::AttentionProblem p = check_attention(q_in, k_in, v_in, {causal, 0.0, scale});
-  const Tensor q = kernel_operand(q_in), k = kernel_operand(k_in), v = kernel_operand(v_in);
-  AttentionBlock r{new_output({p.B, p.H, p.Tq, p.D}, q.dtype(), q),
-                   new_output({p.B, p.H, p.Tq}, kernels::attention_stats_dtype(q.dtype()), q)};
-  MG_KERNEL(q.device(), attention_forward, q.dtype(), p, q.data_ptr(), strides_of(q), k.data_ptr(),
-            strides_of(k), v.data_ptr(), strides_of(v), r.out.data_ptr(), r.lse.data_ptr());
-  return r;
+  return run_forward(p, kernel_operand(q_in), kernel_operand(k_in), kernel_operand(v_in));
 }
 
 AttentionBlock merge_attention_blocks(const AttentionBlock& a, const AttentionBlock& b) {
@@ -144,7 +150,7 @@ AttentionBlock merge_attention_blocks(const AttentionBlock& a, const AttentionBl
   const Tensor divisor = maximum(total, 1.0).unsqueeze(-1);
   const DType stats = a.lse.dtype();
   const Tensor sum = add(mul(a.out.to(stats), wa.unsqueeze(-1)), mul(b.out.to(stats), wb.unsqueeze(-1)));
-  return {div(sum, divisor).to(a.out.dtype()).contiguous(), lse};
+  return {div(sum, divisor).to(a.out.dtype()), lse};
 }
 
 AttentionBlockGrads attention_block_backward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
@@ -159,16 +165,8 @@ AttentionBlockGrads attention_block_backward(const Tensor& q_in, const Tensor& k
       "attention_block_backward: merged.out and dout must be [B, H, Tq, D] and merged.lse [B, H, Tq] for q ",
       shape_str(q.shape()), ", got ", shape_str(merged.out.shape()), ", ", shape_str(dout.shape()), " and ",
       shape_str(merged.lse.shape()));
-  const Tensor o = merged.out.detach().to(q.dtype()).contiguous();
-  const Tensor lse = merged.lse.detach().to(stats_dtype).contiguous();
-  const Tensor gout = kernel_operand(dout.to(q.dtype()));
-  AttentionBlockGrads g{new_output(q.shape(), q.dtype(), q), new_output(k.shape(), k.dtype(), k),
-                        new_output(v.shape(), v.dtype(), v)};
-  Tensor delta = new_output({p.B, p.H, p.Tq}, stats_dtype, q);
-  MG_KERNEL(q.device(), attention_backward, q.dtype(), p, q.data_ptr(), strides_of(q), k.data_ptr(),
-            strides_of(k), v.data_ptr(), strides_of(v), o.data_ptr(), lse.data_ptr(), gout.data_ptr(),
-            strides_of(gout), delta.data_ptr(), g.dq.data_ptr(), g.dk.data_ptr(), g.dv.data_ptr());
-  return g;
+  return run_backward(p, q, k, v, merged.out.detach().to(q.dtype()).contiguous(),
+                      merged.lse.detach().to(stats_dtype).contiguous(), kernel_operand(dout.to(q.dtype())));
 }
 
 }  // namespace mg
