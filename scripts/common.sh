@@ -100,11 +100,29 @@ mg_configure_build() {
   mg_log "built $dir in $(mg_elapsed "$t0")"
 }
 
+# Whether nvidia-smi lists a GPU on this machine.
+mg_gpus_present() {
+  command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'
+}
+
 # CMake args that pick CUDA when this machine has a toolkit (MG_CUDA=AUTO decides the rest).
+# The architectures: $MG_CUDA_ARCHS when set; else sm_90 machine code and PTX ("90") where a GPU
+# is present, and PTX alone ("90-virtual") where none is. Without a GPU the CUDA build is a
+# compile check that nothing runs, and ptxas -- PTX to machine code -- was nearly half of nvcc's
+# time (17.8 of 38.4 s for kernels/cuda/elementwise.cu; about 115 of the 252 CPU-seconds of nvcc in
+# a build): every kernel still goes through nvcc's front end and cicc. A GPU machine builds the
+# machine code (and would JIT the PTX of a tree built without it).
 mg_cuda_args() {
   local args=(-DMG_CUDA=AUTO)
   if [[ -x /usr/local/cuda/bin/nvcc ]]; then
     args+=(-DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc)
+    if [[ -n "${MG_CUDA_ARCHS:-}" ]]; then
+      args+=("-DMG_CUDA_ARCHS=$MG_CUDA_ARCHS")
+    elif mg_gpus_present; then
+      args+=(-DMG_CUDA_ARCHS=90)
+    else
+      args+=(-DMG_CUDA_ARCHS=90-virtual)
+    fi
   fi
   printf '%s\n' "${args[@]}"
 }
