@@ -10,7 +10,8 @@
 //   zero/           ZeroRedundancyOptimizer (ZeRO-1: optimizer state sharded over the ranks)
 //   tensor_parallel/ Megatron-style column / row parallel layers and TensorParallelGPT
 //   context_parallel/ ring_attention: the sequence split over the ranks, K and V passed around
-//                   a ring (contiguous or zigzag layout)
+//                   a ring (contiguous or zigzag layout); ulysses_attention: the sequence split
+//                   exchanged for a heads split by all-to-all
 //   pipeline/       pipeline stages with the GPipe and 1F1B schedules
 //   resilience/     CheckpointManager (step checkpoints, exact resume), ShardedMetric, and the
 //                   heartbeat that turns a dead or hung rank into an error on every survivor
@@ -23,6 +24,7 @@
 #include "parallel/comm/ring_allreduce.h"
 #include "parallel/comm/work.h"
 #include "parallel/context_parallel/ring_attention.h"
+#include "parallel/context_parallel/ulysses_attention.h"
 #include "parallel/data_parallel/broadcast.h"
 #include "parallel/data_parallel/data_parallel.h"
 #include "parallel/data_parallel/distributed.h"
