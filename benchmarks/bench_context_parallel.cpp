@@ -9,7 +9,9 @@
 // OMP_NUM_THREADS=1 that is all of their work, whatever else shares the cores), and the bytes it
 // sent beside the formula -- forward 2 (N-1) C, backward 2 (N-1) C + 2 N C, with C the elements of
 // one rank's K. The balance is the slowest rank's compute over the mean: 1 is perfect, and the
-// whole ring waits for the slowest rank at every step.
+// whole ring waits for the slowest rank at every step. Memory: the most any rank held on cpu:0
+// during a pass, above its inputs, against the same attention over the whole sequence on one
+// process.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -39,20 +41,35 @@ std::vector<double> gathered(ProcessGroup& pg, double x) {
   return all.to_vector<double>();
 }
 
-RingAttentionStats one_pass(ProcessGroup& pg, const Flags& f, ContextLayout layout) {
-  const int64_t local = f.seq / pg.size();
-  manual_seed(uint64_t(7 + pg.rank()));
-  const Shape shape{1, f.heads, local, f.dim};
+struct Pass {
+  RingAttentionStats stats;
+  double peak_bytes = 0;  // the most held on cpu:0 during forward + backward, above the inputs
+};
+
+// One forward + backward of causal attention over `positions` positions: through the ring when
+// `pg` is given, else on this process alone.
+Pass one_pass(ProcessGroup* pg, const Flags& f, int64_t positions, ContextLayout layout) {
+  manual_seed(uint64_t(7 + (pg != nullptr ? pg->rank() : 0)));
+  const Shape shape{1, f.heads, positions, f.dim};
   Tensor q = randn(shape), k = randn(shape), v = randn(shape);
   for (Tensor* t : {&q, &k, &v}) t->set_requires_grad(true);
-  RingAttentionStats stats;
+  Pass pass;
   RingAttentionOptions options;
   options.causal = true;
   options.layout = layout;
-  options.stats = &stats;
-  pg.barrier()->wait();
-  ring_attention(q, k, v, pg, options).sum().backward();
-  return stats;
+  options.stats = &pass.stats;
+  if (pg != nullptr) pg->barrier()->wait();
+  const int64_t before = cpu_device_memory(0).live_bytes;
+  reset_cpu_device_peak(0);
+  if (pg != nullptr) {
+    ring_attention(q, k, v, *pg, options).sum().backward();
+  } else {
+    AttentionOptions whole;
+    whole.causal = true;
+    scaled_dot_product_attention(q, k, v, whole).sum().backward();
+  }
+  pass.peak_bytes = double(cpu_device_memory(0).peak_bytes - before);
+  return pass;
 }
 
 }  // namespace
@@ -80,16 +97,22 @@ int main(int argc, char** argv) {
              " chunks");
     const char* names[2] = {"contiguous", "zigzag"};
     const ContextLayout layouts[2] = {ContextLayout::contiguous, ContextLayout::zigzag};
-    for (ContextLayout layout : layouts) one_pass(pg, f, layout);  // warm-up
+    const int64_t local = f.seq / n;
+    for (ContextLayout layout : layouts) one_pass(&pg, f, local, layout);  // warm-up
     RingAttentionStats total[2];
+    double peak[2] = {0, 0};
     for (int r = 0; r < f.repeats; ++r)
       for (int which = 0; which < 2; ++which) {
-        const RingAttentionStats s = one_pass(pg, f, layouts[which]);
+        const Pass pass = one_pass(&pg, f, local, layouts[which]);
+        const RingAttentionStats& s = pass.stats;
         total[which].blocks += s.blocks;
         total[which].compute_seconds += s.compute_seconds;
         total[which].wait_seconds += s.wait_seconds;
         total[which].bytes_sent += s.bytes_sent;
+        peak[which] = std::max(peak[which], pass.peak_bytes);
       }
+    // The same attention over the whole sequence on one process, for its memory.
+    const double whole_peak = one_pass(nullptr, f, f.seq, ContextLayout::contiguous).peak_bytes;
     const double c = double(f.seq / n) * double(f.heads * f.dim);  // elements of one rank's K
     // f32 bytes: forward 2 (N-1) C, backward 2 (N-1) C + 2 N C
     const double formula = 4.0 * (2.0 * (n - 1) * c + 2.0 * (n - 1) * c + 2.0 * n * c);
@@ -115,6 +138,15 @@ int main(int argc, char** argv) {
         slowest = std::max(slowest, compute[size_t(r)]);
       }
       std::printf("%-10s balance: slowest rank's compute / mean = %.3f\n", names[which], slowest / mean);
+    }
+    const std::vector<double> peaks = gathered(pg, std::max(peak[0], peak[1]));
+    if (pg.is_main()) {
+      const double top = *std::max_element(peaks.begin(), peaks.end());
+      std::printf(
+          "memory: the most any rank held during forward + backward, above its inputs: %.2f MB; one process "
+          "over "
+          "the whole sequence: %.2f MB; ratio %.3f (1/N = %.3f)\n",
+          top / 1e6, whole_peak / 1e6, top / whole_peak, 1.0 / n);
     }
     return 0;
   } catch (const std::exception& e) {
