@@ -201,10 +201,13 @@ std::vector<Tensor> backward(const Saved& saved, const Tensor& grad_out, const R
     }
     meter.blocks_end(int64_t(pairs.size()));
     // The accumulators go on to the next rank, which holds their chunk next; after the last step
-    // this hop brings each rank's own chunk's gradients home.
+    // this hop brings each rank's own chunk's gradients home (a group of one is home already).
     RingTransfer grads(ring.group, ring.left(), ring.right(), meter);
-    Tensor next_dkeys = grads.pass(dkeys, kTagKeyGrads);
-    Tensor next_dvalues = grads.pass(dvalues, kTagValueGrads);
+    Tensor next_dkeys = dkeys, next_dvalues = dvalues;
+    if (ring.world > 1) {
+      next_dkeys = grads.pass(dkeys, kTagKeyGrads);
+      next_dvalues = grads.pass(dvalues, kTagValueGrads);
+    }
     kv.wait();
     grads.wait();
     keys = next_keys;

@@ -1,4 +1,4 @@
-// Context parallelism under `mpiexec -n K` (K = 2, 3, 4): every rank holds 1/K of the sequence,
+// Context parallelism under `mpiexec -n K` (K = 1, 2, 3, 4): every rank holds 1/K of the sequence,
 // and its part of the output and of the gradients of q, k and v must equal the same part of
 // attention over the whole sequence (computed on every rank from the same seed): ring attention
 // in both layouts and Ulysses attention, causal and not.
