@@ -15,6 +15,8 @@
 //   pp-gpipe   the GPT cut into N pipeline stages, m micro-batches, GPipe
 //   pp-1f1b    the same, one-forward-one-backward
 //   dp2xtp2..  DDP over N/2 data groups x tensor parallelism over pairs (N >= 4, even)
+//   cp-ring    ContextParallelGPT: every sequence split over the N ranks (zigzag), ring attention
+//   cp-ulysses the same split, Ulysses' all-to-alls (N dividing the heads)
 //
 // Per strategy: samples/s and its ratio to single, each rank's memory (parameters, gradients,
 // optimizer state, and the rest of the step's peak: activations and temporaries), the bytes each
@@ -451,6 +453,60 @@ Strategy tensor_parallel(const Config& c, ProcessGroup tensor, ProcessGroup data
   return s;
 }
 
+// Context parallelism over every rank: each holds T'/N positions of every sequence of the whole
+// batch (T' = T padded to the layout's chunks), the model whole; DDP averages the gradients.
+Strategy context_parallel(const Config& c, ProcessGroup& pg, double param_bytes, ContextAttention attention) {
+  struct Run {
+    std::unique_ptr<nn::TinyGPT> gpt;
+    std::unique_ptr<ContextParallelGPT> cp;
+    std::unique_ptr<DistributedDataParallel> ddp;
+    std::unique_ptr<optim::Optimizer> opt;
+  };
+  auto run = std::make_shared<Run>();
+  run->gpt = fresh_gpt(c);
+  ContextParallelOptions options;
+  options.attention = attention;
+  run->cp = std::make_unique<ContextParallelGPT>(*run->gpt, pg, options);
+  run->ddp = std::make_unique<DistributedDataParallel>(*run->cp, pg);
+  run->opt = adamw(run->ddp->parameters());
+  const int n = pg.size();
+  const int64_t padded = context_padded_length(c.seq, n, run->cp->layout());
+  Strategy s;
+  const bool ring = attention == ContextAttention::ring;
+  s.name = ring ? "cp-ring" : "cp-ulysses";
+  s.note = str_cat(padded / n, " positions per rank", ring ? " (zigzag)" : "");
+  s.groups = {pg};
+  // DDP's all-reduce, plus per layer and rank, with E the elements of one rank's K (B T'/N C):
+  //   ring:    forward K and V over N-1 hops, 2 (N-1) E; backward the same plus the dK and dV
+  //            accumulators over N hops (f32), 2 N E: ring_attention.h's formula;
+  //   Ulysses: 4 all-to-alls forward (q, k, v, out) and 4 backward, (N-1)/N of E each.
+  const double share = (n - 1.0) / n;
+  const double e_bytes = static_cast<double>(c.global_batch * (padded / n) * c.embd) * 4.0;
+  const double per_layer = n == 1 ? 0.0 : ring ? (4.0 * (n - 1) + 2.0 * n) * e_bytes : 8.0 * share * e_bytes;
+  s.predicted_bytes = 2 * share * param_bytes + static_cast<double>(c.layers) * per_layer;
+  s.step = [=, &c](int i) {
+    auto [x, y] = batch(c, i);
+    run->opt->zero_grad();
+    ContextBatch b = run->cp->context_parallel_batch(x, y);
+    Tensor logits = (*run->ddp)(b.inputs);
+    CrossEntropyOptions sum;
+    sum.reduction = Reduction::Sum;
+    // This rank's tokens' summed loss x N / (all the batch's tokens): DDP's average over the N
+    // ranks is then the mean loss, and so are the returned shares summed.
+    Tensor loss = mul(nn::cross_entropy(logits.reshape({-1, logits.size(-1)}), b.targets.reshape({-1}), sum),
+                      static_cast<double>(n) / static_cast<double>(b.real_tokens));
+    loss.backward();
+    run->opt->step();
+    return std::make_pair(loss.item<double>() / n, 0.0);
+  };
+  s.memory = [=] {
+    Memory m = memory_of(run->gpt->parameters(), optimizer_state_bytes(*run->opt), 0);
+    m.buffers = run->ddp->bucket_bytes();
+    return std::vector<Memory>{m};
+  };
+  return s;
+}
+
 Strategy pipeline(const Config& c, ProcessGroup& pg, PipelineSchedule schedule) {
   auto gpt = std::shared_ptr<nn::TinyGPT>(fresh_gpt(c));
   std::shared_ptr<nn::Sequential> layers = gpt->as_sequential();
@@ -691,6 +747,8 @@ int main(int argc, char** argv) {
       GroupGrid grid = new_group_grid(world, 2);  // rank = data_rank * 2 + tensor_rank
       add(tensor_parallel(c, grid.tensor, grid.data, str_cat("dp", n / 2, "xtp2")));
     }
+    add(context_parallel(c, world, param_bytes, ContextAttention::ring));
+    if (c.heads % n == 0) add(context_parallel(c, world, param_bytes, ContextAttention::ulysses));
     for (Strategy& s : strategies) {
       if (s.moved) continue;
       s.moved = [groups = s.groups] {

@@ -9,6 +9,10 @@
 //   mpirun -np 2 build/examples/train_gpt_parallel --strategy tp      heads and MLP split (Megatron)
 //   mpirun -np 2 build/examples/train_gpt_parallel --strategy pp      4 micro-batches through 2 stages (1F1B)
 //   mpirun -np 4 build/examples/train_gpt_parallel --strategy hybrid  DDP over 2 replicas x TP over 2
+//   mpirun -np 2 build/examples/train_gpt_parallel --strategy cp      each sequence split over the ranks
+//                                                                     (ring attention, zigzag layout)
+//   mpirun -np 2 build/examples/train_gpt_parallel --strategy ulysses the same with Ulysses' all-to-alls
+//   mpirun -np 4 build/examples/train_gpt_parallel --strategy cp --cp 2   DDP over 2 x context over 2
 //
 // Add --checkpoint-activations (ddp, zero, zero2, fsdp) to recompute each block's activations in backward.
 // (as root: mpirun --allow-run-as-root --oversubscribe ...). Without mpirun it runs on one rank.
@@ -32,6 +36,7 @@ struct Flags {
   std::string strategy = "ddp", text = "README.md";
   bool checkpoint_activations = false;
   int steps = 30;
+  int cp = 0;  // cp, ulysses: ranks per context group (0: all of them)
   int64_t batch = 8, seq = 64;
 };
 
@@ -58,12 +63,14 @@ Tensor next_byte_loss(const Tensor& logits, const Tensor& targets) {
 int main(int argc, char** argv) {
   Flags f;
   CLI::App app{"TinyGPT trained data-, tensor-, pipeline-parallel or hybrid"};
-  app.add_option("--strategy", f.strategy, "ddp, zero, zero2, fsdp, tp, pp or hybrid");
+  app.add_option("--strategy", f.strategy, "ddp, zero, zero2, fsdp, tp, pp, hybrid, cp or ulysses");
   app.add_flag("--checkpoint-activations", f.checkpoint_activations,
                "recompute each block's activations in backward instead of keeping them");
   app.add_option("--text", f.text, "the text to learn (bytes)");
   app.add_option("--steps", f.steps, "training steps");
   app.add_option("--batch", f.batch, "sequences per step, over all ranks");
+  app.add_option("--cp", f.cp,
+                 "cp, ulysses: ranks that split each sequence (the rest is data parallel; default all)");
   CLI11_PARSE(app, argc, argv);
   try {
     InitOptions init;
@@ -105,7 +112,10 @@ int main(int argc, char** argv) {
     std::shared_ptr<nn::Sequential> layers;              // pp: the GPT as a Sequential (views of gpt)
     std::shared_ptr<TensorParallelGPT> tensor_parallel;  // hybrid: what DDP wraps
     std::shared_ptr<FullyShardedDataParallel> fsdp;      // fsdp: declared after gpt, destroyed before it
-    MG_CHECK(f.batch % n == 0, "--batch ", f.batch, " must divide by the ", n, " ranks");
+    std::shared_ptr<ContextParallelGPT> context;         // cp, ulysses: what DDP wraps
+    int64_t context_size = 1;                            // cp, ulysses: ranks per sequence
+    MG_CHECK(f.batch % n == 0 || f.strategy == "cp" || f.strategy == "ulysses", "--batch ", f.batch,
+             " must divide by the ", n, " ranks");
     if (f.strategy == "zero2") {  // no DDP: ZeRO-2 reduce-scatters the gradients itself
       model = std::shared_ptr<nn::Module>(&gpt, [](nn::Module*) {});
       params = gpt.parameters();
@@ -142,8 +152,26 @@ int main(int argc, char** argv) {
       pipeline = std::make_shared<Pipeline>(stage, world, next_byte_loss);
       params = stage->parameters();
       loss_weight = 1.0;  // only the last stage has the loss
+    } else if (f.strategy == "cp" || f.strategy == "ulysses") {
+      // Context groups of --cp consecutive ranks split each sequence; data groups across them
+      // split the batch. Every rank holds the whole model, so DDP averages the gradients over
+      // all of them (context_parallel_gpt.h says why that is the gradient of the global loss).
+      context_size = f.cp > 0 ? f.cp : n;
+      MG_CHECK(context_size <= n && n % context_size == 0, "--cp ", context_size, " must divide the ", n,
+               " ranks");
+      GroupGrid grid = new_group_grid(world, static_cast<int>(context_size));  // .tensor: the context group
+      ContextParallelOptions options;
+      options.attention = f.strategy == "cp" ? ContextAttention::ring : ContextAttention::ulysses;
+      context = std::make_shared<ContextParallelGPT>(gpt, grid.tensor, options);
+      model = std::make_shared<DistributedDataParallel>(*context, world);
+      params = model->parameters();
+      MG_CHECK(f.batch % grid.data_size == 0, "--batch ", f.batch, " must divide by the ", grid.data_size,
+               " data groups");
+      rows = f.batch / grid.data_size;
+      first_row = grid.data_rank * rows;
     } else {
-      throw Error("--strategy must be ddp, zero, zero2, fsdp, tp, pp or hybrid, got '" + f.strategy + "'");
+      throw Error("--strategy must be ddp, zero, zero2, fsdp, tp, pp, hybrid, cp or ulysses, got '" +
+                  f.strategy + "'");
     }
 
     optim::AdamWOptions adamw;
@@ -176,6 +204,21 @@ int main(int argc, char** argv) {
         loss =
             pipeline->train_step(pipeline->is_first() ? x : Tensor(), pipeline->is_last() ? y : Tensor(), 4)
                 .loss;
+      } else if (context) {
+        // This rank's positions of its rows (padded to the layout's chunks; padding has no loss).
+        // Its share: its tokens' summed loss x (ranks per sequence) / (tokens in its rows), so
+        // that the ranks' shares, averaged over the world (as DDP averages their gradients), are
+        // the mean over the global batch.
+        ContextBatch batch =
+            context->context_parallel_batch(x.narrow(0, first_row, rows), y.narrow(0, first_row, rows));
+        Tensor logits = (*model)(batch.inputs);
+        CrossEntropyOptions sum;
+        sum.reduction = Reduction::Sum;
+        Tensor l =
+            mul(nn::cross_entropy(logits.reshape({-1, logits.size(-1)}), batch.targets.reshape({-1}), sum),
+                double(context_size) / double(batch.real_tokens));
+        l.backward();
+        loss = l.item<double>();
       } else {
         Tensor l = next_byte_loss((*model)(x.narrow(0, first_row, rows)), y.narrow(0, first_row, rows));
         l.backward();

@@ -23,6 +23,7 @@
 #include "parallel/comm/process_group.h"
 #include "parallel/comm/ring_allreduce.h"
 #include "parallel/comm/work.h"
+#include "parallel/context_parallel/context_parallel_gpt.h"
 #include "parallel/context_parallel/ring_attention.h"
 #include "parallel/context_parallel/ulysses_attention.h"
 #include "parallel/data_parallel/broadcast.h"

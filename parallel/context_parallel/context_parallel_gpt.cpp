@@ -1,0 +1,137 @@
+// The context-parallel GPT: TinyGPT's forward on this rank's positions, with the attention of
+// every block replaced by ring or Ulysses attention over the group (the header draws it).
+#include "parallel/context_parallel/context_parallel_gpt.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "base/error.h"
+#include "core/ops.h"
+#include "nn/transformer.h"
+#include "parallel/context_parallel/ulysses_attention.h"
+
+namespace mg::parallel {
+namespace {
+
+ContextLayout default_layout(const ContextParallelOptions& options) {
+  if (options.layout) return *options.layout;
+  return options.attention == ContextAttention::ring ? ContextLayout::zigzag : ContextLayout::contiguous;
+}
+
+// This rank's positions of a T'-long padded sequence, in the order its tokens are held (the
+// order context_shard takes them), each capped at last: positions past the model's block size
+// are padding, and take the last real embedding row.
+std::vector<int64_t> rank_positions(int64_t padded, int rank, int world, ContextLayout layout, int64_t last) {
+  const int chunks_per_rank = layout == ContextLayout::zigzag ? 2 : 1;
+  const int64_t chunk = padded / (int64_t{chunks_per_rank} * world);
+  std::vector<int64_t> chunk_ids{rank};
+  if (layout == ContextLayout::zigzag) chunk_ids.push_back(2 * int64_t{world} - 1 - rank);
+  std::vector<int64_t> positions;
+  for (int64_t c : chunk_ids)
+    for (int64_t i = 0; i < chunk; ++i) positions.push_back(std::min(c * chunk + i, last));
+  return positions;
+}
+
+}  // namespace
+
+int64_t context_padded_length(int64_t T, int world, ContextLayout layout) {
+  MG_CHECK(T >= 1 && world >= 1, "context_padded_length: T ", T, " and world ", world, " must be positive");
+  const int64_t multiple = int64_t{world} * (layout == ContextLayout::zigzag ? 2 : 1);
+  return (T + multiple - 1) / multiple * multiple;
+}
+
+ContextParallelGPT::ContextParallelGPT(nn::TinyGPT& gpt, ProcessGroup group, ContextParallelOptions options)
+    : gpt_(gpt), group_(std::move(group)), options_(options), layout_(default_layout(options)) {
+  MG_CHECK(group_.defined(), "ContextParallelGPT: the process group is undefined");
+  const nn::GPTConfig& c = gpt_.config;
+  if (options_.attention == ContextAttention::ulysses) {
+    MG_CHECK(layout_ == ContextLayout::contiguous,
+             "ContextParallelGPT: Ulysses attention takes the contiguous layout (each rank's all-to-all "
+             "part must be one run of positions)");
+    MG_CHECK(c.n_head % group_.size() == 0, "ContextParallelGPT: Ulysses needs n_head (", c.n_head,
+             ") divisible by the ", group_.size(), " ranks of the group");
+  } else {
+    MG_CHECK(c.dropout == 0.0,
+             "ContextParallelGPT: ring attention has no attention dropout; build the GPT "
+             "with dropout 0 (got ",
+             c.dropout, ")");
+  }
+  MG_CHECK(!c.checkpoint_activations,
+           "ContextParallelGPT: checkpoint_activations is not supported (the "
+           "recomputed blocks would have to repeat the ring's transfers)");
+  register_module("gpt", gpt_);
+}
+
+std::string ContextParallelGPT::extra_repr() const {
+  return str_cat(options_.attention == ContextAttention::ring ? "ring" : "ulysses", " attention over ",
+                 group_.size(), " ranks, ", layout_ == ContextLayout::zigzag ? "zigzag" : "contiguous",
+                 " layout");
+}
+
+ContextBatch ContextParallelGPT::context_parallel_batch(const Tensor& inputs, const Tensor& targets) const {
+  MG_CHECK(inputs.defined() && targets.defined() && inputs.dim() == 2 && targets.shape() == inputs.shape() &&
+               is_integral(inputs.dtype()) && is_integral(targets.dtype()),
+           "context_parallel_batch: expected inputs and targets [B, T] of token ids, got ",
+           inputs.defined() ? shape_str(inputs.shape()) : std::string("undefined"), " and ",
+           targets.defined() ? shape_str(targets.shape()) : std::string("undefined"));
+  const int64_t B = inputs.size(0), T = inputs.size(1);
+  MG_CHECK(T <= gpt_.config.block_size, "context_parallel_batch: sequence length ", T, " exceeds block_size ",
+           gpt_.config.block_size);
+  const int world = group_.size();
+  const int64_t padded = context_padded_length(T, world, layout_);
+  Tensor x = inputs, y = targets;
+  if (padded > T) {
+    const TensorOptions i64{DType::i64, inputs.device()};
+    x = cat({inputs.to(DType::i64), full({B, padded - T}, 0, i64)}, 1);
+    y = cat({targets.to(DType::i64), full({B, padded - T}, -100, i64)}, 1);  // ignore_index: no loss
+  }
+  return {context_shard(x, 1, group_.rank(), world, layout_),
+          context_shard(y, 1, group_.rank(), world, layout_), B * T};
+}
+
+Tensor ContextParallelGPT::attention(nn::CausalSelfAttention& a, const Tensor& x) {
+  const int64_t B = x.size(0), T = x.size(1), C = a.n_embd, H = a.n_head, D = C / H;
+  std::vector<Tensor> qkv = split(a.c_attn(x), C, /*dim=*/2);
+  auto heads = [&](const Tensor& t) { return t.reshape({B, T, H, D}).transpose(1, 2).contiguous(); };
+  Tensor q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
+  Tensor y;
+  if (options_.attention == ContextAttention::ring) {
+    RingAttentionOptions ring;
+    ring.causal = true;
+    ring.layout = layout_;
+    ring.stats = options_.stats;
+    y = ring_attention(q, k, v, group_, ring);
+  } else {
+    const double p = a.attn_dropout.is_training() ? a.attn_dropout.p : 0.0;
+    y = ulysses_attention(q, k, v, group_, AttentionOptions{true, p, std::nullopt});
+  }
+  return a.resid_dropout(a.c_proj(y.transpose(1, 2).reshape({B, T, C})));
+}
+
+Tensor ContextParallelGPT::forward(const Tensor& idx) {
+  MG_CHECK(
+      idx.defined() && idx.dim() == 2 && is_integral(idx.dtype()),
+      "ContextParallelGPT: expected this rank's token ids [B, T/N] (i64), got ",
+      idx.defined() ? str_cat(shape_str(idx.shape()), " ", idx.dtype()) : std::string("an undefined tensor"));
+  const nn::GPTConfig& c = gpt_.config;
+  const int world = group_.size();
+  const int64_t padded = idx.size(1) * world;
+  MG_CHECK(padded <= context_padded_length(c.block_size, world, layout_), "ContextParallelGPT: ", idx.size(1),
+           " positions on each of ", world, " ranks exceed block_size ", c.block_size,
+           " (padded); cut the batch with context_parallel_batch");
+  MG_CHECK(padded == context_padded_length(padded, world, layout_), "ContextParallelGPT: ", idx.size(1),
+           " positions per rank do not split into the zigzag's two chunks; cut the batch with "
+           "context_parallel_batch");
+  const std::vector<int64_t> positions =
+      rank_positions(padded, group_.rank(), world, layout_, c.block_size - 1);
+  const Tensor pos = tensor<int64_t>(positions, {idx.size(1)}, TensorOptions{DType::i64, idx.device()});
+  Tensor x = gpt_.drop(add(gpt_.wte(idx), gpt_.wpe(pos)));
+  for (const auto& module : gpt_.h) {
+    auto& block = dynamic_cast<nn::TransformerBlock&>(*module);
+    Tensor h = add(x, attention(block.attn, block.ln_1(x)));
+    x = add(h, block.mlp(block.ln_2(h)));
+  }
+  return gpt_.lm_head(gpt_.ln_f(x));
+}
+
+}  // namespace mg::parallel

@@ -1,0 +1,186 @@
+// A context-parallel TinyGPT under `mpiexec -n K` (K = 2, 3, 4) against the same TinyGPT trained
+// in one process: 10 AdamW steps on the same batches, every loss and every parameter compared
+// after the last step. The sequence length is 9, which divides neither into K nor into the
+// zigzag's 2K chunks, so every run pads (and the padding must not reach the loss). Each variant:
+// ring attention in the zigzag and in the contiguous layout, Ulysses where the 4 heads divide
+// over K, and at K = 4 a 2 x 2 mesh (DDP over 2 data groups x context parallel over 2 ranks).
+#include <catch2/catch.hpp>
+
+#include <string>
+#include <vector>
+
+#include "multigrad.h"
+#include "tests/parallel/mpi_test_support.h"
+
+using namespace mg;
+using namespace mg::parallel;
+
+namespace {
+
+constexpr int kSteps = 10;
+constexpr int64_t kRows = 4, kSeq = 9;
+
+nn::GPTConfig tiny_gpt_config() {
+  nn::GPTConfig c;
+  c.vocab_size = 19;
+  c.block_size = kSeq;  // the padded positions lie past it: they take the last embedding row
+  c.n_layer = 2;
+  c.n_head = 4;
+  c.n_embd = 16;
+  return c;
+}
+
+std::pair<Tensor, Tensor> token_batch(int step, const nn::GPTConfig& c) {
+  manual_seed(900 + static_cast<uint64_t>(step));
+  Tensor x = randint(0, c.vocab_size, {kRows, kSeq}), y = randint(0, c.vocab_size, {kRows, kSeq});
+  return {x, y};
+}
+
+optim::AdamWOptions adamw() {
+  optim::AdamWOptions o;
+  o.lr = 1e-2;
+  return o;
+}
+
+// One process over the whole batch: the losses of kSteps steps, and the model after them.
+std::vector<double> train_single(nn::TinyGPT& gpt) {
+  optim::AdamW opt(gpt.parameters(), adamw());
+  std::vector<double> losses;
+  for (int step = 0; step < kSteps; ++step) {
+    auto [x, y] = token_batch(step, gpt.config);
+    opt.zero_grad();
+    Tensor logits = gpt(x);
+    Tensor loss = nn::cross_entropy(logits.reshape({-1, logits.size(-1)}), y.reshape({-1}));
+    loss.backward();
+    opt.step();
+    losses.push_back(loss.item<double>());
+  }
+  return losses;
+}
+
+// The same steps context-parallel over `context` (and data-parallel over the world's other
+// dimension when `data_groups` > 1): each rank's loss is its tokens' summed cross-entropy scaled
+// so that DDP's average over the world is the mean over the batch; the printed loss is the sum
+// of the ranks' shares, all-reduced.
+std::vector<double> train_context_parallel(nn::TinyGPT& gpt, ProcessGroup world, const GroupGrid& grid,
+                                           ContextParallelOptions options) {
+  ContextParallelGPT cp(gpt, grid.tensor, options);
+  DistributedDataParallel ddp(cp, world);
+  optim::AdamW opt(ddp.parameters(), adamw());
+  const int64_t rows = kRows / grid.data_size, first_row = grid.data_rank * rows;
+  std::vector<double> losses;
+  for (int step = 0; step < kSteps; ++step) {
+    auto [x, y] = token_batch(step, gpt.config);
+    ContextBatch batch =
+        cp.context_parallel_batch(x.narrow(0, first_row, rows), y.narrow(0, first_row, rows));
+    opt.zero_grad();
+    Tensor logits = ddp(batch.inputs);
+    CrossEntropyOptions sum;
+    sum.reduction = Reduction::Sum;
+    Tensor loss_sum =
+        nn::cross_entropy(logits.reshape({-1, logits.size(-1)}), batch.targets.reshape({-1}), sum);
+    Tensor loss = mul(loss_sum, double(grid.tensor_size) / double(batch.real_tokens));
+    loss.backward();
+    opt.step();
+    Tensor global = full({1}, loss.item<double>() / world.size(), TensorOptions{DType::f64});
+    world.allreduce(global)->wait();
+    losses.push_back(global.item<double>());
+  }
+  return losses;
+}
+
+void require_same_training(ProcessGroup world, int context_size, ContextParallelOptions options) {
+  const nn::GPTConfig c = tiny_gpt_config();
+  manual_seed(5);
+  nn::TinyGPT single(c);
+  manual_seed(5);
+  nn::TinyGPT parallel(c);
+  const std::vector<double> expected = train_single(single);
+  const GroupGrid grid = new_group_grid(world, context_size);
+  const std::vector<double> got = train_context_parallel(parallel, world, grid, options);
+  for (int step = 0; step < kSteps; ++step) {
+    INFO("step " << step);
+    REQUIRE(got[size_t(step)] == Approx(expected[size_t(step)]).epsilon(1e-5));
+  }
+  const auto mine = parallel.named_parameters(), reference = single.named_parameters();
+  REQUIRE(mine.size() == reference.size());
+  for (size_t i = 0; i < mine.size(); ++i) {
+    INFO(mine[i].first);
+    const std::string& name = mine[i].first;
+    const std::string key_bias = "attn.c_attn.bias";
+    if (name.size() >= key_bias.size() &&
+        name.compare(name.size() - key_bias.size(), key_bias.size(), key_bias) == 0) {
+      // The key bias adds q . b_k to every score of a query, which softmax ignores: its gradient
+      // is zero up to rounding, and AdamW turns that noise into steps of size lr. Compare q and v.
+      const int64_t C = c.n_embd;
+      testing::require_close(mine[i].second.narrow(0, 0, C), reference[i].second.narrow(0, 0, C), 1e-4);
+      testing::require_close(mine[i].second.narrow(0, 2 * C, C), reference[i].second.narrow(0, 2 * C, C),
+                             1e-4);
+      continue;
+    }
+    testing::require_close(mine[i].second, reference[i].second, 1e-4);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("context-parallel TinyGPT, ring attention (zigzag), trains as one process",
+          "[mpi][context-parallel]") {
+  ProcessGroup world = testing::mpi_test_group();
+  require_same_training(world, world.size(),
+                        ContextParallelOptions{ContextAttention::ring, std::nullopt, nullptr});
+}
+
+TEST_CASE("context-parallel TinyGPT, ring attention (contiguous), trains as one process",
+          "[mpi][context-parallel]") {
+  ProcessGroup world = testing::mpi_test_group();
+  require_same_training(world, world.size(),
+                        ContextParallelOptions{ContextAttention::ring, ContextLayout::contiguous, nullptr});
+}
+
+TEST_CASE("context-parallel TinyGPT, Ulysses attention, trains as one process", "[mpi][context-parallel]") {
+  ProcessGroup world = testing::mpi_test_group();
+  if (tiny_gpt_config().n_head % world.size() != 0) {
+    // 4 heads over 3 ranks: refused with the reason.
+    manual_seed(5);
+    nn::TinyGPT gpt(tiny_gpt_config());
+    REQUIRE_THROWS_WITH(
+        ContextParallelGPT(gpt, world,
+                           ContextParallelOptions{ContextAttention::ulysses, std::nullopt, nullptr}),
+        Catch::Contains("n_head (4) divisible by the 3 ranks"));
+    return;
+  }
+  require_same_training(world, world.size(),
+                        ContextParallelOptions{ContextAttention::ulysses, std::nullopt, nullptr});
+}
+
+TEST_CASE("a 2 x 2 mesh: DDP over data groups x context parallel (ring, Ulysses) trains as one process",
+          "[mpi][context-parallel][mesh]") {
+  ProcessGroup world = testing::mpi_test_group();
+  if (world.size() != 4) return;  // the mesh needs 4 ranks
+  SECTION("ring") {
+    require_same_training(world, 2, ContextParallelOptions{ContextAttention::ring, std::nullopt, nullptr});
+  }
+  SECTION("Ulysses") {
+    require_same_training(world, 2, ContextParallelOptions{ContextAttention::ulysses, std::nullopt, nullptr});
+  }
+}
+
+TEST_CASE("ContextParallelGPT refuses what it cannot do, with the reason", "[mpi][context-parallel]") {
+  ProcessGroup world = testing::mpi_test_group();
+  nn::GPTConfig c = tiny_gpt_config();
+  c.dropout = 0.1;
+  manual_seed(5);
+  nn::TinyGPT with_dropout(c);
+  REQUIRE_THROWS_WITH(ContextParallelGPT(with_dropout, world),
+                      Catch::Contains("ring attention has no attention dropout"));
+  manual_seed(5);
+  nn::TinyGPT gpt(tiny_gpt_config());
+  ContextParallelGPT cp(gpt, world);
+  Tensor too_long = zeros({1, kSeq + 1}, TensorOptions{DType::i64});
+  REQUIRE_THROWS_WITH(cp.context_parallel_batch(too_long, too_long), Catch::Contains("exceeds block_size 9"));
+  REQUIRE_THROWS_WITH(
+      ContextParallelGPT(gpt, world,
+                         ContextParallelOptions{ContextAttention::ulysses, ContextLayout::zigzag, nullptr}),
+      Catch::Contains("Ulysses attention takes the contiguous layout"));
+}
