@@ -30,10 +30,10 @@ nn::GPTConfig tiny_gpt_config() {
   return c;
 }
 
-std::pair<Tensor, Tensor> token_batch(int step, const nn::GPTConfig& c) {
+std::pair<Tensor, Tensor> token_batch(int step, const nn::GPTConfig& c, Device device) {
   manual_seed(900 + static_cast<uint64_t>(step));
   Tensor x = randint(0, c.vocab_size, {kRows, kSeq}), y = randint(0, c.vocab_size, {kRows, kSeq});
-  return {x, y};
+  return {x.to(device), y.to(device)};
 }
 
 optim::AdamWOptions adamw() {
@@ -43,11 +43,11 @@ optim::AdamWOptions adamw() {
 }
 
 // One process over the whole batch: the losses of kSteps steps, and the model after them.
-std::vector<double> train_single(nn::TinyGPT& gpt) {
+std::vector<double> train_single(nn::TinyGPT& gpt, Device device) {
   optim::AdamW opt(gpt.parameters(), adamw());
   std::vector<double> losses;
   for (int step = 0; step < kSteps; ++step) {
-    auto [x, y] = token_batch(step, gpt.config);
+    auto [x, y] = token_batch(step, gpt.config, device);
     opt.zero_grad();
     Tensor logits = gpt(x);
     Tensor loss = nn::cross_entropy(logits.reshape({-1, logits.size(-1)}), y.reshape({-1}));
@@ -64,13 +64,14 @@ std::vector<double> train_single(nn::TinyGPT& gpt) {
 // of the ranks' shares, all-reduced.
 std::vector<double> train_context_parallel(nn::TinyGPT& gpt, ProcessGroup world, const GroupGrid& grid,
                                            ContextParallelOptions options) {
+  const Device device = world.device();
   ContextParallelGPT cp(gpt, grid.tensor, options);
   DistributedDataParallel ddp(cp, world);
   optim::AdamW opt(ddp.parameters(), adamw());
   const int64_t rows = kRows / grid.data_size, first_row = grid.data_rank * rows;
   std::vector<double> losses;
   for (int step = 0; step < kSteps; ++step) {
-    auto [x, y] = token_batch(step, gpt.config);
+    auto [x, y] = token_batch(step, gpt.config, device);
     ContextBatch batch =
         cp.context_parallel_batch(x.narrow(0, first_row, rows), y.narrow(0, first_row, rows));
     opt.zero_grad();
@@ -95,7 +96,11 @@ void require_same_training(ProcessGroup world, int context_size, ContextParallel
   nn::TinyGPT single(c);
   manual_seed(5);
   nn::TinyGPT parallel(c);
-  const std::vector<double> expected = train_single(single);
+  // CUDA under MG_TEST_DEVICE=cuda (the NCCL variant): the ring's sends and DDP over NCCL.
+  const Device device = world.device();
+  single.to(device);
+  parallel.to(device);
+  const std::vector<double> expected = train_single(single, device);
   const GroupGrid grid = new_group_grid(world, context_size);
   const std::vector<double> got = train_context_parallel(parallel, world, grid, options);
   for (int step = 0; step < kSteps; ++step) {
@@ -124,21 +129,22 @@ void require_same_training(ProcessGroup world, int context_size, ContextParallel
 
 }  // namespace
 
-TEST_CASE("context-parallel TinyGPT, ring attention (zigzag), trains as one process",
+TEST_CASE("context-parallel TinyGPT with ring attention (zigzag) trains as one process",
           "[mpi][context-parallel]") {
   ProcessGroup world = testing::mpi_test_group();
   require_same_training(world, world.size(),
                         ContextParallelOptions{ContextAttention::ring, std::nullopt, nullptr});
 }
 
-TEST_CASE("context-parallel TinyGPT, ring attention (contiguous), trains as one process",
+TEST_CASE("context-parallel TinyGPT with ring attention (contiguous) trains as one process",
           "[mpi][context-parallel]") {
   ProcessGroup world = testing::mpi_test_group();
   require_same_training(world, world.size(),
                         ContextParallelOptions{ContextAttention::ring, ContextLayout::contiguous, nullptr});
 }
 
-TEST_CASE("context-parallel TinyGPT, Ulysses attention, trains as one process", "[mpi][context-parallel]") {
+TEST_CASE("context-parallel TinyGPT with Ulysses attention trains as one process",
+          "[mpi][context-parallel]") {
   ProcessGroup world = testing::mpi_test_group();
   if (tiny_gpt_config().n_head % world.size() != 0) {
     // 4 heads over 3 ranks: refused with the reason.
