@@ -11,7 +11,8 @@
 //   tensor_parallel/ Megatron-style column / row parallel layers and TensorParallelGPT
 //   context_parallel/ ring_attention: the sequence split over the ranks, K and V passed around
 //                   a ring (contiguous or zigzag layout); ulysses_attention: the sequence split
-//                   exchanged for a heads split by all-to-all
+//                   exchanged for a heads split by all-to-all; ContextParallelGPT: a TinyGPT
+//                   on each rank's positions, either attention, DDP over its copies
 //   pipeline/       pipeline stages with the GPipe and 1F1B schedules
 //   resilience/     CheckpointManager (step checkpoints, exact resume), ShardedMetric, and the
 //                   heartbeat that turns a dead or hung rank into an error on every survivor
