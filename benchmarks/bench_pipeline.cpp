@@ -2,12 +2,16 @@
 //
 //   mpirun -np P build/benchmarks/bench_pipeline [--hidden 512] [--batch 256] [--steps 10]
 //
-// A model of P equal stages (each Linear(H, H) + ReLU, twice) trains with GPipe and with 1F1B at
-// m = 1, 2, 4, 8 micro-batches. Per rank, the bubble is the share of the step the stage spent not
-// computing (waiting for activations or gradients, sending); the table gives the mean over the
-// ranks against (P - 1) / (m + P - 1), the idle share of a pipeline of equal stages with free
-// communication, and the step time (the slowest rank's) relative to m = 1. Each (schedule, m)
-// pair runs after 2 warm-up steps; the schedules alternate per m so drift hits both alike.
+// A model of P equal stages (each Linear(H, H) + ReLU, twice) trains with GPipe, with 1F1B and
+// with interleaved 1F1B (2 chunks per rank, each one Linear + ReLU; m a multiple of P) at m = 1, 2,
+// 4, 8 micro-batches. Per rank, the bubble is the share of the step the stage spent not computing
+// (waiting for activations or gradients, sending); the table gives the mean over the ranks against
+// the formula for equal stages and free communication -- (P - 1) / (m + P - 1), interleaved
+// (P - 1) / (v m + P - 1) -- the step time (the slowest rank's) relative to m = 1, and the bytes a
+// rank sent per step (ProcessGroup::requested_traffic(), the mean over the ranks) beside their
+// formula: 2 m (P v - 1) / P messages of a micro-batch's [B/m, H] f32 and a 64-byte header. Each
+// (schedule, m) pair runs after 2 warm-up steps; the schedules alternate per m so drift hits all
+// alike.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -76,9 +80,12 @@ int main(int argc, char** argv) {
     const int p = pg.size();
     auto full_model = make_model(p, f.hidden);
     auto stage = pipeline_stage(*full_model, pg.rank(), p);
+    constexpr int kChunks = 2;  // interleaved: 2 chunks of one Linear + ReLU per rank
+    std::vector<std::shared_ptr<nn::Module> > chunks;
+    for (auto& c : pipeline_chunks(*full_model, pg.rank(), p, kChunks)) chunks.push_back(c);
     optim::SGDOptions sgd;
     sgd.lr = 1e-3;
-    optim::SGD opt(stage->parameters(), sgd);
+    optim::SGD opt(stage->parameters(), sgd);  // the same parameters as the chunks'
     auto loss = [](const Tensor& out, const Tensor& y) { return nn::cross_entropy(out, y); };
     manual_seed(2);
     Tensor x = randn({f.batch, f.hidden}), y = randint(0, f.hidden, {f.batch});
@@ -87,41 +94,57 @@ int main(int argc, char** argv) {
       std::printf(
           "bench_pipeline: %d stages (ranks), each 2 x Linear(%lld, %lld) + ReLU, batch %lld, %d timed "
           "steps\n"
-          "%-6s %3s %10s %10s %8s %10s %10s\n",
+          "%-7s %3s %8s %8s %7s %9s %7s %10s %10s\n",
           p, static_cast<long long>(f.hidden), static_cast<long long>(f.hidden),
-          static_cast<long long>(f.batch), f.steps, "sched", "m", "bubble", "(p-1)/(m+p-1)", "ratio",
-          "step ms", "vs m=1");
-    double base_ms[2] = {0, 0};
+          static_cast<long long>(f.batch), f.steps, "sched", "m", "bubble", "formula", "ratio", "step ms",
+          "vs m=1", "MB sent", "formula");
+    const char* names[3] = {"GPipe", "1F1B", "interl."};
+    double base_ms[3] = {0, 0, 0};
     for (int m : {1, 2, 4, 8}) {
-      for (int which = 0; which < 2; ++which) {
-        const PipelineSchedule schedule =
-            which == 0 ? PipelineSchedule::GPipe : PipelineSchedule::OneForwardOneBackward;
-        Pipeline pipe(stage, pg, loss, schedule);
-        double step_ms = 0, compute_ms = 0;
+      for (int which = 0; which < 3; ++which) {
+        const bool interleaved = which == 2;
+        if (interleaved && m % p != 0) continue;  // micro-batches go in groups of p
+        const int v = interleaved ? kChunks : 1;
+        Pipeline pipe = interleaved ? Pipeline(chunks, pg, loss)
+                                    : Pipeline(stage, pg, loss,
+                                               which == 0 ? PipelineSchedule::GPipe
+                                                          : PipelineSchedule::OneForwardOneBackward);
+        double step_ms = 0, compute_ms = 0, sent = 0;
         for (int s = 0; s < 2 + f.steps; ++s) {
           pg.barrier()->wait();  // steps start together
+          const int64_t before = pg.requested_traffic().bytes;
           opt.zero_grad();
           PipelineStepResult r =
               pipe.train_step(pipe.is_first() ? x : Tensor(), pipe.is_last() ? y : Tensor(), m);
           opt.step();
           if (s < 2) continue;
+          sent += static_cast<double>(pg.requested_traffic().bytes - before);
           step_ms += r.step_ms;
           compute_ms += r.compute_ms;
         }
         const double bubble = mean_and_max(pg, 1.0 - compute_ms / step_ms).first;
         const double slowest_ms = mean_and_max(pg, step_ms / f.steps).second;
-        if (m == 1) base_ms[which] = slowest_ms;
-        const double theory = static_cast<double>(p - 1) / (m + p - 1);
+        const double sent_mb = mean_and_max(pg, sent / f.steps).first / 1e6;
+        const double message = 64.0 + static_cast<double>(f.batch / m * f.hidden) * 4.0;
+        const double sent_formula_mb = 2.0 * m * (p * v - 1) / p * message / 1e6;
+        if (interleaved ? m == p : m == 1) base_ms[which] = slowest_ms;
+        const double theory = static_cast<double>(p - 1) / (v * m + p - 1);
         if (pg.is_main())
-          std::printf("%-6s %3d %10.3f %10.3f %8.2f %10.2f %10.2f\n", which == 0 ? "GPipe" : "1F1B", m,
-                      bubble, theory, theory > 0 ? bubble / theory : 0.0, slowest_ms,
-                      slowest_ms / base_ms[which]);
+          std::printf("%-7s %3d %8.3f %8.3f %7.2f %9.2f %7.2f %10.3f %10.3f\n", names[which], m, bubble,
+                      theory, theory > 0 ? bubble / theory : 0.0, slowest_ms, slowest_ms / base_ms[which],
+                      sent_mb, sent_formula_mb);
       }
     }
     if (pg.is_main())
       std::printf(
-          "bubble = mean over ranks of 1 - (stage forward + backward time) / step time; ratio = bubble / "
-          "formula. Communication and the loss count as idle here.\n");
+          "bubble = mean over ranks of 1 - (stage forward + backward time) / step time; formula = "
+          "(p-1)/(m+p-1), "
+          "interleaved (p-1)/(v m+p-1) with v = %d; ratio = bubble / formula. Communication and the loss "
+          "count "
+          "as idle here. vs m=1: the step time against the schedule's first row (interleaved: m = p). MB "
+          "sent: "
+          "per rank per step.\n",
+          kChunks);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_pipeline: %s\n", e.what());

@@ -13,7 +13,7 @@
 //                   a ring (contiguous or zigzag layout); ulysses_attention: the sequence split
 //                   exchanged for a heads split by all-to-all; ContextParallelGPT: a TinyGPT
 //                   on each rank's positions, either attention, DDP over its copies
-//   pipeline/       pipeline stages with the GPipe and 1F1B schedules
+//   pipeline/       pipeline stages with the GPipe, 1F1B and interleaved 1F1B schedules
 //   resilience/     CheckpointManager (step checkpoints, exact resume), ShardedMetric, and the
 //                   heartbeat that turns a dead or hung rank into an error on every survivor
 #pragma once

@@ -2,7 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <deque>
+#include <map>
+#include <utility>
 
 #include "base/error.h"
 #include "core/grad_mode.h"
@@ -35,12 +36,75 @@ std::shared_ptr<nn::Sequential> pipeline_stage(const nn::Sequential& model, int 
   return part;
 }
 
+std::vector<std::shared_ptr<nn::Sequential> > pipeline_chunks(const nn::Sequential& model, int rank,
+                                                              int num_ranks, int chunks) {
+  MG_CHECK(num_ranks >= 1 && rank >= 0 && rank < num_ranks && chunks >= 1, "pipeline_chunks: rank ", rank,
+           " of ", num_ranks, ", ", chunks, " chunks per rank");
+  std::vector<std::shared_ptr<nn::Sequential> > mine;
+  for (int k = 0; k < chunks; ++k)
+    mine.push_back(pipeline_stage(model, k * num_ranks + rank, num_ranks * chunks));
+  return mine;
+}
+
 Pipeline::Pipeline(std::shared_ptr<nn::Module> stage, ProcessGroup group, LossFn loss,
                    PipelineSchedule schedule)
-    : stage_(std::move(stage)), group_(std::move(group)), loss_(std::move(loss)), schedule_(schedule) {
-  MG_CHECK(stage_ != nullptr, "Pipeline: the stage module is null");
+    : chunks_{std::move(stage)}, group_(std::move(group)), loss_(std::move(loss)), schedule_(schedule) {
+  MG_CHECK(chunks_.front() != nullptr, "Pipeline: the stage module is null");
   MG_CHECK(group_.defined(), "Pipeline: the process group is undefined");
   MG_CHECK(loss_ != nullptr, "Pipeline: no loss function");
+  MG_CHECK(schedule_ != PipelineSchedule::Interleaved1F1B || group_.size() >= 2,
+           "Pipeline: the interleaved schedule needs at least 2 ranks");
+}
+
+Pipeline::Pipeline(std::vector<std::shared_ptr<nn::Module> > chunks, ProcessGroup group, LossFn loss)
+    : chunks_(std::move(chunks)),
+      group_(std::move(group)),
+      loss_(std::move(loss)),
+      schedule_(PipelineSchedule::Interleaved1F1B) {
+  MG_CHECK(!chunks_.empty(), "Pipeline: no model chunks");
+  for (const auto& c : chunks_) MG_CHECK(c != nullptr, "Pipeline: a model chunk is null");
+  MG_CHECK(group_.defined(), "Pipeline: the process group is undefined");
+  MG_CHECK(loss_ != nullptr, "Pipeline: no loss function");
+  MG_CHECK(group_.size() >= 2, "Pipeline: the interleaved schedule needs at least 2 ranks (got ",
+           group_.size(), "); one rank runs its chunks as one stage");
+}
+
+std::vector<Pipeline::Unit> Pipeline::schedule(int m) const {
+  const int p = group_.size(), rank = group_.rank(), v = num_chunks();
+  std::vector<Unit> order;
+  if (schedule_ == PipelineSchedule::GPipe) {
+    for (int i = 0; i < m; ++i) order.push_back({true, 0, i});
+    for (int i = 0; i < m; ++i) order.push_back({false, 0, i});
+    return order;
+  }
+  // 1F1B, plain (v = 1) or interleaved: forward unit k of the m v runs chunk c of micro-batch i,
+  // taking micro-batches in groups of p (all of a group's chunk 0, then its chunk 1, ...);
+  // backward unit k the same with the chunks reversed.
+  const int total = m * v;
+  auto unit = [&](int k, bool forward) {
+    const int group = k / (p * v), within = k % (p * v);
+    const int c = within / p;
+    return Unit{forward, forward ? c : v - 1 - c, group * p + within % p};
+  };
+  if (v == 1) {  // plain 1F1B: micro-batches in order
+    const int warmup = std::min(p - 1 - rank, m);
+    for (int i = 0; i < warmup; ++i) order.push_back({true, 0, i});
+    for (int i = warmup; i < m; ++i) {
+      order.push_back({true, 0, i});
+      order.push_back({false, 0, i - warmup});
+    }
+    for (int i = m - warmup; i < m; ++i) order.push_back({false, 0, i});
+    return order;
+  }
+  // Fill: every chunk but the last on a group of p, plus 2 per stage still below this one.
+  const int warmup = std::min(2 * (p - 1 - rank) + (v - 1) * p, total);
+  for (int k = 0; k < warmup; ++k) order.push_back(unit(k, true));
+  for (int k = warmup; k < total; ++k) {
+    order.push_back(unit(k, true));
+    order.push_back(unit(k - warmup, false));
+  }
+  for (int k = total - warmup; k < total; ++k) order.push_back(unit(k, false));
+  return order;
 }
 
 void Pipeline::send_tensor(const Tensor& t, int dst, int tag) {
@@ -93,54 +157,70 @@ PipelineStepResult Pipeline::train_step(const Tensor& input, const Tensor& targe
   const std::vector<Tensor> inputs = is_first() ? cut(input, "input") : std::vector<Tensor>();
   const std::vector<Tensor> targets = is_last() ? cut(target, "target") : std::vector<Tensor>();
 
+  const int v = num_chunks();
+  // NCCL's send and recv between two ranks each wait until the other side's matching call is
+  // posted, in issue order per pair. The interleaved order sends to a rank that is at that moment
+  // sending to this one (the wrap from the last rank to the first), so both would wait forever;
+  // Megatron posts each such pair together in one ncclGroupStart/End. Not done here yet.
+  MG_CHECK(
+      v == 1 || !group_.device().is_cuda(),
+      "Pipeline::train_step: the interleaved schedule runs over MPI (CPU tensors) only for now: over NCCL "
+      "its sends and receives would have to be posted in pairs (one NCCL group), which this pipeline "
+      "does not do yet");
+  MG_CHECK(v == 1 || m % p == 0,
+           "Pipeline::train_step: the interleaved schedule takes micro-batches in groups of ", "the ", p,
+           " ranks; ", m, " micro-batches do not divide into them");
+  // Where chunk c of this rank sends its output and takes its input: the next and previous global
+  // stage (k p + rank), on the next and previous rank, wrapping round from the last rank to the
+  // first with the chunk index one up.
+  const bool first_chunk_is_model_input = is_first(), last_chunk_is_model_output = is_last();
+  auto takes_input = [&](int c) { return c == 0 && first_chunk_is_model_input; };
+  auto makes_loss = [&](int c) { return c == v - 1 && last_chunk_is_model_output; };
+  const int next = (rank + 1) % p, prev = (rank + p - 1) % p;
+
   PipelineStepResult result;
   const auto step_start = Clock::now();
   struct InFlight {
-    Tensor input;   // what this stage received (a leaf requiring grad), or the first stage's chunk
-    Tensor output;  // the stage's output, or on the last stage the micro-batch's loss
+    Tensor input;   // what this chunk received (a leaf requiring grad), or the first chunk's micro-batch
+    Tensor output;  // the chunk's output, or for the model's last chunk the micro-batch's loss
   };
-  std::deque<InFlight> in_flight;
-  int forwards = 0, backwards = 0;
+  std::map<std::pair<int, int>, InFlight> in_flight;  // (chunk, micro-batch)
 
-  auto forward = [&] {
-    const int i = forwards++;
-    Tensor x = is_first() ? inputs[static_cast<size_t>(i)] : recv_tensor(rank - 1, kActivationTag);
-    if (!is_first()) x.set_requires_grad(true);
+  auto forward = [&](int c, int i) {
+    Tensor x = takes_input(c) ? inputs[static_cast<size_t>(i)] : recv_tensor(prev, kActivationTag);
+    if (!takes_input(c)) x.set_requires_grad(true);
     const auto t0 = Clock::now();
-    Tensor y = (*stage_)(x);
-    if (is_last()) {
+    Tensor y = (*chunks_[static_cast<size_t>(c)])(x);
+    if (makes_loss(c)) {
       Tensor loss = loss_(y, targets[static_cast<size_t>(i)]) * (1.0 / m);
       result.loss += loss.item<double>();
-      in_flight.push_back({x, loss});
+      in_flight[{c, i}] = {x, loss};
     } else {
-      in_flight.push_back({x, y});
+      in_flight[{c, i}] = {x, y};
     }
     result.compute_ms += ms_since(t0);
-    if (!is_last()) send_tensor(y, rank + 1, kActivationTag);
+    if (!makes_loss(c)) send_tensor(y, next, kActivationTag);
   };
-  auto backward = [&] {
-    ++backwards;
-    InFlight f = std::move(in_flight.front());
-    in_flight.pop_front();
-    Tensor grad = is_last() ? Tensor() : recv_tensor(rank + 1, kGradientTag);
+  auto backward = [&](int c, int i) {
+    auto it = in_flight.find({c, i});
+    MG_CHECK(it != in_flight.end(), "Pipeline: backward of chunk ", c, ", micro-batch ", i,
+             " before its forward");
+    InFlight f = std::move(it->second);
+    in_flight.erase(it);
+    Tensor grad = makes_loss(c) ? Tensor() : recv_tensor(next, kGradientTag);
     const auto t0 = Clock::now();
     f.output.backward(grad);
     result.compute_ms += ms_since(t0);
-    if (!is_first()) send_tensor(f.input.grad(), rank - 1, kGradientTag);
+    if (!takes_input(c)) send_tensor(f.input.grad(), prev, kGradientTag);
   };
-
-  if (schedule_ == PipelineSchedule::GPipe) {
-    while (forwards < m) forward();
-    while (backwards < m) backward();
-  } else {
-    // 1F1B: fill the pipe below this stage, alternate, then drain.
-    const int warmup = std::min(p - 1 - rank, m);
-    while (forwards < warmup) forward();
-    while (forwards < m) {
-      forward();
-      backward();
-    }
-    while (backwards < m) backward();
+  // Each direction between two ranks carries one kind of message (activations forward, gradients
+  // backward) in an order both ends derive from the same unit numbering, so one tag per kind
+  // suffices: MPI and NCCL deliver the messages of one (source, tag) in the order they were sent.
+  for (const Unit& u : schedule(m)) {
+    if (u.forward)
+      forward(u.chunk, u.micro_batch);
+    else
+      backward(u.chunk, u.micro_batch);
   }
   for (const WorkPtr& w : pending_sends_) w->wait();
   pending_sends_.clear();

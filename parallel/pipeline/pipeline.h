@@ -13,11 +13,25 @@
 //          backward, so at most p - rank micro-batches are in flight: the same bubble, less
 //          memory (PipeDream-flush, Megatron's default).
 //
-// Either way the idle share of a step (the bubble) is (p - 1) / (m + p - 1) when every stage
-// takes the same time. Each micro-batch's loss is divided by m, so the accumulated gradients are
-// those of the mean loss over the whole batch: after step() and the optimizer, the parameters
-// equal single-device training with the same global batch (tests/parallel/pipeline/test_pipeline.cpp, 2 and 3
-// stages, both schedules).
+//   Interleaved 1F1B (Megatron-LM, Narayanan et al., 2021): the model cut into p v chunks, rank r
+//          holding chunks r, r + p, ..., r + (v - 1) p (pipeline_chunks), so a micro-batch passes
+//          every rank v times. Micro-batches go in groups of p; a rank runs its first chunk on a
+//          group, then its second, ..., warms up with 2 (p - 1 - rank) + (v - 1) p forwards,
+//          then alternates. Each unit is 1/v of a stage, so the fill and drain shrink by v:
+//
+//     rank 0 runs  F1 F2 f1 f2 F3 b1 F4 b2 f3 B1 f4 B2 b3 b4 B3 B4    (p = 2, v = 2, m = 4; F, B:
+//     rank 1 runs  F1 F2 f1 b1 f2 b2 F3 B1 F4 B2 f3 b3 f4 b4 B3 B4     chunk 0; f, b: chunk 1; each
+//                                                                       rank's order, not time slots)
+//
+//          The price: v times the point-to-point messages (a micro-batch crosses p v - 1
+//          boundaries instead of p - 1) and m divisible by p.
+//
+// The idle share of a step (the bubble) is (p - 1) / (m + p - 1) for GPipe and 1F1B, and
+// (p - 1) / (v m + p - 1) interleaved, when every stage takes the same time. Each micro-batch's
+// loss is divided by m, so the accumulated gradients are those of the mean loss over the whole
+// batch: after step() and the optimizer, the parameters equal single-device training with the
+// same global batch (tests/parallel/pipeline/test_pipeline.cpp, 2 and 3 stages, the three
+// schedules).
 //
 // Transport: each activation or gradient is preceded by its shape (a small i64 message), so
 // stages need not know each other's shapes; sends are posted and waited for at the end of the
@@ -34,11 +48,16 @@
 
 namespace mg::parallel {
 
-enum class PipelineSchedule { GPipe, OneForwardOneBackward };
+enum class PipelineSchedule { GPipe, OneForwardOneBackward, Interleaved1F1B };
 
 // Layers [begin, end) of `model` as one stage (the same modules: parameters are shared), where
 // the layers are split into `num_stages` runs of nearly equal length and this is run `stage`.
 std::shared_ptr<nn::Sequential> pipeline_stage(const nn::Sequential& model, int stage, int num_stages);
+
+// This rank's v chunks for the interleaved schedule: the layers split into num_ranks * chunks runs
+// of nearly equal length (as pipeline_stage), of which rank r holds runs r, r + num_ranks, ...
+std::vector<std::shared_ptr<nn::Sequential>> pipeline_chunks(const nn::Sequential& model, int rank,
+                                                             int num_ranks, int chunks);
 
 struct PipelineStepResult {
   double loss = 0;        // the mean loss over the micro-batches (the last stage; 0 elsewhere)
@@ -54,6 +73,10 @@ class Pipeline {
   using LossFn = std::function<Tensor(const Tensor& output, const Tensor& target)>;
   Pipeline(std::shared_ptr<nn::Module> stage, ProcessGroup group, LossFn loss,
            PipelineSchedule schedule = PipelineSchedule::OneForwardOneBackward);
+  // The interleaved schedule over this rank's chunks (pipeline_chunks: chunk k is global stage
+  // k p + rank); needs at least 2 ranks, micro_batches divisible by them, and CPU tensors (MPI):
+  // over NCCL its crossing sends would wait for each other (pipeline.cpp).
+  Pipeline(std::vector<std::shared_ptr<nn::Module>> chunks, ProcessGroup group, LossFn loss);
 
   // One training step's forward and backward over `micro_batches` micro-batches: the first stage
   // passes the whole batch `input`, the last stage the whole `target` (other ranks may pass
@@ -61,15 +84,22 @@ class Pipeline {
   // parameters; call the optimizer afterwards.
   PipelineStepResult train_step(const Tensor& input, const Tensor& target, int micro_batches);
 
-  nn::Module& stage() { return *stage_; }
+  nn::Module& stage() { return *chunks_.front(); }  // the first (or only) chunk
+  int num_chunks() const { return static_cast<int>(chunks_.size()); }
   bool is_first() const { return group_.rank() == 0; }
   bool is_last() const { return group_.rank() == group_.size() - 1; }
 
  private:
   void send_tensor(const Tensor& t, int dst, int tag);
   Tensor recv_tensor(int src, int tag);
+  // The order this rank runs its units in: (is_forward, chunk, micro-batch).
+  struct Unit {
+    bool forward;
+    int chunk, micro_batch;
+  };
+  std::vector<Unit> schedule(int micro_batches) const;
 
-  std::shared_ptr<nn::Module> stage_;
+  std::vector<std::shared_ptr<nn::Module>> chunks_;
   ProcessGroup group_;
   LossFn loss_;
   PipelineSchedule schedule_;

@@ -1,7 +1,8 @@
 // Pipeline parallelism under `mpiexec -n K` (K = 2 and 3 stages): every rank builds the whole
 // model after the same seed and keeps its stage; a reference copy trains on one process with the
 // whole batch. With GPipe and 1F1B, 1 and 4 micro-batches, each stage's parameters after 5 AdamW
-// steps must equal the reference's same layers, and the last stage's loss the reference loss.
+// steps must equal the reference's same layers, and the last stage's loss the reference loss; the
+// same for the interleaved schedule with 2 and 3 chunks per rank.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -78,6 +79,83 @@ TEST_CASE("a pipeline of stages equals single-device training with the same glob
     REQUIRE(mine.size() == expected.size());
     for (size_t i = 0; i < mine.size(); ++i) testing::require_close(mine[i], expected[i], 1e-5);
   }
+}
+
+// Linear-Tanh pairs, 12 layers: 2 chunks on each of 3 ranks, or 2 or 3 on each of 2 (6 chunks at most,
+// so that every chunk has a Linear).
+std::shared_ptr<nn::Sequential> make_deep_model(Device device) {
+  manual_seed(4);
+  auto model = std::make_shared<nn::Sequential>();
+  for (int i = 0; i < 5; ++i) {
+    model->emplace_back<nn::Linear>(8, 8);
+    model->emplace_back<nn::Tanh>();
+  }
+  model->emplace_back<nn::Linear>(8, 8);
+  model->emplace_back<nn::Linear>(8, 4);
+  model->to(device);
+  return model;
+}
+
+TEST_CASE("the interleaved 1F1B schedule equals single-device training with the same global batch",
+          "[mpi][pipeline]") {
+  ProcessGroup pg = testing::mpi_test_group();
+  const int p = pg.size(), rank = pg.rank();
+  const Device device = pg.device();
+  if (device.is_cuda()) {
+    // Over NCCL: refused on every rank before any message (pipeline.cpp says why).
+    auto full = make_deep_model(device);
+    std::vector<std::shared_ptr<nn::Module> > chunks;
+    for (auto& chunk : pipeline_chunks(*full, rank, p, 2)) chunks.push_back(chunk);
+    Pipeline pipe(chunks, pg, loss_fn);
+    Tensor x = randn({12, 8}).to(device), y = randint(0, 4, {12}).to(device);
+    REQUIRE_THROWS_WITH(pipe.train_step(pipe.is_first() ? x : Tensor(), pipe.is_last() ? y : Tensor(), p),
+                        Catch::Contains("runs over MPI (CPU tensors) only"));
+    return;
+  }
+  for (int v : {2, 3}) {
+    if (p * v > 6) continue;  // 12 layers: chunks of 2 (each with a Linear)
+    for (int m : {p, 2 * p}) {
+      INFO(v << " chunks per rank on " << p << " ranks, " << m << " micro-batches");
+      auto reference = make_deep_model(device);
+      auto reference_opt = adamw(reference->parameters());
+      auto full = make_deep_model(device);
+      std::vector<std::shared_ptr<nn::Module> > chunks;
+      std::vector<Tensor> params;
+      for (auto& chunk : pipeline_chunks(*full, rank, p, v)) {
+        for (const Tensor& t : chunk->parameters()) params.push_back(t);
+        chunks.push_back(chunk);
+      }
+      auto opt = adamw(params);
+      Pipeline pipe(chunks, pg, loss_fn);
+      REQUIRE(pipe.num_chunks() == v);
+      for (int step = 0; step < 5; ++step) {
+        manual_seed(80 + static_cast<uint64_t>(step));
+        Tensor x = randn({12, 8}).to(device), y = randint(0, 4, {12}).to(device);
+        reference_opt->zero_grad();
+        Tensor reference_loss = loss_fn((*reference)(x), y);
+        reference_loss.backward();
+        reference_opt->step();
+        opt->zero_grad();
+        PipelineStepResult r =
+            pipe.train_step(pipe.is_first() ? x : Tensor(), pipe.is_last() ? y : Tensor(), m);
+        opt->step();
+        if (pipe.is_last()) CHECK(std::abs(r.loss - reference_loss.item<double>()) < 1e-5);
+      }
+      std::vector<Tensor> expected;
+      for (auto& chunk : pipeline_chunks(*reference, rank, p, v))
+        for (const Tensor& t : chunk->parameters()) expected.push_back(t);
+      REQUIRE(params.size() == expected.size());
+      for (size_t i = 0; i < params.size(); ++i) testing::require_close(params[i], expected[i], 1e-5);
+    }
+  }
+  // Micro-batches go in groups of p: every rank refuses another count before communicating.
+  auto full = make_deep_model(device);
+  std::vector<std::shared_ptr<nn::Module> > chunks;
+  for (auto& chunk : pipeline_chunks(*full, rank, p, 2)) chunks.push_back(chunk);
+  Pipeline pipe(chunks, pg, loss_fn);
+  Tensor x = randn({12, 8}).to(device), y = randint(0, 4, {12}).to(device);
+  REQUIRE_THROWS_WITH(pipe.train_step(pipe.is_first() ? x : Tensor(), pipe.is_last() ? y : Tensor(), p + 1),
+                      Catch::Contains("do not divide into them"));
 }
 
 TEST_CASE("pipeline stages and batches are checked", "[mpi][pipeline]") {
