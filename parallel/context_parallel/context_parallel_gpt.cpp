@@ -18,20 +18,6 @@ ContextLayout default_layout(const ContextParallelOptions& options) {
   return options.attention == ContextAttention::ring ? ContextLayout::zigzag : ContextLayout::contiguous;
 }
 
-// This rank's positions of a T'-long padded sequence, in the order its tokens are held (the
-// order context_shard takes them), each capped at last: positions past the model's block size
-// are padding, and take the last real embedding row.
-std::vector<int64_t> rank_positions(int64_t padded, int rank, int world, ContextLayout layout, int64_t last) {
-  const int chunks_per_rank = layout == ContextLayout::zigzag ? 2 : 1;
-  const int64_t chunk = padded / (int64_t{chunks_per_rank} * world);
-  std::vector<int64_t> chunk_ids{rank};
-  if (layout == ContextLayout::zigzag) chunk_ids.push_back(2 * int64_t{world} - 1 - rank);
-  std::vector<int64_t> positions;
-  for (int64_t c : chunk_ids)
-    for (int64_t i = 0; i < chunk; ++i) positions.push_back(std::min(c * chunk + i, last));
-  return positions;
-}
-
 }  // namespace
 
 int64_t context_padded_length(int64_t T, int world, ContextLayout layout) {
@@ -122,8 +108,12 @@ Tensor ContextParallelGPT::forward(const Tensor& idx) {
   MG_CHECK(padded == context_padded_length(padded, world, layout_), "ContextParallelGPT: ", idx.size(1),
            " positions per rank do not split into the zigzag's two chunks; cut the batch with "
            "context_parallel_batch");
-  const std::vector<int64_t> positions =
-      rank_positions(padded, group_.rank(), world, layout_, c.block_size - 1);
+  // This rank's positions, taken as context_shard takes its tokens; those past the model's block
+  // size are padding and take the last real embedding row.
+  std::vector<int64_t> positions =
+      context_shard(arange(padded, TensorOptions{DType::i64}), 0, group_.rank(), world, layout_)
+          .to_vector<int64_t>();
+  for (int64_t& p : positions) p = std::min(p, c.block_size - 1);
   const Tensor pos = tensor<int64_t>(positions, {idx.size(1)}, TensorOptions{DType::i64, idx.device()});
   Tensor x = gpt_.drop(add(gpt_.wte(idx), gpt_.wpe(pos)));
   for (const auto& module : gpt_.h) {
