@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "base/clock.h"
 #include "core/cuda_runtime.h"
 #include "multigrad.h"
 #include "nn/zoo.h"
@@ -49,10 +50,6 @@ struct Flags {
   int steps = 3;  // steps per configuration per round
   std::string json_path;
 };
-
-double ms_since(Clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());

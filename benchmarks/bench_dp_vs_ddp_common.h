@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/clock.h"
 #include "multigrad.h"
 #include "optim/sgd.h"
 #include "parallel/comm/process_group.h"
@@ -29,9 +30,7 @@ namespace mg::bench_dp_vs_ddp {
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-inline double ms_since(Clock::time_point t) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
-}
+using mg::ms_since;
 
 // 3.1e-07: two significant digits, for differences that span many orders of magnitude.
 inline std::string format_sci(double x) {

@@ -59,6 +59,7 @@
 #include <string>
 #include <vector>
 
+#include "base/clock.h"
 #include "bench_common.h"
 #include "bench_parallelism.h"
 #include "core/allocator.h"
@@ -82,10 +83,6 @@ using namespace mg::bench_parallelism;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-double ms_since(Clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
 
 double allreduce_value(ProcessGroup& pg, double v, ReduceOp op = ReduceOp::Sum) {
   Tensor t = full({1}, v, TensorOptions{DType::f64});

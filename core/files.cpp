@@ -10,9 +10,10 @@
 #include "base/error.h"
 
 namespace mg {
-namespace {
 
 std::string errno_text() { return std::strerror(errno); }
+
+namespace {
 
 void write_all(int fd, const char* data, size_t size, const std::string& path) {
   while (size > 0) {

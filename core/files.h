@@ -22,4 +22,7 @@ void make_directory(const std::string& dir, const std::string& who);
 // Best effort: a directory that cannot be opened is left alone.
 void fsync_directory(const std::string& dir);
 
+// strerror(errno), for the reason in an error message.
+std::string errno_text();
+
 }  // namespace mg

@@ -123,8 +123,6 @@ std::string describe(const json& value) {
   return str_cat("an ", value.type_name());
 }
 
-std::string errno_text() { return std::strerror(errno); }
-
 // One tensor as the header describes it, validated before any memory is allocated for it.
 struct TensorEntry {
   std::string name;

@@ -111,18 +111,19 @@ mg_gpus_present() {
 # is present, and PTX alone ("90-virtual") where none is. Without a GPU the CUDA build is a
 # compile check that nothing runs, and ptxas -- PTX to machine code -- was nearly half of nvcc's
 # time (17.8 of 38.4 s for kernels/cuda/elementwise.cu; about 115 of the 252 CPU-seconds of nvcc in
-# a build): every kernel still goes through nvcc's front end and cicc. A GPU machine builds the
-# machine code (and would JIT the PTX of a tree built without it).
+# a build): every kernel still goes through nvcc's front end and cicc. For the same reason cicc
+# runs at -O0 there (MG_CUDA_DEVICE_OPT=OFF, CMakeLists.txt has the figures). A GPU machine builds
+# optimised machine code (and would JIT the PTX of a tree built without it).
 mg_cuda_args() {
   local args=(-DMG_CUDA=AUTO)
   if [[ -x /usr/local/cuda/bin/nvcc ]]; then
     args+=(-DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc)
     if [[ -n "${MG_CUDA_ARCHS:-}" ]]; then
-      args+=("-DMG_CUDA_ARCHS=$MG_CUDA_ARCHS")
+      args+=("-DMG_CUDA_ARCHS=$MG_CUDA_ARCHS" -DMG_CUDA_DEVICE_OPT=ON)
     elif mg_gpus_present; then
-      args+=(-DMG_CUDA_ARCHS=90)
+      args+=(-DMG_CUDA_ARCHS=90 -DMG_CUDA_DEVICE_OPT=ON)
     else
-      args+=(-DMG_CUDA_ARCHS=90-virtual)
+      args+=(-DMG_CUDA_ARCHS=90-virtual -DMG_CUDA_DEVICE_OPT=OFF)
     fi
   fi
   printf '%s\n' "${args[@]}"

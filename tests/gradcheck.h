@@ -82,6 +82,8 @@ inline GradcheckResult gradcheck(const TensorFunction& f, std::vector<Tensor> in
 }
 
 // An f64 leaf with values in [lo, hi) that requires grad.
+inline const TensorOptions kF64{DType::f64};
+
 inline Tensor random_input(const Shape& shape, double lo = -1.0, double hi = 1.0, bool requires_grad = true) {
   Tensor t = add(mul(rand(shape, TensorOptions{DType::f64}), hi - lo), lo);
   t.set_requires_grad(requires_grad);

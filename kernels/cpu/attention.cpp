@@ -45,7 +45,7 @@ namespace {
 constexpr int64_t kBr = 64;  // query rows per work item
 constexpr int64_t kBc = 64;  // keys per streamed tile (also the row pitch of every score tile)
 // Below this many multiply-adds (B H Tq Tk D), one thread is faster than waking the others.
-constexpr int64_t kMinParallelWork = int64_t{1} << 20;
+constexpr int64_t kAttentionMinParallelWork = int64_t{1} << 20;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -202,7 +202,7 @@ struct Problem {
   uint64_t element(int64_t bh, int64_t i, int64_t j0) const {
     return static_cast<uint64_t>((bh * p.Tq + i) * p.Tk + j0);
   }
-  bool parallel() const { return p.B * p.H * p.Tq * p.Tk * p.D >= kMinParallelWork; }
+  bool parallel() const { return p.B * p.H * p.Tq * p.Tk * p.D >= kAttentionMinParallelWork; }
 };
 
 // ---- forward -----------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ namespace mg::kernels::cpu {
 
 namespace {
 
-[[maybe_unused]] constexpr int64_t kMinParallelWork = 1 << 15;
+[[maybe_unused]] constexpr int64_t kBatchNormMinParallelWork = 1 << 15;
 
 // kLanes running double sums; element j of a run goes to lane j mod kLanes.
 constexpr int kLanes = 8;
@@ -50,7 +50,7 @@ template <class T>
 void stats(const T* x, int64_t n, int64_t c, int64_t hw, acc_t<T>* mean_out, acc_t<T>* var_out) {
   const double count = static_cast<double>(n * hw);
 #if defined(_OPENMP)
-#pragma omp parallel for schedule(static) if (n * c * hw >= kMinParallelWork)
+#pragma omp parallel for schedule(static) if (n * c * hw >= kBatchNormMinParallelWork)
 #endif
   for (int64_t k = 0; k < c; ++k) {
     Lanes sum;
@@ -77,7 +77,7 @@ void apply(const T* x, const acc_t<T>* mean, const acc_t<T>* rstd, const T* weig
            int64_t c, int64_t hw, T* y) {
   using S = acc_t<T>;
 #if defined(_OPENMP)
-#pragma omp parallel for schedule(static) if (n * c * hw >= kMinParallelWork)
+#pragma omp parallel for schedule(static) if (n * c * hw >= kBatchNormMinParallelWork)
 #endif
   for (int64_t k = 0; k < c; ++k) {
     // y = x * scale + shift: one multiply-add per element.
@@ -96,7 +96,7 @@ void backward(const T* gy, const T* x, const acc_t<T>* mean, const acc_t<T>* rst
               int64_t c, int64_t hw, bool batch_stats, T* gx, T* gw, T* gb) {
   const double count = static_cast<double>(n * hw);
 #if defined(_OPENMP)
-#pragma omp parallel for schedule(static) if (n * c * hw >= kMinParallelWork)
+#pragma omp parallel for schedule(static) if (n * c * hw >= kBatchNormMinParallelWork)
 #endif
   for (int64_t k = 0; k < c; ++k) {
     const double mu = static_cast<double>(mean[k]), r = static_cast<double>(rstd[k]);

@@ -38,7 +38,7 @@ namespace mg::kernels::cpu {
 
 namespace {
 
-constexpr int64_t kMinParallelElements = 1 << 15;  // below this, threads cost more than they save
+constexpr int64_t kConvMinParallelElements = 1 << 15;  // below this, threads cost more than they save
 
 struct Range {
   int64_t lo, hi;  // [lo, hi), possibly empty
@@ -87,7 +87,7 @@ void im2col_typed(const Conv2dGeometry& g, const T* images, T* columns, int64_t 
   const int64_t row_length = count * cols;  // one row of `columns` spans every image
   const int64_t image_size = g.channels * g.height * g.width;
   const T zero = static_cast<T>(0.0f);
-  const bool worth_threads = rows * row_length >= kMinParallelElements;
+  const bool worth_threads = rows * row_length >= kConvMinParallelElements;
   (void)worth_threads;  // only read by the OpenMP pragma
 
 #ifdef _OPENMP
@@ -137,7 +137,7 @@ void col2im_typed(const Conv2dGeometry& g, const T* columns, T* images, int64_t 
   const int64_t taps = g.kernel_h * g.kernel_w;
   const int64_t plane_size = g.height * g.width;
   const int64_t planes = count * g.channels;  // (image, channel) pairs
-  const bool worth_threads = planes > 1 && g.column_rows() * row_length >= kMinParallelElements;
+  const bool worth_threads = planes > 1 && g.column_rows() * row_length >= kConvMinParallelElements;
   (void)worth_threads;  // only read by the OpenMP pragma
 
 #ifdef _OPENMP

@@ -27,7 +27,7 @@ namespace mg::kernels::cpu {
 
 namespace {
 
-[[maybe_unused]] constexpr int64_t kMinParallelWork = 1 << 15;
+[[maybe_unused]] constexpr int64_t kCrossEntropyMinParallelWork = 1 << 15;
 
 // Returns the number of rows whose target is not ignore_index.
 int64_t validate_targets(const char* what, const int64_t* targets, int64_t rows, int64_t classes,
@@ -70,7 +70,7 @@ void forward_rows(const T* x, const int64_t* targets, int64_t rows, int64_t clas
   using Acc = acc_t<T>;
   const Acc eps = static_cast<Acc>(label_smoothing);
 #if defined(_OPENMP)
-#pragma omp parallel for schedule(static) if (rows * classes >= kMinParallelWork)
+#pragma omp parallel for schedule(static) if (rows * classes >= kCrossEntropyMinParallelWork)
 #endif
   for (int64_t i = 0; i < rows; ++i) {
     const int64_t t = targets[i];
@@ -97,7 +97,7 @@ void backward_rows(const T* x, const int64_t* targets, int64_t rows, int64_t cla
   const Acc eps = static_cast<Acc>(label_smoothing);
   const Acc uniform = eps / static_cast<Acc>(classes);  // smoothing mass each class receives
 #if defined(_OPENMP)
-#pragma omp parallel for schedule(static) if (rows * classes >= kMinParallelWork)
+#pragma omp parallel for schedule(static) if (rows * classes >= kCrossEntropyMinParallelWork)
 #endif
   for (int64_t i = 0; i < rows; ++i) {
     const int64_t t = targets[i];

@@ -25,7 +25,7 @@ namespace mg::kernels::cpu {
 
 namespace {
 
-[[maybe_unused]] constexpr int64_t kMinParallelWork = 1 << 14;
+[[maybe_unused]] constexpr int64_t kDropoutMinParallelWork = 1 << 14;
 
 // 1 / (1 - p), or 0 when p == 1 (every element is dropped, nothing to scale).
 double keep_scale(double p) { return p < 1.0 ? 1.0 / (1.0 - p) : 0.0; }
@@ -40,7 +40,7 @@ void forward_elements(const T* x, T* y, bool* mask, int64_t count, double p, uin
   // of block i / 4 (philox_dropout_uniform).
   const int64_t groups = (count + 3) / 4;
 #if defined(_OPENMP)
-#pragma omp parallel for schedule(static) if (count >= kMinParallelWork)
+#pragma omp parallel for schedule(static) if (count >= kDropoutMinParallelWork)
 #endif
   for (int64_t g = 0; g < groups; ++g) {
     const PhiloxBlock block = philox4x32_10(seed, static_cast<uint64_t>(g), call_offset);
@@ -57,7 +57,7 @@ void backward_elements(const T* gy, const bool* mask, T* gx, int64_t count, doub
   using Acc = acc_t<T>;
   const Acc scale = static_cast<Acc>(keep_scale(p));
 #if defined(_OPENMP)
-#pragma omp parallel for schedule(static) if (count >= kMinParallelWork)
+#pragma omp parallel for schedule(static) if (count >= kDropoutMinParallelWork)
 #endif
   for (int64_t i = 0; i < count; ++i)
     gx[i] = static_cast<T>(mask[i] ? static_cast<Acc>(gy[i]) * scale : Acc(0));

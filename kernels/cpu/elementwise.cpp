@@ -19,7 +19,7 @@
 //      plain strided loop.
 //   3. The outer dims are walked with StridedIndexer, one step per row, so its
 //      carry logic costs once per row rather than once per element.
-//   4. Maps of at least kParallelNumel elements split their rows (or their
+//   4. Maps of at least kElementwiseParallelNumel elements split their rows (or their
 //      single long row) across OpenMP threads when the build has OpenMP.
 //   5. A copy that transposes (x.t().contiguous()) goes tile by tile instead
 //      of row by row, so that each cache line of the input it loads is used
@@ -45,7 +45,8 @@ namespace mg::kernels::cpu {
 
 namespace {
 
-constexpr int64_t kParallelNumel = int64_t{1} << 16;  // below this, starting threads costs more than it saves
+constexpr int64_t kElementwiseParallelNumel = int64_t{1}
+                                              << 16;  // below this, starting threads costs more than it saves
 
 // ---- element types -----------------------------------------------------------
 
@@ -158,7 +159,7 @@ void for_each_row(const std::array<StridedView, N>& views, const Row& row) {
   std::array<int64_t, N> inner_strides;
   for (int k = 0; k < N; ++k) inner_strides[k] = v[k].strides[last];
   const int64_t rows = numel / inner;
-  const bool parallel = numel >= kParallelNumel;
+  const bool parallel = numel >= kElementwiseParallelNumel;
 
   if (rows == 1) {  // one long row: split it
     parallel_for(inner, parallel, [&](int64_t begin, int64_t end) {
@@ -511,22 +512,23 @@ void copy_transposing(const std::array<StridedView, 2>& v) {
   const std::array<const StridedView*, 2> operands = {&v[0], &v[1]};
   const From* x = v[1].ptr<const From>();
   To* y = v[0].ptr<To>();
-  parallel_for(planes * row_tiles, v[0].numel() >= kParallelNumel, [&](int64_t begin, int64_t end) {
-    StridedIndexer<2> it(outer, operands);
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t r0 = (t % row_tiles) * kTransposeTile;
-      const int64_t r1 = std::min(rows, r0 + kTransposeTile);
-      it.seek(t / row_tiles);
-      const From* __restrict src = x + it.offset[1];
-      To* __restrict dst = y + it.offset[0];
-      for (int64_t c0 = 0; c0 < cols; c0 += kTransposeTile) {
-        const int64_t c1 = std::min(cols, c0 + kTransposeTile);
-        for (int64_t r = r0; r < r1; ++r)
-          for (int64_t c = c0; c < c1; ++c)
-            dst[r * out_rs + c * out_cs] = convert<To>(src[r * in_rs + c * in_cs]);
-      }
-    }
-  });
+  parallel_for(planes * row_tiles, v[0].numel() >= kElementwiseParallelNumel,
+               [&](int64_t begin, int64_t end) {
+                 StridedIndexer<2> it(outer, operands);
+                 for (int64_t t = begin; t < end; ++t) {
+                   const int64_t r0 = (t % row_tiles) * kTransposeTile;
+                   const int64_t r1 = std::min(rows, r0 + kTransposeTile);
+                   it.seek(t / row_tiles);
+                   const From* __restrict src = x + it.offset[1];
+                   To* __restrict dst = y + it.offset[0];
+                   for (int64_t c0 = 0; c0 < cols; c0 += kTransposeTile) {
+                     const int64_t c1 = std::min(cols, c0 + kTransposeTile);
+                     for (int64_t r = r0; r < r1; ++r)
+                       for (int64_t c = c0; c < c1; ++c)
+                         dst[r * out_rs + c * out_cs] = convert<To>(src[r * in_rs + c * in_cs]);
+                   }
+                 }
+               });
 }
 
 // ---- clamp / fill helpers ---------------------------------------------------------
@@ -715,7 +717,7 @@ void copy(const StridedView& in, const StridedView& out) {
     const size_t bytes = dtype_size(in.dtype);
     const char* src = static_cast<const char*>(in.data);
     char* dst = static_cast<char*>(out.data);
-    parallel_for(numel, numel >= kParallelNumel, [&](int64_t begin, int64_t end) {
+    parallel_for(numel, numel >= kElementwiseParallelNumel, [&](int64_t begin, int64_t end) {
       std::memcpy(dst + begin * bytes, src + begin * bytes, static_cast<size_t>(end - begin) * bytes);
     });
     return;

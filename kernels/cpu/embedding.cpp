@@ -23,7 +23,7 @@ namespace mg::kernels::cpu {
 
 namespace {
 
-[[maybe_unused]] constexpr int64_t kMinParallelWork = 1 << 15;
+[[maybe_unused]] constexpr int64_t kEmbeddingMinParallelWork = 1 << 15;
 
 void validate_indices(const char* what, const int64_t* indices, int64_t count, int64_t num_embeddings) {
   for (int64_t i = 0; i < count; ++i) {
@@ -36,7 +36,7 @@ void validate_indices(const char* what, const int64_t* indices, int64_t count, i
 template <class T>
 void gather_rows(const T* weight, int64_t dim, const int64_t* indices, int64_t count, T* out) {
 #if defined(_OPENMP)
-#pragma omp parallel for schedule(static) if (count * dim >= kMinParallelWork)
+#pragma omp parallel for schedule(static) if (count * dim >= kEmbeddingMinParallelWork)
 #endif
   for (int64_t i = 0; i < count; ++i)
     std::memcpy(out + i * dim, weight + indices[i] * dim, static_cast<size_t>(dim) * sizeof(T));
@@ -56,7 +56,7 @@ void scatter_add_rows(const T* grad_out, const int64_t* indices, int64_t count, 
   for (int64_t i = 0; i < count; ++i) order[fill[indices[i]]++] = i;
 
 #if defined(_OPENMP)
-#pragma omp parallel if (count * dim >= kMinParallelWork)
+#pragma omp parallel if (count * dim >= kEmbeddingMinParallelWork)
 #endif
   {
     std::vector<Acc> sum(static_cast<size_t>(dim));  // one accumulator row per thread

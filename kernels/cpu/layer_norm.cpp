@@ -27,7 +27,7 @@ namespace mg::kernels::cpu {
 namespace {
 
 constexpr int64_t kColumnBlock = 64;
-[[maybe_unused]] constexpr int64_t kMinParallelWork = 1 << 15;
+[[maybe_unused]] constexpr int64_t kLayerNormMinParallelWork = 1 << 15;
 
 // S is the statistics type: double for f64, float otherwise (the same as acc_t<T>).
 template <class T>
@@ -36,7 +36,7 @@ void forward_rows(const T* x, const T* weight, const T* bias, int64_t rows, int6
   using S = acc_t<T>;
   const S inv_cols = cols > 0 ? S(1) / static_cast<S>(cols) : S(0);
 #if defined(_OPENMP)
-#pragma omp parallel for schedule(static) if (rows * cols >= kMinParallelWork)
+#pragma omp parallel for schedule(static) if (rows * cols >= kLayerNormMinParallelWork)
 #endif
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * cols;
@@ -74,7 +74,7 @@ void backward_grad_x(const T* gy, const T* x, const acc_t<T>* mean, const acc_t<
   using S = acc_t<T>;
   const S inv_cols = cols > 0 ? S(1) / static_cast<S>(cols) : S(0);
 #if defined(_OPENMP)
-#pragma omp parallel for schedule(static) if (rows * cols >= kMinParallelWork)
+#pragma omp parallel for schedule(static) if (rows * cols >= kLayerNormMinParallelWork)
 #endif
   for (int64_t r = 0; r < rows; ++r) {
     const T* gyr = gy + r * cols;
@@ -102,7 +102,7 @@ void backward_params(const T* gy, const T* x, const acc_t<T>* mean, const acc_t<
   using S = acc_t<T>;
   const int64_t blocks = (cols + kColumnBlock - 1) / kColumnBlock;
 #if defined(_OPENMP)
-#pragma omp parallel for schedule(static) if (rows * cols >= kMinParallelWork)
+#pragma omp parallel for schedule(static) if (rows * cols >= kLayerNormMinParallelWork)
 #endif
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t first = b * kColumnBlock;

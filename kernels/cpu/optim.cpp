@@ -17,7 +17,7 @@ namespace mg::kernels::cpu {
 namespace {
 
 // Below this many elements a parallel region costs more than it saves.
-[[maybe_unused]] constexpr int64_t kMinParallelWork = 1 << 16;
+[[maybe_unused]] constexpr int64_t kOptimMinParallelWork = 1 << 16;
 
 template <class T>
 void sgd_loop(int64_t n, T* p, const T* g, T* buf, bool first_step, const SgdHyper& h) {
@@ -28,7 +28,7 @@ void sgd_loop(int64_t n, T* p, const T* g, T* buf, bool first_step, const SgdHyp
   const bool use_momentum = h.momentum != 0.0;
   const bool use_wd = h.weight_decay != 0.0;
 #if defined(_OPENMP)
-#pragma omp parallel for schedule(static) if (n >= kMinParallelWork)
+#pragma omp parallel for schedule(static) if (n >= kOptimMinParallelWork)
 #endif
   for (int64_t i = 0; i < n; ++i) {
     T d = g[i];
@@ -62,7 +62,7 @@ void adam_loop(int64_t n, T* p, const T* g, T* m, T* v, T* vmax, const AdamHyper
   const bool use_decay = decay != 1.0;
   const bool amsgrad = h.amsgrad;
 #if defined(_OPENMP)
-#pragma omp parallel for schedule(static) if (n >= kMinParallelWork)
+#pragma omp parallel for schedule(static) if (n >= kOptimMinParallelWork)
 #endif
   for (int64_t i = 0; i < n; ++i) {
     T pi = p[i];

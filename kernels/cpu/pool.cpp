@@ -32,7 +32,7 @@ namespace mg::kernels::cpu {
 
 namespace {
 
-constexpr int64_t kMinParallelElements = 1 << 15;  // below this, threads cost more than they save
+constexpr int64_t kPoolMinParallelElements = 1 << 15;  // below this, threads cost more than they save
 
 // The part of one pooling window that lies inside the input: rows [h0, h1), cols [w0, w1).
 struct Window {
@@ -55,7 +55,7 @@ struct Window {
 };
 
 bool worth_threads(const Pool2dGeometry& g) {
-  return g.planes > 1 && g.planes * g.height * g.width >= kMinParallelElements;
+  return g.planes > 1 && g.planes * g.height * g.width >= kPoolMinParallelElements;
 }
 
 // The window rule of max pooling: a larger value, or any NaN (PyTorch's rule: a NaN beats

@@ -18,8 +18,8 @@
 //    the thread count.
 //  * inner > 1: the reduced elements of one output are `inner` apart, so
 //    folding one output at a time would touch a new cache line per element. A
-//    task instead owns a tile of up to kTile adjacent outputs and sweeps the
-//    `reduce` rows, adding each contiguous row segment into kTile accumulators:
+//    task instead owns a tile of up to kReduceTile adjacent outputs and sweeps the
+//    `reduce` rows, adding each contiguous row segment into kReduceTile accumulators:
 //    every load is contiguous and the inner loop vectorises across outputs.
 //    Tiles are independent, so they split across threads even when outer == 1.
 //
@@ -46,13 +46,13 @@ namespace mg::kernels::cpu {
 
 namespace {
 
-constexpr int kLanes = 16;                            // independent accumulators per row
-constexpr int64_t kBlock = 4096;                      // row elements per float block (256 per lane)
-constexpr int64_t kBlockRows = 256;                   // rows per float block in the tiled kernel
-constexpr int64_t kTile = 1024;                       // outputs per task when inner > 1
-constexpr int64_t kChunk = int64_t{1} << 18;          // elements per task when one long row is split
-constexpr int64_t kRowBatch = 256;                    // rows folded before one batched store
-constexpr int64_t kParallelNumel = int64_t{1} << 16;  // below this, threads cost more than they save
+constexpr int kLanes = 16;                                  // independent accumulators per row
+constexpr int64_t kBlock = 4096;                            // row elements per float block (256 per lane)
+constexpr int64_t kBlockRows = 256;                         // rows per float block in the tiled kernel
+constexpr int64_t kReduceTile = 1024;                       // outputs per task when inner > 1
+constexpr int64_t kChunk = int64_t{1} << 18;                // elements per task when one long row is split
+constexpr int64_t kRowBatch = 256;                          // rows folded before one batched store
+constexpr int64_t kReduceParallelNumel = int64_t{1} << 16;  // below this, threads cost more than they save
 
 // Accumulator types for Sum/Mean/Var/Prod: `Acc` in the hot loop, `Wide` for
 // the total of the blocks.
@@ -177,7 +177,7 @@ void for_each_row(const ReduceShape& s, void* output, DType out_dtype, bool para
 template <class Acc, class Wide, class T, class Op, class Map>
 void fold_columns(const T* x, int64_t reduce, int64_t inner, int64_t width, Acc identity, Op op,
                   const Map& map, Wide* __restrict total) {
-  Acc acc[kTile];
+  Acc acc[kReduceTile];
   for (int64_t j = 0; j < width; ++j) total[j] = static_cast<Wide>(identity);
   for (int64_t r0 = 0; r0 < reduce; r0 += kBlockRows) {
     const int64_t r1 = std::min(reduce, r0 + kBlockRows);
@@ -190,18 +190,18 @@ void fold_columns(const T* x, int64_t reduce, int64_t inner, int64_t width, Acc 
   }
 }
 
-// Calls tile_values(o, j0, width, values) for every tile of up to kTile
+// Calls tile_values(o, j0, width, values) for every tile of up to kReduceTile
 // outputs and stores the values.
 template <class W, class TileValues>
 void for_each_tile(const ReduceShape& s, void* output, DType out_dtype, bool parallel,
                    const TileValues& tile_values) {
-  const int64_t tiles = (s.inner + kTile - 1) / kTile;
+  const int64_t tiles = (s.inner + kReduceTile - 1) / kReduceTile;
   parallel_for(s.outer * tiles, parallel, [&](int64_t begin, int64_t end) {
-    W values[kTile];
+    W values[kReduceTile];
     for (int64_t t = begin; t < end; ++t) {
       const int64_t o = t / tiles;
-      const int64_t j0 = (t % tiles) * kTile;
-      const int64_t width = std::min(kTile, s.inner - j0);
+      const int64_t j0 = (t % tiles) * kReduceTile;
+      const int64_t width = std::min(kReduceTile, s.inner - j0);
       tile_values(o, j0, width, values);
       store_values(values, width, output, out_dtype, o * s.inner + j0);
     }
@@ -217,7 +217,7 @@ struct Plan {
   bool split_rows;
 };
 Plan plan_rows(const ReduceShape& s) {
-  const bool big = s.outer * s.reduce * s.inner >= kParallelNumel;
+  const bool big = s.outer * s.reduce * s.inner >= kReduceParallelNumel;
   const bool few_long_rows = s.outer < 8 && s.reduce >= 2 * kChunk;
   return {big && !few_long_rows, big && few_long_rows};
 }
@@ -235,7 +235,7 @@ void fold_reduce(const ReduceShape& s, const T* x, void* output, DType out_dtype
       return mean ? v / count : v;
     });
   } else {
-    const bool parallel = s.outer * s.reduce * s.inner >= kParallelNumel;
+    const bool parallel = s.outer * s.reduce * s.inner >= kReduceParallelNumel;
     for_each_tile<Wide>(s, output, out_dtype, parallel,
                         [&](int64_t o, int64_t j0, int64_t width, Wide* values) {
                           fold_columns<Acc, Wide>(x + o * s.reduce * s.inner + j0, s.reduce, s.inner, width,
@@ -270,12 +270,12 @@ void var_reduce(const ReduceShape& s, const T* x, void* output, DType out_dtype,
              divisor;
     });
   } else {
-    const bool parallel = s.outer * s.reduce * s.inner >= kParallelNumel;
+    const bool parallel = s.outer * s.reduce * s.inner >= kReduceParallelNumel;
     for_each_tile<Wide>(
         s, output, out_dtype, parallel, [&](int64_t o, int64_t j0, int64_t width, Wide* values) {
           const T* tile = x + o * s.reduce * s.inner + j0;
           fold_columns<Acc, Wide>(tile, s.reduce, s.inner, width, Acc(0), Plus{}, to_acc, values);
-          Acc mean[kTile];
+          Acc mean[kReduceTile];
           for (int64_t j = 0; j < width; ++j) mean[j] = static_cast<Acc>(values[j] / n);
           auto squared_deviation = [&mean](T v, int64_t j) {
             const Acc d = static_cast<Acc>(v) - mean[j];
@@ -298,7 +298,7 @@ inline bool beats(C v, C best) {
 template <bool kMax, class T>
 void arg_reduce(const ReduceShape& s, const T* x, void* output) {
   using C = acc_t<T>;
-  const bool parallel = s.outer * s.reduce * s.inner >= kParallelNumel;
+  const bool parallel = s.outer * s.reduce * s.inner >= kReduceParallelNumel;
   if (s.inner == 1) {
     for_each_row<int64_t>(s, output, DType::i64, parallel, [&](int64_t o) {
       const T* row = x + o * s.reduce;
@@ -317,7 +317,7 @@ void arg_reduce(const ReduceShape& s, const T* x, void* output) {
     for_each_tile<int64_t>(s, output, DType::i64, parallel,
                            [&](int64_t o, int64_t j0, int64_t width, int64_t* index) {
                              const T* tile = x + o * s.reduce * s.inner + j0;
-                             C best[kTile];
+                             C best[kReduceTile];
                              for (int64_t j = 0; j < width; ++j) {
                                best[j] = static_cast<C>(tile[j]);
                                index[j] = 0;

@@ -11,8 +11,8 @@
 //    third reread it from L1/L2 for any realistic row length.
 //  * inner > 1: consecutive `d` are `inner` elements apart, so walking one
 //    column at a time would touch a new cache line per element. Instead a task
-//    owns a tile of up to kTile adjacent columns of one outer slice and sweeps
-//    the `dim` axis row by row, keeping kTile running maxima / sums on the
+//    owns a tile of up to kSoftmaxTile adjacent columns of one outer slice and sweeps
+//    the `dim` axis row by row, keeping kSoftmaxTile running maxima / sums on the
 //    stack: every load is contiguous, and tiles are independent so they split
 //    across threads even when outer == 1.
 //
@@ -30,9 +30,9 @@ namespace mg::kernels::cpu {
 
 namespace {
 
-constexpr int64_t kTile = 64;  // columns per task when inner > 1
+constexpr int64_t kSoftmaxTile = 64;  // columns per task when inner > 1
 // Below this many elements, starting threads costs more than it saves.
-[[maybe_unused]] constexpr int64_t kMinParallelWork = 1 << 15;
+[[maybe_unused]] constexpr int64_t kSoftmaxMinParallelWork = 1 << 15;
 
 // ---- forward ---------------------------------------------------------------
 
@@ -40,7 +40,7 @@ template <class T>
 void softmax_forward_rows(const T* x, T* y, int64_t rows, int64_t dim, bool log) {
   using Acc = acc_t<T>;
 #if defined(_OPENMP)
-#pragma omp parallel for schedule(static) if (rows * dim >= kMinParallelWork)
+#pragma omp parallel for schedule(static) if (rows * dim >= kSoftmaxMinParallelWork)
 #endif
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * dim;
@@ -65,19 +65,19 @@ void softmax_forward_rows(const T* x, T* y, int64_t rows, int64_t dim, bool log)
 template <class T>
 void softmax_forward_tiles(const T* x, T* y, const SoftmaxShape& s, bool log) {
   using Acc = acc_t<T>;
-  const int64_t tiles_per_slice = (s.inner + kTile - 1) / kTile;
+  const int64_t tiles_per_slice = (s.inner + kSoftmaxTile - 1) / kSoftmaxTile;
   const int64_t tiles = s.outer * tiles_per_slice;
 #if defined(_OPENMP)
-#pragma omp parallel for schedule(static) if (s.outer * s.dim * s.inner >= kMinParallelWork)
+#pragma omp parallel for schedule(static) if (s.outer * s.dim * s.inner >= kSoftmaxMinParallelWork)
 #endif
   for (int64_t t = 0; t < tiles; ++t) {
     const int64_t o = t / tiles_per_slice;
-    const int64_t first = (t % tiles_per_slice) * kTile;
-    const int64_t width = std::min(kTile, s.inner - first);
+    const int64_t first = (t % tiles_per_slice) * kSoftmaxTile;
+    const int64_t width = std::min(kSoftmaxTile, s.inner - first);
     const T* xs = x + o * s.dim * s.inner + first;  // element (o, 0, first)
     T* ys = y + o * s.dim * s.inner + first;
 
-    Acc max[kTile], sum[kTile];
+    Acc max[kSoftmaxTile], sum[kSoftmaxTile];
     for (int64_t i = 0; i < width; ++i) {
       max[i] = -std::numeric_limits<Acc>::infinity();
       sum[i] = 0;
@@ -119,7 +119,7 @@ template <class T>
 void softmax_backward_rows(const T* gy, const T* y, T* gx, int64_t rows, int64_t dim, bool log) {
   using Acc = acc_t<T>;
 #if defined(_OPENMP)
-#pragma omp parallel for schedule(static) if (rows * dim >= kMinParallelWork)
+#pragma omp parallel for schedule(static) if (rows * dim >= kSoftmaxMinParallelWork)
 #endif
   for (int64_t r = 0; r < rows; ++r) {
     const T* gyr = gy + r * dim;
@@ -141,18 +141,18 @@ void softmax_backward_rows(const T* gy, const T* y, T* gx, int64_t rows, int64_t
 template <class T>
 void softmax_backward_tiles(const T* gy, const T* y, T* gx, const SoftmaxShape& s, bool log) {
   using Acc = acc_t<T>;
-  const int64_t tiles_per_slice = (s.inner + kTile - 1) / kTile;
+  const int64_t tiles_per_slice = (s.inner + kSoftmaxTile - 1) / kSoftmaxTile;
   const int64_t tiles = s.outer * tiles_per_slice;
 #if defined(_OPENMP)
-#pragma omp parallel for schedule(static) if (s.outer * s.dim * s.inner >= kMinParallelWork)
+#pragma omp parallel for schedule(static) if (s.outer * s.dim * s.inner >= kSoftmaxMinParallelWork)
 #endif
   for (int64_t t = 0; t < tiles; ++t) {
     const int64_t o = t / tiles_per_slice;
-    const int64_t first = (t % tiles_per_slice) * kTile;
-    const int64_t width = std::min(kTile, s.inner - first);
+    const int64_t first = (t % tiles_per_slice) * kSoftmaxTile;
+    const int64_t width = std::min(kSoftmaxTile, s.inner - first);
     const int64_t base = o * s.dim * s.inner + first;
 
-    Acc dot[kTile];
+    Acc dot[kSoftmaxTile];
     for (int64_t i = 0; i < width; ++i) dot[i] = 0;
     for (int64_t d = 0; d < s.dim; ++d) {
       const T* gyr = gy + base + d * s.inner;

@@ -4,6 +4,7 @@
 
 #include <chrono>
 
+#include "base/clock.h"
 #include "core/allocator.h"
 #include "core/cuda_runtime.h"
 #include "parallel/data_parallel/broadcast.h"
@@ -15,9 +16,6 @@ namespace mg::parallel {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double ms_since(Clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-}
 
 // The parameter and buffer names of a module, in slot order: a replica shell fits the
 // module as long as these stay the same.

@@ -5,6 +5,7 @@
 #include <map>
 #include <utility>
 
+#include "base/clock.h"
 #include "base/error.h"
 #include "core/grad_mode.h"
 #include "core/ops.h"
@@ -13,10 +14,6 @@ namespace mg::parallel {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double ms_since(Clock::time_point t) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
-}
 
 // Activations flow to rank + 1 under one tag, their gradients to rank - 1 under the other.
 constexpr int kActivationTag = 0x7061;  // "pa"

@@ -8,9 +8,12 @@
 #include <vector>
 
 #include "multigrad.h"
+#include "tests/tensor_values.h"
 
 using namespace mg;
 using Catch::Matchers::Contains;
+
+using mg::testing::values;
 
 namespace {
 
@@ -19,8 +22,6 @@ TensorOptions rg() { return TensorOptions{DType::f32, Device::cpu(), true}; }
 Tensor leaf(const std::vector<float>& v) {
   return tensor<float>(v, Shape{static_cast<int64_t>(v.size())}, rg());
 }
-
-std::vector<float> values(const Tensor& t) { return t.to_vector<float>(); }
 
 }  // namespace
 

@@ -5,13 +5,14 @@
 #include <vector>
 
 #include "multigrad.h"
+#include "tests/tensor_values.h"
 
 using namespace mg;
 using Catch::Matchers::Contains;
 
-namespace {
+using mg::testing::values;
 
-std::vector<float> values(const Tensor& t) { return t.to_vector<float>(); }
+namespace {
 
 std::vector<float> iota_values(int64_t n, float scale = 1.0f, float shift = 0.0f) {
   std::vector<float> v(static_cast<size_t>(n));

@@ -9,15 +9,16 @@
 #include <vector>
 
 #include "multigrad.h"
+#include "tests/tensor_values.h"
 
 using namespace mg;
+
+using mg::testing::values;
 
 namespace {
 
 const std::vector<DType> kAllDTypes = {DType::f32, DType::f64, DType::f16,    DType::bf16,
                                        DType::i32, DType::i64, DType::boolean};
-
-std::vector<float> values(const Tensor& t) { return t.to_vector<float>(); }
 
 float bits_to_float(uint32_t u) {
   float f;

@@ -10,12 +10,13 @@
 
 #include "base/philox.h"
 #include "multigrad.h"
+#include "tests/tensor_values.h"
 
 using namespace mg;
 
-namespace {
+using mg::testing::values;
 
-std::vector<float> values(const Tensor& t) { return t.to_vector<float>(); }
+namespace {
 
 // ---- An independent Philox4x32-10, written from the paper (Salmon et al., SC'11)
 //      and Random123's reference: counter (4 words), key (2 words).

@@ -23,7 +23,7 @@ using Inputs = std::vector<Tensor>;
 
 using mg::testing::gradcheck;
 
-const mg::TensorOptions kF64{DType::f64};
+using mg::testing::kF64;
 
 using mg::testing::grid_input;
 

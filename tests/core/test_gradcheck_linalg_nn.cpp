@@ -22,12 +22,12 @@ using Inputs = std::vector<Tensor>;
 
 using mg::testing::gradcheck;
 
-const mg::TensorOptions kF64{DType::f64};
+using mg::testing::kF64;
 const mg::TensorOptions kI64{DType::i64};
 
 using mg::testing::grid_input;
 
-Tensor distinct_input(const Shape& shape, uint32_t seed) {
+Tensor distinct_pool_input(const Shape& shape, uint32_t seed) {
   const int64_t n = mg::shape_numel(shape);
   return grid_input(shape, -1.0, 2.0 / static_cast<double>(n), seed);
 }
@@ -625,19 +625,19 @@ TEST_CASE("gradcheck conv2d grads for weight and bias only (constant input)", "[
 
 TEST_CASE("gradcheck max_pool2d kernel 2", "[gradcheck][nn]") {
   MG_REQUIRE_GRADCHECK(gradcheck([](const Inputs& in) { return mg::max_pool2d(in[0], 2); },
-                                 {distinct_input({2, 2, 4, 4}, 1)}));
+                                 {distinct_pool_input({2, 2, 4, 4}, 1)}));
 }
 
 TEST_CASE("gradcheck max_pool2d kernel 3, stride 2, padding 1 (overlapping windows)", "[gradcheck][nn]") {
   MG_REQUIRE_GRADCHECK(
       gradcheck([](const Inputs& in) { return mg::max_pool2d(in[0], pool_options(3, 2, 1)); },
-                {distinct_input({2, 2, 5, 5}, 2)}));
+                {distinct_pool_input({2, 2, 5, 5}, 2)}));
 }
 
 TEST_CASE("gradcheck max_pool2d on a 3-d [C,H,W] input", "[gradcheck][nn]") {
   MG_REQUIRE_GRADCHECK(
       gradcheck([](const Inputs& in) { return mg::max_pool2d(in[0], pool_options(2, 1, 0)); },
-                {distinct_input({2, 4, 4}, 3)}));
+                {distinct_pool_input({2, 4, 4}, 3)}));
 }
 
 TEST_CASE("gradcheck avg_pool2d kernel 2", "[gradcheck][nn]") {

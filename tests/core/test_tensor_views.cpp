@@ -7,13 +7,14 @@
 #include <vector>
 
 #include "multigrad.h"
+#include "tests/tensor_values.h"
 
 using namespace mg;
 using Catch::Matchers::Contains;
 
-namespace {
+using mg::testing::values;
 
-std::vector<float> values(const Tensor& t) { return t.to_vector<float>(); }
+namespace {
 
 // 0, 1, ..., n-1 as f32 with the given shape.
 Tensor iota(const Shape& shape) {

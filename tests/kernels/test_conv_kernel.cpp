@@ -12,6 +12,7 @@
 #include "base/error.h"
 #include "kernels/cpu/conv.h"
 #include "kernels/cpu/conv2d.h"
+#include "tests/kernels/kernel_test_values.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -20,6 +21,7 @@
 using namespace mg;
 using namespace mg::kernels;
 using namespace mg::kernels::cpu;
+using namespace mg::kernel_test;
 
 namespace {
 
@@ -66,19 +68,6 @@ std::vector<Conv2dGeometry> test_geometries() {
       geometry(2, 9, 9, 2, 2, 3, 3, 0, 0, 3, 3),    // dilation equal to stride
       geometry(16, 32, 32, 3, 3, 1, 1, 1, 1),       // large enough to take the threaded path
   };
-}
-
-template <class T>
-std::vector<T> random_buffer(int64_t size, std::mt19937& rng) {
-  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
-  std::vector<T> out(static_cast<size_t>(size));
-  for (T& v : out) v = static_cast<T>(uniform(rng));
-  return out;
-}
-
-template <class T>
-double as_double(T v) {
-  return static_cast<double>(static_cast<acc_t<T>>(v));
 }
 
 // y[co, oh, ow] = sum_{c, i, j} w[co, c, i, j] * x[c, oh*sh - ph + i*dh, ow*sw - pw + j*dw], in double.
@@ -142,14 +131,6 @@ void check_im2col_matches_direct_conv(const Conv2dGeometry& g, uint32_t seed) {
   CHECK(mismatches == 0);
 }
 
-double dot(const std::vector<double>& a, const std::vector<double>& b) {
-  double sum = 0.0;
-  for (size_t i = 0; i < a.size(); ++i) sum += a[i] * b[i];
-  return sum;
-}
-
-const DType kDtypes[] = {DType::f32, DType::f64, DType::bf16, DType::f16};
-
 }  // namespace
 
 TEST_CASE("im2col: output sizes", "[kernels][conv]") {
@@ -175,7 +156,7 @@ TEST_CASE("im2col: a 2x2 example by hand", "[kernels][conv]") {
 TEST_CASE("im2col + GEMM equals a direct convolution", "[kernels][conv]") {
   uint32_t seed = 1;
   for (const Conv2dGeometry& g : test_geometries()) {
-    for (DType dtype : kDtypes) {
+    for (DType dtype : kFloatingDtypes) {
       INFO(dtype_name(dtype) << " " << describe(g));
       visit_floating(dtype, "test", [&](auto tag) {
         using T = typename decltype(tag)::type;

@@ -10,8 +10,11 @@
 
 #include "base/dtype.h"
 #include "kernels/cpu/cross_entropy.h"
+#include "tests/kernels/kernel_test_values.h"
 
 using mg::DType;
+
+using namespace mg::kernel_test;
 
 namespace {
 
@@ -20,28 +23,6 @@ std::vector<double> random_values(int64_t n, double scale, uint32_t seed) {
   std::uniform_real_distribution<double> dist(-scale, scale);
   std::vector<double> v(static_cast<size_t>(n));
   for (auto& x : v) x = dist(gen);
-  return v;
-}
-
-template <class T>
-std::vector<T> cast_to(const std::vector<double>& v) {
-  std::vector<T> out;
-  for (double x : v) out.push_back(static_cast<T>(static_cast<float>(x)));
-  return out;
-}
-template <>
-std::vector<double> cast_to<double>(const std::vector<double>& v) {
-  return v;
-}
-
-template <class T>
-std::vector<double> to_double(const std::vector<T>& v) {
-  std::vector<double> out;
-  for (const T& x : v) out.push_back(static_cast<double>(static_cast<float>(x)));
-  return out;
-}
-template <>
-std::vector<double> to_double<double>(const std::vector<double>& v) {
   return v;
 }
 
@@ -90,18 +71,6 @@ std::vector<double> run_backward(DType dtype, const std::vector<double>& x,
                                            static_cast<int64_t>(targets.size()), classes, ignore_index, eps,
                                            gl.data(), gx.data());
   return to_double(gx);
-}
-
-// |got - want| <= atol + rtol * |want| everywhere (NaN fails); reports the first miss.
-void require_close(const std::vector<double>& got, const std::vector<double>& want, double atol,
-                   double rtol) {
-  REQUIRE(got.size() == want.size());
-  size_t misses = 0, first = 0;
-  for (size_t k = 0; k < got.size(); ++k)
-    if (!(std::abs(got[k] - want[k]) <= atol + rtol * std::abs(want[k])) && misses++ == 0) first = k;
-  if (misses > 0)
-    FAIL(std::setprecision(10) << misses << " of " << got.size() << " elements differ; first at " << first
-                               << ": got " << got[first] << ", want " << want[first]);
 }
 
 constexpr int64_t kIgnore = -100;

@@ -15,6 +15,7 @@
 #include "base/dtype.h"
 #include "base/strided_view.h"
 #include "kernels/cpu/elementwise.h"
+#include "tests/kernels/kernel_test_values.h"
 
 using mg::bf16;
 using mg::DType;
@@ -23,6 +24,7 @@ using mg::StridedView;
 using mg::kernels::BinaryOp;
 using mg::kernels::UnaryOp;
 namespace cpu = mg::kernels::cpu;
+using mg::kernel_test::as_double;
 
 namespace {
 
@@ -534,11 +536,6 @@ T make_value(double v) {
   } else {
     return static_cast<T>(v);  // truncates toward zero for integers
   }
-}
-
-template <class T>
-double as_double(T v) {
-  return static_cast<double>(static_cast<mg::acc_t<T>>(v));
 }
 
 const std::vector<double> kCopyValues = {0.0, 1.0, -2.7, 3.5, 0.1, -1.0, 100.25};

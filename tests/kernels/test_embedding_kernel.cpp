@@ -9,8 +9,11 @@
 
 #include "base/dtype.h"
 #include "kernels/cpu/embedding.h"
+#include "tests/kernels/kernel_test_values.h"
 
 using mg::DType;
+
+using namespace mg::kernel_test;
 
 namespace {
 
@@ -19,28 +22,6 @@ std::vector<double> random_values(int64_t n, uint32_t seed) {
   std::uniform_real_distribution<double> dist(-1.0, 1.0);
   std::vector<double> v(static_cast<size_t>(n));
   for (auto& x : v) x = dist(gen);
-  return v;
-}
-
-template <class T>
-std::vector<T> cast_to(const std::vector<double>& v) {
-  std::vector<T> out;
-  for (double x : v) out.push_back(static_cast<T>(static_cast<float>(x)));
-  return out;
-}
-template <>
-std::vector<double> cast_to<double>(const std::vector<double>& v) {
-  return v;
-}
-
-template <class T>
-std::vector<double> to_double(const std::vector<T>& v) {
-  std::vector<double> out;
-  for (const T& x : v) out.push_back(static_cast<double>(static_cast<float>(x)));
-  return out;
-}
-template <>
-std::vector<double> to_double<double>(const std::vector<double>& v) {
   return v;
 }
 

@@ -14,10 +14,12 @@
 #include "base/dtype.h"
 #include "base/error.h"
 #include "kernels/cpu/gemm.h"
+#include "tests/kernels/kernel_test_values.h"
 
 using namespace mg;
 using namespace mg::kernels;
 using namespace mg::kernels::cpu;
+using namespace mg::kernel_test;
 
 namespace {
 
@@ -146,8 +148,6 @@ int64_t count_mismatches(DType dtype, const Problem& p, GemmFn fn, uint32_t seed
   });
 }
 
-const DType kDtypes[] = {DType::f32, DType::f64, DType::bf16, DType::f16};
-
 struct NamedGemm {
   const char* name;
   GemmFn fn;
@@ -180,7 +180,7 @@ TEST_CASE("gemm: 2x2 example by hand", "[kernels][gemm]") {
 TEST_CASE("gemm: every transpose combination and odd size, every dtype", "[kernels][gemm]") {
   const int64_t sizes[] = {1, 7, 33, 65};
   uint32_t seed = 1;
-  for (DType dtype : kDtypes) {
+  for (DType dtype : kFloatingDtypes) {
     for (const NamedGemm& impl : kImplementations) {
       for (int trans = 0; trans < 4; ++trans) {
         for (int64_t m : sizes) {
@@ -227,7 +227,7 @@ TEST_CASE("gemm: sizes that cross the cache blocks", "[kernels][gemm]") {
 
 TEST_CASE("gemm: batches, with A or B broadcast over the batch", "[kernels][gemm]") {
   uint32_t seed = 200;
-  for (DType dtype : kDtypes) {
+  for (DType dtype : kFloatingDtypes) {
     for (const NamedGemm& impl : kImplementations) {
       for (int broadcast = 0; broadcast < 3; ++broadcast) {
         for (int trans = 0; trans < 4; ++trans) {
@@ -253,7 +253,7 @@ TEST_CASE("gemm: alpha and beta", "[kernels][gemm]") {
   uint32_t seed = 300;
   const double alphas[] = {1.0, -0.5, 2.0};
   const double betas[] = {0.0, 1.0, -1.5};
-  for (DType dtype : kDtypes) {
+  for (DType dtype : kFloatingDtypes) {
     for (const NamedGemm& impl : kImplementations) {
       for (double alpha : alphas) {
         for (double beta : betas) {

@@ -12,15 +12,17 @@
 #include "base/dtype.h"
 #include "base/error.h"
 #include "kernels/cpu/pool.h"
+#include "tests/kernels/kernel_test_values.h"
 
 using namespace mg;
 using namespace mg::kernels;
 using namespace mg::kernels::cpu;
+using namespace mg::kernel_test;
 
 namespace {
 
-Pool2dGeometry geometry(int64_t planes, int64_t h, int64_t w, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
-                        int64_t ph = 0, int64_t pw = 0) {
+Pool2dGeometry pool_geometry(int64_t planes, int64_t h, int64_t w, int64_t kh, int64_t kw, int64_t sh,
+                             int64_t sw, int64_t ph = 0, int64_t pw = 0) {
   Pool2dGeometry g;
   g.planes = planes;
   g.height = h;
@@ -39,31 +41,18 @@ std::string describe(const Pool2dGeometry& g) {
                  g.kernel_w, " stride=", g.stride_h, "x", g.stride_w, " pad=", g.pad_h, "x", g.pad_w);
 }
 
-std::vector<Pool2dGeometry> test_geometries() {
+std::vector<Pool2dGeometry> pool_test_geometries() {
   return {
-      geometry(3, 8, 8, 2, 2, 2, 2),           // the classic 2x2/2
-      geometry(2, 7, 9, 3, 3, 1, 1, 1, 1),     // overlapping windows, padded
-      geometry(2, 9, 7, 3, 3, 2, 2, 1, 1),     // strided and padded, odd sizes
-      geometry(1, 6, 10, 2, 3, 1, 2, 1, 1),    // asymmetric, pad == kernel/2
-      geometry(2, 11, 11, 4, 4, 3, 3, 2, 2),   // even kernel with pad == kernel/2
-      geometry(4, 5, 5, 1, 1, 1, 1),           // identity
-      geometry(1, 5, 6, 5, 6, 1, 1),           // one window covering the plane
-      geometry(3, 1, 1, 3, 3, 1, 1, 1, 1),     // single pixel plane
-      geometry(40, 32, 32, 3, 3, 2, 2, 1, 1),  // large enough to take the threaded path
+      pool_geometry(3, 8, 8, 2, 2, 2, 2),           // the classic 2x2/2
+      pool_geometry(2, 7, 9, 3, 3, 1, 1, 1, 1),     // overlapping windows, padded
+      pool_geometry(2, 9, 7, 3, 3, 2, 2, 1, 1),     // strided and padded, odd sizes
+      pool_geometry(1, 6, 10, 2, 3, 1, 2, 1, 1),    // asymmetric, pad == kernel/2
+      pool_geometry(2, 11, 11, 4, 4, 3, 3, 2, 2),   // even kernel with pad == kernel/2
+      pool_geometry(4, 5, 5, 1, 1, 1, 1),           // identity
+      pool_geometry(1, 5, 6, 5, 6, 1, 1),           // one window covering the plane
+      pool_geometry(3, 1, 1, 3, 3, 1, 1, 1, 1),     // single pixel plane
+      pool_geometry(40, 32, 32, 3, 3, 2, 2, 1, 1),  // large enough to take the threaded path
   };
-}
-
-template <class T>
-double as_double(T v) {
-  return static_cast<double>(static_cast<acc_t<T>>(v));
-}
-
-template <class T>
-std::vector<T> random_buffer(int64_t size, std::mt19937& rng) {
-  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
-  std::vector<T> out(static_cast<size_t>(size));
-  for (T& v : out) v = static_cast<T>(uniform(rng));
-  return out;
 }
 
 // The input of one plane, padded with `fill` on every side, in double.
@@ -140,19 +129,6 @@ std::vector<double> naive_avg_pool(const Pool2dGeometry& g, const std::vector<do
   return out;
 }
 
-template <class T>
-std::vector<double> to_double(const std::vector<T>& v) {
-  std::vector<double> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = as_double(v[i]);
-  return out;
-}
-
-double dot(const std::vector<double>& a, const std::vector<double>& b) {
-  double sum = 0.0;
-  for (size_t i = 0; i < a.size(); ++i) sum += a[i] * b[i];
-  return sum;
-}
-
 // Relative tolerance of one rounding to T (values here are O(1)).
 double rounding_tolerance(DType dtype) {
   switch (dtype) {
@@ -163,20 +139,18 @@ double rounding_tolerance(DType dtype) {
   }
 }
 
-const DType kDtypes[] = {DType::f32, DType::f64, DType::bf16, DType::f16};
-
 }  // namespace
 
 TEST_CASE("pool2d: output sizes", "[kernels][pool]") {
-  CHECK(geometry(1, 28, 28, 2, 2, 2, 2).out_h() == 14);
-  CHECK(geometry(1, 7, 7, 2, 2, 2, 2).out_h() == 3);  // floor mode drops the last row
-  CHECK(geometry(1, 7, 7, 3, 3, 2, 2, 1, 1).out_w() == 4);
+  CHECK(pool_geometry(1, 28, 28, 2, 2, 2, 2).out_h() == 14);
+  CHECK(pool_geometry(1, 7, 7, 2, 2, 2, 2).out_h() == 3);  // floor mode drops the last row
+  CHECK(pool_geometry(1, 7, 7, 3, 3, 2, 2, 1, 1).out_w() == 4);
 }
 
 TEST_CASE("max_pool2d forward matches naive loops", "[kernels][pool]") {
   uint32_t seed = 1;
-  for (const Pool2dGeometry& g : test_geometries()) {
-    for (DType dtype : kDtypes) {
+  for (const Pool2dGeometry& g : pool_test_geometries()) {
+    for (DType dtype : kFloatingDtypes) {
       INFO(dtype_name(dtype) << " " << describe(g));
       visit_floating(dtype, "test", [&](auto tag) {
         using T = typename decltype(tag)::type;
@@ -203,7 +177,7 @@ TEST_CASE("max_pool2d: NaN propagates, all -inf picks the first element", "[kern
   // One 2x4 plane, 2x2 windows with stride 2: window 0 holds two NaNs, window 1 only -inf.
   const float x[] = {1.0f, nan,  -inf, -inf,  //
                      nan,  5.0f, -inf, -inf};
-  const Pool2dGeometry g = geometry(1, 2, 4, 2, 2, 2, 2);
+  const Pool2dGeometry g = pool_geometry(1, 2, 4, 2, 2, 2, 2);
   float y[2];
   int64_t argmax[2];
   max_pool2d_forward(g, DType::f32, x, y, argmax);
@@ -214,7 +188,7 @@ TEST_CASE("max_pool2d: NaN propagates, all -inf picks the first element", "[kern
 
   // Padding is -inf, never a winner: a window over [padding, -1] gives -1.
   const float row[] = {-1.0f, -2.0f};
-  const Pool2dGeometry padded = geometry(1, 1, 2, 1, 2, 1, 2, 0, 1);
+  const Pool2dGeometry padded = pool_geometry(1, 1, 2, 1, 2, 1, 2, 0, 1);
   float out[2];
   int64_t idx[2];
   max_pool2d_forward(padded, DType::f32, row, out, idx);
@@ -226,8 +200,8 @@ TEST_CASE("max_pool2d: NaN propagates, all -inf picks the first element", "[kern
 
 TEST_CASE("max_pool2d backward scatters to the argmax", "[kernels][pool]") {
   uint32_t seed = 100;
-  for (const Pool2dGeometry& g : test_geometries()) {
-    for (DType dtype : kDtypes) {
+  for (const Pool2dGeometry& g : pool_test_geometries()) {
+    for (DType dtype : kFloatingDtypes) {
       INFO(dtype_name(dtype) << " " << describe(g));
       visit_floating(dtype, "test", [&](auto tag) {
         using T = typename decltype(tag)::type;
@@ -264,7 +238,7 @@ TEST_CASE("max_pool2d backward scatters to the argmax", "[kernels][pool]") {
 }
 
 TEST_CASE("max_pool2d backward rejects a corrupt argmax", "[kernels][pool]") {
-  const Pool2dGeometry g = geometry(1, 4, 4, 2, 2, 2, 2);
+  const Pool2dGeometry g = pool_geometry(1, 4, 4, 2, 2, 2, 2);
   const float gy[4] = {1, 1, 1, 1};
   const int64_t argmax[4] = {0, 2, 16, 10};  // 16 is outside the 4x4 plane
   float gx[16];
@@ -273,8 +247,8 @@ TEST_CASE("max_pool2d backward rejects a corrupt argmax", "[kernels][pool]") {
 
 TEST_CASE("avg_pool2d forward matches naive loops", "[kernels][pool]") {
   uint32_t seed = 200;
-  for (const Pool2dGeometry& g : test_geometries()) {
-    for (DType dtype : kDtypes) {
+  for (const Pool2dGeometry& g : pool_test_geometries()) {
+    for (DType dtype : kFloatingDtypes) {
       for (bool count_include_pad : {true, false}) {
         INFO(dtype_name(dtype) << " " << describe(g) << " count_include_pad=" << count_include_pad);
         visit_floating(dtype, "test", [&](auto tag) {
@@ -298,7 +272,7 @@ TEST_CASE("avg_pool2d forward matches naive loops", "[kernels][pool]") {
 TEST_CASE("avg_pool2d: count_include_pad changes the divisor at the border", "[kernels][pool]") {
   // 2x2 plane of ones, 3x3 window, padding 1: the corner window sees 4 ones and 5 zeros.
   const float x[] = {1, 1, 1, 1};
-  const Pool2dGeometry g = geometry(1, 2, 2, 3, 3, 1, 1, 1, 1);
+  const Pool2dGeometry g = pool_geometry(1, 2, 2, 3, 3, 1, 1, 1, 1);
   float y[4];
   avg_pool2d_forward(g, DType::f32, x, y, true);
   CHECK(y[0] == Approx(4.0 / 9.0));
@@ -308,7 +282,7 @@ TEST_CASE("avg_pool2d: count_include_pad changes the divisor at the border", "[k
 
 TEST_CASE("avg_pool2d backward is the adjoint of forward", "[kernels][pool]") {
   uint32_t seed = 300;
-  for (const Pool2dGeometry& g : test_geometries()) {
+  for (const Pool2dGeometry& g : pool_test_geometries()) {
     for (bool count_include_pad : {true, false}) {
       INFO(describe(g) << " count_include_pad=" << count_include_pad);
       std::mt19937 rng(seed++);
@@ -326,7 +300,7 @@ TEST_CASE("avg_pool2d backward is the adjoint of forward", "[kernels][pool]") {
 
 TEST_CASE("avg_pool2d backward in every dtype agrees with f64", "[kernels][pool]") {
   uint32_t seed = 400;
-  for (const Pool2dGeometry& g : test_geometries()) {
+  for (const Pool2dGeometry& g : pool_test_geometries()) {
     for (DType dtype : {DType::f32, DType::bf16, DType::f16}) {
       INFO(dtype_name(dtype) << " " << describe(g));
       visit_floating(dtype, "test", [&](auto tag) {
@@ -351,16 +325,17 @@ TEST_CASE("avg_pool2d backward in every dtype agrees with f64", "[kernels][pool]
 TEST_CASE("pool2d rejects bad geometry and dtypes", "[kernels][pool]") {
   std::vector<float> x(64), y(64);
   std::vector<int64_t> argmax(64);
+  CHECK_THROWS_WITH(max_pool2d_forward(pool_geometry(1, 8, 8, 3, 3, 1, 1, 2, 2), DType::f32, x.data(),
+                                       y.data(), argmax.data()),
+                    Catch::Contains("half the kernel"));
+  CHECK_THROWS_AS(
+      avg_pool2d_forward(pool_geometry(1, 8, 8, 2, 2, 0, 2), DType::f32, x.data(), y.data(), true), Error);
+  CHECK_THROWS_AS(
+      avg_pool2d_forward(pool_geometry(1, 8, 8, 0, 2, 1, 1), DType::f32, x.data(), y.data(), true), Error);
   CHECK_THROWS_WITH(
-      max_pool2d_forward(geometry(1, 8, 8, 3, 3, 1, 1, 2, 2), DType::f32, x.data(), y.data(), argmax.data()),
-      Catch::Contains("half the kernel"));
-  CHECK_THROWS_AS(avg_pool2d_forward(geometry(1, 8, 8, 2, 2, 0, 2), DType::f32, x.data(), y.data(), true),
-                  Error);
-  CHECK_THROWS_AS(avg_pool2d_forward(geometry(1, 8, 8, 0, 2, 1, 1), DType::f32, x.data(), y.data(), true),
-                  Error);
-  CHECK_THROWS_WITH(
-      max_pool2d_forward(geometry(1, 4, 4, 2, 2, 2, 2), DType::i32, x.data(), y.data(), argmax.data()),
+      max_pool2d_forward(pool_geometry(1, 4, 4, 2, 2, 2, 2), DType::i32, x.data(), y.data(), argmax.data()),
       Catch::Contains("i32"));
-  CHECK_THROWS_WITH(avg_pool2d_backward(geometry(1, 4, 4, 2, 2, 2, 2), DType::i64, x.data(), y.data(), false),
-                    Catch::Contains("i64"));
+  CHECK_THROWS_WITH(
+      avg_pool2d_backward(pool_geometry(1, 4, 4, 2, 2, 2, 2), DType::i64, x.data(), y.data(), false),
+      Catch::Contains("i64"));
 }

@@ -9,9 +9,12 @@
 
 #include "base/dtype.h"
 #include "kernels/cpu/softmax.h"
+#include "tests/kernels/kernel_test_values.h"
 
 using mg::DType;
 using mg::kernels::SoftmaxShape;
+
+using namespace mg::kernel_test;
 
 namespace {
 
@@ -20,28 +23,6 @@ std::vector<double> random_values(int64_t n, double scale, uint32_t seed) {
   std::uniform_real_distribution<double> dist(-scale, scale);
   std::vector<double> v(static_cast<size_t>(n));
   for (auto& x : v) x = dist(gen);
-  return v;
-}
-
-template <class T>
-std::vector<T> cast_to(const std::vector<double>& v) {
-  std::vector<T> out;
-  for (double x : v) out.push_back(static_cast<T>(static_cast<float>(x)));
-  return out;
-}
-template <>
-std::vector<double> cast_to<double>(const std::vector<double>& v) {
-  return v;
-}
-
-template <class T>
-std::vector<double> to_double(const std::vector<T>& v) {
-  std::vector<double> out;
-  for (const T& x : v) out.push_back(static_cast<double>(static_cast<float>(x)));
-  return out;
-}
-template <>
-std::vector<double> to_double<double>(const std::vector<double>& v) {
   return v;
 }
 
@@ -79,27 +60,15 @@ std::vector<double> run_backward(DType dtype, const SoftmaxShape& s, const std::
   return to_double(gx);
 }
 
-const std::vector<SoftmaxShape> kShapes = {
+const std::vector<SoftmaxShape> kSoftmaxShapes = {
     {3, 7, 1}, {1, 1, 1}, {2, 5, 3}, {2, 3, 70}, {1, 4, 130}, {5, 33, 1},
 };
-
-// |got - want| <= atol + rtol * |want| everywhere (NaN fails); reports the first miss.
-void require_close(const std::vector<double>& got, const std::vector<double>& want, double atol,
-                   double rtol) {
-  REQUIRE(got.size() == want.size());
-  size_t misses = 0, first = 0;
-  for (size_t k = 0; k < got.size(); ++k)
-    if (!(std::abs(got[k] - want[k]) <= atol + rtol * std::abs(want[k])) && misses++ == 0) first = k;
-  if (misses > 0)
-    FAIL(std::setprecision(10) << misses << " of " << got.size() << " elements differ; first at " << first
-                               << ": got " << got[first] << ", want " << want[first]);
-}
 
 }  // namespace
 
 TEST_CASE("softmax forward matches the double reference", "[kernels]") {
   for (bool log : {false, true}) {
-    for (const SoftmaxShape& s : kShapes) {
+    for (const SoftmaxShape& s : kSoftmaxShapes) {
       INFO("log " << log << ", shape [" << s.outer << ", " << s.dim << ", " << s.inner << "]");
       std::vector<double> x = random_values(numel(s), 5.0, 1);
       std::vector<double> want = reference_softmax(s, x, log);
@@ -181,7 +150,7 @@ TEST_CASE("softmax backward matches finite differences in f64", "[kernels][gradc
 
 TEST_CASE("softmax backward in f32 and bf16 tracks f64", "[kernels]") {
   for (bool log : {false, true}) {
-    for (const SoftmaxShape& s : kShapes) {
+    for (const SoftmaxShape& s : kSoftmaxShapes) {
       INFO("log " << log << ", shape [" << s.outer << ", " << s.dim << ", " << s.inner << "]");
       std::vector<double> x = random_values(numel(s), 3.0, 5), gy = random_values(numel(s), 1.0, 6);
       require_close(run_backward<float>(DType::f32, s, x, gy, log),

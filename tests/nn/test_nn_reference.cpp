@@ -72,7 +72,7 @@ std::shared_ptr<mg::nn::Module> build(const std::string& layer, const json& c) {
   using namespace mg::nn;
   if (layer == "Linear") return std::make_shared<Linear>(c.at("in"), c.at("out"), c.at("bias").get<bool>());
   if (layer == "Conv2d") {
-    Conv2dOptions o;
+    mg::nn::Conv2dOptions o;
     o.stride = c.at("stride");
     o.padding = c.at("padding");
     o.dilation = c.at("dilation");
