@@ -1,6 +1,12 @@
 # Decides whether this build has a CUDA backend, and if so enables the CUDA language.
 #
-# In: MG_CUDA (AUTO|ON|OFF), MG_CUDA_ARCHS.   Out: MG_HAS_CUDA, CUDAToolkit_* and CUDA::* targets.
+# In: MG_CUDA (AUTO|ON|OFF|EMULATE|PTX), MG_CUDA_ARCHS.
+# Out: MG_HAS_CUDA, MG_CUDA_EMULATE, MG_CUDA_PTX_CHECK, CUDAToolkit_* and CUDA::* targets.
+#
+# PTX: nvcc is found and checked as for ON and the CUDA language enabled, but the library is the
+# CPU build (MG_HAS_CUDA off); CMakeLists.txt compiles every kernel to PTX as a check. For a
+# machine with the toolkit and no GPU (scripts/common.sh picks it there), where CUDA code can be
+# compiled but never run; build-emu/ compiles and runs the same kernels.
 #
 # nvcc is looked for in this order: CMAKE_CUDA_COMPILER (-D or cached), $CUDACXX,
 # /usr/local/cuda/bin/nvcc, $CUDA_HOME/bin, $CUDA_PATH/bin, PATH. With AUTO a tiny CUDA project
@@ -10,6 +16,7 @@
 
 set(MG_HAS_CUDA OFF)
 set(MG_CUDA_EMULATE OFF)
+set(MG_CUDA_PTX_CHECK OFF)
 if(MG_CUDA STREQUAL "EMULATE")
   # The CUDA emulation (cuda_emu/, docs/cuda-emulation.md): the .cu sources compiled by the host
   # compiler against the toolkit's headers, linked against the emulator instead of libcudart,
@@ -57,8 +64,8 @@ if(_mg_nvcc STREQUAL "" OR NOT EXISTS "${_mg_nvcc}")
   else()
     set(_mg_why "the CUDA compiler ${_mg_nvcc} (from CMAKE_CUDA_COMPILER or \$CUDACXX) does not exist")
   endif()
-  if(MG_CUDA STREQUAL "ON")
-    message(FATAL_ERROR "multigrad: MG_CUDA=ON but ${_mg_why}. Install the CUDA toolkit, "
+  if(MG_CUDA MATCHES "^(ON|PTX)$")
+    message(FATAL_ERROR "multigrad: MG_CUDA=${MG_CUDA} but ${_mg_why}. Install the CUDA toolkit, "
                         "pass -DCMAKE_CUDA_COMPILER=/path/to/nvcc, or configure with -DMG_CUDA=OFF.")
   endif()
   message(STATUS "multigrad: CUDA off: ${_mg_why}")
@@ -114,8 +121,8 @@ endif()
 if(NOT _MG_CUDA_WORKS)
   string(CONCAT _mg_why "${_mg_nvcc} could not build a CUDA file for archs '${CMAKE_CUDA_ARCHITECTURES}' "
                 "(log: ${CMAKE_BINARY_DIR}/CMakeFiles/mg_cuda_check/log.txt)")
-  if(MG_CUDA STREQUAL "ON")
-    message(FATAL_ERROR "multigrad: MG_CUDA=ON but ${_mg_why}")
+  if(MG_CUDA MATCHES "^(ON|PTX)$")
+    message(FATAL_ERROR "multigrad: MG_CUDA=${MG_CUDA} but ${_mg_why}")
   endif()
   message(STATUS "multigrad: CUDA off: ${_mg_why}")
   return()
@@ -129,6 +136,12 @@ set(CMAKE_CUDA_STANDARD_REQUIRED ON)
 set(CMAKE_CUDA_EXTENSIONS OFF)
 enable_language(CUDA)
 find_package(CUDAToolkit REQUIRED)
+if(MG_CUDA STREQUAL "PTX")
+  set(MG_CUDA_PTX_CHECK ON)
+  message(STATUS "multigrad: CUDA kernels compiled to PTX as a check only (MG_CUDA=PTX): nvcc "
+                 "${CMAKE_CUDA_COMPILER_VERSION}, archs ${CMAKE_CUDA_ARCHITECTURES}; the library is the CPU build")
+  return()
+endif()
 set(MG_HAS_CUDA ON)
 message(STATUS "multigrad: CUDA on: nvcc ${CMAKE_CUDA_COMPILER_VERSION} at ${CMAKE_CUDA_COMPILER}, "
                "toolkit ${CUDAToolkit_LIBRARY_ROOT}, archs ${CMAKE_CUDA_ARCHITECTURES}")

@@ -33,10 +33,14 @@ fi
 # takes them from the cache instead of compiling them again. The cache lives in the checkout
 # (.ccache/, ignored by git), so a fresh clone starts with an empty one, as CI does.
 # MG_NO_CCACHE=1 turns it off. (Asked at configure time: mg_ensure_packages may install it first.)
+# Not in front of nvcc: no other build shares its objects (build-emu/ compiles the .cu files as
+# C++), so on an empty cache every lookup misses, and a miss costs a preprocessing pass of its
+# own (1.4 CPU-s of the 12.5 for kernels/cuda/elementwise.cu; about 34 for the library's 24 .cu
+# files). ninja already recompiles only what changed.
 export CCACHE_DIR="${CCACHE_DIR:-$MG_ROOT/.ccache}"
 mg_launcher_args() {
   if [[ "${MG_NO_CCACHE:-0}" != 1 ]] && command -v ccache >/dev/null 2>&1; then
-    printf '%s\n' -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache
+    printf '%s\n' -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -UCMAKE_CUDA_COMPILER_LAUNCHER
   else
     printf '%s\n' -UCMAKE_CXX_COMPILER_LAUNCHER -UCMAKE_CUDA_COMPILER_LAUNCHER
   fi
@@ -107,24 +111,23 @@ mg_gpus_present() {
 }
 
 # CMake args that pick CUDA when this machine has a toolkit (MG_CUDA=AUTO decides the rest).
-# The architectures: $MG_CUDA_ARCHS when set; else sm_90 machine code and PTX ("90") where a GPU
-# is present, and PTX alone ("90-virtual") where none is. Without a GPU the CUDA build is a
-# compile check that nothing runs, and ptxas -- PTX to machine code -- was nearly half of nvcc's
-# time (17.8 of 38.4 s for kernels/cuda/elementwise.cu; about 115 of the 252 CPU-seconds of nvcc in
-# a build): every kernel still goes through nvcc's front end and cicc. For the same reason cicc
-# runs at -O0 there (MG_CUDA_DEVICE_OPT=OFF, CMakeLists.txt has the figures). A GPU machine builds
-# optimised machine code (and would JIT the PTX of a tree built without it).
+# Where a GPU is present, or $MG_CUDA_ARCHS is set: the CUDA library, for sm_90 (machine code and
+# PTX) or for $MG_CUDA_ARCHS. Where none is: MG_CUDA=PTX, the CPU library with every kernel
+# compiled to PTX by nvcc as a check (CMakeLists.txt has why and the figures): nothing could run
+# the CUDA library there, build-emu/ compiles and runs the kernels, and the CUDA library cost 212
+# CPU-s of nvcc in a fresh build (the PTX check about 60) plus its real-CUDA test executables.
 mg_cuda_args() {
-  local args=(-DMG_CUDA=AUTO)
-  if [[ -x /usr/local/cuda/bin/nvcc ]]; then
-    args+=(-DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc)
-    if [[ -n "${MG_CUDA_ARCHS:-}" ]]; then
-      args+=("-DMG_CUDA_ARCHS=$MG_CUDA_ARCHS" -DMG_CUDA_DEVICE_OPT=ON)
-    elif mg_gpus_present; then
-      args+=(-DMG_CUDA_ARCHS=90 -DMG_CUDA_DEVICE_OPT=ON)
-    else
-      args+=(-DMG_CUDA_ARCHS=90-virtual -DMG_CUDA_DEVICE_OPT=OFF)
-    fi
+  if [[ ! -x /usr/local/cuda/bin/nvcc ]]; then
+    printf '%s\n' -DMG_CUDA=AUTO
+    return
+  fi
+  local args=(-DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc)
+  if [[ -n "${MG_CUDA_ARCHS:-}" ]]; then
+    args+=(-DMG_CUDA=AUTO "-DMG_CUDA_ARCHS=$MG_CUDA_ARCHS")
+  elif mg_gpus_present; then
+    args+=(-DMG_CUDA=AUTO -DMG_CUDA_ARCHS=90)
+  else
+    args+=(-DMG_CUDA=PTX -DMG_CUDA_ARCHS=90-virtual)
   fi
   printf '%s\n' "${args[@]}"
 }
