@@ -9,7 +9,10 @@
 // the formula for equal stages and free communication -- (P - 1) / (m + P - 1), interleaved
 // (P - 1) / (v m + P - 1) -- the step time (the slowest rank's) relative to m = 1, and the bytes a
 // rank sent per step (ProcessGroup::requested_traffic(), the mean over the ranks) beside their
-// formula: 2 m (P v - 1) / P messages of a micro-batch's [B/m, H] f32 and a 64-byte header. Each
+// formula: 2 m (P v - 1) / P messages of a micro-batch's [B/m, H] f32 and a 64-byte header, and
+// the activations a stage holds at its peak: the most its device (cpu:0 of each process) held
+// during the timed steps above what it held before them (parameters, gradients, the batch), the
+// largest over the ranks -- what GPipe's m micro-batches in flight cost against 1F1B's p - r. Each
 // (schedule, m) pair runs after 2 warm-up steps; the schedules alternate per m so drift hits all
 // alike.
 #include <cstdio>
@@ -94,10 +97,10 @@ int main(int argc, char** argv) {
       std::printf(
           "bench_pipeline: %d stages (ranks), each 2 x Linear(%lld, %lld) + ReLU, batch %lld, %d timed "
           "steps\n"
-          "%-7s %3s %8s %8s %7s %9s %7s %10s %10s\n",
+          "%-7s %3s %8s %8s %7s %9s %7s %10s %10s %9s\n",
           p, static_cast<long long>(f.hidden), static_cast<long long>(f.hidden),
           static_cast<long long>(f.batch), f.steps, "sched", "m", "bubble", "formula", "ratio", "step ms",
-          "vs m=1", "MB sent", "formula");
+          "vs m=1", "MB sent", "formula", "act. MB");
     const char* names[3] = {"GPipe", "1F1B", "interl."};
     double base_ms[3] = {0, 0, 0};
     for (int m : {1, 2, 4, 8}) {
@@ -110,8 +113,13 @@ int main(int argc, char** argv) {
                                                which == 0 ? PipelineSchedule::GPipe
                                                           : PipelineSchedule::OneForwardOneBackward);
         double step_ms = 0, compute_ms = 0, sent = 0;
+        int64_t held_before = 0;
         for (int s = 0; s < 2 + f.steps; ++s) {
           pg.barrier()->wait();  // steps start together
+          if (s == 2) {          // the timed steps: the peak above what the stage holds between steps
+            held_before = cpu_device_memory(0).live_bytes;
+            reset_cpu_device_peak(0);
+          }
           const int64_t before = pg.requested_traffic().bytes;
           opt.zero_grad();
           PipelineStepResult r =
@@ -125,14 +133,16 @@ int main(int argc, char** argv) {
         const double bubble = mean_and_max(pg, 1.0 - compute_ms / step_ms).first;
         const double slowest_ms = mean_and_max(pg, step_ms / f.steps).second;
         const double sent_mb = mean_and_max(pg, sent / f.steps).first / 1e6;
+        const double activation_mb =
+            mean_and_max(pg, static_cast<double>(cpu_device_memory(0).peak_bytes - held_before)).second / 1e6;
         const double message = 64.0 + static_cast<double>(f.batch / m * f.hidden) * 4.0;
         const double sent_formula_mb = 2.0 * m * (p * v - 1) / p * message / 1e6;
         if (interleaved ? m == p : m == 1) base_ms[which] = slowest_ms;
         const double theory = static_cast<double>(p - 1) / (v * m + p - 1);
         if (pg.is_main())
-          std::printf("%-7s %3d %8.3f %8.3f %7.2f %9.2f %7.2f %10.3f %10.3f\n", names[which], m, bubble,
+          std::printf("%-7s %3d %8.3f %8.3f %7.2f %9.2f %7.2f %10.3f %10.3f %9.2f\n", names[which], m, bubble,
                       theory, theory > 0 ? bubble / theory : 0.0, slowest_ms, slowest_ms / base_ms[which],
-                      sent_mb, sent_formula_mb);
+                      sent_mb, sent_formula_mb, activation_mb);
       }
     }
     if (pg.is_main())
@@ -143,7 +153,8 @@ int main(int argc, char** argv) {
           "count "
           "as idle here. vs m=1: the step time against the schedule's first row (interleaved: m = p). MB "
           "sent: "
-          "per rank per step.\n",
+          "per rank per step. act. MB: the most a stage held above its between-steps bytes, the largest "
+          "over the ranks.\n",
           kChunks);
     return 0;
   } catch (const std::exception& e) {
