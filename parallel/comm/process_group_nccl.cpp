@@ -45,7 +45,11 @@
 // * With verify_collectives, each collective first exchanges the 4-number signature
 //   (process_group_signature.h) through the CPU backend's allgather, blocking the caller for one
 //   small MPI round trip; every rank then fails a mismatched call with both sides named and
-//   skips the NCCL call, so the group stays usable. Point-to-point ops have no signature.
+//   skips the NCCL call, so the group stays usable. The exchange can itself meet a different
+//   CPU collective on another rank (Join's notification, say, which is on CPU tensors): the CPU
+//   backend fails it on every rank alike, and so does this one, still without breaking the group
+//   (aborting it here would strand the peers' GPU ops in flight until their timeout).
+//   Point-to-point ops have no signature.
 // * Avg is ncclAvg (NCCL >= 2.10). bool tensors travel as uint8 and reduce with max/min only.
 // * The group's barrier() (ProcessGroup::barrier) stays on the CPU backend: a host-level
 //   barrier. This backend's own barrier is an all-reduce of one element on the collective lane.
@@ -551,9 +555,22 @@ class NcclBackend : public Backend {
     Tensor local = empty({4}, TensorOptions{DType::i64, Device::cpu()});
     std::memcpy(local.data_ptr(), &mine, sizeof(Signature));
     Tensor all = empty({4 * static_cast<int64_t>(size_)}, TensorOptions{DType::i64, Device::cpu()});
+    WorkPtr exchange;
     try {
-      cpu_->allgather(all, local)->wait();
+      {
+        detail::SignatureTagScope tag(detail::kSignatureCheckTag);
+        exchange = cpu_->allgather(all, local);
+      }
+      exchange->wait();
     } catch (const std::exception& e) {
+      if (exchange && exchange->failed_by_mismatch()) {
+        // The CPU backend met another CPU collective on some rank (say Join's notification, a
+        // CPU tensor): every rank's exchange failed the same way and was skipped, so both
+        // groups are still in step. Fail this op, do not break the group: its GPU ops still in
+        // flight must finish on every rank.
+        work->mark_mismatched(str_cat(work->description(), ": not run: ", e.what()));
+        return false;
+      }
       poison(str_cat(work->description(),
                      ": exchanging call signatures over the CPU backend failed: ", e.what()),
              work);
@@ -562,7 +579,7 @@ class NcclBackend : public Backend {
     const auto* theirs = static_cast<const Signature*>(all.data_ptr());
     for (int r = 0; r < size_; ++r) {
       if (theirs[r] == mine) continue;
-      work->mark_failed(detail::mismatch_message(work->description(), rank_, mine, r, theirs[r]));
+      work->mark_mismatched(detail::mismatch_message(work->description(), rank_, mine, r, theirs[r]));
       detail::flight_dump_on_failure(detail::mismatch_message(work->description(), rank_, mine, r, theirs[r]),
                                      /*ask_peers=*/false);  // every rank sees the mismatch and dumps
       return false;

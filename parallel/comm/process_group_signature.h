@@ -55,8 +55,11 @@ inline const char* op_kind_name(OpKind kind) {
 // DDP's bucket all-reduces sent (as zeros) by a rank whose parameters got no gradient carry
 // kUnusedParametersTag: the other ranks' all-reduces of those buckets fail at once instead of
 // waiting, and all ranks then exchange the parameters' names (reducer.cpp).
+// The NCCL backend's exchange of a GPU collective's signature travels over the CPU backend as an
+// allgather tagged kSignatureCheckTag, so that a CPU collective meeting it says what it met.
 constexpr int64_t kJoinNotificationTag = int64_t{1} << 32;
 constexpr int64_t kUnusedParametersTag = int64_t{2} << 32;
+constexpr int64_t kSignatureCheckTag = int64_t{3} << 32;
 constexpr int64_t kSignatureTagMask = ~((int64_t{1} << 32) - 1);
 inline thread_local int64_t current_signature_tag = 0;
 
@@ -95,6 +98,9 @@ struct Signature {
     std::string text = is_join_notification() ? str_cat("Join's notification ", op_kind_name(op_kind))
                        : tag() == kUnusedParametersTag
                            ? str_cat("DDP's zeros for unused parameters: ", op_kind_name(op_kind))
+                       : tag() == kSignatureCheckTag
+                           ? str_cat("the signature check of a GPU collective (NCCL backend): ",
+                                     op_kind_name(op_kind))
                            : std::string(op_kind_name(op_kind));
     if (op_kind == OpKind::Barrier) return text;
     if (op_kind == OpKind::NewGroup) return str_cat(text, "(", count, " ranks, id ", op_detail, ")");

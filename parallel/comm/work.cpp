@@ -43,6 +43,11 @@ bool Work::failed() const {
   return done_ && !error_.empty();
 }
 
+bool Work::failed_by_mismatch() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return done_ && mismatch_ && !error_.empty();
+}
+
 void Work::then(std::function<void()> fn) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -97,6 +102,15 @@ void Work::mark_failed(const std::string& message) {
     detail::flight_finished(flight_id_, false, finished_ns_, error_);
   }
   done_cv_.notify_all();
+}
+
+void Work::mark_mismatched(const std::string& message) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (done_) return;
+    mismatch_ = true;
+  }
+  mark_failed(message);
 }
 
 void Work::mark_started() {

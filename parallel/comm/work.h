@@ -44,6 +44,9 @@ class Work {
   bool is_completed() const;
   // True when the op finished with an error (only meaningful once completed).
   bool failed() const;
+  // True when it failed because the ranks' calls did not match (verify_collectives): every rank
+  // failed the same op without running it, so the group is still in step and usable.
+  bool failed_by_mismatch() const;
   // "allreduce(sum) f32[1048576] #17": what this op is, for error messages.
   const std::string& description() const { return description_; }
   // Runs fn(*this) once the op has completed successfully (at once if it already has); fn runs
@@ -62,6 +65,8 @@ class Work {
   void mark_started();
   void mark_completed();
   void mark_failed(const std::string& message);
+  // Fails it as a mismatch of the ranks' calls (failed_by_mismatch()), not a broken group.
+  void mark_mismatched(const std::string& message);
 
  private:
   std::string description_;
@@ -69,6 +74,7 @@ class Work {
   std::condition_variable done_cv_;
   bool done_ = false;
   std::string error_;
+  bool mismatch_ = false;
   std::vector<std::function<void()>> callbacks_;
   std::function<void()> wait_hook_;
   int64_t flight_id_ = -1;  // the flight recorder's entry (-1: none)

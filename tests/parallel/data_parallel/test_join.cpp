@@ -202,4 +202,10 @@ TEST_CASE("Join: a collective Join does not shadow fails on every rank, naming t
   CHECK_THROWS_WITH(train(), Catch::Contains("rank 0 has joined (parallel::Join") &&
                                  Catch::Contains("Join's notification allreduce(sum) i64"));
   pg.barrier()->wait();  // the group is still in step
+  // ... and still usable on every rank: the mismatch failed one call, it did not break the group
+  // (over NCCL, the user's allreduce met Join's notification on the CPU backend, which carries
+  // the NCCL ops' signature check).
+  Tensor one = ones({1}).to(pg.device());
+  pg.allreduce(one)->wait();
+  CHECK(one.to(Device::cpu()).item<float>() == static_cast<float>(pg.size()));
 }
