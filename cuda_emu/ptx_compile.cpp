@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -254,31 +255,68 @@ bool kernel_at(const void* address, std::string* symbol, std::string* file) {
   return it->second.ok;
 }
 
+// The kernel's PTX function, or nullptr with `why` said.
+const ptx::Function* kernel_function(const void* kernel, std::string* symbol, std::string* base,
+                                     std::string* why) {
+  std::string file;
+  if (kernel == nullptr || !kernel_at(kernel, symbol, &file)) {
+    symbol->clear();
+    *why = "the kernel's function and source file were not found (addr2line)";
+    return nullptr;
+  }
+  const Module& m = module_for(file);
+  *base = file.substr(file.rfind('/') + 1);
+  if (!m.why.empty()) {
+    *why = m.why;
+    return nullptr;
+  }
+  const std::string want = ptx::normalise_name(*symbol);
+  const ptx::Function* f = nullptr;
+  for (const ptx::Function& candidate : m.functions)
+    if (ptx::normalise_name(candidate.demangled) == want) f = &candidate;
+  if (f == nullptr) *why = "no PTX entry " + *symbol + " in " + *base;
+  return f;
+}
+
 }  // namespace
+
+std::map<std::string, SharedWidths> shared_access_widths(const void* kernel) {
+  static std::mutex mutex;
+  static std::map<const void*, std::map<std::string, SharedWidths>> known;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    const auto it = known.find(kernel);
+    if (it != known.end()) return it->second;
+  }
+  std::map<std::string, SharedWidths> widths;
+  std::string symbol, base, why;
+  if (const ptx::Function* f = kernel_function(kernel, &symbol, &base, &why)) {
+    for (const ptx::Block& b : f->blocks)
+      for (const ptx::Instruction& in : b.instructions) {
+        if (in.file <= 0 || in.file >= static_cast<int>(f->files.size())) continue;
+        if (in.opcode.find(".shared") == std::string::npos) continue;
+        const bool vector = in.opcode.find(".v2.") != std::string::npos ||
+                            in.opcode.find(".v4.") != std::string::npos ||
+                            in.opcode.find(".v8.") != std::string::npos;
+        if (!vector) continue;
+        if (in.access != ptx::Access::load && in.access != ptx::Access::store) continue;
+        SharedWidths& w =
+            widths[ptx::basename_of(f->files[static_cast<size_t>(in.file)]) + ":" + std::to_string(in.line)];
+        unsigned& into = in.access == ptx::Access::load ? w.load : w.store;
+        into = std::max(into, static_cast<unsigned>(in.bytes_per_lane));
+      }
+  }
+  std::lock_guard<std::mutex> lock(mutex);
+  return known.emplace(kernel, std::move(widths)).first->second;
+}
 
 void count_launch_instructions(profile::LaunchProfile& r, const void* kernel,
                                const std::map<std::string, double>& lines_run) {
   profile::InstructionMix& mix = r.instructions;
-  std::string symbol, file;
-  if (kernel == nullptr || !kernel_at(kernel, &symbol, &file)) {
-    mix.why = "the kernel's function and source file were not found (addr2line)";
-    return;
-  }
-  r.kernel_symbol = symbol;
-  const Module& m = module_for(file);
-  const std::string base = file.substr(file.rfind('/') + 1);
-  if (!m.why.empty()) {
-    mix.why = m.why;
-    return;
-  }
-  const std::string want = ptx::normalise_name(symbol);
-  const ptx::Function* f = nullptr;
-  for (const ptx::Function& candidate : m.functions)
-    if (ptx::normalise_name(candidate.demangled) == want) f = &candidate;
-  if (f == nullptr) {
-    mix.why = "no PTX entry " + symbol + " in " + base;
-    return;
-  }
+  std::string symbol, base;
+  const ptx::Function* f = kernel_function(kernel, &symbol, &base, &mix.why);
+  if (!symbol.empty()) r.kernel_symbol = symbol;
+  if (f == nullptr) return;
   const double warps = static_cast<double>(r.traced_blocks) *
                        static_cast<double>((r.block.x * r.block.y * r.block.z + 31) / 32);
   mix = ptx::count(*f, ptx::line_accesses(r.sites), warps, lines_run);

@@ -110,6 +110,43 @@ struct LaunchTrace {
   double round_trips = 0;
   bool count_blocks = false;                         // with the instruction count: CPU blocks run
   std::unordered_map<uintptr_t, double> blocks_run;  // pc of a CPU basic block -> warp executions
+  // With the instruction count: the widest shared access nvcc emitted per line (the PTX), and
+  // what each site of the traced build turned out to be (its line's id, those widths).
+  std::map<std::string, SharedWidths> shared_widths;
+  std::map<std::string, int> line_ids;
+  struct SiteWidth {
+    int line = -1;  // -1: no vector access on its line
+    SharedWidths widths;
+  };
+  std::unordered_map<uintptr_t, SiteWidth> site_widths;
+
+  // The widths of these sites (new ones resolved with one addr2line call, outside the lock).
+  void widths_of(const std::vector<uintptr_t>& sites, std::unordered_map<uintptr_t, SiteWidth>& into) {
+    std::vector<uintptr_t> fresh;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      for (uintptr_t site : sites) {
+        const auto it = site_widths.find(site);
+        if (it != site_widths.end()) {
+          into[site] = it->second;
+        } else if (std::find(fresh.begin(), fresh.end(), site) == fresh.end()) {
+          fresh.push_back(site);
+        }
+      }
+    }
+    if (fresh.empty()) return;
+    const std::vector<std::string> lines = site_lines(fresh);
+    std::lock_guard<std::mutex> lock(mutex);
+    for (size_t i = 0; i < fresh.size(); ++i) {
+      SiteWidth w;
+      const auto it = shared_widths.find(lines[i]);
+      if (it != shared_widths.end()) {
+        w.line = line_ids.emplace(lines[i], static_cast<int>(line_ids.size())).first->second;
+        w.widths = it->second;
+      }
+      into[fresh[i]] = site_widths[fresh[i]] = w;
+    }
+  }
 
   bool is_global(uintptr_t a) const {
     auto it = std::upper_bound(global.begin(), global.end(), std::make_pair(a, UINTPTR_MAX));
@@ -173,7 +210,7 @@ class BlockTrace {
     ++thread.accesses;
     p.space = space;
     p.op = op;
-    p.lanes.push_back(LaneAccess{address, bytes});
+    p.lanes.push_back(LaneAccess{address, bytes, static_cast<uint32_t>(current_ % 32)});
   }
 
   // Every request so far is complete (a barrier, or the block's end). Counted warp by warp in
@@ -188,7 +225,9 @@ class BlockTrace {
         return a.second->order != b.second->order ? a.second->order < b.second->order
                                                   : a.first.site < b.first.site;
       });
-      for (auto& [key, p] : open) count(key.site, *p);
+      if (!launch_->shared_widths.empty()) merge_vector_accesses(open);
+      for (auto& [key, p] : open)
+        if (!p->merged) count(key.site, *p);
       warp.clear();
     }
   }
@@ -235,13 +274,69 @@ class BlockTrace {
   struct LaneAccess {
     uintptr_t address;
     unsigned bytes;
+    uint32_t lane;
   };
   struct Pending {
     uint64_t order = 0;  // the first lane's count of its accesses before this one
     Space space = Space::none;
     Op op = Op::load;
+    bool merged = false;  // folded into an earlier request's vector access
     std::vector<LaneAccess> lanes;
   };
+
+  // Vector shared accesses. nvcc loads a thread's contiguous shared floats with one
+  // ld.shared.v4.f32 (or .v2) where it can prove them aligned; the CPU build makes four 4-byte
+  // accesses of them. So where the PTX has a vector access of W bytes on a line, a lane's
+  // accesses on that line that follow one another, each continuing the last inside one W-aligned
+  // chunk, become one access of the request that began the chunk -- every lane of it alike, or
+  // none. The alignment is checked on the addresses; whether nvcc could prove it is the PTX's
+  // word (the width on that line), so a tile declared without __align__ stays scalar.
+  void merge_vector_accesses(std::vector<std::pair<Key, Pending*>>& open) {
+    std::vector<uintptr_t> sites;
+    for (const auto& [key, p] : open)
+      if (p->space == Space::shared && (p->op == Op::load || p->op == Op::store) &&
+          !(key.site & kEmulatedSite) && widths_.find(key.site) == widths_.end())
+        sites.push_back(key.site);
+    if (!sites.empty()) launch_->widths_of(sites, widths_);
+    struct Group {
+      Pending* head = nullptr;
+      unsigned width = 0;
+      unsigned taken = 0;  // bytes per lane so far
+    };
+    std::map<std::pair<int, Op>, Group> groups;  // (line, op) -> the vector access being formed
+    for (auto& [key, p] : open) {
+      if (p->space != Space::shared || (p->op != Op::load && p->op != Op::store)) continue;
+      const auto it = widths_.find(key.site);
+      if (it == widths_.end() || it->second.line < 0) continue;
+      const unsigned width = p->op == Op::load ? it->second.widths.load : it->second.widths.store;
+      Group& g = groups[{it->second.line, p->op}];
+      const unsigned bytes = p->lanes.front().bytes;
+      bool aligned = true, uniform = true;
+      for (const LaneAccess& l : p->lanes) {
+        uniform = uniform && l.bytes == bytes;
+        aligned = aligned && width > 0 && l.address % width == 0;
+      }
+      if (!uniform || width <= bytes || width % bytes != 0) {
+        g = Group{};
+        continue;
+      }
+      if (g.head != nullptr && g.taken + bytes <= g.width && continues(*g.head, *p, g.taken)) {
+        for (LaneAccess& l : g.head->lanes) l.bytes += bytes;
+        g.taken += bytes;
+        p->merged = true;
+        continue;
+      }
+      g = aligned ? Group{p, width, bytes} : Group{};
+    }
+  }
+  // Does every lane of `next` continue the same lane's access in `head`, `taken` bytes on?
+  static bool continues(const Pending& head, const Pending& next, unsigned taken) {
+    if (head.lanes.size() != next.lanes.size()) return false;
+    for (size_t i = 0; i < head.lanes.size(); ++i)
+      if (next.lanes[i].lane != head.lanes[i].lane || next.lanes[i].address != head.lanes[i].address + taken)
+        return false;
+    return true;
+  }
 
   bool is_shared(uintptr_t a) const {
     for (const auto& [begin, end] : shared_)
@@ -317,6 +412,7 @@ class BlockTrace {
   std::vector<ThreadState> threads_;
   std::vector<std::unordered_map<Key, Pending, KeyHash>> pending_;  // per warp: open requests
   std::unordered_map<uintptr_t, SiteTotals> sites_;
+  std::unordered_map<uintptr_t, LaunchTrace::SiteWidth> widths_;  // the launch's, as far as seen
   BlockRequests requests_;
 };
 
@@ -330,6 +426,7 @@ std::shared_ptr<LaunchTrace> trace_new_launch(const Launch& launch) {
   t->options = p.options;
   t->kernel = launch.kernel;
   t->count_blocks = p.options.count_instructions || instructions_from_env();
+  if (t->count_blocks) t->shared_widths = shared_access_widths(launch.kernel);
   t->global = device_ranges();
   profile::LaunchProfile& r = t->result;
   r.kernel = launch.kernel_name;
@@ -539,69 +636,6 @@ std::string basename_line(const char* file, int line) {
   return std::string(slash ? slash + 1 : file) + ":" + std::to_string(line);
 }
 
-// Call sites (return addresses of the instrumentation calls) -> "file.cu:line", through addr2line
-// over each shared object's line table (libmultigrad_traced is built with -g1). An access inlined
-// from a helper in a header names the kernel's line too: "common.cuh:66 < softmax.cu:120".
-std::string short_location(std::string text) {
-  text = text.substr(0, text.find_first_of(" \n"));
-  const size_t slash = text.rfind('/');
-  return slash == std::string::npos ? text : text.substr(slash + 1);
-}
-bool is_header(const std::string& location) {
-  const size_t colon = location.rfind(':');
-  const std::string file = location.substr(0, colon);
-  return file.size() > 2 &&
-         (file.compare(file.size() - 2, 2, ".h") == 0 || file.compare(file.size() - 4, 4, ".cuh") == 0);
-}
-
-std::map<uintptr_t, std::string> resolve(const std::vector<uintptr_t>& pcs) {
-  std::map<std::string, std::vector<std::pair<uintptr_t, uintptr_t>>> by_object;  // object -> (pc, offset)
-  for (uintptr_t pc : pcs) {
-    Dl_info info{};
-    if (dladdr(reinterpret_cast<void*>(pc), &info) == 0 || info.dli_fname == nullptr) continue;
-    by_object[info.dli_fname].emplace_back(pc, pc - 1 - reinterpret_cast<uintptr_t>(info.dli_fbase));
-  }
-  std::map<uintptr_t, std::string> names;
-  for (const auto& [object, list] : by_object) {
-    for (size_t first = 0; first < list.size(); first += 200) {
-      // -a: each address first, then its inlining chain (-i), innermost first.
-      std::string command = "addr2line -a -i -e '" + object + "'";
-      const size_t last = std::min(list.size(), first + 200);
-      for (size_t i = first; i < last; ++i) {
-        char hex[32];
-        std::snprintf(hex, sizeof hex, " 0x%zx", static_cast<size_t>(list[i].second));
-        command += hex;
-      }
-      FILE* pipe = popen(command.c_str(), "r");
-      if (pipe == nullptr) continue;
-      std::vector<std::vector<std::string>> chains;
-      char text[4096];
-      while (std::fgets(text, sizeof text, pipe) != nullptr) {
-        if (std::strncmp(text, "0x", 2) == 0) {
-          chains.emplace_back();
-        } else if (!chains.empty()) {
-          chains.back().push_back(short_location(text));
-        }
-      }
-      pclose(pipe);
-      for (size_t i = first; i < last && i - first < chains.size(); ++i) {
-        const std::vector<std::string>& chain = chains[i - first];
-        if (chain.empty()) continue;
-        std::string name = chain.front();
-        if (is_header(name)) {
-          for (const std::string& outer : chain)
-            if (!is_header(outer)) {
-              name += " < " + outer;
-              break;
-            }
-        }
-        names[list[i].first] = name;
-      }
-    }
-  }
-  return names;
-}
-
 }  // namespace
 
 std::vector<LaunchProfile> end() {
@@ -630,7 +664,7 @@ std::vector<LaunchProfile> end() {
     }
     for (const auto& [pc, n] : t->blocks_run) pcs.push_back(pc);
   }
-  const std::map<uintptr_t, std::string> names = resolve(pcs);
+  const std::map<uintptr_t, std::string> names = site_names(pcs);
   std::vector<LaunchProfile> out;
   for (const auto& t : launches) {
     LaunchProfile r = std::move(t->result);
@@ -677,7 +711,7 @@ void memcheck_access(const void* address, unsigned bytes, Op op, uintptr_t site)
   uintptr_t start = 0;
   size_t size = 0;
   if (!past_end_of_allocation(address, bytes, &start, &size)) return;
-  const std::map<uintptr_t, std::string> names = profile::resolve({site});
+  const std::map<uintptr_t, std::string> names = site_names({site});
   const auto it = names.find(site);
   const std::string offset = std::to_string(reinterpret_cast<uintptr_t>(address) - start);
   const std::string what = std::string("out-of-bounds ") + (op == Op::store ? "write" : "read") + " of " +

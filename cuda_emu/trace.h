@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "cuda_emu/emulator.h"
 #include "cuda_emu/profiler.h"
@@ -49,7 +50,24 @@ void trace_static_shared(const void* storage, size_t bytes);  // a __shared__ ar
 void trace_async_wait(double round_trips);                    // a cp.async.wait_group that waits
 void trace_block_entered(uintptr_t pc);  // a CPU basic block of a kernel began (trace_hooks.cpp)
 
+// ---- call sites (site_names.cpp) ------------------------------------------------------------------
+// Each instrumented call site as "file.cu:line" ("common.cuh:66 < softmax.cu:120" when inlined
+// from a header); sites addr2line cannot name are left out.
+std::map<uintptr_t, std::string> site_names(const std::vector<uintptr_t>& pcs);
+// The innermost "file.cu:line" of each (empty where unknown), cached for the process.
+std::vector<std::string> site_lines(const std::vector<uintptr_t>& pcs);
+
 // ---- instruction counts (ptx_compile.cpp) --------------------------------------------------------
+// The widest vector shared-memory load and store nvcc emitted on each source line of the kernel
+// at `kernel`, in bytes per lane (ld.shared.v4.f32: 16), by innermost "file.cu:line" (lines
+// without one are absent); empty when its PTX cannot be had (no nvcc, no source). Compiles the
+// kernel's file on first use (cached).
+struct SharedWidths {
+  unsigned load = 0;
+  unsigned store = 0;
+};
+std::map<std::string, SharedWidths> shared_access_widths(const void* kernel);
+
 // Fills r.instructions from the PTX of the kernel at `kernel` and the sites the tracer resolved.
 // `lines_run`: the kernel's source lines (innermost "file.cu:line") that began a CPU basic block,
 // with the warp executions of the most-run such block.

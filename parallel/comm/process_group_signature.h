@@ -95,13 +95,13 @@ struct Signature {
   std::string str() const {
     auto op_kind = static_cast<OpKind>(kind);
     const int64_t op_detail = detail & ~tag();
-    std::string text = is_join_notification() ? str_cat("Join's notification ", op_kind_name(op_kind))
-                       : tag() == kUnusedParametersTag
-                           ? str_cat("DDP's zeros for unused parameters: ", op_kind_name(op_kind))
-                       : tag() == kSignatureCheckTag
-                           ? str_cat("the signature check of a GPU collective (NCCL backend): ",
-                                     op_kind_name(op_kind))
-                           : std::string(op_kind_name(op_kind));
+    std::string text =
+        is_join_notification() ? str_cat("Join's notification ", op_kind_name(op_kind))
+        : tag() == kUnusedParametersTag
+            ? str_cat("DDP's zeros for unused parameters: ", op_kind_name(op_kind))
+        : tag() == kSignatureCheckTag
+            ? str_cat("the signature check of a GPU collective (NCCL backend): ", op_kind_name(op_kind))
+            : std::string(op_kind_name(op_kind));
     if (op_kind == OpKind::Barrier) return text;
     if (op_kind == OpKind::NewGroup) return str_cat(text, "(", count, " ranks, id ", op_detail, ")");
     if (op_kind == OpKind::Broadcast || op_kind == OpKind::Gather || op_kind == OpKind::Scatter)

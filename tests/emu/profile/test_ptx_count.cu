@@ -336,6 +336,29 @@ __global__ void offsets_copied_kernel(Offsets offsets, int dims, const float* in
   out[i] = in[i] * static_cast<float>(mine.v[(i + 1) % dims]);
 }
 
+// Each thread sums 4 consecutive floats of a shared tile, at 16-byte steps. From a tile declared
+// __align__(16) nvcc can prove the 4 loads aligned and emits one ld.shared.v4.f32; from a tile
+// declared without it, it emits four ld.shared.f32 -- however the tile happens to be aligned.
+constexpr int kQuadThreads = 256;
+__device__ __forceinline__ void sum_quads(float* tile, const float* in, float* out) {
+  const int t = static_cast<int>(threadIdx.x);
+  for (int k = 0; k < 4; ++k)
+    tile[k * kQuadThreads + t] = in[blockIdx.x * 4 * kQuadThreads + k * kQuadThreads + t];
+  __syncthreads();
+  const float* mine = tile + 4 * t;
+  float sum = 0;
+  for (int i = 0; i < 4; ++i) sum += mine[i];
+  out[blockIdx.x * kQuadThreads + t] = sum;
+}
+__global__ void shared_quads_aligned_kernel(const float* in, float* out) {
+  __shared__ __align__(16) float tile[4 * kQuadThreads];
+  sum_quads(tile, in, out);
+}
+__global__ void shared_quads_plain_kernel(const float* in, float* out) {
+  __shared__ float tile[4 * kQuadThreads];
+  sum_quads(tile, in, out);
+}
+
 // Runs `launch(in, out)` on two device buffers of `n` floats (in zeroed) under a profile that
 // counts instructions. Empty, with a warning, where the count is switched off (MG_EMU_NVCC empty)
 // or this machine has no nvcc.
@@ -411,4 +434,39 @@ TEST_CASE("ptx count: a stack frame in local memory is read off ptxas and priced
   };
   CHECK(dram_of(w) - dram_of(without) ==
         Approx(w.local_bytes / (gpu.hbm_bytes_per_s * gpu.hbm_sustained_fraction)));
+}
+
+TEST_CASE(
+    "ptx count: a thread's 4 shared loads are one request where nvcc emits ld.shared.v4, four where it "
+    "cannot prove the alignment",
+    "[profiler][ptx][tracer]") {
+  const int n = 4096;  // 4 blocks of 256 threads, 4 floats each
+  for (const bool aligned : {true, false}) {
+    const std::vector<profile::LaunchProfile> launches = counted_launches(n, [&](float* in, float* out) {
+      if (aligned)
+        shared_quads_aligned_kernel<<<n / 1024, kQuadThreads>>>(in, out);
+      else
+        shared_quads_plain_kernel<<<n / 1024, kQuadThreads>>>(in, out);
+    });
+    if (launches.empty()) return;
+    REQUIRE(launches.size() == 1);
+    const profile::AccessCounts& loads = launches[0].shared_load;
+    const double warps = n / 4 / 32.0;
+    INFO((aligned ? "__align__(16) tile" : "tile without __align__"));
+    if (aligned) {
+      // One 16-byte load a lane: lane t's words 4t..4t+3 put 4 words in every bank, 4 wavefronts.
+      CHECK(loads.requests == Approx(warps));
+      CHECK(loads.lane_bytes == Approx(warps * 32 * 16));
+      CHECK(loads.wavefronts == Approx(4 * warps));
+    } else {
+      // Four 4-byte loads a lane, 16 bytes apart across the lanes: 8 banks, 4 words each, 4
+      // wavefronts every one of them.
+      CHECK(loads.requests == Approx(4 * warps));
+      CHECK(loads.lane_bytes == Approx(warps * 32 * 16));
+      CHECK(loads.wavefronts == Approx(16 * warps));
+    }
+    CHECK(loads.ideal_wavefronts == Approx(4 * warps));
+    // The instruction count sees the same loads: one per warp, or four.
+    CHECK(launches[0].instructions.of(K::shared_memory) >= (aligned ? 1 : 4) * warps);
+  }
 }
