@@ -95,6 +95,11 @@ Prediction predict(const KernelWork& w, const GpuSpec& gpu) {
   check_count("atomics", w.atomics);
   check_count("l1_hit_sectors", w.l1_hit_sectors);
 
+  for (const double fraction : {gpu.hbm_sustained_fraction, gpu.fp32_sustained_fraction})
+    if (!(fraction > 0 && fraction <= 1))
+      invalid(gpu.name +
+              ": a sustained fraction (hbm_sustained_fraction, fp32_sustained_fraction) must be in (0, 1]");
+
   Prediction p;
   p.gpu = gpu.name;
   const int k = blocks_per_sm(w.threads_per_block, w.shared_bytes_per_block, w.registers_per_thread, gpu);
@@ -115,19 +120,26 @@ Prediction predict(const KernelWork& w, const GpuSpec& gpu) {
   // requests' passes through it share the rate.
   const double shared_ideal = (w.shared_wavefronts + w.l1_wavefronts) /
                               (gpu.sms * gpu.clock_hz * gpu.shared_wavefronts_per_sm_per_clock);
-  const double fp32_ideal = w.fp32_flops / gpu.fp32_flops_per_s;
+  const double sustained_fp32 = gpu.fp32_flops_per_s * gpu.fp32_sustained_fraction;
+  const double fp32_ideal = w.fp32_flops / sustained_fp32;
   const double tensor_ideal = w.tensor_flops / gpu.tensor_flops_per_s;
   // Issue: the counted warp instructions and one FFMA (32 lanes x 2 FLOPs) per 64 FP32 FLOPs; or,
   // with the PTX count, every instruction, and no pipe busier than its lanes allow (a warp
-  // instruction takes warp_size / lanes clocks of its pipe).
+  // instruction takes warp_size / lanes clocks of its pipe). Where FP32 sustains only a fraction f
+  // of its peak (gpu_spec.h), the scheduler stalls (1/f - 1) clocks for every clock the FP32 pipe
+  // needs, and the other instructions cannot use those clocks: a pure FFMA stream then runs at f of
+  // the peak, and the rest of the instructions add to it. With f = 1 (the A100) a scheduler issues
+  // other instructions while its FFMA occupies the pipe, and the larger of the two binds.
   double issue_clocks =
       (w.warp_instructions + w.fp32_flops / (2.0 * gpu.warp_size)) / gpu.issue_per_sm_per_clock;
   if (w.issued_instructions > 0) {
     const double fp32_lanes = gpu.fp32_flops_per_s / (2.0 * gpu.sms * gpu.clock_hz);
-    issue_clocks = std::max({w.issued_instructions / gpu.issue_per_sm_per_clock,
-                             w.fp32_instructions * gpu.warp_size / fp32_lanes,
-                             w.integer_instructions * gpu.warp_size / gpu.int32_lanes_per_sm,
-                             w.quarter_rate_instructions * gpu.warp_size / gpu.sfu_lanes_per_sm});
+    const double fp32_pipe_clocks = w.fp32_instructions * gpu.warp_size / fp32_lanes;
+    const double stalls = fp32_pipe_clocks * (1.0 / gpu.fp32_sustained_fraction - 1.0);
+    issue_clocks =
+        std::max({w.issued_instructions / gpu.issue_per_sm_per_clock + stalls, fp32_pipe_clocks + stalls,
+                  w.integer_instructions * gpu.warp_size / gpu.int32_lanes_per_sm,
+                  w.quarter_rate_instructions * gpu.warp_size / gpu.sfu_lanes_per_sm});
   }
   const double issue_ideal = issue_clocks / (gpu.sms * gpu.clock_hz);
   p.ideal_seconds = std::max({dram, l2, shared_ideal, fp32_ideal, tensor_ideal, issue_ideal});

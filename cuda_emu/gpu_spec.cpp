@@ -55,6 +55,9 @@ GpuSpec make_h200() {
   // lanes); tensor BF16/FP16 dense: 989 TFLOPS, half the datasheet's 1,979 "with sparsity".
   g.fp32_flops_per_s = 132.0 * 128 * 2 * 1.98e9;
   g.tensor_flops_per_s = 989e12;
+  // Sustained FP32, CALIBRATED: RRZE gpu-roofline/h200.txt tops out at 42 TFLOP/s at 1980 MHz
+  // (its 256 dependent FMAs a value, two chains a thread, every SM full): 0.63 of the peak.
+  g.fp32_sustained_fraction = 0.63;
   // Instruction issue: 4 warp schedulers per SM, each issuing one warp instruction per clock (CUDA C++
   // Programming Guide, the compute capability 7.x-9.0 architecture sections; the Hopper and Ampere
   // whitepapers' SM diagrams: four partitions, one scheduler and dispatch unit each). The same on
@@ -94,7 +97,8 @@ GpuSpec make_h100() {
   // L2 bandwidth and both latencies: BORROWED from the H200/GH200 measurements above (the same
   // GH100 die and L2 at the same clock; no public H100 SXM L2 sweep was found). markdewing/AI_kernels
   // measures 700 cycles of DRAM and 291 of L2 latency on an H100 SXM, within 2% and 4% of these.
-  // The loaded DRAM latency: the H200 calibration's, as the unloaded one.
+  // The loaded DRAM latency: the H200 calibration's, as the unloaded one. Sustained FP32: BORROWED
+  // from the H200 (0.63, the same SM at the same clock).
   return g;
 }
 
@@ -130,6 +134,11 @@ GpuSpec make_a100() {
   // FP32 19.5 TFLOPS; tensor BF16/FP16 dense 312 TFLOPS (datasheet; 624 with sparsity).
   g.fp32_flops_per_s = 19.5e12;
   g.tensor_flops_per_s = 312e12;
+  // Sustained FP32: the whole peak. RRZE gpu-roofline/alex_a100_40.txt (an A100 40GB, the same SM
+  // and clock) reaches 19.0 TFLOP/s at 256 FMAs a value, and siboehm's cuBLAS SGEMM 19.0 at 4096^3
+  // (SGEMM_CUDA README at c09b350): 0.98 of 19.5, where the other instructions' slots (the limits
+  // section) account for the rest.
+  g.fp32_sustained_fraction = 1.0;
   // Compute capability 8.0: 2048 threads and 32 blocks per SM, 64K registers, 164 KB of shared
   // memory per SM, 163 KB per block, 1 KB reserved per block (Programming Guide; cuda_occupancy.h).
   g.max_threads_per_sm = 2048;
@@ -175,6 +184,10 @@ GpuSpec make_a6000() {
   // whitepaper's RTX A6000 column; 309.7 with sparsity).
   g.fp32_flops_per_s = 38.7e12;
   g.tensor_flops_per_s = 154.8e12;
+  // Sustained FP32, CALIBRATED: the fastest FP32 GEMM published for the card, cuBLAS at 4096^3 in
+  // siboehm's SGEMM_CUDA README (at 60cba6f), 23.25 TFLOP/s: 0.60 of the peak. (Its own ladder,
+  // K1-K10, is held out.)
+  g.fp32_sustained_fraction = 0.60;
   // Compute capability 8.6: 1536 threads and 16 blocks per SM, 64K registers, 100 KB of shared
   // memory per SM, 99 KB per block, 1 KB reserved per block (Programming Guide; cuda_occupancy.h).
   g.max_threads_per_sm = 1536;

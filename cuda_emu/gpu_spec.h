@@ -44,7 +44,11 @@ struct GpuSpec {
   int sector_bytes = 32;
 
   // ---- compute ----------------------------------------------------------------------------------
-  double fp32_flops_per_s = 66.9e12;              // CUDA cores, FMA = 2 FLOPs
+  double fp32_flops_per_s = 66.9e12;  // CUDA cores, FMA = 2 FLOPs
+  // The share of that peak a stream of independent FFMAs sustains, measured (register-file
+  // operand bandwidth; on GA102 and Hopper SMs the second FP32 datapath, which few streams keep
+  // busy): the FP32 limit is priced at this rate.
+  double fp32_sustained_fraction = 0.63;
   double tensor_flops_per_s = 989e12;             // dense BF16/FP16 with FP32 accumulation
   double shared_wavefronts_per_sm_per_clock = 1;  // 32 banks x 4 bytes
   double issue_per_sm_per_clock = 4;              // 4 warp schedulers, one warp instruction a clock each

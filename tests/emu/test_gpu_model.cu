@@ -221,6 +221,7 @@ TEST_CASE("gpu model, H200: a 1-block launch with trivial work costs the launch 
 TEST_CASE("gpu model, H200: wave quantisation and a small grid's share of the SMs", "[gpu_model]") {
   GpuSpec no_launch = mg_emu::h200_sxm();
   no_launch.launch_latency_s = 0;
+  no_launch.fp32_sustained_fraction = 1;  // the peak: this case is about waves
   // One block per SM (1024 threads, 120 KB of shared memory), 1 GFLOP of FP32 each.
   auto grid = [&](uint64_t blocks) {
     KernelWork w;
@@ -339,21 +340,63 @@ TEST_CASE("gpu model, H200: every load between the FMAs takes an issue slot belo
   // 4e9 FFMA warp instructions (2.56e11 FLOPs) and 1e9 other counted warp instructions (loads), on
   // 1056 blocks (8 per SM, one wave: no quantisation). FP32: 2.56e11 / 66.9 TFLOPS = 3.826 ms. Issue:
   // 5e9 / (4 x 132 x 1.98 GHz) = 4.783 ms: issue binds, the FP32 units busy 80% of the time.
+  GpuSpec at_peak = mg_emu::h200_sxm();
+  at_peak.fp32_sustained_fraction = 1;  // FP32 at its datasheet peak (the next case prices less)
   KernelWork w;
   w.blocks = 1056;
   w.threads_per_block = 256;
   w.fp32_flops = 2.0 * 32 * 4e9;
   w.warp_instructions = 1e9;
-  Prediction p = predict(w);
+  Prediction p = predict(w, at_peak);
   CHECK(limit(p, "fp32") == Approx(3.826e-3).epsilon(1e-3));
   CHECK(limit(p, "issue") == Approx(4.783e-3).epsilon(1e-3));
   CHECK(p.binding == "issue");
   // Without the loads the FMAs alone fill the 4 schedulers exactly as the FP32 lanes (128 lanes =
   // 4 warps a clock): 4e9 / (4 x 132 x 1.98e9) = 3.826 ms, the FP32 limit; the tie is named fp32.
   w.warp_instructions = 0;
-  p = predict(w);
+  p = predict(w, at_peak);
   CHECK(limit(p, "issue") == Approx(3.826e-3).epsilon(1e-3));
   CHECK(p.binding == "fp32");
+}
+
+TEST_CASE(
+    "gpu model: FP32 at its sustained share -- an FFMA stream at that share of the peak, other "
+    "instructions added to it",
+    "[gpu_model]") {
+  // The H200 sustains 0.63 of its FP32 peak (RRZE's gpu-roofline). 1056 blocks (8 per SM, one
+  // wave). 2.0908e9 FFMA warp instructions fill the 128 FP32 lanes of 132 SMs (4 warp
+  // instructions a clock) at 1.98 GHz for exactly 2 ms at the peak: at 0.63 of it, 3.175 ms.
+  const mg_emu::GpuSpec& h200 = mg_emu::h200_sxm();
+  REQUIRE(h200.fp32_sustained_fraction == 0.63);
+  const double two_ms = 4.0 * 132 * 1.98e9 * 2e-3;
+  KernelWork w;
+  w.blocks = 1056;
+  w.threads_per_block = 256;
+  w.issued_instructions = w.fp32_instructions = two_ms;
+  CHECK(limit(predict(w), "issue") == Approx(2e-3 / 0.63).epsilon(1e-6));
+  // Half as many other instructions again (1 ms of issue) do not hide in the FFMAs' stalls.
+  w.issued_instructions = 1.5 * two_ms;
+  CHECK(limit(predict(w), "issue") == Approx(2e-3 / 0.63 + 1e-3).epsilon(1e-6));
+  // Declared FLOPs instead of a count: the fp32 limit is priced at the same rate.
+  KernelWork declared;
+  declared.blocks = 1056;
+  declared.threads_per_block = 256;
+  declared.fp32_flops = 2.0 * 32 * two_ms;
+  CHECK(limit(predict(declared), "fp32") == Approx(2e-3 / 0.63).epsilon(1e-6));
+  // The A100 sustains its peak (f = 1): a scheduler issues another instruction while its FFMA holds
+  // the 16-lane pipe for a second clock, so 1.1975e9 FFMAs (3.93 ms on 108 SMs x 1.41 GHz) and as
+  // many other instructions take no longer than the FFMAs alone.
+  const mg_emu::GpuSpec& a100 = mg_emu::find_gpu_spec("a100");
+  KernelWork a;
+  a.blocks = 108 * 8;
+  a.threads_per_block = 256;
+  a.fp32_instructions = 1.1975e9;
+  a.issued_instructions = 2 * 1.1975e9;
+  CHECK(limit(predict(a, a100), "issue") == Approx(1.1975e9 / (2 * 108 * a100.clock_hz)).epsilon(1e-3));
+  // A share outside (0, 1] is refused, naming it.
+  mg_emu::GpuSpec broken = h200;
+  broken.fp32_sustained_fraction = 0;
+  CHECK_THROWS_WITH(predict(w, broken), Catch::Contains("fp32_sustained_fraction"));
 }
 
 TEST_CASE("gpu model: counted instructions -- the schedulers, or the pipe behind them that is busiest",

@@ -97,9 +97,11 @@ TEST_CASE("model validation: RRZE gpu-roofline on an H200 and an A100 40GB", "[g
                                                       sweep(a100_40, {1372, 1322, 1284, 1150, 554, 291}));
   // DRAM at its sustained rate ties N = 0-56 at one predicted time, hence correlations of 0.85
   // (docs/performance-model.md); before, the bands were 1.28-2.07 and 1.04-1.21 at 0.94.
+  // The H200's sustained FP32 share (0.63, gpu_spec.cpp) is read from the N = 256 row, so N = 128
+  // and 256 agree by construction; before it was priced the counted band was 1.03-1.91 at 0.85.
   if (validation::instructions_counted())
-    validation::hold(h200, 0.95, 1.97, 0.80);  // today: 1.03-1.91, 0.85 (issue counted from the PTX)
+    validation::hold(h200, 0.92, 1.45, 0.95);  // today: 0.97-1.38, 0.99 (issue counted from the PTX)
   else
-    validation::hold(h200, 0.95, 2.00, 0.80);  // without nvcc: 1.03-1.91, 0.85
+    validation::hold(h200, 0.95, 1.52, 0.90);  // without nvcc: 1.02-1.46, 0.94
   validation::hold(a100, 0.90, 1.20, 0.80);    // today: 0.96-1.15, 0.85
 }
