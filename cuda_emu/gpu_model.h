@@ -49,7 +49,8 @@ struct KernelWork {
                                     // LaunchProfile::load_round_trips); < 0: one per load request
   double shared_wavefronts = 0;     // shared-memory wavefronts (loads, stores, atomics)
   double l1_wavefronts = 0;         // global requests' passes through the SM's L1 data array, which
-                                    // shared memory also uses: max(1, ceil(sectors / 4)) a request
+                                    // shared memory also uses: per request, the most sectors
+                                    // in one of the 4 places of a 128-byte line (at least 1)
   double warp_instructions = 0;     // warp instructions counted besides FP32 arithmetic: global and
                                     // shared requests, ldmatrix, cp.async, mma (the tracer's counts)
   // Counted from the kernel's PTX (profiler.h: InstructionMix), 0 when not counted. When

@@ -66,7 +66,8 @@ struct AccessCounts {
   double bytes = 0;             // distinct bytes the lanes of each request asked for, summed
   double sectors = 0;           // global: 32-byte sectors the requests touched
   double wavefronts = 0;        // shared: bank wavefronts; global: passes through the L1 data
-                                // array, max(1, ceil(sectors / 4)) a request
+                                // array: per request, the most sectors in one of
+                                // the 4 places of a 128-byte line (at least 1)
   double ideal_wavefronts = 0;  // shared: ceil(distinct words / 32) per request
   double lane_bytes = 0;        // bytes each lane asked for, summed over lanes (overlaps counted)
   void add(const AccessCounts& o);

@@ -376,8 +376,15 @@ class BlockTrace {
       std::sort(sectors.begin(), sectors.end());
       sectors.erase(std::unique(sectors.begin(), sectors.end()), sectors.end());
       c.sectors += static_cast<double>(sectors.size());
-      // The request's passes through the L1 data array (128 bytes a clock), shared with shared memory.
-      c.wavefronts += static_cast<double>(std::max<size_t>(1, (sectors.size() + 3) / 4));
+      // The request's passes through the L1 data array, shared with shared memory: 32 banks of 4
+      // bytes, 128 bytes a clock. A cached sector sits in the 8 banks of its place in its 128-byte
+      // line (sector index mod 4), so one pass reads at most one sector of each place: sectors of
+      // different lines in the same place conflict, as shared words in one bank do. A coalesced
+      // request takes sectors / 4 passes; a warp reading down a column (every lane a line of its
+      // own, at the same offset) one per lane.
+      size_t per_place[4] = {};
+      for (uint64_t s : sectors) ++per_place[s % 4];
+      c.wavefronts += static_cast<double>(std::max<size_t>(1, *std::max_element(per_place, per_place + 4)));
       requests_.add(p.op == Op::load       ? RequestKind::load
                     : p.op == Op::cp_async ? RequestKind::load_bypassing_l1
                     : p.op == Op::store    ? RequestKind::store

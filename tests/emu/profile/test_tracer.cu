@@ -154,6 +154,7 @@ TEST_CASE("a coalesced 4-byte copy: 4 sectors per request, DRAM bytes = the idea
   CHECK(p.global_load.requests == n / 32);
   CHECK(p.global_load.sectors == n / 32 * 4);
   CHECK(p.global_load.bytes == n * 4.0);
+  CHECK(p.global_load.wavefronts == n / 32);  // one 128-byte line: its 4 sectors in one pass
   CHECK(p.global_store.requests == n / 32);
   CHECK(p.global_store.sectors == n / 32 * 4);
   CHECK(p.shared_load.requests == 0);
@@ -193,6 +194,9 @@ TEST_CASE("a stride-32 read touches 32 sectors per request", "[profile][tracer]"
   CHECK(p.global_load.requests == 1);
   CHECK(p.global_load.sectors == 32);
   CHECK(p.global_load.bytes == 128);  // sector efficiency 128 / (32 * 32) = 12.5 %
+  // Every lane's sector is the first of its own 128-byte line: all 32 in the same place of the L1
+  // data array's banks, so 32 passes (a bank conflict on global data), not 32 / 4.
+  CHECK(p.global_load.wavefronts == 32);
   CHECK(p.global_store.sectors == 4);
   cudaFree(in);
   cudaFree(out);
@@ -210,6 +214,7 @@ TEST_CASE("a 16-byte vector copy: one request of 16 sectors per warp", "[profile
   CHECK(p.global_load.sectors == 32);
   CHECK(p.global_load.lanes == 64);
   CHECK(p.global_load.bytes == 64 * 16);
+  CHECK(p.global_load.wavefronts == 2 * 4);  // 4 lines a request, 4 sectors in each place
   CHECK(p.global_store.requests == 2);
   CHECK(p.global_store.sectors == 32);
   cudaFree(in);

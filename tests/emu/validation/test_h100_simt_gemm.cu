@@ -81,5 +81,7 @@ TEST_CASE("model validation: plain FP32 GEMMs on an H100 SXM", "[gpu_model][vali
   std::vector<validation::Row> all = naive;
   all.insert(all.end(), tiled.begin(), tiled.end());
   const validation::Summary s = validation::report("plain FP32 GEMMs, results/bench.csv", h100, all);
-  validation::hold(s, 0.80, 1.70, 0.55);  // today: 0.83-1.63, 0.60, with or without the PTX count
+  // Today 0.83-1.11, 1.00, with or without the PTX count. Before the L1's sector places (the naive
+  // kernel's two rows of A a request conflict in the data array): 0.83-1.63, 0.60.
+  validation::hold(s, 0.78, 1.20, 0.95);
 }
