@@ -1,4 +1,4 @@
-// Pipeline parallelism under `mpiexec -n K` (K = 2 and 3 stages): every rank builds the whole
+// Pipeline parallelism under `mpiexec -n K` (K = 2, 3 and 4 stages): every rank builds the whole
 // model after the same seed and keeps its stage; a reference copy trains on one process with the
 // whole batch. With GPipe and 1F1B, 1 and 4 micro-batches, each stage's parameters after 5 AdamW
 // steps must equal the reference's same layers, and the last stage's loss the reference loss; the
@@ -20,7 +20,8 @@ using mg::testing::sgd_momentum;
 
 namespace {
 
-// Linear-ReLU-Linear-ReLU-Linear: 5 layers, cut into 2 or 3 stages.
+// Three Linear-ReLU pairs, then two Linears: 8 layers, cut into 2, 3 or 4 stages that each hold a
+// Linear ([0, 2) [2, 4) [4, 6) [6, 8) on 4; [0, 2) [2, 5) [5, 8) on 3).
 std::shared_ptr<nn::Sequential> make_model(Device device) {
   manual_seed(3);
   auto model = std::make_shared<nn::Sequential>();
@@ -28,6 +29,9 @@ std::shared_ptr<nn::Sequential> make_model(Device device) {
   model->emplace_back<nn::ReLU>();
   model->emplace_back<nn::Linear>(16, 16);
   model->emplace_back<nn::ReLU>();
+  model->emplace_back<nn::Linear>(16, 16);
+  model->emplace_back<nn::ReLU>();
+  model->emplace_back<nn::Linear>(16, 16);
   model->emplace_back<nn::Linear>(16, 4);
   model->to(device);
   return model;
@@ -81,12 +85,12 @@ TEST_CASE("a pipeline of stages equals single-device training with the same glob
   }
 }
 
-// Linear-Tanh pairs, 12 layers: 2 chunks on each of 3 ranks, or 2 or 3 on each of 2 (6 chunks at most,
-// so that every chunk has a Linear).
+// Linear-Tanh pairs, 16 layers: 2 chunks on each of 3 or 4 ranks, or 2 or 3 on each of 2 (8 chunks at
+// most, so that every chunk has a Linear).
 std::shared_ptr<nn::Sequential> make_deep_model(Device device) {
   manual_seed(4);
   auto model = std::make_shared<nn::Sequential>();
-  for (int i = 0; i < 5; ++i) {
+  for (int i = 0; i < 7; ++i) {
     model->emplace_back<nn::Linear>(8, 8);
     model->emplace_back<nn::Tanh>();
   }
@@ -113,7 +117,7 @@ TEST_CASE("the interleaved 1F1B schedule equals single-device training with the 
     return;
   }
   for (int v : {2, 3}) {
-    if (p * v > 6) continue;  // 12 layers: chunks of 2 (each with a Linear)
+    if (p * v > 8) continue;  // 16 layers: chunks of 2 (each with a Linear)
     for (int m : {p, 2 * p}) {
       INFO(v << " chunks per rank on " << p << " ranks, " << m << " micro-batches");
       auto reference = make_deep_model(device);
@@ -130,7 +134,7 @@ TEST_CASE("the interleaved 1F1B schedule equals single-device training with the 
       REQUIRE(pipe.num_chunks() == v);
       for (int step = 0; step < 5; ++step) {
         manual_seed(80 + static_cast<uint64_t>(step));
-        Tensor x = randn({12, 8}).to(device), y = randint(0, 4, {12}).to(device);
+        Tensor x = randn({24, 8}).to(device), y = randint(0, 4, {24}).to(device);  // m = 2-8 divide it
         reference_opt->zero_grad();
         Tensor reference_loss = loss_fn((*reference)(x), y);
         reference_loss.backward();
@@ -153,7 +157,8 @@ TEST_CASE("the interleaved 1F1B schedule equals single-device training with the 
   std::vector<std::shared_ptr<nn::Module> > chunks;
   for (auto& chunk : pipeline_chunks(*full, rank, p, 2)) chunks.push_back(chunk);
   Pipeline pipe(chunks, pg, loss_fn);
-  Tensor x = randn({12, 8}).to(device), y = randint(0, 4, {12}).to(device);
+  // 60 rows: p + 1 micro-batches divide them (p = 2, 3, 4), but not into groups of p.
+  Tensor x = randn({60, 8}).to(device), y = randint(0, 4, {60}).to(device);
   REQUIRE_THROWS_WITH(pipe.train_step(pipe.is_first() ? x : Tensor(), pipe.is_last() ? y : Tensor(), p + 1),
                       Catch::Contains("do not divide into them"));
 }
@@ -161,7 +166,7 @@ TEST_CASE("the interleaved 1F1B schedule equals single-device training with the 
 TEST_CASE("pipeline stages and batches are checked", "[mpi][pipeline]") {
   ProcessGroup pg = testing::mpi_test_group();
   auto full = make_model(pg.device());
-  REQUIRE_THROWS_WITH(pipeline_stage(*full, 0, 6), Catch::Contains("5 layers cannot fill 6 stages"));
+  REQUIRE_THROWS_WITH(pipeline_stage(*full, 0, 9), Catch::Contains("8 layers cannot fill 9 stages"));
   auto stage = pipeline_stage(*full, pg.rank(), pg.size());
   Pipeline pipe(stage, pg, loss_fn);
   Tensor x = randn({6, 8}).to(pg.device()), y = randint(0, 4, {6}).to(pg.device());
