@@ -159,4 +159,11 @@ inline MemoryFormula zero_memory(int stage, double param_bytes, int n, const nn:
   return f;
 }
 
+// ---- the output (bench_parallelism_report.cpp) -----------------------------------------------
+double mb(double bytes);
+Memory fullest(const Row& r);  // the fullest device of a row: the one that limits the model size
+std::string format_fixed(double v, int digits);
+void print_table(const Config& c, int world, const std::vector<Row>& rows, double param_bytes);
+void write_json(const Config& c, int world, const std::vector<Row>& rows, double param_bytes);  // to c.json
+
 }  // namespace mg::bench_parallelism
