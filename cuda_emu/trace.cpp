@@ -303,19 +303,22 @@ class BlockTrace {
       unsigned width = 0;
       unsigned taken = 0;  // bytes per lane so far
     };
-    std::map<std::pair<int, Op>, Group> groups;  // (line, op) -> the vector access being formed
+    // (line, op) -> the vector access being formed; a kernel has few such lines, so a short list
+    std::vector<std::pair<std::pair<int, Op>, Group>> groups;
+    const auto group_of = [&groups](int line, Op op) -> Group& {
+      for (auto& [where, g] : groups)
+        if (where == std::make_pair(line, op)) return g;
+      return groups.emplace_back(std::make_pair(line, op), Group{}).second;
+    };
     for (auto& [key, p] : open) {
       if (p->space != Space::shared || (p->op != Op::load && p->op != Op::store)) continue;
       const auto it = widths_.find(key.site);
       if (it == widths_.end() || it->second.line < 0) continue;
       const unsigned width = p->op == Op::load ? it->second.widths.load : it->second.widths.store;
-      Group& g = groups[{it->second.line, p->op}];
+      Group& g = group_of(it->second.line, p->op);
       const unsigned bytes = p->lanes.front().bytes;
-      bool aligned = true, uniform = true;
-      for (const LaneAccess& l : p->lanes) {
-        uniform = uniform && l.bytes == bytes;
-        aligned = aligned && width > 0 && l.address % width == 0;
-      }
+      const bool uniform = std::all_of(p->lanes.begin(), p->lanes.end(),
+                                       [&](const LaneAccess& l) { return l.bytes == bytes; });
       if (!uniform || width <= bytes || width % bytes != 0) {
         g = Group{};
         continue;
@@ -326,6 +329,8 @@ class BlockTrace {
         p->merged = true;
         continue;
       }
+      const bool aligned = std::all_of(p->lanes.begin(), p->lanes.end(),
+                                       [&](const LaneAccess& l) { return l.address % width == 0; });
       g = aligned ? Group{p, width, bytes} : Group{};
     }
   }

@@ -592,10 +592,9 @@ class MpiBackend : public Backend {
         if (theirs == op.signature) continue;
         // Every rank sees the same table, so every rank fails this op with the same words and
         // the group stays in step for the next call.
-        op.work->mark_mismatched(mismatch_message(op.work->description(), rank_, op.signature, r, theirs));
-        detail::flight_dump_on_failure(
-            mismatch_message(op.work->description(), rank_, op.signature, r, theirs),
-            /*ask_peers=*/false);  // every rank sees the mismatch and dumps
+        const std::string message = mismatch_message(op.work->description(), rank_, op.signature, r, theirs);
+        op.work->mark_mismatched(message);
+        detail::flight_dump_on_failure(message, /*ask_peers=*/false);  // every rank sees it and dumps
         return;
       }
     }

@@ -579,9 +579,9 @@ class NcclBackend : public Backend {
     const auto* theirs = static_cast<const Signature*>(all.data_ptr());
     for (int r = 0; r < size_; ++r) {
       if (theirs[r] == mine) continue;
-      work->mark_mismatched(detail::mismatch_message(work->description(), rank_, mine, r, theirs[r]));
-      detail::flight_dump_on_failure(detail::mismatch_message(work->description(), rank_, mine, r, theirs[r]),
-                                     /*ask_peers=*/false);  // every rank sees the mismatch and dumps
+      const std::string message = detail::mismatch_message(work->description(), rank_, mine, r, theirs[r]);
+      work->mark_mismatched(message);
+      detail::flight_dump_on_failure(message, /*ask_peers=*/false);  // every rank sees it and dumps
       return false;
     }
     return true;

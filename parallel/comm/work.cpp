@@ -45,7 +45,7 @@ bool Work::failed() const {
 
 bool Work::failed_by_mismatch() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return done_ && mismatch_ && !error_.empty();
+  return done_ && mismatch_;
 }
 
 void Work::then(std::function<void()> fn) {
@@ -91,26 +91,22 @@ void Work::mark_completed() {
   done_cv_.notify_all();
 }
 
-void Work::mark_failed(const std::string& message) {
+void Work::mark_failed(const std::string& message) { fail(message, /*mismatch=*/false); }
+
+void Work::mark_mismatched(const std::string& message) { fail(message, /*mismatch=*/true); }
+
+void Work::fail(const std::string& message, bool mismatch) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (done_) return;
     done_ = true;
+    mismatch_ = mismatch;
     error_ = message.empty() ? description_ + ": failed" : message;
     callbacks_.clear();
     finished_ns_ = detail::flight_now_ns();
     detail::flight_finished(flight_id_, false, finished_ns_, error_);
   }
   done_cv_.notify_all();
-}
-
-void Work::mark_mismatched(const std::string& message) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (done_) return;
-    mismatch_ = true;
-  }
-  mark_failed(message);
 }
 
 void Work::mark_started() {

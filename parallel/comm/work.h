@@ -69,6 +69,8 @@ class Work {
   void mark_mismatched(const std::string& message);
 
  private:
+  void fail(const std::string& message, bool mismatch);
+
   std::string description_;
   mutable std::mutex mutex_;
   std::condition_variable done_cv_;
