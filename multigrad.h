@@ -8,6 +8,7 @@
 #include "core/attention.h"
 #include "core/autocast.h"
 #include "core/autograd/node.h"
+#include "core/autograd/split_backward.h"
 #include "core/cuda_runtime.h"
 #include "core/grad_mode.h"
 #include "core/ops.h"

@@ -26,50 +26,39 @@
 #include <thread>
 #include <unordered_map>
 
-#include "core/autograd/node.h"
+#include "core/autograd/graph_task.h"
 #include "core/cuda_stream.h"
 #include "core/grad_mode.h"
 #include "core/ops.h"
 
 namespace mg::autograd {
-namespace {
+namespace detail {
 
-struct GraphTask {
-  std::unordered_map<Node*, int> dependencies;
-  std::unordered_map<Node*, std::vector<Tensor>> input_buffers;
-  std::vector<std::function<void()>> callbacks;
-  std::mutex callbacks_mutex;  // hooks on several device threads may queue callbacks
-};
+GraphTask*& current_task() {
+  thread_local GraphTask* task = nullptr;
+  return task;
+}
 
-thread_local GraphTask* current_task = nullptr;
+RunningTask::RunningTask(GraphTask& task) : task_(task), outer_(current_task()) { current_task() = &task; }
 
-struct LaterFirst {
-  bool operator()(const std::shared_ptr<Node>& a, const std::shared_ptr<Node>& b) const {
-    return a->sequence_nr < b->sequence_nr;
+RunningTask::~RunningTask() { current_task() = outer_; }
+
+void RunningTask::finish() {
+  // A backward run from inside another one (activation checkpointing's recompute) hands its
+  // callbacks to the outer pass: "once the current backward pass has finished" means the pass
+  // the user started, so DDP's finalize still waits for every bucket of the whole step.
+  if (outer_ != nullptr) {
+    std::lock_guard<std::mutex> lock(outer_->callbacks_mutex);
+    for (auto& callback : task_.callbacks) outer_->callbacks.push_back(std::move(callback));
+    task_.callbacks.clear();
+    return;
   }
-};
-
-void count_dependencies(const std::vector<std::shared_ptr<Node>>& roots, GraphTask& task) {
-  std::vector<Node*> stack;
-  std::unordered_map<Node*, bool> seen;
-  for (const auto& root : roots) {
-    if (!seen[root.get()]) {
-      seen[root.get()] = true;
-      stack.push_back(root.get());
-    }
+  // Callbacks may queue more callbacks (index loop, not iterators).
+  for (size_t i = 0; i < task_.callbacks.size(); ++i) {
+    auto callback = std::move(task_.callbacks[i]);
+    callback();
   }
-  while (!stack.empty()) {
-    Node* node = stack.back();
-    stack.pop_back();
-    for (const Edge& edge : node->next_edges) {
-      if (!edge.is_valid()) continue;
-      ++task.dependencies[edge.node.get()];
-      if (!seen[edge.node.get()]) {
-        seen[edge.node.get()] = true;
-        stack.push_back(edge.node.get());
-      }
-    }
-  }
+  task_.callbacks.clear();
 }
 
 void accumulate_into(std::vector<Tensor>& buffer, size_t slot, const Tensor& grad) {
@@ -108,11 +97,76 @@ void check_gradient(const Node& node, size_t input, const Tensor& grad) {
            " for input ", input, " on ", meta.device);
 }
 
-// The device whose thread runs `node`: where its incoming gradients live.
 Device node_device(const Node& node) {
   if (!node.output_meta.empty()) return node.output_meta[0].device;
   if (!node.input_meta.empty()) return node.input_meta[0].device;
   return Device::cpu(0);
+}
+
+Edge seed_root(const Tensor& root, const Tensor& given, size_t index, GraphTask& task, const char* who) {
+  MG_CHECK(
+      root.requires_grad(), who, ": element ", index,
+      " of the roots does not require grad and has no grad_fn (did you forget set_requires_grad(true), or "
+      "run the forward under NoGradGuard?)");
+  Tensor grad = given;
+  if (!grad.defined()) {
+    MG_CHECK(root.numel() == 1, who,
+             ": grad can be implicitly created only for scalar outputs, but this "
+             "tensor has shape ",
+             shape_str(root.shape()), "; pass a gradient of that shape to backward()");
+    grad = ones(root.shape(), TensorOptions{root.dtype(), root.device(), false});
+  }
+  MG_CHECK(grad.shape() == root.shape(), who, ": gradient shape ", shape_str(grad.shape()),
+           " does not match the tensor's shape ", shape_str(root.shape()));
+  Edge edge = gradient_edge(root);
+  accumulate_into(task.input_buffers[edge.node.get()], edge.input_nr, grad.detach());
+  return edge;
+}
+
+namespace {
+thread_local const std::vector<bool>* wanted_inputs = nullptr;  // set by apply_masked
+}  // namespace
+
+std::vector<Tensor> apply_masked(Node& node, std::vector<Tensor>&& grads, const std::vector<bool>* mask) {
+  struct Restore {
+    const std::vector<bool>* outer;
+    ~Restore() { wanted_inputs = outer; }
+  } restore{wanted_inputs};
+  wanted_inputs = mask;
+  return node.apply(std::move(grads));
+}
+
+}  // namespace detail
+
+bool needs_input_grad(size_t input) {
+  const std::vector<bool>* mask = detail::wanted_inputs;
+  return mask == nullptr || (input < mask->size() && (*mask)[input]);
+}
+
+namespace {
+using namespace detail;
+
+void count_dependencies(const std::vector<std::shared_ptr<Node>>& roots, GraphTask& task) {
+  std::vector<Node*> stack;
+  std::unordered_map<Node*, bool> seen;
+  for (const auto& root : roots) {
+    if (!seen[root.get()]) {
+      seen[root.get()] = true;
+      stack.push_back(root.get());
+    }
+  }
+  while (!stack.empty()) {
+    Node* node = stack.back();
+    stack.pop_back();
+    for (const Edge& edge : node->next_edges) {
+      if (!edge.is_valid()) continue;
+      ++task.dependencies[edge.node.get()];
+      if (!seen[edge.node.get()]) {
+        seen[edge.node.get()] = true;
+        stack.push_back(edge.node.get());
+      }
+    }
+  }
 }
 
 // Hooks, the formula, and the checks of what it returned.
@@ -120,7 +174,7 @@ std::vector<Tensor> run_node(Node& node, std::vector<Tensor> grads_in, bool reta
   run_pre_hooks(node, grads_in);
   std::vector<Tensor> grads_out;
   if (materialize_missing_grads(node, grads_in)) {
-    grads_out = node.apply(std::move(grads_in));
+    grads_out = apply_masked(node, std::move(grads_in), nullptr);  // every input (a nested pass too)
     if (!retain_graph) node.release_saved();
   }
   const bool is_accumulator = dynamic_cast<AccumulateGrad*>(&node) != nullptr;
@@ -147,8 +201,6 @@ void pass_gradients_on(const Node& node, const std::vector<Tensor>& grads_out, G
     }
   }
 }
-
-using ReadyQueue = std::priority_queue<std::shared_ptr<Node>, std::vector<std::shared_ptr<Node>>, LaterFirst>;
 
 // Whether the graph under `roots` has nodes on more than one device.
 bool spans_devices(const std::vector<std::shared_ptr<Node>>& roots, const GraphTask& task) {
@@ -188,8 +240,8 @@ void run_on_device_threads(const std::vector<std::shared_ptr<Node>>& initial, Gr
       caller_streams[entry.first.second] = cuda::current_stream(entry.first.second);
 
   auto work = [&](std::pair<int, int> key) {
-    GraphTask* outer = current_task;
-    current_task = &task;
+    GraphTask* outer = current_task();
+    current_task() = &task;
     NoGradGuard no_grad;
     std::vector<std::unique_ptr<cuda::StreamGuard>> stream_guards;
     if (key != key_of(caller_device)) {
@@ -227,7 +279,7 @@ void run_on_device_threads(const std::vector<std::shared_ptr<Node>>& initial, Gr
       }
       wake.notify_all();
     }
-    current_task = outer;
+    current_task() = outer;
   };
 
   std::vector<std::thread> workers;
@@ -250,34 +302,11 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
   MG_CHECK(roots.size() == grads.size(), "backward: ", roots.size(), " roots but ", grads.size(),
            " gradients");
   GraphTask task;
-  GraphTask* outer_task = current_task;
-  current_task = &task;
-  struct RestoreTask {
-    GraphTask* outer;
-    ~RestoreTask() { current_task = outer; }
-  } restore{outer_task};
+  RunningTask running(task);
 
   std::vector<std::shared_ptr<Node>> root_nodes;
-  for (size_t i = 0; i < roots.size(); ++i) {
-    const Tensor& root = roots[i];
-    MG_CHECK(
-        root.requires_grad(), "backward: element ", i,
-        " of the roots does not require grad and has no grad_fn (did you forget set_requires_grad(true), or "
-        "run the forward under NoGradGuard?)");
-    Tensor grad = grads[i];
-    if (!grad.defined()) {
-      MG_CHECK(root.numel() == 1,
-               "backward: grad can be implicitly created only for scalar outputs, but this "
-               "tensor has shape ",
-               shape_str(root.shape()), "; pass a gradient of that shape to backward()");
-      grad = ones(root.shape(), TensorOptions{root.dtype(), root.device(), false});
-    }
-    MG_CHECK(grad.shape() == root.shape(), "backward: gradient shape ", shape_str(grad.shape()),
-             " does not match the tensor's shape ", shape_str(root.shape()));
-    Edge edge = gradient_edge(root);
-    accumulate_into(task.input_buffers[edge.node.get()], edge.input_nr, grad.detach());
-    root_nodes.push_back(edge.node);
-  }
+  for (size_t i = 0; i < roots.size(); ++i)
+    root_nodes.push_back(seed_root(roots[i], grads[i], i, task, "backward").node);
   count_dependencies(root_nodes, task);
 
   std::vector<std::shared_ptr<Node>> initial;
@@ -305,28 +334,16 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
                         [&](const std::shared_ptr<Node>& next) { ready.push(next); });
     }
   }
-
-  // A backward run from inside another one (activation checkpointing's recompute) hands its
-  // callbacks to the outer pass: "once the current backward pass has finished" means the pass
-  // the user started, so DDP's finalize still waits for every bucket of the whole step.
-  if (outer_task != nullptr) {
-    std::lock_guard<std::mutex> lock(outer_task->callbacks_mutex);
-    for (auto& callback : task.callbacks) outer_task->callbacks.push_back(std::move(callback));
-    return;
-  }
-  // Callbacks may queue more callbacks (index loop, not iterators).
-  for (size_t i = 0; i < task.callbacks.size(); ++i) {
-    auto callback = std::move(task.callbacks[i]);
-    callback();
-  }
+  running.finish();
 }
 
 void queue_callback(std::function<void()> callback) {
-  MG_CHECK(current_task != nullptr, "queue_callback: only valid while a backward pass is running");
-  std::lock_guard<std::mutex> lock(current_task->callbacks_mutex);
-  current_task->callbacks.push_back(std::move(callback));
+  GraphTask* task = current_task();
+  MG_CHECK(task != nullptr, "queue_callback: only valid while a backward pass is running");
+  std::lock_guard<std::mutex> lock(task->callbacks_mutex);
+  task->callbacks.push_back(std::move(callback));
 }
 
-bool in_backward() { return current_task != nullptr; }
+bool in_backward() { return current_task() != nullptr; }
 
 }  // namespace mg::autograd

@@ -127,6 +127,12 @@ std::shared_ptr<Node> record(const std::string& name, const std::vector<Tensor>&
 // Runs backward from `roots` seeded with `grads` (same length; an undefined grad is
 // allowed only for one-element roots and means 1).
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, bool retain_graph = false);
+// Whether the formula now running must compute the gradient of its input `input`. Always true,
+// except inside the zero-bubble split (split_backward.h), which asks a node for its input
+// gradients and its weight gradients at different times: a formula with an expensive gradient
+// per input (a matmul's two GEMMs) asks this and skips what is not wanted; one that does not ask
+// computes everything and the engine drops what was not wanted.
+bool needs_input_grad(size_t input);
 // Queues `callback` to run once the current backward pass has finished every node.
 // Only valid while a backward is running (e.g. from a hook); DDP's finalize uses it.
 void queue_callback(std::function<void()> callback);

@@ -153,13 +153,13 @@ Tensor batched_matmul(const Tensor& a, const Tensor& b, bool reference) {
       // C = A B  =>  dA = dC B^T,  dB = A^T dC  (then undo batch broadcasting)
       Tensor ga, gb;
       const Tensor gt = g[0].transpose(-1, -2);
-      if (need_a) {
+      if (need_a && autograd::needs_input_grad(0)) {
         const Tensor bt = saved_b.unpack().transpose(-1, -2);
         ga = a_transposed ? batched_matmul(bt.transpose(-1, -2), gt, false).transpose(-1, -2)
                           : batched_matmul(g[0], bt, false);
         ga = grad_like(ga, meta_a);
       }
-      if (need_b) {
+      if (need_b && autograd::needs_input_grad(1)) {
         const Tensor at = saved_a.unpack().transpose(-1, -2);
         gb = b_transposed ? batched_matmul(gt, at.transpose(-1, -2), false).transpose(-1, -2)
                           : batched_matmul(at, g[0], false);

@@ -209,8 +209,9 @@ Tensor layer_norm(const Tensor& x_arg, const Shape& normalized_shape, const Tens
     autograd::record("LayerNormBackward", {x_in, weight, bias}, {y}, [=](const std::vector<Tensor>& g) {
       Tensor xs = saved_x.unpack(), ws = saved_w.unpack(), gy = g[0].contiguous();
       Tensor gx = new_output(xs.shape(), xs.dtype(), xs);
-      Tensor gw = has_w ? new_output(normalized_shape, xs.dtype(), xs) : Tensor();
-      Tensor gb = has_b ? new_output(normalized_shape, xs.dtype(), xs) : Tensor();
+      // The split backward's B asks for gx alone: the kernel then skips the column sums.
+      Tensor gw = has_w && autograd::needs_input_grad(1) ? new_output(normalized_shape, xs.dtype(), xs) : Tensor();
+      Tensor gb = has_b && autograd::needs_input_grad(2) ? new_output(normalized_shape, xs.dtype(), xs) : Tensor();
       MG_KERNEL_SCRATCH(xs.device(), layer_norm_backward, xs.dtype(), gy.data_ptr(), xs.data_ptr(),
                         mean.data_ptr(), rstd.data_ptr(), ws.defined() ? ws.data_ptr() : nullptr, rows, cols,
                         gx.data_ptr(), gw.defined() ? gw.data_ptr() : nullptr,
