@@ -2,12 +2,13 @@
 //
 //   mpirun -np P build/benchmarks/bench_pipeline [--hidden 512] [--batch 256] [--steps 10]
 //
-// A model of P equal stages (each Linear(H, H) + ReLU, twice) trains with GPipe, with 1F1B and
-// with interleaved 1F1B (2 chunks per rank, each one Linear + ReLU; m a multiple of P) at m = 1, 2,
-// 4, 8 micro-batches. Per rank, the bubble is the share of the step the stage spent not computing
-// (waiting for activations or gradients, sending); the table gives the mean over the ranks against
-// the formula for equal stages and free communication -- (P - 1) / (m + P - 1), interleaved
-// (P - 1) / (v m + P - 1) -- the step time (the slowest rank's) relative to m = 1, and the bytes a
+// A model of P equal stages (each Linear(H, H) + ReLU, twice) trains with GPipe, with 1F1B, with
+// interleaved 1F1B (2 chunks per rank, each one Linear + ReLU; m a multiple of P) and with
+// zero-bubble ZB-H1 at m = 1, 2, 4, 8, 16 micro-batches. Per rank, the bubble is the share of the step the
+// stage spent not computing (waiting for activations or gradients, sending); the table gives the mean over
+// the ranks against the formula for equal stages and free communication -- (P - 1) / (m + P - 1), interleaved
+// (P - 1) / (v m + P - 1), ZB-H1 (P - 1) / (3 m + P - 1) (a Linear's forward, input gradient and
+// weight gradient are one GEMM each) -- the step time (the slowest rank's) relative to m = 1, and the bytes a
 // rank sent per step (ProcessGroup::requested_traffic(), the mean over the ranks) beside their
 // formula: 2 m (P v - 1) / P messages of a micro-batch's [B/m, H] f32 and a 64-byte header, and
 // the activations a stage holds at its peak: the most its device (cpu:0 of each process) held
@@ -101,17 +102,20 @@ int main(int argc, char** argv) {
           p, static_cast<long long>(f.hidden), static_cast<long long>(f.hidden),
           static_cast<long long>(f.batch), f.steps, "sched", "m", "bubble", "formula", "ratio", "step ms",
           "vs m=1", "MB sent", "formula", "act. MB");
-    const char* names[3] = {"GPipe", "1F1B", "interl."};
-    double base_ms[3] = {0, 0, 0};
-    for (int m : {1, 2, 4, 8}) {
-      for (int which = 0; which < 3; ++which) {
-        const bool interleaved = which == 2;
+    const char* names[4] = {"GPipe", "1F1B", "interl.", "ZB-H1"};
+    const PipelineSchedule schedules[4] = {PipelineSchedule::GPipe, PipelineSchedule::OneForwardOneBackward,
+                                           PipelineSchedule::Interleaved1F1B, PipelineSchedule::ZeroBubbleH1};
+    double base_ms[4] = {0, 0, 0, 0};
+    int pass = 0;
+    for (int m : {1, 2, 4, 8, 16}) {
+      const bool reversed = pass++ % 2 == 1;  // every other m in reverse order: drift hits all alike
+      for (int k = 0; k < 4; ++k) {
+        const int which = reversed ? 3 - k : k;
+        const bool interleaved = which == 2, zero_bubble = which == 3;
         if (interleaved && m % p != 0) continue;  // micro-batches go in groups of p
         const int v = interleaved ? kChunks : 1;
-        Pipeline pipe = interleaved ? Pipeline(chunks, pg, loss)
-                                    : Pipeline(stage, pg, loss,
-                                               which == 0 ? PipelineSchedule::GPipe
-                                                          : PipelineSchedule::OneForwardOneBackward);
+        Pipeline pipe =
+            interleaved ? Pipeline(chunks, pg, loss) : Pipeline(stage, pg, loss, schedules[which]);
         double step_ms = 0, compute_ms = 0, sent = 0;
         int64_t held_before = 0;
         for (int s = 0; s < 2 + f.steps; ++s) {
@@ -138,7 +142,7 @@ int main(int argc, char** argv) {
         const double message = 64.0 + static_cast<double>(f.batch / m * f.hidden) * 4.0;
         const double sent_formula_mb = 2.0 * m * (p * v - 1) / p * message / 1e6;
         if (interleaved ? m == p : m == 1) base_ms[which] = slowest_ms;
-        const double theory = static_cast<double>(p - 1) / (v * m + p - 1);
+        const double theory = static_cast<double>(p - 1) / ((zero_bubble ? 3 : v) * m + p - 1);
         if (pg.is_main())
           std::printf("%-7s %3d %8.3f %8.3f %7.2f %9.2f %7.2f %10.3f %10.3f %9.2f\n", names[which], m, bubble,
                       theory, theory > 0 ? bubble / theory : 0.0, slowest_ms, slowest_ms / base_ms[which],
@@ -149,7 +153,8 @@ int main(int argc, char** argv) {
       std::printf(
           "bubble = mean over ranks of 1 - (stage forward + backward time) / step time; formula = "
           "(p-1)/(m+p-1), "
-          "interleaved (p-1)/(v m+p-1) with v = %d; ratio = bubble / formula. Communication and the loss "
+          "interleaved (p-1)/(v m+p-1) with v = %d, ZB-H1 (p-1)/(3m+p-1); ratio = bubble / formula. "
+          "Communication and the loss "
           "count "
           "as idle here. vs m=1: the step time against the schedule's first row (interleaved: m = p). MB "
           "sent: "

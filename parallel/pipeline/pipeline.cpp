@@ -7,6 +7,7 @@
 
 #include "base/clock.h"
 #include "base/error.h"
+#include "core/autograd/split_backward.h"
 #include "core/grad_mode.h"
 #include "core/ops.h"
 
@@ -66,12 +67,41 @@ Pipeline::Pipeline(std::vector<std::shared_ptr<nn::Module> > chunks, ProcessGrou
            group_.size(), "); one rank runs its chunks as one stage");
 }
 
-std::vector<Pipeline::Unit> Pipeline::schedule(int m) const {
-  const int p = group_.size(), rank = group_.rank(), v = num_chunks();
-  std::vector<Unit> order;
-  if (schedule_ == PipelineSchedule::GPipe) {
-    for (int i = 0; i < m; ++i) order.push_back({true, 0, i});
-    for (int i = 0; i < m; ++i) order.push_back({false, 0, i});
+std::vector<PipelineUnit> pipeline_order(PipelineSchedule schedule, int p, int rank, int m, int v) {
+  MG_CHECK(p >= 1 && rank >= 0 && rank < p && m >= 1 && v >= 1, "pipeline_order: rank ", rank, " of ", p,
+           ", ", m, " micro-batches, ", v, " chunks");
+  MG_CHECK(v == 1 || schedule == PipelineSchedule::Interleaved1F1B,
+           "pipeline_order: only the interleaved schedule runs several chunks per rank");
+  using U = PipelineUnit;
+  std::vector<U> order;
+  if (schedule == PipelineSchedule::GPipe) {
+    for (int i = 0; i < m; ++i) order.push_back({U::Forward, 0, i});
+    for (int i = 0; i < m; ++i) order.push_back({U::Backward, 0, i});
+    return order;
+  }
+  if (schedule == PipelineSchedule::ZeroBubbleH1) {
+    // 1F1B's forwards and B's, in 1F1B's order (so the messages are 1F1B's); each B's W runs
+    // as soon as more than `rank` W's wait, and in the drain after every B but the last, where
+    // 1F1B would wait for the next gradient.
+    const int warmup = std::min(p - 1 - rank, m);
+    std::vector<int> waiting;  // micro-batches whose W has not run, oldest first
+    size_t oldest = 0;
+    auto input_grad = [&](int i) {
+      order.push_back({U::InputGrad, 0, i});
+      waiting.push_back(i);
+    };
+    auto weight_grad = [&] { order.push_back({U::WeightGrad, 0, waiting[oldest++]}); };
+    for (int i = 0; i < warmup; ++i) order.push_back({U::Forward, 0, i});
+    for (int i = warmup; i < m; ++i) {
+      order.push_back({U::Forward, 0, i});
+      input_grad(i - warmup);
+      if (waiting.size() - oldest > static_cast<size_t>(rank)) weight_grad();
+    }
+    for (int i = m - warmup; i < m; ++i) {
+      input_grad(i);
+      if (i < m - 1) weight_grad();
+    }
+    while (oldest < waiting.size()) weight_grad();
     return order;
   }
   // 1F1B, plain (v = 1) or interleaved: forward unit k of the m v runs chunk c of micro-batch i,
@@ -81,16 +111,16 @@ std::vector<Pipeline::Unit> Pipeline::schedule(int m) const {
   auto unit = [&](int k, bool forward) {
     const int group = k / (p * v), within = k % (p * v);
     const int c = within / p;
-    return Unit{forward, forward ? c : v - 1 - c, group * p + within % p};
+    return U{forward ? U::Forward : U::Backward, forward ? c : v - 1 - c, group * p + within % p};
   };
   if (v == 1) {  // plain 1F1B: micro-batches in order
     const int warmup = std::min(p - 1 - rank, m);
-    for (int i = 0; i < warmup; ++i) order.push_back({true, 0, i});
+    for (int i = 0; i < warmup; ++i) order.push_back({U::Forward, 0, i});
     for (int i = warmup; i < m; ++i) {
-      order.push_back({true, 0, i});
-      order.push_back({false, 0, i - warmup});
+      order.push_back({U::Forward, 0, i});
+      order.push_back({U::Backward, 0, i - warmup});
     }
-    for (int i = m - warmup; i < m; ++i) order.push_back({false, 0, i});
+    for (int i = m - warmup; i < m; ++i) order.push_back({U::Backward, 0, i});
     return order;
   }
   // Fill: every chunk but the last on a group of p, plus 2 per stage still below this one.
@@ -198,7 +228,9 @@ PipelineStepResult Pipeline::train_step(const Tensor& input, const Tensor& targe
     result.compute_ms += ms_since(t0);
     if (!makes_loss(c)) send_tensor(y, next, kActivationTag);
   };
-  auto backward = [&](int c, int i) {
+  // The whole backward, or (ZB-H1) its input half, whose weight half waits in `waiting_w`.
+  std::map<std::pair<int, int>, autograd::DeferredWeightGrad> waiting_w;
+  auto backward = [&](int c, int i, bool split) {
     auto it = in_flight.find({c, i});
     MG_CHECK(it != in_flight.end(), "Pipeline: backward of chunk ", c, ", micro-batch ", i,
              " before its forward");
@@ -206,18 +238,33 @@ PipelineStepResult Pipeline::train_step(const Tensor& input, const Tensor& targe
     in_flight.erase(it);
     Tensor grad = makes_loss(c) ? Tensor() : recv_tensor(next, kGradientTag);
     const auto t0 = Clock::now();
-    f.output.backward(grad);
+    if (split) {
+      waiting_w[{c, i}] = autograd::backward_input(
+          {f.output}, {grad}, takes_input(c) ? std::vector<Tensor>{} : std::vector<Tensor>{f.input});
+    } else {
+      f.output.backward(grad);
+    }
     result.compute_ms += ms_since(t0);
     if (!takes_input(c)) send_tensor(f.input.grad(), prev, kGradientTag);
+  };
+  auto weight_grad = [&](int c, int i) {
+    auto it = waiting_w.find({c, i});
+    MG_CHECK(it != waiting_w.end(), "Pipeline: W of chunk ", c, ", micro-batch ", i, " before its B");
+    const auto t0 = Clock::now();
+    it->second.run();
+    waiting_w.erase(it);
+    result.compute_ms += ms_since(t0);
   };
   // Each direction between two ranks carries one kind of message (activations forward, gradients
   // backward) in an order both ends derive from the same unit numbering, so one tag per kind
   // suffices: MPI and NCCL deliver the messages of one (source, tag) in the order they were sent.
-  for (const Unit& u : schedule(m)) {
-    if (u.forward)
-      forward(u.chunk, u.micro_batch);
-    else
-      backward(u.chunk, u.micro_batch);
+  for (const PipelineUnit& u : pipeline_order(schedule_, p, rank, m, v)) {
+    switch (u.kind) {
+      case PipelineUnit::Forward: forward(u.chunk, u.micro_batch); break;
+      case PipelineUnit::Backward: backward(u.chunk, u.micro_batch, false); break;
+      case PipelineUnit::InputGrad: backward(u.chunk, u.micro_batch, true); break;
+      case PipelineUnit::WeightGrad: weight_grad(u.chunk, u.micro_batch); break;
+    }
   }
   for (const WorkPtr& w : pending_sends_) w->wait();
   pending_sends_.clear();

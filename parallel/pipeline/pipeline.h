@@ -26,12 +26,25 @@
 //          The price: v times the point-to-point messages (a micro-batch crosses p v - 1
 //          boundaries instead of p - 1) and m divisible by p.
 //
+//   Zero-bubble ZB-H1 (Qi et al., 2023): 1F1B's order, with each backward split into B (the
+//          gradient of the stage's input, which the previous stage waits for) and W (its weights'
+//          gradients, which nobody waits for; autograd::backward_input and DeferredWeightGrad).
+//          Rank r lets up to r W's wait and runs them where 1F1B would wait for a gradient:
+//
+//     rank 0 runs  F1 F2 F3 B1 W1 F4 B2 W2 B3 W3 B4 W4       (p = 3, m = 4; each rank's order,
+//     rank 1 runs  F1 F2 B1 F3 B2 W1 F4 B3 W2 B4 W3 W4        not time slots: rank r keeps up
+//     rank 2 runs  F1 B1 F2 B2 F3 B3 W1 F4 B4 W2 W3 W4        to r W's waiting)
+//
+//          Only B's are on the critical path, so the fill and drain shrink from (p - 1)(F + B + W)
+//          to (p - 1)(F + B - W): a third of 1F1B's idle time when the three take equal time.
+//
 // The idle share of a step (the bubble) is (p - 1) / (m + p - 1) for GPipe and 1F1B, and
-// (p - 1) / (v m + p - 1) interleaved, when every stage takes the same time. Each micro-batch's
+// (p - 1) / (v m + p - 1) interleaved, when every stage takes the same time, and for ZB-H1
+// (p - 1) / (3 m + p - 1) when F, B and W take one unit each. Each micro-batch's
 // loss is divided by m, so the accumulated gradients are those of the mean loss over the whole
 // batch: after step() and the optimizer, the parameters equal single-device training with the
-// same global batch (tests/parallel/pipeline/test_pipeline.cpp, 2 and 3 stages, the three
-// schedules).
+// same global batch (tests/parallel/pipeline/test_pipeline.cpp, 2, 3 and 4 stages, the four
+// schedules; test_pipeline_order.cpp runs each order on paper against its bubble formula).
 //
 // Transport: each activation or gradient is preceded by its shape (a small i64 message), so
 // stages need not know each other's shapes; sends are posted and waited for at the end of the
@@ -48,7 +61,21 @@
 
 namespace mg::parallel {
 
-enum class PipelineSchedule { GPipe, OneForwardOneBackward, Interleaved1F1B };
+enum class PipelineSchedule { GPipe, OneForwardOneBackward, Interleaved1F1B, ZeroBubbleH1 };
+
+// One unit of a rank's schedule: a micro-batch's forward, its whole backward, or (ZB-H1) the
+// backward's input-gradient half (B) or weight-gradient half (W), on one chunk of the rank's model.
+struct PipelineUnit {
+  enum Kind : char { Forward = 'F', Backward = 'b', InputGrad = 'B', WeightGrad = 'W' };
+  Kind kind;
+  int chunk, micro_batch;
+};
+
+// The order rank `rank` of `num_ranks` runs its units in for one step of `micro_batches`
+// micro-batches (`chunks` per rank: the interleaved schedule; 1 otherwise). Both ends of every
+// message derive it, so it also fixes the order of the messages.
+std::vector<PipelineUnit> pipeline_order(PipelineSchedule schedule, int num_ranks, int rank,
+                                         int micro_batches, int chunks = 1);
 
 // Layers [begin, end) of `model` as one stage (the same modules: parameters are shared), where
 // the layers are split into `num_stages` runs of nearly equal length and this is run `stage`.
@@ -92,13 +119,6 @@ class Pipeline {
  private:
   void send_tensor(const Tensor& t, int dst, int tag);
   Tensor recv_tensor(int src, int tag);
-  // The order this rank runs its units in: (is_forward, chunk, micro-batch).
-  struct Unit {
-    bool forward;
-    int chunk, micro_batch;
-  };
-  std::vector<Unit> schedule(int micro_batches) const;
-
   std::vector<std::shared_ptr<nn::Module>> chunks_;
   ProcessGroup group_;
   LossFn loss_;

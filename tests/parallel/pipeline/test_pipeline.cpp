@@ -1,6 +1,6 @@
 // Pipeline parallelism under `mpiexec -n K` (K = 2, 3 and 4 stages): every rank builds the whole
 // model after the same seed and keeps its stage; a reference copy trains on one process with the
-// whole batch. With GPipe and 1F1B, 1 and 4 micro-batches, each stage's parameters after 5 AdamW
+// whole batch. With GPipe, 1F1B and ZB-H1, 1, 4 and 8 micro-batches, each stage's parameters after 5 AdamW
 // steps must equal the reference's same layers, and the last stage's loss the reference loss; the
 // same for the interleaved schedule with 2 and 3 chunks per rank.
 #include <catch2/catch.hpp>
@@ -54,7 +54,10 @@ TEST_CASE("a pipeline of stages equals single-device training with the same glob
   const Case cases[] = {{"GPipe x4", PipelineSchedule::GPipe, 4},
                         {"1F1B x4", PipelineSchedule::OneForwardOneBackward, 4},
                         {"1F1B x1", PipelineSchedule::OneForwardOneBackward, 1},
-                        {"GPipe x8", PipelineSchedule::GPipe, 8}};
+                        {"GPipe x8", PipelineSchedule::GPipe, 8},
+                        {"ZB-H1 x4", PipelineSchedule::ZeroBubbleH1, 4},
+                        {"ZB-H1 x8", PipelineSchedule::ZeroBubbleH1, 8},
+                        {"ZB-H1 x1", PipelineSchedule::ZeroBubbleH1, 1}};
   for (const Case& c : cases) {
     INFO(c.name << " on " << p << " stages");
     auto reference = make_model(device);
