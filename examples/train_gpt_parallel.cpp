@@ -13,6 +13,7 @@
 //                                                                     (ring attention, zigzag layout)
 //   mpirun -np 2 build/examples/train_gpt_parallel --strategy ulysses the same with Ulysses' all-to-alls
 //   mpirun -np 4 build/examples/train_gpt_parallel --strategy cp --cp 2   DDP over 2 x context over 2
+//   mpirun -np 4 build/examples/train_gpt_parallel --strategy cp --cp 2 --cp-fsdp   FSDP over all 4 instead
 //
 // Add --checkpoint-activations (ddp, zero, zero2, fsdp) to recompute each block's activations in backward.
 // (as root: mpirun --allow-run-as-root --oversubscribe ...). Without mpirun it runs on one rank.
@@ -36,7 +37,8 @@ struct Flags {
   std::string strategy = "ddp", text = "README.md";
   bool checkpoint_activations = false;
   int steps = 30;
-  int cp = 0;  // cp, ulysses: ranks per context group (0: all of them)
+  int cp = 0;            // cp, ulysses: ranks per context group (0: all of them)
+  bool cp_fsdp = false;  // cp, ulysses: FSDP over every rank in place of DDP
   int64_t batch = 8, seq = 64;
 };
 
@@ -71,6 +73,9 @@ int main(int argc, char** argv) {
   app.add_option("--batch", f.batch, "sequences per step, over all ranks");
   app.add_option("--cp", f.cp,
                  "cp, ulysses: ranks that split each sequence (the rest is data parallel; default all)");
+  app.add_flag("--cp-fsdp", f.cp_fsdp,
+               "cp, ulysses: shard the parameters over every rank with FSDP (one unit per block) instead of "
+               "replicating them with DDP");
   CLI11_PARSE(app, argc, argv);
   try {
     InitOptions init;
@@ -111,9 +116,11 @@ int main(int argc, char** argv) {
     double loss_weight = 1.0 / n;                        // the ranks' weighted losses sum to the global loss
     std::shared_ptr<nn::Sequential> layers;              // pp: the GPT as a Sequential (views of gpt)
     std::shared_ptr<TensorParallelGPT> tensor_parallel;  // hybrid: what DDP wraps
-    std::shared_ptr<FullyShardedDataParallel> fsdp;      // fsdp: declared after gpt, destroyed before it
-    std::shared_ptr<ContextParallelGPT> context;         // cp, ulysses: what DDP wraps
-    int64_t context_size = 1;                            // cp, ulysses: ranks per sequence
+    std::shared_ptr<ContextParallelGPT> context;         // cp, ulysses: what DDP (or FSDP) wraps
+    std::shared_ptr<FullyShardedDataParallel> fsdp;  // declared after gpt and context, destroyed before them
+    int64_t context_size = 1;                        // cp, ulysses: ranks per sequence
+    MG_CHECK(!f.cp_fsdp || f.strategy == "cp" || f.strategy == "ulysses",
+             "--cp-fsdp goes with --strategy cp or ulysses (--strategy fsdp shards a whole-sequence model)");
     MG_CHECK(f.batch % n == 0 || f.strategy == "cp" || f.strategy == "ulysses", "--batch ", f.batch,
              " must divide by the ", n, " ranks");
     if (f.strategy == "zero2") {  // no DDP: ZeRO-2 reduce-scatters the gradients itself
@@ -163,8 +170,16 @@ int main(int argc, char** argv) {
       ContextParallelOptions options;
       options.attention = f.strategy == "cp" ? ContextAttention::ring : ContextAttention::ulysses;
       context = std::make_shared<ContextParallelGPT>(gpt, grid.tensor, options);
-      model = std::make_shared<DistributedDataParallel>(*context, world);
-      params = model->parameters();
+      if (f.cp_fsdp) {  // every rank's gradients are partial in both dimensions: shard over all
+        FSDPOptions sharding;
+        sharding.auto_wrap = AutoWrapPolicy::module_types_of({"TransformerBlock"});
+        fsdp = std::make_shared<FullyShardedDataParallel>(*context, world, sharding);
+        model = std::shared_ptr<nn::Module>(context.get(), [](nn::Module*) {});  // FSDP's hooks are on it
+        params = fsdp->parameters();
+      } else {
+        model = std::make_shared<DistributedDataParallel>(*context, world);
+        params = model->parameters();
+      }
       MG_CHECK(f.batch % grid.data_size == 0, "--batch ", f.batch, " must divide by the ", grid.data_size,
                " data groups");
       rows = f.batch / grid.data_size;

@@ -54,10 +54,14 @@ Values Module::forward_values(const Values& inputs) {
 
 Tensor Module::operator()(const Tensor& x) {
   if (forward_pre_hooks_.empty() && forward_hooks_.empty()) return forward(x);
+  return call_with_hooks(x, [this](const Tensor& input) { return forward(input); });
+}
+
+Tensor Module::call_with_hooks(const Tensor& x, const std::function<Tensor(const Tensor&)>& body) {
   // Copies: a hook may register or remove hooks.
   for (auto [handle, hook] : std::vector<std::pair<int64_t, ForwardPreHook>>(forward_pre_hooks_))
     hook(*this, x);
-  Tensor out = forward(x);
+  Tensor out = body(x);
   for (auto [handle, hook] : std::vector<std::pair<int64_t, ForwardHook>>(forward_hooks_))
     out = hook(*this, x, out);
   return out;

@@ -79,6 +79,10 @@ class Module {
   using ForwardPreHook = std::function<void(Module& module, const Tensor& input)>;
   using ForwardHook = std::function<Tensor(Module& module, const Tensor& input, const Tensor& output)>;
   int64_t register_forward_pre_hook(ForwardPreHook hook);
+  // operator()'s hooks around `body` in place of forward: for a wrapper that runs a module's
+  // computation its own way and must still look like a call of the module to its hooks
+  // (ContextParallelGPT runs each TransformerBlock with ring attention; FSDP's units gather there).
+  Tensor call_with_hooks(const Tensor& x, const std::function<Tensor(const Tensor&)>& body);
   int64_t register_forward_hook(ForwardHook hook);
   void remove_forward_hook(int64_t handle);
 

@@ -118,8 +118,11 @@ Tensor ContextParallelGPT::forward(const Tensor& idx) {
   Tensor x = gpt_.drop(add(gpt_.wte(idx), gpt_.wpe(pos)));
   for (const auto& module : gpt_.h) {
     auto& block = dynamic_cast<nn::TransformerBlock&>(*module);
-    Tensor h = add(x, attention(block.attn, block.ln_1(x)));
-    x = add(h, block.mlp(block.ln_2(h)));
+    // The block's own hooks see a call of the block (FSDP gathers a block unit in them).
+    x = block.call_with_hooks(x, [&](const Tensor& in) {
+      Tensor h = add(in, attention(block.attn, block.ln_1(in)));
+      return add(h, block.mlp(block.ln_2(h)));
+    });
   }
   return gpt_.lm_head(gpt_.ln_f(x));
 }

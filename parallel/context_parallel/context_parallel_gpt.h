@@ -14,7 +14,9 @@
 // home, what every other rank's queries owe to r's keys and values. The sum over the group is the
 // gradient of the sum of the ranks' losses, so the group's gradients are all-reduced as data
 // parallelism does: wrap the model in DistributedDataParallel over every rank that holds a copy
-// (the context group alone, or data x context on a mesh: see examples/train_gpt_parallel.cpp).
+// (the context group alone, or data x context on a mesh: see examples/train_gpt_parallel.cpp), or
+// shard it with FullyShardedDataParallel over all of them (each block runs through its own
+// module's hooks, Module::call_with_hooks, so one FSDP unit per TransformerBlock works).
 //
 // Layouts (ring_attention.h): ring attention in the zigzag layout by default (each rank holds
 // chunks r and 2N-1-r of 2N, so causal work is balanced); Ulysses in the contiguous one (an

@@ -3,9 +3,12 @@
 // after the last step. The sequence length is 9, which divides neither into K nor into the
 // zigzag's 2K chunks, so every run pads (and the padding must not reach the loss). Each variant:
 // ring attention in the zigzag and in the contiguous layout, Ulysses where the 4 heads divide
-// over K, and at K = 4 a 2 x 2 mesh (DDP over 2 data groups x context parallel over 2 ranks).
+// over K, and at K = 4 a 2 x 2 mesh (DDP over 2 data groups x context parallel over 2 ranks);
+// and FSDP sharding over the whole world in place of DDP, at K ranks and on the 2 x 2 mesh.
 #include <catch2/catch.hpp>
 
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -58,24 +61,49 @@ std::vector<double> train_single(nn::TinyGPT& gpt, Device device) {
   return losses;
 }
 
+// How the copies of the model on the world's ranks are kept equal.
+enum class Replication {
+  ddp,   // whole parameters everywhere, gradients all-reduced (DistributedDataParallel)
+  fsdp,  // every parameter sharded over the whole world (FullyShardedDataParallel)
+};
+
+// What training left: the losses and the trained parameters, named as in TinyGPT.
+struct Trained {
+  std::vector<double> losses;
+  StateDict parameters;
+};
+
+// FSDP's usual units: one per TransformerBlock (ContextParallelGPT runs a block's computation
+// itself, through the block's hooks), the root holding the embeddings, ln_f and the head.
+FSDPOptions context_parallel_fsdp_options() {
+  FSDPOptions o;
+  o.auto_wrap = AutoWrapPolicy::module_types_of({"TransformerBlock"});
+  return o;
+}
+
 // The same steps context-parallel over `context` (and data-parallel over the world's other
 // dimension when `data_groups` > 1): each rank's loss is its tokens' summed cross-entropy scaled
-// so that DDP's average over the world is the mean over the batch; the printed loss is the sum
-// of the ranks' shares, all-reduced.
-std::vector<double> train_context_parallel(nn::TinyGPT& gpt, ProcessGroup world, const GroupGrid& grid,
-                                           ContextParallelOptions options) {
+// so that the average over the world (DDP's all-reduce or FSDP's reduce-scatter, both over every
+// rank) is the mean over the batch; the printed loss is the sum of the ranks' shares, all-reduced.
+Trained train_context_parallel(nn::TinyGPT& gpt, ProcessGroup world, const GroupGrid& grid,
+                               ContextParallelOptions options, Replication replication) {
   const Device device = world.device();
   ContextParallelGPT cp(gpt, grid.tensor, options);
-  DistributedDataParallel ddp(cp, world);
-  optim::AdamW opt(ddp.parameters(), adamw());
+  std::unique_ptr<DistributedDataParallel> ddp;
+  std::unique_ptr<FullyShardedDataParallel> fsdp;
+  if (replication == Replication::ddp)
+    ddp = std::make_unique<DistributedDataParallel>(cp, world);
+  else
+    fsdp = std::make_unique<FullyShardedDataParallel>(cp, world, context_parallel_fsdp_options());
+  optim::AdamW opt(ddp ? ddp->parameters() : fsdp->parameters(), adamw());
   const int64_t rows = kRows / grid.data_size, first_row = grid.data_rank * rows;
-  std::vector<double> losses;
+  Trained trained;
   for (int step = 0; step < kSteps; ++step) {
     auto [x, y] = token_batch(step, gpt.config, device);
     ContextBatch batch =
         cp.context_parallel_batch(x.narrow(0, first_row, rows), y.narrow(0, first_row, rows));
     opt.zero_grad();
-    Tensor logits = ddp(batch.inputs);
+    Tensor logits = ddp ? (*ddp)(batch.inputs) : (*fsdp)(batch.inputs);
     CrossEntropyOptions sum;
     sum.reduction = Reduction::Sum;
     Tensor loss_sum =
@@ -85,12 +113,20 @@ std::vector<double> train_context_parallel(nn::TinyGPT& gpt, ProcessGroup world,
     opt.step();
     Tensor global = full({1}, loss.item<double>() / world.size(), TensorOptions{DType::f64});
     world.allreduce(global)->wait();
-    losses.push_back(global.item<double>());
+    trained.losses.push_back(global.item<double>());
   }
-  return losses;
+  if (fsdp) {
+    const std::string prefix = "gpt.";  // ContextParallelGPT registers the TinyGPT's parameters so
+    for (const auto& [name, t] : full_state_dict(*fsdp, -1))
+      if (name.compare(0, prefix.size(), prefix) == 0) trained.parameters[name.substr(prefix.size())] = t;
+  } else {
+    for (const auto& [name, t] : gpt.named_parameters()) trained.parameters[name] = t;
+  }
+  return trained;
 }
 
-void require_same_training(ProcessGroup world, int context_size, ContextParallelOptions options) {
+void require_same_training(ProcessGroup world, int context_size, ContextParallelOptions options,
+                           Replication replication = Replication::ddp) {
   const nn::GPTConfig c = tiny_gpt_config();
   manual_seed(5);
   nn::TinyGPT single(c);
@@ -102,28 +138,27 @@ void require_same_training(ProcessGroup world, int context_size, ContextParallel
   parallel.to(device);
   const std::vector<double> expected = train_single(single, device);
   const GroupGrid grid = new_group_grid(world, context_size);
-  const std::vector<double> got = train_context_parallel(parallel, world, grid, options);
+  const Trained got = train_context_parallel(parallel, world, grid, options, replication);
   for (int step = 0; step < kSteps; ++step) {
     INFO("step " << step);
-    REQUIRE(got[size_t(step)] == Approx(expected[size_t(step)]).epsilon(1e-5));
+    REQUIRE(got.losses[size_t(step)] == Approx(expected[size_t(step)]).epsilon(1e-5));
   }
-  const auto mine = parallel.named_parameters(), reference = single.named_parameters();
-  REQUIRE(mine.size() == reference.size());
-  for (size_t i = 0; i < mine.size(); ++i) {
-    INFO(mine[i].first);
-    const std::string& name = mine[i].first;
+  const auto reference = single.named_parameters();
+  for (const auto& [name, want] : reference) {
+    INFO(name);
+    REQUIRE(got.parameters.count(name) == 1);
+    const Tensor& mine = got.parameters.at(name);
     const std::string key_bias = "attn.c_attn.bias";
     if (name.size() >= key_bias.size() &&
         name.compare(name.size() - key_bias.size(), key_bias.size(), key_bias) == 0) {
       // The key bias adds q . b_k to every score of a query, which softmax ignores: its gradient
       // is zero up to rounding, and AdamW turns that noise into steps of size lr. Compare q and v.
       const int64_t C = c.n_embd;
-      testing::require_close(mine[i].second.narrow(0, 0, C), reference[i].second.narrow(0, 0, C), 1e-4);
-      testing::require_close(mine[i].second.narrow(0, 2 * C, C), reference[i].second.narrow(0, 2 * C, C),
-                             1e-4);
+      testing::require_close(mine.narrow(0, 0, C), want.narrow(0, 0, C), 1e-4);
+      testing::require_close(mine.narrow(0, 2 * C, C), want.narrow(0, 2 * C, C), 1e-4);
       continue;
     }
-    testing::require_close(mine[i].second, reference[i].second, 1e-4);
+    testing::require_close(mine, want, 1e-4);
   }
 }
 
@@ -169,6 +204,29 @@ TEST_CASE("a 2 x 2 mesh: DDP over data groups x context parallel (ring, Ulysses)
   }
   SECTION("Ulysses") {
     require_same_training(world, 2, ContextParallelOptions{ContextAttention::ulysses, std::nullopt, nullptr});
+  }
+}
+
+TEST_CASE("FSDP over the world x context parallel (ring, Ulysses) trains as one process",
+          "[mpi][context-parallel][mesh][fsdp]") {
+  // Every rank's gradients are partial over the context group and over the data groups alike, so
+  // FSDP shards over the whole world (torchtitan's dp_shard x cp): its reduce-scatter sums both.
+  ProcessGroup world = testing::mpi_test_group();
+  SECTION("context over the whole world, ring") {
+    require_same_training(world, world.size(),
+                          ContextParallelOptions{ContextAttention::ring, std::nullopt, nullptr},
+                          Replication::fsdp);
+  }
+  if (world.size() == 4) {
+    SECTION("a 2 x 2 mesh, ring") {
+      require_same_training(world, 2, ContextParallelOptions{ContextAttention::ring, std::nullopt, nullptr},
+                            Replication::fsdp);
+    }
+    SECTION("a 2 x 2 mesh, Ulysses") {
+      require_same_training(world, 2,
+                            ContextParallelOptions{ContextAttention::ulysses, std::nullopt, nullptr},
+                            Replication::fsdp);
+    }
   }
 }
 
