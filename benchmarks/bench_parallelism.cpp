@@ -14,6 +14,7 @@
 //   tp         TensorParallelGPT: every block's heads and MLP features split over the N ranks
 //   pp-gpipe   the GPT cut into N pipeline stages, m micro-batches, GPipe
 //   pp-1f1b    the same, one-forward-one-backward
+//   pp-zbh1    the same, zero-bubble ZB-H1 (1F1B's messages; each backward split into B and W)
 //   dp2xtp2..  DDP over N/2 data groups x tensor parallelism over pairs (N >= 4, even)
 //   cp-ring    ContextParallelGPT: every sequence split over the N ranks (zigzag), ring attention
 //   cp-ulysses the same split, Ulysses' all-to-alls (N dividing the heads)
@@ -510,8 +511,9 @@ Strategy pipeline(const Config& c, ProcessGroup& pg, PipelineSchedule schedule) 
   std::shared_ptr<optim::Optimizer> opt = adamw(stage->parameters());
   const int p = pg.size();
   Strategy s;
-  const bool gpipe = schedule == PipelineSchedule::GPipe;
-  s.name = gpipe ? "pp-gpipe" : "pp-1f1b";
+  s.name = schedule == PipelineSchedule::GPipe                   ? "pp-gpipe"
+           : schedule == PipelineSchedule::OneForwardOneBackward ? "pp-1f1b"
+                                                                 : "pp-zbh1";
   s.note = str_cat(p, " stages, m = ", c.micro_batches);
   s.groups = {pg};
   // p - 1 boundaries, each the whole batch's [B, T, C] forward and its gradient backward; every
@@ -590,6 +592,7 @@ int main(int argc, char** argv) {
     if (n <= c.layers + 2 && (c.global_batch % c.micro_batches) == 0) {
       add(pipeline(c, world, PipelineSchedule::GPipe));
       add(pipeline(c, world, PipelineSchedule::OneForwardOneBackward));
+      add(pipeline(c, world, PipelineSchedule::ZeroBubbleH1));
     }
     if (n >= 4 && n % 2 == 0 && c.heads % 2 == 0 && c.global_batch % (n / 2) == 0) {
       GroupGrid grid = new_group_grid(world, 2);  // rank = data_rank * 2 + tensor_rank

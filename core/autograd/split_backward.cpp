@@ -40,7 +40,14 @@ std::unordered_map<Node*, bool> mark_input_paths(const std::vector<std::shared_p
       auto& [node, next] = stack.back();
       if (next < node->next_edges.size()) {
         const Edge& edge = node->next_edges[next++];
-        if (edge.is_valid()) visit(edge.node.get());
+        if (!edge.is_valid()) continue;
+        // A node met before is finished (a graph has no cycles): take its answer now, or this
+        // parent would miss a path that runs through it (a diamond: q, k and v of one matmul).
+        if (auto seen = on_path.find(edge.node.get()); seen != on_path.end()) {
+          if (seen->second) on_path[node] = true;
+          continue;
+        }
+        visit(edge.node.get());
         continue;
       }
       Node* done = node;
