@@ -14,6 +14,8 @@
 //   mpirun -np 2 build/examples/train_gpt_parallel --strategy ulysses the same with Ulysses' all-to-alls
 //   mpirun -np 4 build/examples/train_gpt_parallel --strategy cp --cp 2   DDP over 2 x context over 2
 //   mpirun -np 4 build/examples/train_gpt_parallel --strategy cp --cp 2 --cp-fsdp   FSDP over all 4 instead
+//   mpirun -np 4 build/examples/train_gpt_parallel --strategy cp --cp 2 --tp 2      tensor pairs x context
+//   over 2
 //
 // Add --checkpoint-activations (ddp, zero, zero2, fsdp) to recompute each block's activations in backward.
 // (as root: mpirun --allow-run-as-root --oversubscribe ...). Without mpirun it runs on one rank.
@@ -39,6 +41,7 @@ struct Flags {
   int steps = 30;
   int cp = 0;            // cp, ulysses: ranks per context group (0: all of them)
   bool cp_fsdp = false;  // cp, ulysses: FSDP over every rank in place of DDP
+  int tp = 1;            // cp: tensor-parallel ranks per context rank (ranks = cp x tp)
   int64_t batch = 8, seq = 64;
 };
 
@@ -73,6 +76,9 @@ int main(int argc, char** argv) {
   app.add_option("--batch", f.batch, "sequences per step, over all ranks");
   app.add_option("--cp", f.cp,
                  "cp, ulysses: ranks that split each sequence (the rest is data parallel; default all)");
+  app.add_option("--tp", f.tp,
+                 "cp: split every block's heads and MLP over this many ranks as well (tensor parallelism; "
+                 "the ranks must be --cp x --tp)");
   app.add_flag("--cp-fsdp", f.cp_fsdp,
                "cp, ulysses: shard the parameters over every rank with FSDP (one unit per block) instead of "
                "replicating them with DDP");
@@ -115,10 +121,13 @@ int main(int argc, char** argv) {
     int64_t rows = f.batch, first_row = 0;               // this rank's rows of the global batch
     double loss_weight = 1.0 / n;                        // the ranks' weighted losses sum to the global loss
     std::shared_ptr<nn::Sequential> layers;              // pp: the GPT as a Sequential (views of gpt)
-    std::shared_ptr<TensorParallelGPT> tensor_parallel;  // hybrid: what DDP wraps
+    std::shared_ptr<TensorParallelGPT> tensor_parallel;  // hybrid, cp with --tp: what DDP wraps
     std::shared_ptr<ContextParallelGPT> context;         // cp, ulysses: what DDP (or FSDP) wraps
+    ProcessGroup context_group;                          // cp, ulysses: the ranks that split a sequence
     std::shared_ptr<FullyShardedDataParallel> fsdp;  // declared after gpt and context, destroyed before them
     int64_t context_size = 1;                        // cp, ulysses: ranks per sequence
+    MG_CHECK(f.tp == 1 || (f.strategy == "cp" && !f.cp_fsdp),
+             "--tp goes with --strategy cp (ring attention), without --cp-fsdp");
     MG_CHECK(!f.cp_fsdp || f.strategy == "cp" || f.strategy == "ulysses",
              "--cp-fsdp goes with --strategy cp or ulysses (--strategy fsdp shards a whole-sequence model)");
     MG_CHECK(f.batch % n == 0 || f.strategy == "cp" || f.strategy == "ulysses", "--batch ", f.batch,
@@ -159,6 +168,18 @@ int main(int argc, char** argv) {
       pipeline = std::make_shared<Pipeline>(stage, world, next_byte_loss);
       params = stage->parameters();
       loss_weight = 1.0;  // only the last stage has the loss
+    } else if (f.strategy == "cp" && f.tp > 1) {
+      // Tensor groups of --tp consecutive ranks split the heads and MLP features; the ranks that
+      // hold the same shards (one per tensor group) split each sequence and average their
+      // gradients (DDP over them): a --cp x --tp mesh, no data dimension.
+      context_size = f.cp > 0 ? f.cp : n / f.tp;
+      MG_CHECK(context_size * f.tp == n, "--cp ", context_size, " x --tp ", f.tp, " must be the ", n,
+               " ranks");
+      GroupGrid grid = new_group_grid(world, f.tp);  // .data: the ranks with this rank's tensor shards
+      context_group = grid.data;
+      tensor_parallel = std::make_shared<TensorParallelGPT>(gpt, grid.tensor, context_group);
+      model = std::make_shared<DistributedDataParallel>(*tensor_parallel, context_group);
+      params = model->parameters();  // every rank takes the whole batch; loss_weight stays 1/n
     } else if (f.strategy == "cp" || f.strategy == "ulysses") {
       // Context groups of --cp consecutive ranks split each sequence; data groups across them
       // split the batch. Every rank holds the whole model, so DDP averages the gradients over
@@ -170,6 +191,7 @@ int main(int argc, char** argv) {
       ContextParallelOptions options;
       options.attention = f.strategy == "cp" ? ContextAttention::ring : ContextAttention::ulysses;
       context = std::make_shared<ContextParallelGPT>(gpt, grid.tensor, options);
+      context_group = grid.tensor;
       if (f.cp_fsdp) {  // every rank's gradients are partial in both dimensions: shard over all
         FSDPOptions sharding;
         sharding.auto_wrap = AutoWrapPolicy::module_types_of({"TransformerBlock"});
@@ -219,13 +241,15 @@ int main(int argc, char** argv) {
         loss =
             pipeline->train_step(pipeline->is_first() ? x : Tensor(), pipeline->is_last() ? y : Tensor(), 4)
                 .loss;
-      } else if (context) {
+      } else if (context_group.defined()) {
         // This rank's positions of its rows (padded to the layout's chunks; padding has no loss).
         // Its share: its tokens' summed loss x (ranks per sequence) / (tokens in its rows), so
         // that the ranks' shares, averaged over the world (as DDP averages their gradients), are
         // the mean over the global batch.
         ContextBatch batch =
-            context->context_parallel_batch(x.narrow(0, first_row, rows), y.narrow(0, first_row, rows));
+            context
+                ? context->context_parallel_batch(x.narrow(0, first_row, rows), y.narrow(0, first_row, rows))
+                : context_parallel_batch(x, y, context_group, ContextLayout::zigzag, config.block_size);
         Tensor logits = (*model)(batch.inputs);
         CrossEntropyOptions sum;
         sum.reduction = Reduction::Sum;

@@ -54,25 +54,49 @@ std::string ContextParallelGPT::extra_repr() const {
                  " layout");
 }
 
-ContextBatch ContextParallelGPT::context_parallel_batch(const Tensor& inputs, const Tensor& targets) const {
+ContextBatch context_parallel_batch(const Tensor& inputs, const Tensor& targets, const ProcessGroup& group,
+                                    ContextLayout layout, int64_t block_size) {
   MG_CHECK(inputs.defined() && targets.defined() && inputs.dim() == 2 && targets.shape() == inputs.shape() &&
                is_integral(inputs.dtype()) && is_integral(targets.dtype()),
            "context_parallel_batch: expected inputs and targets [B, T] of token ids, got ",
            inputs.defined() ? shape_str(inputs.shape()) : std::string("undefined"), " and ",
            targets.defined() ? shape_str(targets.shape()) : std::string("undefined"));
   const int64_t B = inputs.size(0), T = inputs.size(1);
-  MG_CHECK(T <= gpt_.config.block_size, "context_parallel_batch: sequence length ", T, " exceeds block_size ",
-           gpt_.config.block_size);
-  const int world = group_.size();
-  const int64_t padded = context_padded_length(T, world, layout_);
+  MG_CHECK(T <= block_size, "context_parallel_batch: sequence length ", T, " exceeds block_size ",
+           block_size);
+  const int world = group.size();
+  const int64_t padded = context_padded_length(T, world, layout);
   Tensor x = inputs, y = targets;
   if (padded > T) {
     const TensorOptions i64{DType::i64, inputs.device()};
     x = cat({inputs.to(DType::i64), full({B, padded - T}, 0, i64)}, 1);
     y = cat({targets.to(DType::i64), full({B, padded - T}, -100, i64)}, 1);  // ignore_index: no loss
   }
-  return {context_shard(x, 1, group_.rank(), world, layout_),
-          context_shard(y, 1, group_.rank(), world, layout_), B * T};
+  return {context_shard(x, 1, group.rank(), world, layout), context_shard(y, 1, group.rank(), world, layout),
+          B * T};
+}
+
+Tensor context_positions(int64_t local, const ProcessGroup& group, ContextLayout layout, int64_t block_size,
+                         Device device) {
+  const int world = group.size();
+  const int64_t padded = local * world;
+  MG_CHECK(padded <= context_padded_length(block_size, world, layout), "context parallelism: ", local,
+           " positions on each of ", world, " ranks exceed block_size ", block_size,
+           " (padded); cut the batch with context_parallel_batch");
+  MG_CHECK(padded == context_padded_length(padded, world, layout), "context parallelism: ", local,
+           " positions per rank do not split into the zigzag's two chunks; cut the batch with "
+           "context_parallel_batch");
+  // This rank's positions, taken as context_shard takes its tokens; those past the model's block
+  // size are padding and take the last real embedding row.
+  std::vector<int64_t> positions =
+      context_shard(arange(padded, TensorOptions{DType::i64}), 0, group.rank(), world, layout)
+          .to_vector<int64_t>();
+  for (int64_t& p : positions) p = std::min(p, block_size - 1);
+  return tensor<int64_t>(positions, {local}, TensorOptions{DType::i64, device});
+}
+
+ContextBatch ContextParallelGPT::context_parallel_batch(const Tensor& inputs, const Tensor& targets) const {
+  return parallel::context_parallel_batch(inputs, targets, group_, layout_, gpt_.config.block_size);
 }
 
 Tensor ContextParallelGPT::attention(nn::CausalSelfAttention& a, const Tensor& x) {
@@ -99,22 +123,7 @@ Tensor ContextParallelGPT::forward(const Tensor& idx) {
       idx.defined() && idx.dim() == 2 && is_integral(idx.dtype()),
       "ContextParallelGPT: expected this rank's token ids [B, T/N] (i64), got ",
       idx.defined() ? str_cat(shape_str(idx.shape()), " ", idx.dtype()) : std::string("an undefined tensor"));
-  const nn::GPTConfig& c = gpt_.config;
-  const int world = group_.size();
-  const int64_t padded = idx.size(1) * world;
-  MG_CHECK(padded <= context_padded_length(c.block_size, world, layout_), "ContextParallelGPT: ", idx.size(1),
-           " positions on each of ", world, " ranks exceed block_size ", c.block_size,
-           " (padded); cut the batch with context_parallel_batch");
-  MG_CHECK(padded == context_padded_length(padded, world, layout_), "ContextParallelGPT: ", idx.size(1),
-           " positions per rank do not split into the zigzag's two chunks; cut the batch with "
-           "context_parallel_batch");
-  // This rank's positions, taken as context_shard takes its tokens; those past the model's block
-  // size are padding and take the last real embedding row.
-  std::vector<int64_t> positions =
-      context_shard(arange(padded, TensorOptions{DType::i64}), 0, group_.rank(), world, layout_)
-          .to_vector<int64_t>();
-  for (int64_t& p : positions) p = std::min(p, c.block_size - 1);
-  const Tensor pos = tensor<int64_t>(positions, {idx.size(1)}, TensorOptions{DType::i64, idx.device()});
+  const Tensor pos = context_positions(idx.size(1), group_, layout_, gpt_.config.block_size, idx.device());
   Tensor x = gpt_.drop(add(gpt_.wte(idx), gpt_.wpe(pos)));
   for (const auto& module : gpt_.h) {
     auto& block = dynamic_cast<nn::TransformerBlock&>(*module);

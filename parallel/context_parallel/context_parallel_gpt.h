@@ -68,6 +68,16 @@ struct ContextBatch {
   int64_t real_tokens = 0;  // B * T: the tokens of the whole (unpadded) batch, over all ranks
 };
 
+// The same, for any model over `group` in `layout` (TensorParallelGPT with a context group uses
+// it): inputs and targets [B, T] padded to T' and cut to this rank's positions.
+ContextBatch context_parallel_batch(const Tensor& inputs, const Tensor& targets, const ProcessGroup& group,
+                                    ContextLayout layout, int64_t block_size);
+
+// The positions (wpe rows) of this rank's `local` positions of a padded sequence, [local] i64 on
+// `device`; those past block_size are padding and take the last row.
+Tensor context_positions(int64_t local, const ProcessGroup& group, ContextLayout layout, int64_t block_size,
+                         Device device);
+
 class ContextParallelGPT : public nn::Module {
  public:
   // `gpt` must outlive this; its attention dropout must be 0 for the ring (Ulysses runs dropout,

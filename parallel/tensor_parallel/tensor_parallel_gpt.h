@@ -14,6 +14,14 @@
 //   every rank and their gradients arrive whole (each f all-reduces the gradient it passes back
 //   into the residual stream), so every rank computes the same update without communicating.
 //
+// With a context group as well (context parallelism x tensor parallelism, a 2-D mesh of T x N
+// ranks), every sequence is also split over the context group's N ranks in the zigzag layout:
+// the model takes this rank's positions (context_parallel_batch), and each block's attention runs
+// ring_attention over the context group on this rank's H/T heads. Everything else is per token.
+// The tensor-parallel shards' gradients, and the replicated layers', are then partial over the
+// context group: wrap the model in DistributedDataParallel over it (context_parallel_gpt.h says
+// why the sum is the whole sequence's gradient).
+//
 // Built from a TinyGPT (drawn after the same manual_seed on every rank), a TensorParallelGPT
 // equals it: tests/parallel/tensor_parallel/test_tensor_parallel.cpp compares logits, gradients and 10 AdamW
 // steps at T = 2 and 4. Dropout > 0 trains but is not equal to one device (each rank draws its own masks for
@@ -28,14 +36,17 @@
 #include "nn/module.h"
 #include "nn/normalization.h"
 #include "nn/zoo.h"
+#include "parallel/context_parallel/ring_attention.h"
 #include "parallel/tensor_parallel/tensor_parallel.h"
 
 namespace mg::parallel {
 
-// CausalSelfAttention with this rank's n_head / T heads.
+// CausalSelfAttention with this rank's n_head / T heads; with a context group (of more than one
+// rank), ring attention over it in the zigzag layout (no attention dropout).
 class TensorParallelAttention : public nn::Module {
  public:
-  TensorParallelAttention(const nn::CausalSelfAttention& full, ProcessGroup group);
+  TensorParallelAttention(const nn::CausalSelfAttention& full, ProcessGroup group,
+                          ProcessGroup context = ProcessGroup());
   Tensor forward(const Tensor& x) override;  // [B, T, n_embd] -> [B, T, n_embd] (summed over ranks)
   std::shared_ptr<nn::Module> clone_empty() const override;
   std::string extra_repr() const override;
@@ -48,7 +59,7 @@ class TensorParallelAttention : public nn::Module {
   nn::Dropout attn_dropout, resid_dropout;
 
  private:
-  ProcessGroup group_;
+  ProcessGroup group_, context_;
 };
 
 // TransformerMLP with 4 n_embd / T hidden features on this rank.
@@ -71,7 +82,8 @@ class TensorParallelTransformerMLP : public nn::Module {
 
 class TensorParallelBlock : public nn::Module {
  public:
-  TensorParallelBlock(const nn::TransformerBlock& full, ProcessGroup group);
+  TensorParallelBlock(const nn::TransformerBlock& full, ProcessGroup group,
+                      ProcessGroup context = ProcessGroup());
   Tensor forward(const Tensor& x) override;
   std::shared_ptr<nn::Module> clone_empty() const override;
 
@@ -83,7 +95,7 @@ class TensorParallelBlock : public nn::Module {
   std::shared_ptr<TensorParallelTransformerMLP> mlp;
 
  private:
-  ProcessGroup group_;
+  ProcessGroup group_, context_;
 };
 
 class TensorParallelGPT : public nn::Module {
@@ -95,9 +107,14 @@ class TensorParallelGPT : public nn::Module {
  public:
   // Draws a TinyGPT(config) and splits it (the generator ends where TinyGPT(config) leaves it).
   TensorParallelGPT(nn::GPTConfig config, ProcessGroup group);
-  // This rank's part of `full`; n_head must divide by the group size.
-  TensorParallelGPT(const nn::TinyGPT& full, ProcessGroup group);
-  Tensor forward(const Tensor& idx) override;  // [B, T] i64 -> logits [B, T, vocab_size], replicated
+  // This rank's part of `full`; n_head must divide by the group size. With `context` (the ranks
+  // that split each sequence; see the top of this file) forward takes this rank's positions.
+  TensorParallelGPT(const nn::TinyGPT& full, ProcessGroup group, ProcessGroup context = ProcessGroup());
+  // [B, T] i64 -> logits [B, T, vocab_size], replicated over the group; with a context group,
+  // [B, T'/N] positions of context_parallel_batch -> their logits.
+  Tensor forward(const Tensor& idx) override;
+  // What to cut each batch with: the context group's layout (zigzag), under its context group.
+  const ProcessGroup& context_group() const { return context_; }
   std::shared_ptr<nn::Module> clone_empty() const override;
 
   const nn::GPTConfig config;
@@ -108,7 +125,7 @@ class TensorParallelGPT : public nn::Module {
   nn::Linear lm_head;
 
  private:
-  ProcessGroup group_;
+  ProcessGroup group_, context_;
 };
 
 }  // namespace mg::parallel

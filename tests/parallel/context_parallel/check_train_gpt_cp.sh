@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # train_gpt_parallel --strategy cp and --strategy ulysses print the losses --strategy ddp prints:
 # at 2 ranks, at 4 ranks (one context group of 4) and at 4 ranks as a 2 x 2 mesh (--cp 2, with DDP
-# and with FSDP over all 4 ranks: --cp-fsdp), and
+# and with FSDP over all 4 ranks: --cp-fsdp), as context over 2 x tensor pairs (--cp 2 --tp 2), and
 # ring attention at 3 ranks, where the 64-byte windows do not split into 6 chunks and are padded.
 # Each run trains 6 steps; the printed losses (steps 0 and 5) must agree to 1e-4 relative.
 #
@@ -47,6 +47,8 @@ done
 args=(--strategy cp --cp 2); run cp2_np4 4 "${mpi_flags[@]}" && same cp2_np4 ddp_np4
 # The same mesh with FSDP sharding every parameter over all 4 ranks in place of DDP.
 args=(--strategy cp --cp 2 --cp-fsdp); run cp2_fsdp_np4 4 "${mpi_flags[@]}" && same cp2_fsdp_np4 ddp_np4
+# Tensor pairs x context over 2: ring attention on each rank's 2 of the 4 heads.
+args=(--strategy cp --cp 2 --tp 2); run cp2_tp2_np4 4 "${mpi_flags[@]}" && same cp2_tp2_np4 ddp_np4
 # 3 ranks: --batch 6 (divides by 3); the ring pads each 64-byte window to 66.
 args=(--strategy ddp --batch 6); run ddp_np3 3 "${mpi_flags[@]}" &&
   { args=(--strategy cp --batch 6); run cp_np3 3 "${mpi_flags[@]}" && same cp_np3 ddp_np3; }

@@ -4,7 +4,8 @@
 // zigzag's 2K chunks, so every run pads (and the padding must not reach the loss). Each variant:
 // ring attention in the zigzag and in the contiguous layout, Ulysses where the 4 heads divide
 // over K, and at K = 4 a 2 x 2 mesh (DDP over 2 data groups x context parallel over 2 ranks);
-// and FSDP sharding over the whole world in place of DDP, at K ranks and on the 2 x 2 mesh.
+// and FSDP sharding over the whole world in place of DDP, at K ranks and on the 2 x 2 mesh; and at
+// K = 4 tensor parallelism over pairs x context parallelism over the other dimension.
 #include <catch2/catch.hpp>
 
 #include <map>
@@ -227,6 +228,88 @@ TEST_CASE("FSDP over the world x context parallel (ring, Ulysses) trains as one 
                             ContextParallelOptions{ContextAttention::ulysses, std::nullopt, nullptr},
                             Replication::fsdp);
     }
+  }
+}
+
+namespace {
+
+bool ends_with(const std::string& name, const std::string& suffix) {
+  return name.size() >= suffix.size() &&
+         name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// Tensor rank r's part of a single-device parameter (tensor_parallel_gpt.h's layout for T ranks).
+Tensor tensor_shard(const std::string& name, const Tensor& full, int r, int T, int64_t C) {
+  if (ends_with(name, "attn.c_attn.weight") || ends_with(name, "attn.c_attn.bias")) {
+    const int64_t mine = C / T;  // q, k and v: three stacked [C, ...] blocks, this rank's rows of each
+    return cat({full.narrow(0, r * mine, mine), full.narrow(0, C + r * mine, mine),
+                full.narrow(0, 2 * C + r * mine, mine)},
+               0);
+  }
+  if (ends_with(name, "attn.c_proj.weight")) return full.narrow(1, r * (C / T), C / T);
+  if (ends_with(name, "mlp.c_fc.weight") || ends_with(name, "mlp.c_fc.bias"))
+    return full.narrow(0, r * (4 * C / T), 4 * C / T);
+  if (ends_with(name, "mlp.c_proj.weight")) return full.narrow(1, r * (4 * C / T), 4 * C / T);
+  return full;  // replicated
+}
+
+}  // namespace
+
+TEST_CASE("a 2 x 2 mesh: tensor parallelism x context parallelism (ring) trains as one process",
+          "[mpi][context-parallel][mesh][tensor-parallel]") {
+  ProcessGroup world = testing::mpi_test_group();
+  if (world.size() != 4) return;  // the mesh needs 4 ranks
+  const nn::GPTConfig c = tiny_gpt_config();
+  manual_seed(5);
+  nn::TinyGPT single(c);
+  manual_seed(5);
+  nn::TinyGPT gpt(c);
+  const Device device = world.device();
+  single.to(device);
+  gpt.to(device);
+  const std::vector<double> expected = train_single(single, device);
+
+  // Tensor pairs {0, 1} and {2, 3} split the heads and MLP features; {0, 2} and {1, 3}, the ranks
+  // holding the same shards, split each sequence and average their gradients (DDP).
+  const GroupGrid grid = new_group_grid(world, 2);
+  const ProcessGroup& context = grid.data;
+  TensorParallelGPT tp(gpt, grid.tensor, context);
+  tp.to(device);
+  DistributedDataParallel ddp(tp, context);
+  optim::AdamW opt(ddp.parameters(), adamw());
+  for (int step = 0; step < kSteps; ++step) {
+    INFO("step " << step);
+    auto [x, y] = token_batch(step, c, device);
+    ContextBatch batch = context_parallel_batch(x, y, context, ContextLayout::zigzag, c.block_size);
+    opt.zero_grad();
+    Tensor logits = ddp(batch.inputs);
+    CrossEntropyOptions sum;
+    sum.reduction = Reduction::Sum;
+    Tensor loss =
+        mul(nn::cross_entropy(logits.reshape({-1, logits.size(-1)}), batch.targets.reshape({-1}), sum),
+            double(context.size()) / double(batch.real_tokens));
+    loss.backward();
+    opt.step();
+    Tensor global = full({1}, loss.item<double>() / world.size(), TensorOptions{DType::f64});
+    world.allreduce(global)->wait();
+    REQUIRE(global.item<double>() == Approx(expected[size_t(step)]).epsilon(1e-5));
+  }
+  const auto reference = single.named_parameters();
+  const auto mine = tp.named_parameters();
+  REQUIRE(mine.size() == reference.size());
+  for (size_t i = 0; i < mine.size(); ++i) {
+    const std::string& name = mine[i].first;
+    INFO(name);
+    REQUIRE(name == reference[i].first);
+    const Tensor want = tensor_shard(name, reference[i].second, grid.tensor_rank, 2, c.n_embd);
+    if (ends_with(name, "attn.c_attn.bias")) {  // the key bias: see require_same_training
+      const int64_t third = want.size(0) / 3;
+      testing::require_close(mine[i].second.narrow(0, 0, third), want.narrow(0, 0, third), 1e-4);
+      testing::require_close(mine[i].second.narrow(0, 2 * third, third), want.narrow(0, 2 * third, third),
+                             1e-4);
+      continue;
+    }
+    testing::require_close(mine[i].second, want, 1e-4);
   }
 }
 
