@@ -11,7 +11,7 @@
 //   backward: two sweeps -- sum(gy) and sum(gy·xhat), then gx -- plus nothing more for the
 //             weight and bias gradients, which are exactly those two sums (composed ops: ~12)
 //
-// Sums run in kLanes independent accumulators (Lanes below). A plain `sum += x[j]` must add in
+// Sums run in kBatchNormLanes independent accumulators (Lanes below). A plain `sum += x[j]` must add in
 // order, so each add waits for the previous one (~4 cycles) and nothing vectorises: that made
 // these sums ~4x slower than the memory they read. With separate lanes the compiler keeps
 // several adds in flight (and in SIMD registers); the result is still the same on every run.
@@ -27,18 +27,18 @@ namespace {
 
 [[maybe_unused]] constexpr int64_t kBatchNormMinParallelWork = 1 << 15;
 
-// kLanes running double sums; element j of a run goes to lane j mod kLanes.
-constexpr int kLanes = 8;
+// kBatchNormLanes running double sums; element j of a run goes to lane j mod kBatchNormLanes.
+constexpr int kBatchNormLanes = 8;
 struct Lanes {
-  double lane[kLanes] = {};
+  double lane[kBatchNormLanes] = {};
 
   // Adds value(j) for j in [0, length).
   template <class Value>
   void add_run(int64_t length, const Value& value) {
     int64_t j = 0;
-    for (; j + kLanes <= length; j += kLanes)
-      for (int l = 0; l < kLanes; ++l) lane[l] += value(j + l);
-    for (; j < length; ++j) lane[j % kLanes] += value(j);
+    for (; j + kBatchNormLanes <= length; j += kBatchNormLanes)
+      for (int l = 0; l < kBatchNormLanes; ++l) lane[l] += value(j + l);
+    for (; j < length; ++j) lane[j % kBatchNormLanes] += value(j);
   }
   // Pairwise, in a fixed order.
   double total() const {
