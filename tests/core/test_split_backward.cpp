@@ -2,6 +2,7 @@
 // DeferredWeightGrad::run (W) accumulate what one backward() does, B alone gives the inputs their
 // gradients and no weight its own, and hooks and callbacks run where backward() would run them.
 #include <catch2/catch.hpp>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -44,6 +45,33 @@ void check_same_grads(nn::Module& a, nn::Module& b) {
   }
 }
 
+// loss(x, w) for x [2, 3] and w [3, 3] drawn after `seed`, differentiated by one backward and by
+// B then W: the same gradients for both, B gives x its whole gradient and w none, W adds to x
+// nothing.
+void require_split_equals_backward(uint64_t seed,
+                                   const std::function<Tensor(const Tensor&, const Tensor&)>& loss_of) {
+  auto run = [&](bool split) {
+    manual_seed(seed);
+    Tensor w = randn({3, 3}).set_requires_grad(true);
+    Tensor x = randn({2, 3}).set_requires_grad(true);
+    Tensor loss = loss_of(x, w);
+    if (split) {
+      auto deferred = autograd::backward_input({loss}, {Tensor()}, {x});
+      CHECK_FALSE(w.grad().defined());
+      const std::vector<float> gx = values(x.grad());
+      deferred.run();
+      CHECK(values(x.grad()) == gx);
+    } else {
+      loss.backward();
+    }
+    return std::make_pair(values(x.grad()), values(w.grad()));
+  };
+  auto [gx_ref, gw_ref] = run(false);
+  auto [gx, gw] = run(true);
+  for (size_t j = 0; j < gx.size(); ++j) CHECK(gx[j] == Approx(gx_ref[j]).epsilon(1e-6));
+  for (size_t j = 0; j < gw.size(); ++j) CHECK(gw[j] == Approx(gw_ref[j]).epsilon(1e-6));
+}
+
 }  // namespace
 
 TEST_CASE("B then W accumulate exactly what one backward does", "[autograd][split]") {
@@ -74,51 +102,20 @@ TEST_CASE("a weight used twice and a shared weight-only subgraph still sum once 
           "[autograd][split]") {
   // h = (x W2) W2 with W2 = 2 W: the weight-only node (mul by 2) gets gradients from two matmuls
   // that both lie on the input's path; W must count both before running it.
-  auto run = [](bool split) {
-    manual_seed(3);
-    Tensor w = randn({3, 3}).set_requires_grad(true);
-    Tensor x = randn({2, 3}).set_requires_grad(true);
+  require_split_equals_backward(3, [](const Tensor& x, const Tensor& w) {
     Tensor w2 = mul(w, 2.0);
-    Tensor loss = sum(mul(matmul(matmul(x, w2), w2), matmul(x, w)));
-    if (split) {
-      auto deferred = autograd::backward_input({loss}, {Tensor()}, {x});
-      CHECK_FALSE(w.grad().defined());
-      deferred.run();
-    } else {
-      loss.backward();
-    }
-    return std::make_pair(values(x.grad()), values(w.grad()));
-  };
-  auto [gx_ref, gw_ref] = run(false);
-  auto [gx, gw] = run(true);
-  for (size_t j = 0; j < gx.size(); ++j) CHECK(gx[j] == Approx(gx_ref[j]).epsilon(1e-6));
-  for (size_t j = 0; j < gw.size(); ++j) CHECK(gw[j] == Approx(gw_ref[j]).epsilon(1e-6));
+    return sum(mul(matmul(matmul(x, w2), w2), matmul(x, w)));
+  });
 }
 
 TEST_CASE("a diamond: a node that reaches the input only through a node already walked is on the path",
           "[autograd][split]") {
-  // a = x W; out = 2a + 3a. The walk reaches a's matmul through the first product, then meets it
-  // again from the second: that product must still count as on the B path.
-  auto run = [](bool split) {
-    manual_seed(9);
-    Tensor w = randn({3, 3}).set_requires_grad(true);
-    Tensor x = randn({2, 3}).set_requires_grad(true);
+  // a = x W; out = 2a + 3 exp(a). The walk reaches a's matmul through the first product, then
+  // meets it again from the second: that product must still count as on the B path.
+  require_split_equals_backward(9, [](const Tensor& x, const Tensor& w) {
     Tensor a = matmul(x, w);
-    Tensor loss = sum(add(mul(a, 2.0), mul(exp(a), 3.0)));
-    if (split) {
-      auto deferred = autograd::backward_input({loss}, {Tensor()}, {x});
-      const std::vector<float> gx = values(x.grad());
-      deferred.run();
-      CHECK(values(x.grad()) == gx);  // W adds nothing to the input's gradient
-    } else {
-      loss.backward();
-    }
-    return std::make_pair(values(x.grad()), values(w.grad()));
-  };
-  auto [gx_ref, gw_ref] = run(false);
-  auto [gx, gw] = run(true);
-  for (size_t j = 0; j < gx.size(); ++j) CHECK(gx[j] == Approx(gx_ref[j]).epsilon(1e-6));
-  for (size_t j = 0; j < gw.size(); ++j) CHECK(gw[j] == Approx(gw_ref[j]).epsilon(1e-6));
+    return sum(add(mul(a, 2.0), mul(exp(a), 3.0)));
+  });
 }
 
 TEST_CASE("no inputs (a first stage) leaves the whole backward to W; roots off the path wait for W",

@@ -126,40 +126,58 @@ Trained train_context_parallel(nn::TinyGPT& gpt, ProcessGroup world, const Group
   return trained;
 }
 
+bool ends_with(const std::string& name, const std::string& suffix) {
+  return name.size() >= suffix.size() &&
+         name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// A trained parameter against the one-device model's (relative 1e-4). The key bias adds q . b_k to
+// every score of a query, which softmax ignores: its gradient is zero up to rounding, and AdamW
+// turns that noise into steps of size lr. Of c_attn's bias, only the q and v thirds are compared.
+void require_same_parameter(const std::string& name, const Tensor& mine, const Tensor& want) {
+  INFO(name);
+  if (ends_with(name, "attn.c_attn.bias")) {
+    const int64_t third = want.size(0) / 3;
+    testing::require_close(mine.narrow(0, 0, third), want.narrow(0, 0, third), 1e-4);
+    testing::require_close(mine.narrow(0, 2 * third, third), want.narrow(0, 2 * third, third), 1e-4);
+    return;
+  }
+  testing::require_close(mine, want, 1e-4);
+}
+
+// Two TinyGPTs drawn alike on `device` (CUDA under MG_TEST_DEVICE=cuda, the NCCL variants), the
+// first trained in one process: what every parallel run is compared with.
+struct Twins {
+  std::unique_ptr<nn::TinyGPT> single, parallel;
+  std::vector<double> expected;  // single's losses
+};
+
+Twins draw_twins(Device device) {
+  Twins t;
+  manual_seed(5);
+  t.single = std::make_unique<nn::TinyGPT>(tiny_gpt_config());
+  manual_seed(5);
+  t.parallel = std::make_unique<nn::TinyGPT>(tiny_gpt_config());
+  t.single->to(device);
+  t.parallel->to(device);
+  t.expected = train_single(*t.single, device);
+  return t;
+}
+
 void require_same_training(ProcessGroup world, int context_size, ContextParallelOptions options,
                            Replication replication = Replication::ddp) {
-  const nn::GPTConfig c = tiny_gpt_config();
-  manual_seed(5);
-  nn::TinyGPT single(c);
-  manual_seed(5);
-  nn::TinyGPT parallel(c);
-  // CUDA under MG_TEST_DEVICE=cuda (the NCCL variant): the ring's sends and DDP over NCCL.
-  const Device device = world.device();
-  single.to(device);
-  parallel.to(device);
-  const std::vector<double> expected = train_single(single, device);
+  Twins twins = draw_twins(world.device());
+  const std::vector<double>& expected = twins.expected;
   const GroupGrid grid = new_group_grid(world, context_size);
-  const Trained got = train_context_parallel(parallel, world, grid, options, replication);
+  const Trained got = train_context_parallel(*twins.parallel, world, grid, options, replication);
   for (int step = 0; step < kSteps; ++step) {
     INFO("step " << step);
     REQUIRE(got.losses[size_t(step)] == Approx(expected[size_t(step)]).epsilon(1e-5));
   }
-  const auto reference = single.named_parameters();
-  for (const auto& [name, want] : reference) {
+  for (const auto& [name, want] : twins.single->named_parameters()) {
     INFO(name);
     REQUIRE(got.parameters.count(name) == 1);
-    const Tensor& mine = got.parameters.at(name);
-    const std::string key_bias = "attn.c_attn.bias";
-    if (name.size() >= key_bias.size() &&
-        name.compare(name.size() - key_bias.size(), key_bias.size(), key_bias) == 0) {
-      // The key bias adds q . b_k to every score of a query, which softmax ignores: its gradient
-      // is zero up to rounding, and AdamW turns that noise into steps of size lr. Compare q and v.
-      const int64_t C = c.n_embd;
-      testing::require_close(mine.narrow(0, 0, C), want.narrow(0, 0, C), 1e-4);
-      testing::require_close(mine.narrow(0, 2 * C, C), want.narrow(0, 2 * C, C), 1e-4);
-      continue;
-    }
-    testing::require_close(mine, want, 1e-4);
+    require_same_parameter(name, got.parameters.at(name), want);
   }
 }
 
@@ -233,11 +251,6 @@ TEST_CASE("FSDP over the world x context parallel (ring, Ulysses) trains as one 
 
 namespace {
 
-bool ends_with(const std::string& name, const std::string& suffix) {
-  return name.size() >= suffix.size() &&
-         name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 // Tensor rank r's part of a single-device parameter (tensor_parallel_gpt.h's layout for T ranks).
 Tensor tensor_shard(const std::string& name, const Tensor& full, int r, int T, int64_t C) {
   if (ends_with(name, "attn.c_attn.weight") || ends_with(name, "attn.c_attn.bias")) {
@@ -260,20 +273,14 @@ TEST_CASE("a 2 x 2 mesh: tensor parallelism x context parallelism (ring) trains 
   ProcessGroup world = testing::mpi_test_group();
   if (world.size() != 4) return;  // the mesh needs 4 ranks
   const nn::GPTConfig c = tiny_gpt_config();
-  manual_seed(5);
-  nn::TinyGPT single(c);
-  manual_seed(5);
-  nn::TinyGPT gpt(c);
   const Device device = world.device();
-  single.to(device);
-  gpt.to(device);
-  const std::vector<double> expected = train_single(single, device);
+  Twins twins = draw_twins(device);
 
   // Tensor pairs {0, 1} and {2, 3} split the heads and MLP features; {0, 2} and {1, 3}, the ranks
   // holding the same shards, split each sequence and average their gradients (DDP).
   const GroupGrid grid = new_group_grid(world, 2);
   const ProcessGroup& context = grid.data;
-  TensorParallelGPT tp(gpt, grid.tensor, context);
+  TensorParallelGPT tp(*twins.parallel, grid.tensor, context);
   tp.to(device);
   DistributedDataParallel ddp(tp, context);
   optim::AdamW opt(ddp.parameters(), adamw());
@@ -292,24 +299,17 @@ TEST_CASE("a 2 x 2 mesh: tensor parallelism x context parallelism (ring) trains 
     opt.step();
     Tensor global = full({1}, loss.item<double>() / world.size(), TensorOptions{DType::f64});
     world.allreduce(global)->wait();
-    REQUIRE(global.item<double>() == Approx(expected[size_t(step)]).epsilon(1e-5));
+    REQUIRE(global.item<double>() == Approx(twins.expected[size_t(step)]).epsilon(1e-5));
   }
-  const auto reference = single.named_parameters();
+  const auto reference = twins.single->named_parameters();
   const auto mine = tp.named_parameters();
   REQUIRE(mine.size() == reference.size());
   for (size_t i = 0; i < mine.size(); ++i) {
     const std::string& name = mine[i].first;
     INFO(name);
     REQUIRE(name == reference[i].first);
-    const Tensor want = tensor_shard(name, reference[i].second, grid.tensor_rank, 2, c.n_embd);
-    if (ends_with(name, "attn.c_attn.bias")) {  // the key bias: see require_same_training
-      const int64_t third = want.size(0) / 3;
-      testing::require_close(mine[i].second.narrow(0, 0, third), want.narrow(0, 0, third), 1e-4);
-      testing::require_close(mine[i].second.narrow(0, 2 * third, third), want.narrow(0, 2 * third, third),
-                             1e-4);
-      continue;
-    }
-    testing::require_close(mine[i].second, want, 1e-4);
+    require_same_parameter(name, mine[i].second,
+                           tensor_shard(name, reference[i].second, grid.tensor_rank, 2, c.n_embd));
   }
 }
 
