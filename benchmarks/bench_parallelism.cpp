@@ -18,6 +18,7 @@
 //   dp2xtp2..  DDP over N/2 data groups x tensor parallelism over pairs (N >= 4, even)
 //   cp-ring    ContextParallelGPT: every sequence split over the N ranks (zigzag), ring attention
 //   cp-ulysses the same split, Ulysses' all-to-alls (N dividing the heads)
+//   cp-ring+fsdp  cp-ring with FSDP (a unit per block) over the N ranks in place of DDP
 //
 // Per strategy: samples/s and its ratio to single, each rank's memory (parameters, gradients,
 // optimizer state, and the rest of the step's peak: activations and temporaries), the bytes each
@@ -450,12 +451,15 @@ Strategy tensor_parallel(const Config& c, ProcessGroup tensor, ProcessGroup data
 }
 
 // Context parallelism over every rank: each holds T'/N positions of every sequence of the whole
-// batch (T' = T padded to the layout's chunks), the model whole; DDP averages the gradients.
-Strategy context_parallel(const Config& c, ProcessGroup& pg, double param_bytes, ContextAttention attention) {
-  struct Run {
+// batch (T' = T padded to the layout's chunks), the model whole; DDP averages the gradients. With
+// `sharded`, FSDP (a unit per block, as `fsdp`) over the same ranks in place of DDP.
+Strategy context_parallel(const Config& c, ProcessGroup& pg, double param_bytes, double root_bytes,
+                          ContextAttention attention, bool sharded = false) {
+  struct Run {  // destroyed bottom-up: the optimizer, FSDP or DDP, then the models they refer to
     std::unique_ptr<nn::TinyGPT> gpt;
     std::unique_ptr<ContextParallelGPT> cp;
     std::unique_ptr<DistributedDataParallel> ddp;
+    std::unique_ptr<FullyShardedDataParallel> fsdp;
     std::unique_ptr<optim::Optimizer> opt;
   };
   auto run = std::make_shared<Run>();
@@ -463,13 +467,20 @@ Strategy context_parallel(const Config& c, ProcessGroup& pg, double param_bytes,
   ContextParallelOptions options;
   options.attention = attention;
   run->cp = std::make_unique<ContextParallelGPT>(*run->gpt, pg, options);
-  run->ddp = std::make_unique<DistributedDataParallel>(*run->cp, pg);
-  run->opt = adamw(run->ddp->parameters());
+  if (sharded) {
+    FSDPOptions units;
+    units.auto_wrap = AutoWrapPolicy::module_types_of({"TransformerBlock"});
+    run->fsdp = std::make_unique<FullyShardedDataParallel>(*run->cp, pg, units);
+    run->opt = adamw(run->fsdp->parameters());
+  } else {
+    run->ddp = std::make_unique<DistributedDataParallel>(*run->cp, pg);
+    run->opt = adamw(run->ddp->parameters());
+  }
   const int n = pg.size();
   const int64_t padded = context_padded_length(c.seq, n, run->cp->layout());
   Strategy s;
   const bool ring = attention == ContextAttention::ring;
-  s.name = ring ? "cp-ring" : "cp-ulysses";
+  s.name = str_cat(ring ? "cp-ring" : "cp-ulysses", sharded ? "+fsdp" : "");
   s.note = str_cat(padded / n, " positions per rank", ring ? " (zigzag)" : "");
   s.groups = {pg};
   // DDP's all-reduce, plus per layer and rank, with E the elements of one rank's K (B T'/N C):
@@ -479,12 +490,15 @@ Strategy context_parallel(const Config& c, ProcessGroup& pg, double param_bytes,
   const double share = (n - 1.0) / n;
   const double e_bytes = static_cast<double>(c.global_batch * (padded / n) * c.embd) * 4.0;
   const double per_layer = n == 1 ? 0.0 : ring ? (4.0 * (n - 1) + 2.0 * n) * e_bytes : 8.0 * share * e_bytes;
-  s.predicted_bytes = 2 * share * param_bytes + static_cast<double>(c.layers) * per_layer;
+  // DDP's all-reduce moves 2 (N-1)/N of the parameters; FSDP 3 (N-1)/N less the root's once (fsdp).
+  s.predicted_bytes = (sharded ? share * (3.0 * param_bytes - root_bytes) : 2 * share * param_bytes) +
+                      static_cast<double>(c.layers) * per_layer;
+  if (sharded) s.slack_per_call = 0.5 + 4.0 * n;  // units padded to N elements
   s.step = [=, &c](int i) {
     auto [x, y] = batch(c, i);
     run->opt->zero_grad();
     ContextBatch b = run->cp->context_parallel_batch(x, y);
-    Tensor logits = (*run->ddp)(b.inputs);
+    Tensor logits = run->fsdp ? (*run->cp)(b.inputs) : (*run->ddp)(b.inputs);  // FSDP: hooks on cp
     CrossEntropyOptions sum;
     sum.reduction = Reduction::Sum;
     // This rank's tokens' summed loss x N / (all the batch's tokens): DDP's average over the N
@@ -496,6 +510,8 @@ Strategy context_parallel(const Config& c, ProcessGroup& pg, double param_bytes,
     return std::make_pair(loss.item<double>() / n, 0.0);
   };
   s.memory = [=] {
+    if (run->fsdp)
+      return std::vector<Memory>{memory_of(run->fsdp->parameters(), optimizer_state_bytes(*run->opt), 0)};
     Memory m = memory_of(run->gpt->parameters(), optimizer_state_bytes(*run->opt), 0);
     m.buffers = run->ddp->bucket_bytes();
     return std::vector<Memory>{m};
@@ -598,8 +614,9 @@ int main(int argc, char** argv) {
       GroupGrid grid = new_group_grid(world, 2);  // rank = data_rank * 2 + tensor_rank
       add(tensor_parallel(c, grid.tensor, grid.data, str_cat("dp", n / 2, "xtp2")));
     }
-    add(context_parallel(c, world, param_bytes, ContextAttention::ring));
-    if (c.heads % n == 0) add(context_parallel(c, world, param_bytes, ContextAttention::ulysses));
+    add(context_parallel(c, world, param_bytes, root_bytes, ContextAttention::ring));
+    if (c.heads % n == 0) add(context_parallel(c, world, param_bytes, root_bytes, ContextAttention::ulysses));
+    add(context_parallel(c, world, param_bytes, root_bytes, ContextAttention::ring, /*sharded=*/true));
     for (Strategy& s : strategies) {
       if (s.moved) continue;
       s.moved = [groups = s.groups] {

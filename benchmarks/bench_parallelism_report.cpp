@@ -40,7 +40,7 @@ void print_table(const Config& c, int world, const std::vector<Row>& rows, doubl
   std::printf("%s, load %.2f, %s\n\n", bench::cpu_model().c_str(), bench::load_average(),
               bench::utc_now().c_str());
   const bool capped = c.memory_cap_mb > 0;
-  std::printf("%-10s %9s %8s %7s | %7s %7s %7s %7s %7s%s | %9s %10s %8s | %7s | %9s  %s\n", "strategy",
+  std::printf("%-12s %9s %8s %7s | %7s %7s %7s %7s %7s%s | %9s %10s %8s | %7s | %9s  %s\n", "strategy",
               "samples/s", "vs single", "step ms", "params", "grads", "optim", "rest", "peak",
               capped ? "     cap" : "", "moved MB", "formula MB", "ratio", "bubble", "loss diff", "setup");
   const double base = rows.empty() ? 1.0 : rows[0].samples_per_s;
@@ -52,7 +52,7 @@ void print_table(const Config& c, int world, const std::vector<Row>& rows, doubl
                                   ? str_cat(format_fixed(100.0 * r.counted_bytes / r.predicted_bytes, 2), "%")
                                   : "-";
     std::printf(
-        "%-10s %9.1f %8.2fx %7.1f | %7.2f %7.2f %7.2f %7.2f %7.2f%s | %9s %10.3f %8s | %7.3f | %9.1e  %s\n",
+        "%-12s %9.1f %8.2fx %7.1f | %7.2f %7.2f %7.2f %7.2f %7.2f%s | %9s %10.3f %8s | %7.3f | %9.1e  %s\n",
         r.name.c_str(), r.samples_per_s, r.samples_per_s / base, r.step_ms, mb(top.params), mb(top.grads),
         mb(top.optimizer), mb(top.rest), mb(top.peak()), cap.c_str(),
         format_fixed(mb(r.counted_bytes), 3).c_str(), mb(r.predicted_bytes), ratio.c_str(), r.bubble,
