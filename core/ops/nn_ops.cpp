@@ -210,8 +210,10 @@ Tensor layer_norm(const Tensor& x_arg, const Shape& normalized_shape, const Tens
       Tensor xs = saved_x.unpack(), ws = saved_w.unpack(), gy = g[0].contiguous();
       Tensor gx = new_output(xs.shape(), xs.dtype(), xs);
       // The split backward's B asks for gx alone: the kernel then skips the column sums.
-      Tensor gw = has_w && autograd::needs_input_grad(1) ? new_output(normalized_shape, xs.dtype(), xs) : Tensor();
-      Tensor gb = has_b && autograd::needs_input_grad(2) ? new_output(normalized_shape, xs.dtype(), xs) : Tensor();
+      Tensor gw =
+          has_w && autograd::needs_input_grad(1) ? new_output(normalized_shape, xs.dtype(), xs) : Tensor();
+      Tensor gb =
+          has_b && autograd::needs_input_grad(2) ? new_output(normalized_shape, xs.dtype(), xs) : Tensor();
       MG_KERNEL_SCRATCH(xs.device(), layer_norm_backward, xs.dtype(), gy.data_ptr(), xs.data_ptr(),
                         mean.data_ptr(), rstd.data_ptr(), ws.defined() ? ws.data_ptr() : nullptr, rows, cols,
                         gx.data_ptr(), gw.defined() ? gw.data_ptr() : nullptr,
