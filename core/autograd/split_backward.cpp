@@ -66,9 +66,12 @@ struct DeferredWeightGrad::State {
     std::vector<Tensor> grads;  // its incoming gradients, hooks already applied
     std::vector<bool> wanted;   // the inputs W asks it for
   };
-  std::vector<Start> starts;                                  // on-path nodes with off-path edges
-  std::unordered_map<Node*, std::vector<Tensor>> root_seeds;  // roots B never reached
-  std::vector<std::shared_ptr<Node>> root_nodes;
+  std::vector<Start> starts;  // on-path nodes with off-path edges
+  struct WaitingRoot {
+    std::shared_ptr<Node> node;
+    std::vector<Tensor> seed;
+  };
+  std::vector<WaitingRoot> roots;  // the roots B never reached, with their seeds
   bool retain_graph = false;
 };
 
@@ -78,7 +81,7 @@ DeferredWeightGrad::DeferredWeightGrad(DeferredWeightGrad&&) noexcept = default;
 DeferredWeightGrad& DeferredWeightGrad::operator=(DeferredWeightGrad&&) noexcept = default;
 
 size_t DeferredWeightGrad::num_deferred() const {
-  return state_ ? state_->starts.size() + state_->root_nodes.size() : 0;
+  return state_ ? state_->starts.size() + state_->roots.size() : 0;
 }
 
 DeferredWeightGrad backward_input(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads,
@@ -127,8 +130,7 @@ DeferredWeightGrad backward_input(const std::vector<Tensor>& roots, const std::v
   for (const auto& node : root_nodes) {
     if (!on_path.at(node.get())) {  // W's, with its seed
       if (queued.insert(node.get()).second) {
-        state.root_nodes.push_back(node);
-        state.root_seeds[node.get()] = std::move(task.input_buffers[node.get()]);
+        state.roots.push_back({node, std::move(task.input_buffers[node.get()])});
         task.input_buffers.erase(node.get());
       }
       continue;
@@ -173,16 +175,14 @@ DeferredWeightGrad backward_input(const std::vector<Tensor>& roots, const std::v
         ready.push(edge.node);
     }
   }
-  deferred.pending_ = true;
   running.finish();
   return deferred;
 }
 
 void DeferredWeightGrad::run() {
-  MG_CHECK(pending_, "DeferredWeightGrad::run: ",
+  MG_CHECK(pending(), "DeferredWeightGrad::run: ",
            ran_ ? "the weight gradients were already computed (run() once per backward_input)"
                 : "nothing to run (not made by backward_input)");
-  pending_ = false;
   ran_ = true;
   State& state = *state_;
   GraphTask task;
@@ -200,15 +200,15 @@ void DeferredWeightGrad::run() {
   for (const State::Start& start : state.starts)
     for (size_t i = 0; i < start.wanted.size(); ++i)
       if (start.wanted[i]) reach(start.node->next_edges[i]);
-  for (const auto& root : state.root_nodes)
-    if (seen.insert(root.get()).second) stack.push_back(root.get());
+  for (const State::WaitingRoot& root : state.roots)
+    if (seen.insert(root.node.get()).second) stack.push_back(root.node.get());
   while (!stack.empty()) {
     Node* node = stack.back();
     stack.pop_back();
     for (const Edge& edge : node->next_edges)
       if (edge.is_valid()) reach(edge);
   }
-  for (auto& [node, seed] : state.root_seeds) task.input_buffers[node] = std::move(seed);
+  for (State::WaitingRoot& root : state.roots) task.input_buffers[root.node.get()] = std::move(root.seed);
 
   // One queue, the engine's order: a start runs with its saved gradients and asks for W's inputs
   // only; any other node runs as in backward().
@@ -218,8 +218,8 @@ void DeferredWeightGrad::run() {
     start_of[start.node.get()] = &start;
     ready.push(start.node);
   }
-  for (const auto& root : state.root_nodes)
-    if (task.dependencies[root.get()] == 0) ready.push(root);
+  for (const State::WaitingRoot& root : state.roots)
+    if (task.dependencies[root.node.get()] == 0) ready.push(root.node);
   while (!ready.empty()) {
     std::shared_ptr<Node> node = ready.top();
     ready.pop();

@@ -46,7 +46,7 @@ class DeferredWeightGrad {
   // Once: a second call is an error. Dropping a DeferredWeightGrad without run() drops the
   // weight gradients (as never calling backward would).
   void run();
-  bool pending() const { return pending_; }
+  bool pending() const { return state_ != nullptr; }
   // The nodes W starts from: those on the B path that also lead elsewhere, and the roots B never
   // reached.
   size_t num_deferred() const;
@@ -56,8 +56,7 @@ class DeferredWeightGrad {
                                            const std::vector<Tensor>&, bool);
   struct State;
   std::unique_ptr<State> state_;
-  bool pending_ = false;
-  bool ran_ = false;
+  bool ran_ = false;  // run() empties state_: this tells "already ran" from "never made"
 };
 
 // B: runs backward from `roots` seeded with `grads` (as backward()) along the paths that reach
