@@ -94,7 +94,10 @@ Prediction predict(const KernelWork& w, const GpuSpec& gpu) {
   check_count("tensor_flops", w.tensor_flops);
   check_count("atomics", w.atomics);
   check_count("l1_hit_sectors", w.l1_hit_sectors);
+  check_count("warp_cycles", w.warp_cycles);
 
+  if (!(gpu.overlap_exponent >= 1) || std::isinf(gpu.overlap_exponent))
+    invalid(gpu.name + ": overlap_exponent must be a finite number >= 1");
   for (const double fraction : {gpu.hbm_sustained_fraction, gpu.fp32_sustained_fraction})
     if (!(fraction > 0 && fraction <= 1))
       invalid(gpu.name +
@@ -194,6 +197,11 @@ Prediction predict(const KernelWork& w, const GpuSpec& gpu) {
   p.achievable_bytes_per_s =
       p.bytes_in_flight > 0 ? std::min(sustained_hbm, p.bytes_in_flight / p.load_latency_seconds) : 0;
 
+  // ---- a warp's own path: its instructions and their dependent latencies, as if it ran alone
+  // (ptx_chain.cpp), each warp's clocks one after another, wave after wave ----------------------
+  const double warp_clocks = w.warp_cycles / (blocks * warps_per_block) * whole_waves;
+  const double dependent = warp_clocks / gpu.clock_hz;
+
   p.limits = {{"DRAM", dram},
               {"L2", l2},
               {"L1/shared", shared},
@@ -201,12 +209,25 @@ Prediction predict(const KernelWork& w, const GpuSpec& gpu) {
               {"tensor", tensor},
               {"issue", issue},
               {"latency (bytes in flight)", latency},
+              {"latency (dependent instructions)", dependent},
               {"launch", gpu.launch_latency_s}};
   const Limit* largest = &p.limits[0];
   double work = 0;  // the largest limit but the launch: the launch adds to it
   for (const Limit& l : p.limits) {
     if (l.seconds > largest->seconds * (1 + 1e-12)) largest = &l;  // a tie names the earlier unit
     if (&l != &p.limits.back()) work = std::max(work, l.seconds);
+  }
+  // Memory and compute overlap, but not perfectly: an SM's warps hide one behind the other only
+  // while some of them compute as others wait. The memory system's time m (DRAM, L2) and the SM's
+  // pipes' c (issue, FP32, tensor) together take (m^p + c^p)^(1/p): max(m, c) where one dwarfs the
+  // other, 2^(1/p) of it where they are equal.
+  const double memory = std::max(dram, l2), compute = std::max({fp32, tensor, issue});
+  const double larger = std::max(memory, compute);
+  if (larger > 0) {
+    const double q = gpu.overlap_exponent;
+    p.overlap_seconds =
+        larger * std::pow(std::pow(memory / larger, q) + std::pow(compute / larger, q), 1 / q);
+    work = std::max(work, p.overlap_seconds);
   }
   p.binding = largest->name;
   p.seconds = gpu.launch_latency_s + work;

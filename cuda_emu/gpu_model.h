@@ -21,6 +21,11 @@
 //     n - 1 of n; without its count, ASSUMED one per load request), wave after wave, each taking
 //     the L1, L2 or DRAM latency by the share of sectors each served, the DRAM one loaded (it grows
 //     with the DRAM bandwidth the launch uses, as calibrated on RRZE's occupancy sweep);
+//   * a warp's own path: per basic block of its PTX, the longer of its instructions (one a clock)
+//     and its chain of dependent latencies (an FFMA's 4 clocks, a shared load's 30), as if the warp
+//     ran alone, wave after wave (counted with the PTX only);
+//   * memory and compute overlap imperfectly: the memory system's limit m (DRAM, L2) and the SM
+//     pipes' c (issue, FP32, tensor) together take (m^p + c^p)^(1/p), GpuSpec::overlap_exponent;
 //   * plus the launch latency.
 // Occupancy follows NVIDIA's occupancy calculator (cuda_occupancy.h of the CUDA toolkit) with the
 // spec's compute-capability limits.
@@ -61,10 +66,13 @@ struct KernelWork {
   double fp32_instructions = 0;          // FFMA, FADD, FMUL, FSETP
   double integer_instructions = 0;       // IADD3, IMAD, LOP3, SHF, ISETP, SEL, ...
   double quarter_rate_instructions = 0;  // conversions and MUFU
-  double fp32_flops = 0;                 // CUDA-core FLOPs (declared by the caller; an FMA = 2)
-  double tensor_flops = 0;               // tensor-core FLOPs (bf16/f16 mma: counted)
-  double atomics = 0;                    // global atomic operations (lane-level): informational,
-                                         // their traffic is in l2_sectors (see the doc)
+  // A warp's own clocks, summed over every warp of the grid (InstructionMix::warp_cycles): per
+  // block run, the longer of its instructions and its chain of dependent ones. 0: not counted.
+  double warp_cycles = 0;
+  double fp32_flops = 0;    // CUDA-core FLOPs (declared by the caller; an FMA = 2)
+  double tensor_flops = 0;  // tensor-core FLOPs (bf16/f16 mma: counted)
+  double atomics = 0;       // global atomic operations (lane-level): informational,
+                            // their traffic is in l2_sectors (see the doc)
   // Stack frames in local memory (ptxas -v's "bytes stack frame" x every thread of the grid, 0 when
   // not counted): each thread writes its frame at least once, and the frames of a grid outgrow
   // the L1s, so they are priced as L2 and DRAM traffic beside dram_bytes -- an upper bound on DRAM,
@@ -74,7 +82,7 @@ struct KernelWork {
 
 struct Limit {
   const char* name;  // "DRAM", "L2", "L1/shared", "fp32", "tensor", "issue", "latency (bytes in flight)",
-                     // "launch"
+                     // "latency (dependent instructions)", "launch"
   double seconds;    // predicted lower bound on the launch's time from this limit alone
 };
 
@@ -98,6 +106,9 @@ struct Prediction {
   double dram_utilisation = 0;      // u of the loaded DRAM latency (gpu_spec.h), at the latency time
   double achievable_bytes_per_s = 0;  // bytes_in_flight / load latency, capped at the HBM bandwidth
   double ideal_seconds = 0;           // the ideal roofline time roofline_fraction divides
+  // The memory system's and the SM pipes' limits together, as they overlap (GpuSpec::
+  // overlap_exponent): at least the larger of the two; the prediction when it is the largest.
+  double overlap_seconds = 0;
 };
 
 // Occupancy: resident blocks per SM for this block size, shared memory and register count, as the

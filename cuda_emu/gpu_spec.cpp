@@ -58,6 +58,10 @@ GpuSpec make_h200() {
   // Sustained FP32, CALIBRATED: RRZE gpu-roofline/h200.txt tops out at 42 TFLOP/s at 1980 MHz
   // (its 256 dependent FMAs a value, two chains a thread, every SM full): 0.63 of the peak.
   g.fp32_sustained_fraction = 0.63;
+  // Memory and compute overlap, FITTED: (m^p + c^p)^(1/p) with p = 2 (GpuSpec's default, kept by
+  // every GPU here): the least-squares p over the six rows of RRZE gpu-roofline/h200.txt is 2.1,
+  // where N = 40's DRAM and issue limits (2.23 and 2.33 ms) measured 3.22 ms together. The A100's
+  // rows (alex_a100_40.txt) are held out.
   // Instruction issue: 4 warp schedulers per SM, each issuing one warp instruction per clock (CUDA C++
   // Programming Guide, the compute capability 7.x-9.0 architecture sections; the Hopper and Ampere
   // whitepapers' SM diagrams: four partitions, one scheduler and dispatch unit each). The same on

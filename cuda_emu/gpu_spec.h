@@ -54,6 +54,10 @@ struct GpuSpec {
   double issue_per_sm_per_clock = 4;              // 4 warp schedulers, one warp instruction a clock each
   double int32_lanes_per_sm = 64;                 // 32-bit integer add/compare/logic results a clock
   double sfu_lanes_per_sm = 16;                   // conversions and special functions a clock
+  // How well the memory system's work and the SM's pipes overlap: a launch that needs m seconds of
+  // DRAM or L2 and c of instruction issue, FP32 or tensor cores takes (m^p + c^p)^(1/p), not
+  // max(m, c) (p = infinity: perfect overlap). Fitted on RRZE's gpu-roofline sweep of an H200.
+  double overlap_exponent = 2;
 
   // ---- occupancy (the compute capability's limits, as the toolkit's cuda_occupancy.h has them) --
   int warp_size = 32;

@@ -49,6 +49,7 @@ KernelWork work_of(const LaunchProfile& l, double fp32_flops) {
     w.integer_instructions = m.of(K::integer);
     w.quarter_rate_instructions = m.of(K::conversion) + m.of(K::special);
     w.registers_per_thread = m.registers_per_thread;
+    w.warp_cycles = m.warp_cycles;
     w.local_bytes = static_cast<double>(m.stack_bytes) * static_cast<double>(w.blocks) * w.threads_per_block;
   }
   return w;

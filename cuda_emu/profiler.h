@@ -106,7 +106,10 @@ struct InstructionMix {
   std::string why;       // "nvcc not found", "no PTX entry named ... in softmax.cu", ...
   std::string source;    // "softmax.cu (PTX for sm_90)"
   double warp_instructions[kInstructionKinds] = {};  // over the whole grid (scaled like the counts)
-  double inherited = 0;          // of the total: counted in blocks without an anchor (ptx_count.h)
+  double inherited = 0;  // of the total: counted in blocks without an anchor (ptx_count.h)
+  // A warp's own clocks, summed over every warp: each block run the longer of its issue and its
+  // chain of dependent instructions (ptx_count.h: block_cycles), as if the warp ran alone.
+  double warp_cycles = 0;
   int registers_per_thread = 0;  // ptxas -v for sm_90; 0 = unknown
   int stack_bytes = 0;           // ptxas -v: bytes of stack frame per thread, in local memory
   double total() const;

@@ -322,6 +322,7 @@ void count_launch_instructions(profile::LaunchProfile& r, const void* kernel,
   mix = ptx::count(*f, ptx::line_accesses(r.sites), warps, lines_run);
   for (double& v : mix.warp_instructions) v *= r.scale;
   mix.inherited *= r.scale;
+  mix.warp_cycles *= r.scale;
   mix.source = base + " (PTX for sm_90)";
 }
 

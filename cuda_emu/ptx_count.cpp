@@ -370,16 +370,19 @@ profile::InstructionMix count(const Function& f, const std::vector<LineAccesses>
                    f.demangled.c_str(), k, b.label.c_str(), weight, runs[k] / warps,
                    !votes.empty() ? "anchored" : (inherited ? "reached" : "trip count"), lines.c_str());
     }
+    std::vector<InstructionKind> kinds;
     for (const Instruction& in : b.instructions) {
       InstructionKind kind = in.kind;
       if (in.generic && in.access != Access::none) {
         const auto it = seen_space.find(key_of(in));
         if (it != seen_space.end() && it->second == Space::shared) kind = InstructionKind::shared_memory;
       }
+      kinds.push_back(kind);
       const double n = in.weight * runs[k];
       mix.warp_instructions[static_cast<size_t>(kind)] += n;
       if (inherited) mix.inherited += n;
     }
+    if (runs[k] > 0) mix.warp_cycles += runs[k] * block_cycles(b, kinds);
   }
   mix.registers_per_thread = f.registers_per_thread;
   mix.stack_bytes = f.stack_bytes;

@@ -56,6 +56,9 @@ struct Instruction {
   bool generic = false;               // a load or store without a state space (.global or .shared unknown)
   int bytes_per_lane = 0;             // memory instructions: vector width x element size
   std::string dest;                   // first operand when it is a register ("%f12"), else empty
+  std::vector<std::string> dests;     // every register the instruction writes ("{%f1, %f2}": both)
+  bool continues = false;             // a later piece of one PTX instruction (a division's Newton
+                                      // steps): it waits for the piece before it
   std::vector<std::string> sources;   // registers the instruction reads
   std::string guard;                  // "@%p1", "@!%p1" or empty
   std::vector<std::string> operands;  // as written: branches, setp, add and mov (the loop analysis)
@@ -96,6 +99,22 @@ std::vector<LineAccesses> line_accesses(const std::vector<profile::SiteCounts>& 
 // began a basic block of the CPU build, with how often (warp executions; absent: not seen).
 profile::InstructionMix count(const Function& f, const std::vector<LineAccesses>& seen, double warps,
                               const std::map<std::string, double>& lines_run = {});
+
+// Dependent-issue latencies, in clocks, of Ampere and Hopper alike (docs/performance-model.md,
+// "A warp's own path"): when an instruction's result can be read by the next.
+constexpr double kArithmeticLatency = 4;    // FFMA, FADD, IADD3, IMAD, LOP3, ... (measured: 4 on
+                                            // Volta to Hopper)
+constexpr double kSharedLatency = 30;       // LDS, LDSM, SHFL; mma ASSUMED the same
+constexpr double kQuarterRateLatency = 20;  // MUFU and conversions: ASSUMED (not measured here)
+constexpr double kFp64Latency = 8;          // DFMA: ASSUMED
+double latency_of(InstructionKind kind);    // 0 for global and local loads (the round-trip limit's),
+                                            // branches and barriers
+
+// The clocks one warp needs to run block `b` once, alone on its scheduler (ptx_chain.cpp): the
+// longer of its issue (one warp instruction a clock) and its longest chain of dependent
+// instructions, each waiting for the results it reads. `kinds[i]` is instruction i's kind as the
+// count resolved it (a generic load the tracer saw in shared memory is a shared load).
+double block_cycles(const Block& b, const std::vector<InstructionKind>& kinds);
 
 // Small text helpers of ptx_parse.cpp that the count uses too.
 std::vector<std::string> split(const std::string& s, char by);

@@ -355,6 +355,7 @@ std::vector<Function> parse(const std::string& ptx) {
       const bool dest = i == 0 && writes_first_operand(p.base) && operands[i].find('[') == std::string::npos;
       if (dest) {
         if (regs.size() == 1) in.dest = regs[0];
+        in.dests = regs;
       } else {
         in.sources.insert(in.sources.end(), regs.begin(), regs.end());
       }
@@ -365,7 +366,10 @@ std::vector<Function> parse(const std::string& ptx) {
       Instruction piece = in;
       piece.kind = pieces[i].kind;
       piece.weight = pieces[i].weight;
-      if (i > 0) piece.access = Access::none;  // the memory side is the first piece only
+      if (i > 0) {
+        piece.access = Access::none;  // the memory side is the first piece only
+        piece.continues = true;       // and each piece waits for the one before
+      }
       block->instructions.push_back(piece);
     }
     Instruction& kept = block->instructions.back();

@@ -553,13 +553,13 @@ std::string pct(double part, double whole) { return whole > 0 ? num(100.0 * part
 std::string per(double a, double b) { return b > 0 ? num(a / b, 2) : "-"; }
 
 void print_profile_header() {
-  std::printf("%-7s %-26s %-5s %-16s %5s %6s %5s %6s %5s %7s %7s %8s %9s %10s %-26s %6s\n", "family",
+  std::printf("%-7s %-26s %-5s %-16s %5s %6s %5s %6s %5s %7s %7s %8s %9s %10s %-32s %6s\n", "family",
               "kernel", "dtype", "shape", "ld", "ld", "st", "st", "smem", "smem", "DRAM", "FLOPs", "traced",
               "pred.", "bound by", "pred.");
-  std::printf("%-7s %-26s %-5s %-16s %5s %6s %5s %6s %5s %7s %7s %8s %9s %10s %-26s %6s\n", "", "", "", "",
+  std::printf("%-7s %-26s %-5s %-16s %5s %6s %5s %6s %5s %7s %7s %8s %9s %10s %-32s %6s\n", "", "", "", "",
               "sec/r", "eff", "sec/r", "eff", "wf/r", "wf/idl", "/ideal", "", "blocks", "us", "(prediction)",
               "%roof");
-  std::printf("%s\n", std::string(176, '-').c_str());
+  std::printf("%s\n", std::string(182, '-').c_str());
 }
 
 void print_profile_row(const bench::KernelResult& r) {
@@ -572,7 +572,7 @@ void print_profile_row(const bench::KernelResult& r) {
   char flops[32];
   std::snprintf(flops, sizeof flops, "%.2g", p.fp32_flops + p.tensor_flops);
   std::printf(
-      "%-7s %-26s %-5s %-16s %5s %6s %5s %6s %5s %7s %7s %8s %9s %10s %-26s %6s\n", r.family.c_str(),
+      "%-7s %-26s %-5s %-16s %5s %6s %5s %6s %5s %7s %7s %8s %9s %10s %-32s %6s\n", r.family.c_str(),
       r.kernel.c_str(), r.dtype.c_str(), r.shape.c_str(), per(p.load_sectors, p.load_requests).c_str(),
       pct(p.load_bytes, 32 * p.load_sectors).c_str(), per(p.store_sectors, p.store_requests).c_str(),
       pct(p.store_bytes, 32 * p.store_sectors).c_str(), per(p.shared_wavefronts, p.shared_requests).c_str(),

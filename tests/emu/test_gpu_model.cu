@@ -171,7 +171,8 @@ TEST_CASE("gpu model, H200: 4-byte loads at one request per warp cannot fill HBM
   CHECK(wide.seconds < narrow.seconds);
 }
 
-TEST_CASE("gpu model, H200: a 4096^3 bf16 GEMM is tensor-bound near 139 us", "[gpu_model]") {
+TEST_CASE("gpu model, H200: a 4096^3 bf16 GEMM is tensor-bound, its L2 re-reads overlapping imperfectly",
+          "[gpu_model]") {
   KernelWork w;
   w.blocks = 1024;  // 128 x 128 output tiles
   w.threads_per_block = 256;
@@ -185,10 +186,12 @@ TEST_CASE("gpu model, H200: a 4096^3 bf16 GEMM is tensor-bound near 139 us", "[g
   CHECK(p.binding == "tensor");
   CHECK(p.blocks_per_sm == 3);
   // 137.44 GFLOP / 989 TFLOPS = 138.97 us; the busiest SM runs ceil(1024 / 132) = 8 blocks, not
-  // 7.76: x 1.031 = 143.31 us; + 2.43 us launch = 145.74 us.
+  // 7.76: x 1.031 = 143.31 us. Its tiles' L2 re-reads (109.8 us, below) overlap it imperfectly:
+  // sqrt(143.31^2 + 109.8^2) = 180.54 us; + 2.43 us launch = 182.97 us.
   CHECK(limit(p, "tensor") == Approx(143.31e-6).epsilon(1e-3));
-  CHECK(p.seconds == Approx(145.74e-6).epsilon(1e-3));
-  CHECK(p.roofline_fraction == Approx(138.97 / 145.74).epsilon(2e-3));
+  CHECK(p.overlap_seconds == Approx(180.54e-6).epsilon(1e-3));
+  CHECK(p.seconds == Approx(182.97e-6).epsilon(1e-3));
+  CHECK(p.roofline_fraction == Approx(138.97 / 182.97).epsilon(2e-3));
   // The others stay below: DRAM 25.9 us (at 3.888 TB/s), L2 109.8 us; latency: 9.375% of the loaded bytes
   // from DRAM, the rest from L2 (141.6 ns): 0.09375 x 538 + 0.90625 x 141.6 = 178.8 ns at u = 0, and 256
   // round trips x 3 waves = 768 of them: T = 768 x (178.8 ns + 0.09375 x 215 ns x u) with u = 100.7 MB / (T
@@ -301,7 +304,8 @@ TEST_CASE("gpu model, H200: properties of every prediction", "[gpu_model]") {
     w.l1_hit_sectors = w.global_load_sectors * uniform(0, 1);
     const Prediction p = predict(w);
     INFO("case " << i << ": " << mg_emu::describe(p));
-    REQUIRE(p.limits.size() == 8);
+    REQUIRE(p.limits.size() == 9);
+    CHECK(p.seconds >= kLaunch + p.overlap_seconds * (1 - 1e-12));
     CHECK(p.roofline_fraction >= 0);
     CHECK(p.roofline_fraction <= 1);
     CHECK(p.seconds >= kLaunch);
@@ -431,6 +435,35 @@ TEST_CASE("gpu model: counted instructions -- the schedulers, or the pipe behind
 }
 
 // ---- the other GPUs -------------------------------------------------------------------------------
+
+TEST_CASE("gpu model: memory and compute overlap as (m^p + c^p)^(1/p), not as the larger", "[gpu_model]") {
+  const mg_emu::GpuSpec& gpu = mg_emu::h200_sxm();
+  REQUIRE(gpu.overlap_exponent == 2);
+  // 1 ms of DRAM at the sustained 3.888 TB/s, and 1 ms of issue: 4 warp instructions a clock on
+  // each of 132 SMs at 1.98 GHz. 8 blocks per SM, ten waves: nothing quantised, no loads to wait for.
+  KernelWork w;
+  w.blocks = 132 * 8 * 10;
+  w.threads_per_block = 256;
+  w.dram_bytes = 1e-3 * gpu.hbm_bytes_per_s * gpu.hbm_sustained_fraction;
+  w.issued_instructions = 1e-3 * 4 * 132 * gpu.clock_hz;
+  Prediction p = predict(w, gpu);
+  CHECK(p.binding == "DRAM");  // a tie names the unit listed first
+  CHECK(p.overlap_seconds == Approx(std::sqrt(2.0) * 1e-3));
+  CHECK(p.seconds == Approx(gpu.launch_latency_s + std::sqrt(2.0) * 1e-3));
+
+  // A third of the issue: the larger and 5 % more, sqrt(1 + 1/9).
+  w.issued_instructions /= 3;
+  p = predict(w, gpu);
+  CHECK(p.seconds == Approx(gpu.launch_latency_s + 1e-3 * std::sqrt(1 + 1.0 / 9)));
+
+  // No compute at all: the DRAM time alone. Perfect overlap (a large exponent): the larger.
+  w.issued_instructions = 0;
+  CHECK(predict(w, gpu).seconds == Approx(gpu.launch_latency_s + 1e-3));
+  mg_emu::GpuSpec perfect = gpu;
+  perfect.overlap_exponent = 1000;
+  w.issued_instructions = 1e-3 * 4 * 132 * gpu.clock_hz;
+  CHECK(predict(w, perfect).seconds == Approx(gpu.launch_latency_s + 1e-3).epsilon(1e-3));
+}
 
 TEST_CASE("gpu specs: every instance is found by its key, and an unknown one is refused by name",
           "[gpu_model]") {

@@ -14,9 +14,10 @@
 // N = 0 is 2 FLOPs per 8 bytes).
 //
 // What the rows say (docs/performance-model.md): the A100 reaches its FP32 peak at large N and
-// the model agrees; the H200 tops out at 63 % of its 66.9 TFLOP/s peak on this kernel, which the
-// model does not know (it prices an FFMA at one issue slot, and nothing in the published figures
-// says why the H200 does not reach it): its compute-bound rows are predicted too fast.
+// the model agrees; the H200 tops out at 63 % of its 66.9 TFLOP/s peak, the sustained share its
+// spec carries. Where memory and compute meet (N = 24-56) both GPUs are slower than either limit
+// alone: the two overlap imperfectly, as the spec's overlap exponent says (fitted on the H200
+// rows, held out on the A100's).
 #include <catch2/catch.hpp>
 
 #include <cstdint>
@@ -95,13 +96,16 @@ TEST_CASE("model validation: RRZE gpu-roofline on an H200 and an A100 40GB", "[g
                          sweep(mg_emu::h200_sxm(), {3759, 3629, 2690, 2029, 1213, 642}));
   const validation::Summary a100 = validation::report("gpu-roofline, gpu-roofline/alex_a100_40.txt", a100_40,
                                                       sweep(a100_40, {1372, 1322, 1284, 1150, 554, 291}));
-  // DRAM at its sustained rate ties N = 0-56 at one predicted time, hence correlations of 0.85
-  // (docs/performance-model.md); before, the bands were 1.28-2.07 and 1.04-1.21 at 0.94.
+  // With memory and compute overlapping as the overlap exponent says (2, the best fit to the H200
+  // rows at 2.1; 2026-12-06): the A100's rows are held out. Before, with the larger of the two
+  // limits, DRAM tied N = 0-56 at one predicted time: H200 0.97-1.38 (0.99), A100 0.96-1.15 (0.85).
   // The H200's sustained FP32 share (0.63, gpu_spec.cpp) is read from the N = 256 row, so N = 128
-  // and 256 agree by construction; before it was priced the counted band was 1.03-1.91 at 0.85.
-  if (validation::instructions_counted())
-    validation::hold(h200, 0.92, 1.45, 0.95);  // today: 0.97-1.38, 0.99 (issue counted from the PTX)
-  else
-    validation::hold(h200, 0.95, 1.52, 0.90);  // without nvcc: 1.02-1.46, 0.94
-  validation::hold(a100, 0.90, 1.20, 0.80);    // today: 0.96-1.15, 0.85
+  // and 256 agree by construction.
+  if (validation::instructions_counted()) {
+    validation::hold(h200, 0.85, 1.15, 0.95);  // today: 0.89-1.10, 1.00 (issue counted from the PTX)
+    validation::hold(a100, 0.78, 1.10, 0.95);  // today: 0.82-1.01, 1.00
+  } else {
+    validation::hold(h200, 0.88, 1.22, 0.95);  // without nvcc: 0.93-1.16, 1.00
+    validation::hold(a100, 0.78, 1.10, 0.95);  // 0.83-1.02, 1.00
+  }
 }

@@ -1,0 +1,85 @@
+// A warp's own clocks through one basic block of PTX: issue and dependent latency (ptx_count.h).
+//
+// Why. A scheduler hides the latency of one warp's instruction behind the instructions of its other
+// warps. With few warps resident (a large block, many registers, a small grid) there are not enough
+// of them: a warp that has issued an FFMA waits 4 clocks before the next FFMA that reads its
+// result, and 30 after a shared load before the instruction that uses the value. The issue limit
+// (gpu_model.cpp) counts slots, which latency does not take; this file gives the other bound, the
+// time one warp needs by itself:
+//
+//   clocks of a block = max(its instructions (a warp issues one a clock),
+//                           its longest chain: each instruction starts when the registers it reads are
+//                           ready, and its result is ready `latency` clocks later)
+//
+// The chain is the dataflow bound: ptxas may reorder a block's instructions freely, so only true
+// dependences order them. Each block run starts with every register ready (the loop's next trip
+// waits for the last one at the branch, so a loop-carried chain is counted once per trip). A
+// global load's result is taken as ready at once: its latency is the round-trip limit's (Little's
+// law, gpu_model.cpp), which prices it with the L1, L2 and DRAM latencies. A barrier waits for
+// every result before it (a shared store's included). A branch ends the block when it issues.
+#include <algorithm>
+#include <map>
+
+#include "cuda_emu/ptx_count.h"
+
+namespace mg_emu::ptx {
+
+double latency_of(InstructionKind kind) {
+  using K = InstructionKind;
+  switch (kind) {
+    case K::fp32:
+    case K::fp16:
+    case K::integer:
+    case K::other: return kArithmeticLatency;
+    case K::fp64: return kFp64Latency;
+    case K::conversion:
+    case K::special: return kQuarterRateLatency;
+    case K::shared_memory:
+    case K::warp:
+    case K::tensor: return kSharedLatency;
+    case K::global_memory:
+    case K::local_memory:
+    case K::branch:
+    case K::barrier: return 0;
+  }
+  return kArithmeticLatency;
+}
+
+double block_cycles(const Block& b, const std::vector<InstructionKind>& kinds) {
+  std::map<std::string, double> ready;  // when each register's value is ready, clocks from the start
+  double issued = 0;                    // warp instructions: one a clock
+  double finished = 0;                  // the latest result so far
+  double floor = 0;                     // a barrier's: nothing after it starts earlier
+  double previous_piece = 0;            // when the last instruction's result was ready
+  for (size_t i = 0; i < b.instructions.size(); ++i) {
+    const Instruction& in = b.instructions[i];
+    const InstructionKind kind = i < kinds.size() ? kinds[i] : in.kind;
+    issued += in.weight;
+    double start = floor;
+    for (const std::string& r : in.sources) {
+      const auto it = ready.find(r);
+      if (it != ready.end()) start = std::max(start, it->second);
+    }
+    if (in.continues) start = std::max(start, previous_piece);
+    if (kind == InstructionKind::barrier) {
+      floor = std::max(floor, finished);
+      previous_piece = floor;
+      continue;
+    }
+    // A free instruction (a move, a contracted multiply) passes its inputs on; a sequence of w
+    // dependent SASS instructions (a 64-bit add's two halves) takes w latencies.
+    const bool memory_result =
+        kind == InstructionKind::global_memory || kind == InstructionKind::local_memory;
+    const double latency =
+        memory_result ? 0
+                      : latency_of(kind) *
+                            (kind == InstructionKind::shared_memory ? std::min(in.weight, 1.0) : in.weight);
+    const double done = start + latency;
+    for (const std::string& r : in.dests) ready[r] = done;
+    previous_piece = done;
+    finished = std::max(finished, done);
+  }
+  return std::max(issued, finished);
+}
+
+}  // namespace mg_emu::ptx

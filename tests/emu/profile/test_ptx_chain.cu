@@ -1,0 +1,125 @@
+// A warp's own clocks through a block of PTX (cuda_emu/ptx_count.h: block_cycles), on hand-written
+// PTX whose chains a reader can follow instruction by instruction, and the limit the GPU model
+// makes of them (cuda_emu/gpu_model.h: KernelWork::warp_cycles).
+#include <catch2/catch.hpp>
+
+#include <string>
+#include <vector>
+
+#include "cuda_emu/gpu_model.h"
+#include "cuda_emu/gpu_spec.h"
+#include "cuda_emu/ptx_count.h"
+
+namespace ptx = mg_emu::ptx;
+
+namespace {
+
+std::vector<mg_emu::profile::InstructionKind> kinds_of(const ptx::Block& b) {
+  std::vector<mg_emu::profile::InstructionKind> kinds;
+  for (const ptx::Instruction& in : b.instructions) kinds.push_back(in.kind);
+  return kinds;
+}
+
+double cycles_of(const ptx::Block& b) { return ptx::block_cycles(b, kinds_of(b)); }
+
+// Block 1: a dot product's loop over shared memory, one FFMA a trip.
+//   ld.shared x2      ready at 30 (both issue at once: neither waits)
+//   fma               reads both: starts at 30, ready at 34
+//   add x3, setp      the pointers and the counter: 4, the compare 8
+//   bra               issues at 8
+// 8 instructions, a chain of 34 clocks: latency, not issue, sets a lone warp's pace.
+// Block 2: a store, the barrier that waits for it, a load of what another warp stored, an FFMA,
+//   a compare and a branch: st.shared done at 30; bar.sync: nothing after it starts before 30;
+//   ld.shared ready at 60; fma at 64; setp at 68, where the branch issues. 6 instructions, 68 clocks.
+// Block 3: an IEEE division (a MUFU.RCP, 8 FP32 instructions and a branch, each waiting for the
+//   one before): 20 + 8 x 4 = 52 clocks for 10 instructions.
+// Block 4: an unrolled chain of 8 independent FFMAs (4 clocks deep, 8 instructions): issue binds.
+const char* kChains = R"(
+.visible .entry _Z6chainsPf(
+	.param .u64 _Z6chainsPf_param_0
+)
+{
+	.loc	1 5 0
+	mov.f32 	%f1, 0f00000000;
+	mov.u32 	%r5, 0;
+$L__BB0_1:
+	.loc	1 7 5
+	ld.shared.f32 	%f2, [%r3];
+	ld.shared.f32 	%f3, [%r4];
+	fma.rn.f32 	%f1, %f2, %f3, %f1;
+	add.s32 	%r3, %r3, 4;
+	add.s32 	%r4, %r4, 128;
+	add.s32 	%r5, %r5, 1;
+	setp.lt.s32 	%p1, %r5, 32;
+	@%p1 bra 	$L__BB0_1;
+	.loc	1 9 3
+	st.shared.f32 	[%r3], %f1;
+	bar.sync 	0;
+	ld.shared.f32 	%f4, [%r4];
+	fma.rn.f32 	%f5, %f4, %f4, %f1;
+	setp.gt.f32 	%p2, %f5, 0f00000000;
+	@%p2 bra 	$L__BB0_4;
+	div.rn.f32 	%f6, %f5, %f4;
+$L__BB0_4:
+	fma.rn.f32 	%f10, %f2, %f2, %f2;
+	fma.rn.f32 	%f11, %f3, %f3, %f3;
+	fma.rn.f32 	%f12, %f4, %f4, %f4;
+	fma.rn.f32 	%f13, %f5, %f5, %f5;
+	fma.rn.f32 	%f14, %f2, %f3, %f3;
+	fma.rn.f32 	%f15, %f3, %f4, %f4;
+	fma.rn.f32 	%f16, %f4, %f5, %f5;
+	fma.rn.f32 	%f17, %f5, %f2, %f2;
+	ret;
+}
+	.file	1 "/src/chains.cu"
+)";
+
+}  // namespace
+
+TEST_CASE("warp path: a block's clocks are its issue or its chain of dependent latencies, worked by hand",
+          "[profiler][ptx]") {
+  const std::vector<ptx::Function> fs = ptx::parse(kChains);
+  REQUIRE(fs.size() == 1);
+  const std::vector<ptx::Block>& blocks = fs[0].blocks;
+  REQUIRE(blocks.size() == 5);
+
+  CHECK(cycles_of(blocks[1]) == Approx(ptx::kSharedLatency + 4));      // 34: the loads, then the FFMA
+  CHECK(cycles_of(blocks[2]) == Approx(2 * ptx::kSharedLatency + 8));  // 68
+  CHECK(cycles_of(blocks[3]) == Approx(ptx::kQuarterRateLatency + 8 * ptx::kArithmeticLatency));  // 52
+  CHECK(cycles_of(blocks[4]) == Approx(9));  // 8 independent FFMAs and the return: issue, not latency
+
+  // The loop issues 8 instructions in those 34 clocks: with 4 or more warps on its scheduler the
+  // others fill the gaps, and the issue limit binds instead.
+  double issued = 0;
+  for (const ptx::Instruction& in : blocks[1].instructions) issued += in.weight;
+  CHECK(issued == Approx(8));
+}
+
+TEST_CASE("warp path: the GPU model prices a warp's own clocks wave after wave", "[gpu_model]") {
+  const mg_emu::GpuSpec& gpu = mg_emu::h200_sxm();
+  // One 32-thread block per SM, each warp 1e6 clocks of dependent work and nothing else.
+  mg_emu::KernelWork w;
+  w.blocks = 132;
+  w.threads_per_block = 32;
+  w.warp_cycles = 132 * 1e6;
+  w.issued_instructions = 132 * 1e5;  // a tenth of the clocks: the warp waits, it does not issue
+  mg_emu::Prediction p = mg_emu::predict(w, gpu);
+  CHECK(p.binding == "latency (dependent instructions)");
+  CHECK(p.seconds == Approx(gpu.launch_latency_s + 1e6 / gpu.clock_hz));
+
+  // Twice the blocks at one wave (two per SM): each warp still needs its own clocks, and the
+  // second warp on an SM runs beside the first, not after it.
+  w.blocks = 264;
+  w.warp_cycles = 264 * 1e6;
+  w.issued_instructions = 264 * 1e5;
+  p = mg_emu::predict(w, gpu);
+  CHECK(p.seconds == Approx(gpu.launch_latency_s + 1e6 / gpu.clock_hz));
+
+  // Blocks beyond one wave wait for a slot: 32 blocks per SM fit (32-thread blocks), so
+  // 33 x 132 blocks run in two waves and take twice as long.
+  w.blocks = 33 * 132;
+  w.warp_cycles = 33 * 132 * 1e6;
+  w.issued_instructions = 33 * 132 * 1e5;
+  p = mg_emu::predict(w, gpu);
+  CHECK(p.seconds == Approx(gpu.launch_latency_s + 2e6 / gpu.clock_hz));
+}
