@@ -66,15 +66,11 @@ double block_cycles(const Block& b, const std::vector<InstructionKind>& kinds) {
       previous_piece = floor;
       continue;
     }
-    // A free instruction (a move, a contracted multiply) passes its inputs on; a sequence of w
-    // dependent SASS instructions (a 64-bit add's two halves) takes w latencies.
-    const bool memory_result =
-        kind == InstructionKind::global_memory || kind == InstructionKind::local_memory;
-    const double latency =
-        memory_result ? 0
-                      : latency_of(kind) *
-                            (kind == InstructionKind::shared_memory ? std::min(in.weight, 1.0) : in.weight);
-    const double done = start + latency;
+    // A free instruction (weight 0: a move, a contracted multiply) passes its inputs on; a
+    // sequence of w dependent SASS instructions (a 64-bit add's two halves) takes w latencies; a
+    // shared access is one, whatever its width.
+    const double times = kind == InstructionKind::shared_memory ? std::min(in.weight, 1.0) : in.weight;
+    const double done = start + latency_of(kind) * times;
     for (const std::string& r : in.dests) ready[r] = done;
     previous_piece = done;
     finished = std::max(finished, done);
