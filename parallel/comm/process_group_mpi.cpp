@@ -163,11 +163,17 @@ class MpiRuntime {
       MPI_Abort(MPI_COMM_WORLD, 1);
     }
     // Its "leaving" beat, before MPI is gone: a normal end retires this rank quietly on its
-    // peers; leaving on an error (a non-zero exit status) makes them report it at once, since
-    // MPI_Finalize below may keep this process from exiting (mpirun would not see it go).
-    detail::stop_heartbeat(leaving_status());
+    // peers; leaving on an error (a non-zero exit status) makes them report it at once, before
+    // mpirun has seen this process go.
+    const int leaving = leaving_status();
+    detail::stop_heartbeat(leaving);
     for (MPI_Op& op : half_ops_) MPI_Op_free(&op);
-    if (owns_mpi_) {
+    // Leaving on an error, this rank does not finalize: Open MPI's MPI_Finalize waits in a fence
+    // for every rank, which the peers, still in their collectives, never join; and a rank blocked
+    // there while a survivor's MPI_Abort tears the job down sometimes hangs or crashes mpiexec
+    // (PMIx_server_finalize). Exiting without it, the process is gone at once, and mpirun, seeing
+    // a rank leave with a non-zero status, ends the job.
+    if (owns_mpi_ && leaving == 0) {
       int finalized = 0;
       MPI_Finalized(&finalized);
       if (!finalized) MPI_Finalize();
