@@ -90,7 +90,7 @@ bool constant_before(const Function& f, int before, std::string reg, long long* 
     for (int b = before; b >= 0 && !found; --b) {
       const std::vector<Instruction>& ins = f.blocks[static_cast<size_t>(b)].instructions;
       for (auto it = ins.rbegin(); it != ins.rend(); ++it) {
-        if (it->dest != reg) continue;
+        if (it->dest() != reg) continue;
         if (it->opcode.rfind("mov.", 0) != 0 || it->operands.size() != 2 || !it->guard.empty()) return false;
         if (parse_integer(it->operands[1], value)) return true;
         reg = it->operands[1];
@@ -113,7 +113,7 @@ double constant_trips(const Function& f, int b) {
   const std::string pred = guard.substr(negate ? 2 : 1);
   int setp = -1, add = -1;
   for (int i = static_cast<int>(ins.size()) - 1; i >= 0; --i)
-    if (ins[static_cast<size_t>(i)].dest == pred &&
+    if (ins[static_cast<size_t>(i)].dest() == pred &&
         ins[static_cast<size_t>(i)].opcode.rfind("setp.", 0) == 0) {
       setp = i;
       break;
@@ -126,7 +126,7 @@ double constant_trips(const Function& f, int b) {
   if (!parse_integer(s.operands[2], &bound)) return 0;
   for (int i = 0; i < static_cast<int>(ins.size()); ++i) {
     const Instruction& a = ins[static_cast<size_t>(i)];
-    if (a.dest != counter) continue;
+    if (a.dest() != counter) continue;
     const bool is_add = a.opcode.rfind("add.", 0) == 0, is_sub = a.opcode.rfind("sub.", 0) == 0;
     if ((!is_add && !is_sub) || a.operands.size() != 3 || a.operands[1] != counter ||
         !parse_integer(a.operands[2], &step) || add >= 0)

@@ -55,13 +55,15 @@ struct Instruction {
   Access access = Access::none;
   bool generic = false;               // a load or store without a state space (.global or .shared unknown)
   int bytes_per_lane = 0;             // memory instructions: vector width x element size
-  std::string dest;                   // first operand when it is a register ("%f12"), else empty
   std::vector<std::string> dests;     // every register the instruction writes ("{%f1, %f2}": both)
   bool continues = false;             // a later piece of one PTX instruction (a division's Newton
                                       // steps): it waits for the piece before it
   std::vector<std::string> sources;   // registers the instruction reads
   std::string guard;                  // "@%p1", "@!%p1" or empty
   std::vector<std::string> operands;  // as written: branches, setp, add and mov (the loop analysis)
+
+  // The register it writes when it writes exactly one ("%f12"), else empty.
+  std::string dest() const { return dests.size() == 1 ? dests[0] : std::string(); }
 };
 
 struct Block {

@@ -232,10 +232,10 @@ void contract_multiplies(Function& f) {
   for (Block& b : f.blocks)
     for (size_t i = 0; i < b.instructions.size(); ++i) {
       Instruction& mul = b.instructions[i];
-      if (!contractible(mul, "mul") || mul.dest.empty() || uses[mul.dest] != 1) continue;
+      if (!contractible(mul, "mul") || mul.dest().empty() || uses[mul.dest()] != 1) continue;
       for (size_t j = i + 1; j < b.instructions.size(); ++j) {
         const Instruction& user = b.instructions[j];
-        if (std::find(user.sources.begin(), user.sources.end(), mul.dest) == user.sources.end()) continue;
+        if (std::find(user.sources.begin(), user.sources.end(), mul.dest()) == user.sources.end()) continue;
         if (contractible(user, "add") || contractible(user, "sub")) mul.weight = 0;
         break;
       }
@@ -354,7 +354,6 @@ std::vector<Function> parse(const std::string& ptx) {
       const std::vector<std::string> regs = registers_in(operands[i]);
       const bool dest = i == 0 && writes_first_operand(p.base) && operands[i].find('[') == std::string::npos;
       if (dest) {
-        if (regs.size() == 1) in.dest = regs[0];
         in.dests = regs;
       } else {
         in.sources.insert(in.sources.end(), regs.begin(), regs.end());
