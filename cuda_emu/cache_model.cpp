@@ -2,6 +2,7 @@
 #include "cuda_emu/cache_model.h"
 
 #include <algorithm>
+#include <optional>
 #include <stdexcept>
 
 namespace mg_emu {
@@ -132,6 +133,113 @@ class LruSectors {
   uint32_t head_ = kNone, tail_ = kNone;  // most and least recent
 };
 
+// A GPU's L2 as a set-associative cache of 128-byte lines, each holding up to four 32-byte sectors
+// (a miss fetches the sector, not the line), LRU within a set. A line's set is a hash of its
+// address, as the GPU's address-to-slice hash spreads lines over its L2 slices. The hash is why a
+// working set a little under the capacity already loses hits: its lines land on the sets
+// unevenly (about Poisson with a mean of ways x working set / capacity), and a set given more lines
+// than it has ways thrashes under a cyclic sweep while the others hit. A fully associative LRU
+// (LruSectors) turns from all hits to all misses at exactly the capacity instead.
+//
+// Each access scans the `ways` slots of one set, so it costs no allocation and no table.
+class HashedSets {
+ public:
+  HashedSets(uint64_t capacity_bytes, int ways) : ways_(static_cast<size_t>(ways)) {
+    const uint64_t lines = std::max<uint64_t>(capacity_bytes / kLineBytes, 1);
+    if (ways < 1 || static_cast<uint64_t>(ways) > lines)
+      throw std::invalid_argument("cache model: an L2 needs 1 to capacity / 128 ways");
+    sets_ = lines / ways_;
+    slots_.assign(sets_ * ways_, Slot{});
+  }
+
+  // Whether `sector` is held; if so its line becomes the most recent of its set.
+  bool touch(uint64_t sector) {
+    Slot* slot = find(sector / kSectorsPerLine);
+    if (slot == nullptr || !(slot->valid & bit(sector))) return false;
+    slot->last_use = ++clock_;
+    return true;
+  }
+  // Brings in `sector` (not held): into its line when the line is there, else into the set's
+  // least recent (or empty) slot, whose sectors are dropped.
+  void insert(uint64_t sector, bool dirty) {
+    const uint64_t line = sector / kSectorsPerLine;
+    Slot* slot = find(line);
+    if (slot == nullptr) {
+      Slot* first = &slots_[set_of(line) * ways_];
+      slot = std::min_element(first, first + ways_,
+                              [](const Slot& a, const Slot& b) { return a.last_use < b.last_use; });
+      *slot = Slot{line, 0, 0, 0};
+    }
+    slot->valid |= bit(sector);
+    if (dirty) slot->dirty |= bit(sector);
+    slot->last_use = ++clock_;
+  }
+  // Marks a held sector dirty; true when it was clean (a new write-back is owed).
+  bool make_dirty(uint64_t sector) {
+    Slot* slot = find(sector / kSectorsPerLine);
+    if (slot == nullptr || !(slot->valid & bit(sector)))
+      throw std::logic_error("cache model: make_dirty of a sector not held");
+    const bool was_clean = !(slot->dirty & bit(sector));
+    slot->dirty |= bit(sector);
+    return was_clean;
+  }
+
+ private:
+  static constexpr uint64_t kLineBytes = 128, kSectorsPerLine = 4;
+  static constexpr uint64_t kEmpty = ~uint64_t{0};
+  struct Slot {
+    uint64_t line = kEmpty;
+    uint64_t last_use = 0;         // 0: never used (an empty slot is the first victim)
+    uint8_t valid = 0, dirty = 0;  // one bit per sector of the line
+  };
+  static uint8_t bit(uint64_t sector) { return static_cast<uint8_t>(1u << (sector % kSectorsPerLine)); }
+  // A mixing hash of the line number (splitmix64's finaliser), its top 32 bits scaled onto
+  // [0, sets). Not a plain multiplication: that spreads consecutive lines almost perfectly evenly
+  // (Fibonacci hashing), which is the sharp edge again.
+  size_t set_of(uint64_t line) const {
+    uint64_t h = line;
+    h = (h ^ (h >> 30)) * 0xBF58476D1CE4E5B9ull;
+    h = (h ^ (h >> 27)) * 0x94D049BB133111EBull;
+    h ^= h >> 31;
+    return static_cast<size_t>(((h >> 32) * sets_) >> 32);
+  }
+  Slot* find(uint64_t line) {
+    Slot* first = &slots_[set_of(line) * ways_];
+    for (size_t w = 0; w < ways_; ++w)
+      if (first[w].line == line) return &first[w];
+    return nullptr;
+  }
+
+  size_t ways_;
+  uint64_t sets_ = 1;
+  uint64_t clock_ = 0;
+  std::vector<Slot> slots_;
+};
+
+// The L2 a replay uses: the GPU's hashed sets, or a fully associative LRU (the hand-worked cases'
+// exact one, and the unbounded L2 of the first-touch count).
+class L2 {
+ public:
+  explicit L2(const CacheConfig& c) {
+    if (c.l2_bytes > 0 && c.l2_ways > 0)
+      sets_.emplace(c.l2_bytes, c.l2_ways);
+    else
+      lru_.emplace(c.l2_bytes / 32 + (c.l2_bytes > 0 && c.l2_bytes < 32 ? 1 : 0));
+  }
+  bool touch(uint64_t sector) { return sets_ ? sets_->touch(sector) : lru_->touch(sector); }
+  void insert(uint64_t sector, bool dirty) {
+    if (sets_)
+      sets_->insert(sector, dirty);
+    else
+      lru_->insert(sector, dirty);
+  }
+  bool make_dirty(uint64_t sector) { return sets_ ? sets_->make_dirty(sector) : lru_->make_dirty(sector); }
+
+ private:
+  std::optional<HashedSets> sets_;
+  std::optional<LruSectors> lru_;
+};
+
 // A block running on an SM: which one, and how far it has got.
 struct Running {
   size_t block;    // index into `blocks`
@@ -152,7 +260,7 @@ CacheTraffic simulate_caches(const std::vector<BlockRequests>& blocks, const Cac
   const size_t per_sm = static_cast<size_t>(std::max(1, config.blocks_per_sm));
   const uint64_t l1_sectors = config.l1_bytes_per_sm / 32;
   std::vector<LruSectors> l1(sms, LruSectors(l1_sectors));
-  LruSectors l2(config.l2_bytes / 32 + (config.l2_bytes > 0 && config.l2_bytes < 32 ? 1 : 0));
+  L2 l2(config);
   std::vector<CacheTraffic> per_block(blocks.size());
 
   // Each SM's blocks, in order, and the ones resident now.
@@ -170,10 +278,20 @@ CacheTraffic simulate_caches(const std::vector<BlockRequests>& blocks, const Cac
   for (const BlockRequests& b : blocks) mean_length += b.kinds.size();
   mean_length = blocks.empty() ? 0 : mean_length / blocks.size();
   const bool staggered = config.all_blocks > capacity;
+  // When each block started and finished (in rounds), the round the last of the first resident
+  // blocks started (from then on every slot is busy), and the round an SM first found no traced
+  // block to start (from then on fewer blocks run at once than on the GPU, where the grid's
+  // untraced blocks would follow).
+  constexpr size_t kNever = ~size_t{0};
+  std::vector<size_t> started(blocks.size(), kNever), finished(blocks.size(), kNever);
+  size_t now = 0, ramped = 0, first_idle = kNever;
   auto refill = [&](size_t sm, bool first) {
     while (resident[sm].size() < per_sm && next[sm] < queue[sm].size()) {
       const size_t b = queue[sm][next[sm]++];
-      resident[sm].push_back(Running{b, 0, first && staggered ? b * mean_length / capacity : 0});
+      const size_t wait = first && staggered ? b * mean_length / capacity : 0;
+      resident[sm].push_back(Running{b, 0, wait});
+      started[b] = now + wait;
+      ramped = std::max(ramped, started[b] * (first ? 1 : 0));
     }
   };
   for (size_t sm = 0; sm < sms; ++sm) refill(sm, true);
@@ -190,7 +308,7 @@ CacheTraffic simulate_caches(const std::vector<BlockRequests>& blocks, const Cac
   };
 
   bool any = true;
-  while (any) {  // one round: every resident block issues one request
+  for (; any; ++now) {  // one round: every resident block issues one request
     any = false;
     for (size_t sm = 0; sm < sms; ++sm) {
       for (size_t slot = 0; slot < resident[sm].size();) {
@@ -203,8 +321,10 @@ CacheTraffic simulate_caches(const std::vector<BlockRequests>& blocks, const Cac
           continue;
         }
         if (run.request >= b.kinds.size()) {  // finished: the SM's next block takes the slot
+          finished[run.block] = now;
           resident[sm].erase(resident[sm].begin() + static_cast<std::ptrdiff_t>(slot));
           refill(sm, false);
+          if (resident[sm].size() < per_sm && first_idle == kNever) first_idle = now;
           continue;
         }
         any = true;
@@ -236,11 +356,24 @@ CacheTraffic simulate_caches(const std::vector<BlockRequests>& blocks, const Cac
     }
   }
 
+  // The steady state: the traced blocks that ran while every slot was busy -- started once the
+  // first resident blocks all had, finished before an SM ran out of traced blocks to start. Those
+  // before ran beside fewer blocks than on the GPU (the first ones replace predecessors that were
+  // never traced), and so did those after, so less data passed through the caches between two uses
+  // of a sector. A trace needs three waves or so to hold one SM's worth of them; a shorter one
+  // takes the second half of its blocks (in block order; the first half warmed the caches).
+  size_t full = 0;
+  for (size_t b = 0; b < blocks.size(); ++b) full += started[b] >= ramped && finished[b] <= first_idle;
+  const bool from_full = full >= sms;
+  auto is_steady = [&](size_t b) {
+    return from_full ? started[b] >= ramped && finished[b] <= first_idle : b >= blocks.size() / 2;
+  };
   CacheTraffic total, steady;
-  const size_t half = blocks.size() / 2;
+  double steady_blocks = 0;
   for (size_t b = 0; b < blocks.size(); ++b) {
+    if (is_steady(b)) steady_blocks += 1;
     for (auto [into, from] : {std::pair{&total, &per_block[b]}, std::pair{&steady, &per_block[b]}}) {
-      if (into == &steady && b < half) continue;
+      if (into == &steady && !is_steady(b)) continue;
       into->l1_hit_sectors += from->l1_hit_sectors;
       into->l2_sectors += from->l2_sectors;
       into->dram_read += from->dram_read;
@@ -248,7 +381,6 @@ CacheTraffic simulate_caches(const std::vector<BlockRequests>& blocks, const Cac
     }
   }
   const double untraced = config.all_blocks > blocks.size() ? double(config.all_blocks - blocks.size()) : 0;
-  const double steady_blocks = double(blocks.size() - half);
   if (untraced > 0 && steady_blocks > 0) {
     const double f = untraced / steady_blocks;
     total.l1_hit_sectors += steady.l1_hit_sectors * f;

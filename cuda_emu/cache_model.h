@@ -17,10 +17,11 @@
 //       blocks' shared memory takes): a load's sector found there is served without L2. A load
 //       that misses brings the sector in. cp.async (.cg) bypasses L1. Stores are write-through:
 //       they go to L2 and leave L1 as it is; atomics go to L2 and drop L1's copy.
-//   L2 (LRU of sectors, the GPU's capacity): what reaches it is counted (l2_sectors); a read of a
-//       sector it does not hold is a DRAM read; a sector that turns dirty is one DRAM write (its
-//       write-back, at eviction or at the end). A store of a sector it does not hold reads nothing
-//       (the store fills it).
+//   L2 (the GPU's capacity: sets of 128-byte lines chosen by a hash of the address, LRU within a
+//       set, a miss fetching one 32-byte sector; with l2_ways 0, one LRU of sectors): what reaches
+//       it is counted (l2_sectors); a read of a sector it does not hold is a DRAM read; a sector
+//       that turns dirty is one DRAM write (its write-back, at eviction or at the end). A store of
+//       a sector it does not hold reads nothing (the store fills it).
 //
 // When only the first blocks were traced the rest are extrapolated from the steady state: the
 // traffic of the second half of the traced blocks (in block order), per block, times the untraced
@@ -48,6 +49,7 @@ struct CacheConfig {
   int blocks_per_sm = 1;
   uint64_t l1_bytes_per_sm = 0;  // 0: no L1 (every sector goes to L2)
   uint64_t l2_bytes = 0;         // 0: an unbounded L2 (DRAM sees each sector's first touch only)
+  int l2_ways = 0;               // > 0: hashed sets of this many 128-byte lines; 0: one LRU of sectors
   uint64_t all_blocks = 0;       // the grid's blocks, traced or not (for the extrapolation)
 };
 

@@ -32,6 +32,11 @@ GpuSpec make_h200() {
   // (Hopper tuning guide), of which shared memory takes up to 228 KB.
   g.l2_capacity_bytes = 50.0 * 1024 * 1024;
   g.l1_shared_bytes_per_sm = 256 * 1024;
+  // L2 organisation: ASSUMED for every GPU here, 16 lines of 128 bytes per set, the set chosen by a
+  // hash of the address. NVIDIA publishes neither the ways nor the hash; 16 was set before the
+  // comparison with RRZE's gpu-l2-cache sweep, not fitted to it (docs/performance-model.md gives the
+  // rows at 8 and 32 ways too).
+  g.l2_ways = 16;
   // L2 bandwidth: 9.78 TB/s, the median of RRZE gpu-l2-cache/h200.txt's plateau for 8-40 MB data
   // sets (9.48-10.25 TB/s). A read figure; stores are assumed to cost the same.
   g.l2_bytes_per_s = 9.78e12;

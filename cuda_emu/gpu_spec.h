@@ -31,10 +31,11 @@ struct GpuSpec {
   // cost the rest): the DRAM limit and the bytes latency can move are priced at this rate.
   double hbm_sustained_fraction = 0.81;
   double hbm_capacity_bytes = 141e9;
-  double l2_capacity_bytes = 50.0 * 1024 * 1024;  // the tracer's LRU L2 takes its size from here
-  uint64_t l1_shared_bytes_per_sm = 256 * 1024;   // the unified L1 / shared-memory array of an SM
-  double l2_bytes_per_s = 9.78e12;                // measured: no vendor publishes it
-  double dram_latency_s = 348e-9;                 // unloaded pointer chase
+  double l2_capacity_bytes = 50.0 * 1024 * 1024;  // the tracer's L2 takes its size from here
+  int l2_ways = 16;  // lines of 128 bytes per hashed set of the tracer's L2 (cache_model.cpp)
+  uint64_t l1_shared_bytes_per_sm = 256 * 1024;  // the unified L1 / shared-memory array of an SM
+  double l2_bytes_per_s = 9.78e12;               // measured: no vendor publishes it
+  double dram_latency_s = 348e-9;                // unloaded pointer chase
   // Under load a DRAM round trip takes longer: dram_loaded_latency_s + dram_latency_per_utilisation_s
   // x u, u = the launch's DRAM bytes per second / hbm_bytes_per_s (calibrated on the H200's die).
   double dram_loaded_latency_s = 538e-9;

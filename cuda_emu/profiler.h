@@ -47,7 +47,8 @@ struct Options {
                                       // for counting shapes too big to emulate whole)
   const GpuSpec* gpu = nullptr;       // whose L2 the LRU model takes (its l2_capacity_bytes):
                                       // nullptr = default_gpu_spec() (MG_EMU_GPU, else the H200)
-  uint64_t l2_bytes = 0;              // > 0: an L2 of this many bytes instead of the GPU's (tests)
+  uint64_t l2_bytes = 0;              // > 0: a fully associative LRU L2 of this many bytes instead
+                                      // of the GPU's hashed sets (tests)
   // Count every launch's warp instructions by kind from nvcc's PTX of the kernel's source file
   // (ptx_count.h): needs nvcc (MG_EMU_NVCC, else the one found at configure time), costs a few
   // seconds per source file the first time (the PTX is cached, see ptx_compile.cpp). Also on with
@@ -133,7 +134,7 @@ struct LaunchProfile {
   double load_round_trips = 0;
   double tensor_flops = 0;                                       // 2 * 16 * 8 * 16 per mma.m16n8k16
   double dram_read_first_touch = 0, dram_write_first_touch = 0;  // bytes, infinite L2
-  double dram_read_lru = 0, dram_write_lru = 0;                  // bytes, LRU L2 of Options::l2_bytes
+  double dram_read_lru = 0, dram_write_lru = 0;  // bytes, through the GPU's L2 (or Options::l2_bytes')
   // The caches (cache_model.h): load sectors an SM's L1 served, and the sectors that reached L2
   // (what the model's L2 limit prices): L1 misses, cp.async, stores and atomics.
   double l1_hit_sectors = 0, l2_sectors = 0;

@@ -487,8 +487,10 @@ void trace_launch_done(LaunchTrace& t) {
           : 0;
   caches.l1_bytes_per_sm =
       gpu.l1_shared_bytes_per_sm > shared_taken ? gpu.l1_shared_bytes_per_sm - shared_taken : 0;
+  // A test's own L2 size is a fully associative LRU (its counts worked by hand); the GPU's is hashed.
   caches.l2_bytes =
       t.options.l2_bytes > 0 ? t.options.l2_bytes : static_cast<uint64_t>(gpu.l2_capacity_bytes);
+  caches.l2_ways = t.options.l2_bytes > 0 ? 0 : gpu.l2_ways;
   const CacheTraffic lru = simulate_caches(t.blocks, caches);
   CacheConfig unbounded = caches;
   unbounded.l2_bytes = 0;
