@@ -95,6 +95,7 @@ Prediction predict(const KernelWork& w, const GpuSpec& gpu) {
   check_count("atomics", w.atomics);
   check_count("l1_hit_sectors", w.l1_hit_sectors);
   check_count("warp_cycles", w.warp_cycles);
+  check_count("barriers", w.barriers);
 
   if (!(gpu.overlap_exponent >= 1) || std::isinf(gpu.overlap_exponent))
     invalid(gpu.name + ": overlap_exponent must be a finite number >= 1");
@@ -202,6 +203,14 @@ Prediction predict(const KernelWork& w, const GpuSpec& gpu) {
   const double warp_clocks = w.warp_cycles / (blocks * warps_per_block) * whole_waves;
   const double dependent = warp_clocks / gpu.clock_hz;
 
+  // ---- one block per SM, in barrier-separated phases: a phase's loads must land before its work
+  // starts (the barrier after them), and the next phase's loads wait for that work (the barrier
+  // after it), so no warp's work hides another's wait, and with no second block on the SM nothing
+  // else does either: the round trips and the SM's own work add up. With two blocks or more per
+  // SM, one block's work is taken to hide the other's waits (the limits above, each alone). ----
+  const double sm_work = std::max({shared, fp32, tensor, issue});
+  const double serialised = k == 1 && w.barriers > 0 ? latency + sm_work : 0;
+
   p.limits = {{"DRAM", dram},
               {"L2", l2},
               {"L1/shared", shared},
@@ -210,6 +219,7 @@ Prediction predict(const KernelWork& w, const GpuSpec& gpu) {
               {"issue", issue},
               {"latency (bytes in flight)", latency},
               {"latency (dependent instructions)", dependent},
+              {"latency + SM (one block per SM)", serialised},
               {"launch", gpu.launch_latency_s}};
   const Limit* largest = &p.limits[0];
   double work = 0;  // the largest limit but the launch: the launch adds to it

@@ -52,6 +52,8 @@ struct KernelWork {
   double l1_hit_sectors = 0;        // of those, sectors an SM's L1 served (the tracer's cache model)
   double load_round_trips = -1;     // memory round trips summed over warps (the tracer's
                                     // LaunchProfile::load_round_trips); < 0: one per load request
+  double barriers = 0;              // __syncthreads() passed, summed over the blocks (the
+                                    // tracer's LaunchProfile::barriers)
   double shared_wavefronts = 0;     // shared-memory wavefronts (loads, stores, atomics)
   double l1_wavefronts = 0;         // global requests' passes through the SM's L1 data array, which
                                     // shared memory also uses: per request, the most sectors
@@ -82,7 +84,7 @@ struct KernelWork {
 
 struct Limit {
   const char* name;  // "DRAM", "L2", "L1/shared", "fp32", "tensor", "issue", "latency (bytes in flight)",
-                     // "latency (dependent instructions)", "launch"
+                     // "latency (dependent instructions)", "latency + SM (one block per SM)", "launch"
   double seconds;    // predicted lower bound on the launch's time from this limit alone
 };
 

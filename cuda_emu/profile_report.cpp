@@ -32,6 +32,7 @@ KernelWork work_of(const LaunchProfile& l, double fp32_flops) {
   w.global_load_sectors = l.global_load.sectors;
   w.l1_hit_sectors = l.l1_hit_sectors;
   w.load_round_trips = l.load_round_trips;
+  w.barriers = l.barriers;
   w.shared_wavefronts = l.shared_load.wavefronts + l.shared_store.wavefronts + l.shared_atomic.wavefronts;
   w.l1_wavefronts = l.global_load.wavefronts + l.global_store.wavefronts + l.global_atomic.wavefronts;
   // Every warp request is one instruction; a cp.async is in both global_load and shared_store.

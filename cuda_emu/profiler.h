@@ -132,7 +132,8 @@ struct LaunchProfile {
   // issue stalls at its first use). cp.async loads are not round trips; a cp.async.wait_group that
   // lands g of the n groups in flight is g / n of one (a pipeline n deep hides n - 1 of n).
   double load_round_trips = 0;
-  double tensor_flops = 0;                                       // 2 * 16 * 8 * 16 per mma.m16n8k16
+  double barriers = 0;      // __syncthreads() passed, summed over the blocks
+  double tensor_flops = 0;  // 2 * 16 * 8 * 16 per mma.m16n8k16
   double dram_read_first_touch = 0, dram_write_first_touch = 0;  // bytes, infinite L2
   double dram_read_lru = 0, dram_write_lru = 0;  // bytes, through the GPU's L2 (or Options::l2_bytes')
   // The caches (cache_model.h): load sectors an SM's L1 served, and the sectors that reached L2

@@ -108,6 +108,7 @@ struct LaunchTrace {
   std::vector<BlockRequests> blocks;
   uint64_t static_shared_bytes = 0;
   double round_trips = 0;
+  double barriers = 0;                               // __syncthreads() the traced blocks passed
   bool count_blocks = false;                         // with the instruction count: CPU blocks run
   std::unordered_map<uintptr_t, double> blocks_run;  // pc of a CPU basic block -> warp executions
   // With the instruction count: the widest shared access nvcc emitted per line (the PTX), and
@@ -177,6 +178,7 @@ class BlockTrace {
     if (launch_->count_blocks) ++threads_[static_cast<size_t>(current_)].blocks[pc];
   }
   void barrier_passed() {
+    ++barriers_;
     for (ThreadState& t : threads_) t.batch.clear();
   }
   void add_shared(const void* p, size_t bytes) {
@@ -250,6 +252,7 @@ class BlockTrace {
     }
     std::lock_guard<std::mutex> lock(launch_->mutex);
     launch_->round_trips += round_trips;
+    launch_->barriers += barriers_;
     for (const auto& [pc, n] : blocks_run) launch_->blocks_run[pc] += n;
     for (auto& [site, t] : sites_) {
       SiteTotals& into = launch_->sites[site];
@@ -426,6 +429,7 @@ class BlockTrace {
   std::unordered_map<uintptr_t, SiteTotals> sites_;
   std::unordered_map<uintptr_t, LaunchTrace::SiteWidth> widths_;  // the launch's, as far as seen
   BlockRequests requests_;
+  double barriers_ = 0;
 };
 
 // ---- the launch path -----------------------------------------------------------------------------
@@ -469,6 +473,7 @@ void trace_launch_done(LaunchTrace& t) {
   r.scale = r.traced_blocks > 0 ? double(r.blocks) / double(r.traced_blocks) : 0;
   r.shared_bytes_per_block += t.static_shared_bytes;
   r.load_round_trips = t.round_trips * r.scale;
+  r.barriers = t.barriers * r.scale;
   // The caches: the GPU's L1s (what the resident blocks' shared memory leaves of each SM's array)
   // and L2, and the same requests through an unbounded L2 for the first-touch bytes.
   const GpuSpec& gpu = t.options.gpu ? *t.options.gpu : default_gpu_spec();

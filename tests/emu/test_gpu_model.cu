@@ -304,7 +304,7 @@ TEST_CASE("gpu model, H200: properties of every prediction", "[gpu_model]") {
     w.l1_hit_sectors = w.global_load_sectors * uniform(0, 1);
     const Prediction p = predict(w);
     INFO("case " << i << ": " << mg_emu::describe(p));
-    REQUIRE(p.limits.size() == 9);
+    REQUIRE(p.limits.size() == 10);
     CHECK(p.seconds >= kLaunch + p.overlap_seconds * (1 - 1e-12));
     CHECK(p.roofline_fraction >= 0);
     CHECK(p.roofline_fraction <= 1);
@@ -463,6 +463,48 @@ TEST_CASE("gpu model: memory and compute overlap as (m^p + c^p)^(1/p), not as th
   perfect.overlap_exponent = 1000;
   w.issued_instructions = 1e-3 * 4 * 132 * gpu.clock_hz;
   CHECK(predict(w, perfect).seconds == Approx(gpu.launch_latency_s + 1e-3).epsilon(1e-3));
+}
+
+TEST_CASE("gpu model: one block per SM with barriers waits for its loads, then works", "[gpu_model]") {
+  const mg_emu::GpuSpec& gpu = mg_emu::h200_sxm();
+  // 1024 threads of 64 registers: one block per SM (65,536 registers); 1,320 blocks, ten waves.
+  // Each warp makes 100 round trips, all served by L1 (16.2 ns): 100 x 10 waves x 16.2 ns =
+  // 16.2 us on the critical path. 50 us of shared-memory wavefronts (one a clock per SM).
+  KernelWork w;
+  w.blocks = 1320;
+  w.threads_per_block = 1024;
+  w.registers_per_thread = 64;
+  w.global_load_requests = 100.0 * 32 * 1320;
+  w.global_load_sectors = 4 * w.global_load_requests;
+  w.l1_hit_sectors = w.global_load_sectors;
+  w.load_round_trips = w.global_load_requests;
+  w.shared_wavefronts = 50e-6 * 132 * gpu.clock_hz;
+  w.barriers = 10.0 * 1320;
+  Prediction p = predict(w, gpu);
+  REQUIRE(p.blocks_per_sm == 1);
+  const auto limit = [&](const char* name) {
+    for (const mg_emu::Limit& l : p.limits)
+      if (std::string(l.name) == name) return l.seconds;
+    FAIL("no limit " << name);
+    return 0.0;
+  };
+  CHECK(limit("latency (bytes in flight)") == Approx(16.2e-6));
+  CHECK(limit("L1/shared") == Approx(50e-6));
+  // The barriers keep the block's warps in step and no other block shares the SM: they add.
+  CHECK(p.binding == std::string("latency + SM (one block per SM)"));
+  CHECK(p.seconds == Approx(gpu.launch_latency_s + 66.2e-6));
+  // Without barriers the warps hide one another's waits: the larger alone.
+  w.barriers = 0;
+  p = predict(w, gpu);
+  CHECK(p.binding == std::string("L1/shared"));
+  CHECK(p.seconds == Approx(gpu.launch_latency_s + 50e-6));
+  // Two blocks per SM (32 registers): one block works while the other waits.
+  w.barriers = 10.0 * 1320;
+  w.registers_per_thread = 32;
+  p = predict(w, gpu);
+  REQUIRE(p.blocks_per_sm == 2);
+  CHECK(p.binding == std::string("L1/shared"));
+  CHECK(p.seconds == Approx(gpu.launch_latency_s + 50e-6));
 }
 
 TEST_CASE("gpu specs: every instance is found by its key, and an unknown one is refused by name",

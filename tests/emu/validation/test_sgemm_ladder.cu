@@ -471,7 +471,8 @@ TEST_CASE("model validation: siboehm's SGEMM ladder on an RTX A6000",
     // this ladder) and the L1's sector places: 0.63-1.52, 0.98; tuned 0.89, K6-K10 issue-bound
     // at 0.87-1.02 (1.34-1.48 at the FP32 peak), K1 0.94 (3.33). Before: 0.63-3.33, 0.92; tuned 0.60.
     // With memory and compute overlapping (2026-12-06): 0.61-1.52, 0.98; tuned 0.89, K6-K10 0.80-0.95.
-    validation::hold(s.all, 0.60, 1.60, 0.95);
+    // With one block per SM's round trips added to its work (K3, 2026-12-06): 0.61-1.14, 0.98.
+    validation::hold(s.all, 0.60, 1.25, 0.95);
     CHECK(s.tuned_correlation >= 0.85);
   } else {
     // Without nvcc: 0.63-1.52, 0.90; tuned 0.53.
