@@ -475,8 +475,8 @@ TEST_CASE("model validation: siboehm's SGEMM ladder on an RTX A6000",
     validation::hold(s.all, 0.60, 1.25, 0.95);
     CHECK(s.tuned_correlation >= 0.85);
   } else {
-    // Without nvcc: 0.63-1.52, 0.90; tuned 0.53.
-    validation::hold(s.all, 0.60, 1.60, 0.85);
+    // Without nvcc: 0.63-1.52, 0.90; tuned 0.53. With K3's round trips added (2026-12-06): 0.63-1.21.
+    validation::hold(s.all, 0.60, 1.30, 0.85);
     CHECK(s.tuned_correlation >= 0.45);
   }
 }
