@@ -153,7 +153,7 @@ void print_report(std::FILE* out, const std::vector<LaunchProfile>& launches, bo
     print_counts(out, "shared loads", l.shared_load, true);
     print_counts(out, "shared stores", l.shared_store, true);
     print_counts(out, "shared atomics", l.shared_atomic, true);
-    std::fprintf(out, "    %-14s %12.0f bytes (L2 of %.0f MiB, LRU)\n", "DRAM", l.dram_bytes_lru(),
+    std::fprintf(out, "    %-14s %12.0f bytes (through an L2 of %.0f MiB)\n", "DRAM", l.dram_bytes_lru(),
                  gpu.l2_capacity_bytes / (1024 * 1024));
     print_instructions(out, l.instructions);
     std::fprintf(out, "    predicted on %s: %.2f us, bound by %s (%.0f%% of the roofline)\n",

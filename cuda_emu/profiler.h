@@ -18,8 +18,8 @@
 //   caches         the global requests replayed through one L1 per SM and an L2 (cache_model.h:
 //                  resident blocks interleaved as they run): sectors L1 served and sectors that
 //                  reached L2; DRAM bytes as each sector's first touch (an infinite L2) and as the
-//                  misses and dirty evictions of an LRU L2 of the GPU's size (the H200's 50 MB
-//                  unless Options says otherwise), cold at each launch;
+//                  misses and dirty evictions of an L2 of the GPU's size in hashed 16-way sets
+//                  (the H200's 50 MB unless Options says otherwise), cold at each launch;
 //   tensor cores   mma.m16n8k16, ldmatrix.x4 and cp.async instructions (warp-level).
 // Tracing every block of a big grid is slow: Options::max_traced_blocks traces the first blocks
 // in launch order and scales the request counts by blocks / traced_blocks (LaunchProfile::scale);
@@ -45,7 +45,7 @@ struct Options {
                                       // 2-D grid: blocks of different rows share inputs (a GEMM's B)
   bool skip_untraced_blocks = false;  // run only the traced blocks (the outputs are then wrong:
                                       // for counting shapes too big to emulate whole)
-  const GpuSpec* gpu = nullptr;       // whose L2 the LRU model takes (its l2_capacity_bytes):
+  const GpuSpec* gpu = nullptr;       // whose L2 the cache model takes (l2_capacity_bytes, l2_ways):
                                       // nullptr = default_gpu_spec() (MG_EMU_GPU, else the H200)
   uint64_t l2_bytes = 0;              // > 0: a fully associative LRU L2 of this many bytes instead
                                       // of the GPU's hashed sets (tests)
