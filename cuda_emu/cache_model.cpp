@@ -291,7 +291,7 @@ CacheTraffic simulate_caches(const std::vector<BlockRequests>& blocks, const Cac
       const size_t wait = first && staggered ? b * mean_length / capacity : 0;
       resident[sm].push_back(Running{b, 0, wait});
       started[b] = now + wait;
-      ramped = std::max(ramped, started[b] * (first ? 1 : 0));
+      if (first) ramped = std::max(ramped, started[b]);
     }
   };
   for (size_t sm = 0; sm < sms; ++sm) refill(sm, true);
