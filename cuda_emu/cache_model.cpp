@@ -242,17 +242,23 @@ class L2 {
 
 // A block running on an SM: which one, and how far it has got.
 struct Running {
-  size_t block;    // index into `blocks`
-  size_t request;  // its next request
-  size_t wait;     // rounds before its first request (the staggered start of a long grid)
+  size_t block;                    // index into `blocks`
+  size_t request;                  // its next request
+  size_t wait;                     // rounds before its first request (the staggered start of a long grid)
+  uint32_t step = 0;               // the step of its last request
+  std::vector<uint64_t> fetching;  // sectors its L1 misses of that step brought in
 };
 
 }  // namespace
 
-void BlockRequests::add(RequestKind kind, const std::vector<uint64_t>& request_sectors) {
+void BlockRequests::add(RequestKind kind, const std::vector<uint64_t>& request_sectors, uint32_t step) {
+  if (step == kOwnStep) step = static_cast<uint32_t>(kinds.size());
+  if (!steps.empty() && step < steps.back())
+    throw std::invalid_argument("cache model: a block's request steps must not decrease");
   sectors.insert(sectors.end(), request_sectors.begin(), request_sectors.end());
   ends.push_back(static_cast<uint32_t>(sectors.size()));
   kinds.push_back(kind);
+  steps.push_back(step);
 }
 
 CacheTraffic simulate_caches(const std::vector<BlockRequests>& blocks, const CacheConfig& config) {
@@ -289,7 +295,7 @@ CacheTraffic simulate_caches(const std::vector<BlockRequests>& blocks, const Cac
     while (resident[sm].size() < per_sm && next[sm] < queue[sm].size()) {
       const size_t b = queue[sm][next[sm]++];
       const size_t wait = first && staggered ? b * mean_length / capacity : 0;
-      resident[sm].push_back(Running{b, 0, wait});
+      resident[sm].push_back(Running{b, 0, wait, 0, {}});
       started[b] = now + wait;
       if (first) ramped = std::max(ramped, started[b]);
     }
@@ -331,15 +337,24 @@ CacheTraffic simulate_caches(const std::vector<BlockRequests>& blocks, const Cac
         CacheTraffic& t = per_block[run.block];
         const RequestKind kind = b.kinds[run.request];
         const uint32_t begin = run.request == 0 ? 0 : b.ends[run.request - 1], end = b.ends[run.request];
+        if (b.steps[run.request] != run.step) {  // a new step: last step's fetches have landed
+          run.step = b.steps[run.request];
+          run.fetching.clear();
+        }
         for (uint32_t i = begin; i < end; ++i) {
           const uint64_t s = b.sectors[i];
           switch (kind) {
             case RequestKind::load:
               if (l1_sectors > 0 && l1[sm].touch(s)) {
                 t.l1_hit_sectors += 1;
+                if (std::find(run.fetching.begin(), run.fetching.end(), s) != run.fetching.end())
+                  t.l1_pending_sectors += 1;
               } else {
                 to_l2(t, s, true, false);
-                if (l1_sectors > 0) l1[sm].insert(s, false);
+                if (l1_sectors > 0) {
+                  l1[sm].insert(s, false);
+                  run.fetching.push_back(s);
+                }
               }
               break;
             case RequestKind::load_bypassing_l1: to_l2(t, s, true, false); break;
@@ -375,6 +390,7 @@ CacheTraffic simulate_caches(const std::vector<BlockRequests>& blocks, const Cac
     for (auto [into, from] : {std::pair{&total, &per_block[b]}, std::pair{&steady, &per_block[b]}}) {
       if (into == &steady && !is_steady(b)) continue;
       into->l1_hit_sectors += from->l1_hit_sectors;
+      into->l1_pending_sectors += from->l1_pending_sectors;
       into->l2_sectors += from->l2_sectors;
       into->dram_read += from->dram_read;
       into->dram_written += from->dram_written;
@@ -384,6 +400,7 @@ CacheTraffic simulate_caches(const std::vector<BlockRequests>& blocks, const Cac
   if (untraced > 0 && steady_blocks > 0) {
     const double f = untraced / steady_blocks;
     total.l1_hit_sectors += steady.l1_hit_sectors * f;
+    total.l1_pending_sectors += steady.l1_pending_sectors * f;
     total.l2_sectors += steady.l2_sectors * f;
     total.dram_read += steady.dram_read * f;
     total.dram_written += steady.dram_written * f;

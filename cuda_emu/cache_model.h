@@ -15,8 +15,11 @@
 //
 //   L1 (per SM, LRU of 32-byte sectors, the unified L1/shared array minus what the resident
 //       blocks' shared memory takes): a load's sector found there is served without L2. A load
-//       that misses brings the sector in. cp.async (.cg) bypasses L1. Stores are write-through:
-//       they go to L2 and leave L1 as it is; atomics go to L2 and drop L1's copy.
+//       that misses brings the sector in. A hit on a sector that a request of the block's same
+//       step missed (warps running together, the first to ask fetching it for the others) saves
+//       the L2 traffic but not the wait: it is counted as pending (l1_pending_sectors). cp.async (.cg)
+//       bypasses L1. Stores are write-through: they go to L2 and leave L1 as it is; atomics go to L2 and drop
+//       L1's copy.
 //   L2 (the GPU's capacity: sets of 128-byte lines chosen by a hash of the address, LRU within a
 //       set, a miss fetching one 32-byte sector; with l2_ways 0, one LRU of sectors): what reaches
 //       it is counted (l2_sectors); a read of a sector it does not hold is a DRAM read; a sector
@@ -41,7 +44,12 @@ struct BlockRequests {
   std::vector<uint64_t> sectors;  // every request's 32-byte sector numbers, one request after another
   std::vector<uint32_t> ends;     // request r's sectors are sectors[ends[r-1] .. ends[r])
   std::vector<RequestKind> kinds;
-  void add(RequestKind kind, const std::vector<uint64_t>& request_sectors);
+  // Request r's step: the requests of one step are the warps' same instruction, issued together
+  // (the tracer numbers each warp's requests in program order and interleaves the warps by it).
+  // Non-decreasing. kOwnStep gives a request a step of its own (its index).
+  std::vector<uint32_t> steps;
+  static constexpr uint32_t kOwnStep = 0xffffffffu;
+  void add(RequestKind kind, const std::vector<uint64_t>& request_sectors, uint32_t step = kOwnStep);
 };
 
 struct CacheConfig {
@@ -54,8 +62,11 @@ struct CacheConfig {
 };
 
 struct CacheTraffic {
-  double l1_hit_sectors = 0;  // load sectors L1 served
-  double l2_sectors = 0;      // sectors that reached L2 (L1 misses, bypassing loads, stores, atomics)
+  double l1_hit_sectors = 0;      // load sectors L1 served
+  double l1_pending_sectors = 0;  // of those, sectors a request of the same step (another warp's
+                                  // same instruction) had just missed: still on their way from L2,
+                                  // so the hit waits for them as the miss does
+  double l2_sectors = 0;          // sectors that reached L2 (L1 misses, bypassing loads, stores, atomics)
   double dram_read = 0, dram_written = 0;  // bytes
 };
 

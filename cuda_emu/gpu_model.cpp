@@ -94,6 +94,7 @@ Prediction predict(const KernelWork& w, const GpuSpec& gpu) {
   check_count("tensor_flops", w.tensor_flops);
   check_count("atomics", w.atomics);
   check_count("l1_hit_sectors", w.l1_hit_sectors);
+  check_count("l1_pending_sectors", w.l1_pending_sectors);
   check_count("warp_cycles", w.warp_cycles);
   check_count("barriers", w.barriers);
 
@@ -171,10 +172,13 @@ Prediction predict(const KernelWork& w, const GpuSpec& gpu) {
   const double round_trips = w.load_round_trips >= 0 ? w.load_round_trips : w.global_load_requests;
   p.bytes_in_flight = round_trips > 0 ? p.resident_warps * load_bytes / round_trips : 0;
   // A request served by L1 waits for L1, one that hits L2 for L2, one that misses for DRAM. The shares
-  // of the loaded sectors: L1's from the tracer's cache model, DRAM's from the L2 model's DRAM bytes
+  // of the loaded sectors: L1's from the tracer's cache model (less its pending hits, which wait
+  // for the sector another warp's miss is bringing from L2), DRAM's from the L2 model's DRAM bytes
   // (which include the writes: an upper bound), L2's the rest.
   const double l1_share =
-      w.global_load_sectors > 0 ? std::min(1.0, w.l1_hit_sectors / w.global_load_sectors) : 0;
+      w.global_load_sectors > 0
+          ? std::min(1.0, std::max(0.0, w.l1_hit_sectors - w.l1_pending_sectors) / w.global_load_sectors)
+          : 0;
   const double dram_share = load_bytes > 0 ? std::min(1.0 - l1_share, w.dram_bytes / load_bytes) : 1.0;
   const double l2_share = std::max(0.0, 1.0 - l1_share - dram_share);
   // Round trips on the critical path: each warp's, one after another, wave after wave. The DRAM

@@ -50,6 +50,8 @@ struct KernelWork {
   double global_load_requests = 0;  // warp-level requests
   double global_load_sectors = 0;   // sectors of those requests (for bytes in flight)
   double l1_hit_sectors = 0;        // of those, sectors an SM's L1 served (the tracer's cache model)
+  double l1_pending_sectors = 0;    // of the hits, sectors still on their way from L2 (another
+                                    // warp's same instruction missed them): they wait as L2 hits
   double load_round_trips = -1;     // memory round trips summed over warps (the tracer's
                                     // LaunchProfile::load_round_trips); < 0: one per load request
   double barriers = 0;              // __syncthreads() passed, summed over the blocks (the

@@ -31,6 +31,7 @@ KernelWork work_of(const LaunchProfile& l, double fp32_flops) {
   w.global_load_requests = l.global_load.requests;
   w.global_load_sectors = l.global_load.sectors;
   w.l1_hit_sectors = l.l1_hit_sectors;
+  w.l1_pending_sectors = l.l1_pending_sectors;
   w.load_round_trips = l.load_round_trips;
   w.barriers = l.barriers;
   w.shared_wavefronts = l.shared_load.wavefronts + l.shared_store.wavefronts + l.shared_atomic.wavefronts;

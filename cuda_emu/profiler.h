@@ -139,6 +139,9 @@ struct LaunchProfile {
   // The caches (cache_model.h): load sectors an SM's L1 served, and the sectors that reached L2
   // (what the model's L2 limit prices): L1 misses, cp.async, stores and atomics.
   double l1_hit_sectors = 0, l2_sectors = 0;
+  // Of the L1 hits, those on a sector another warp's same instruction had just missed: on their
+  // way from L2, waited for as long as a miss (the latency limit), though L2 serves them once.
+  double l1_pending_sectors = 0;
   std::vector<SiteCounts> sites;  // most sectors/wavefronts first
   // A cuBLAS or cuDNN call rather than a kernel (the emulator runs reference loops for those, not
   // traced): `kernel` is its name, nothing above is counted but the DRAM bytes, which are the

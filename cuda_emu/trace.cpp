@@ -215,23 +215,31 @@ class BlockTrace {
     p.lanes.push_back(LaneAccess{address, bytes, static_cast<uint32_t>(current_ % 32)});
   }
 
-  // Every request so far is complete (a barrier, or the block's end). Counted warp by warp in
-  // program order (a load of a sector before the store to it is a DRAM read; the other way round
-  // it is not), which also makes the first-touch order the LRU model sees reproducible.
+  // Every request so far is complete (a barrier, or the block's end). Each warp's requests are
+  // put in program order (a load of a sector before the store to it is a DRAM read; the other way
+  // round it is not), and the warps are interleaved by it: step i is every warp's i-th request, as
+  // warps running the same code together issue them (the L1 then sees one warp fetch a line the
+  // others use at the same step: cache_model.h's pending hits). The order is reproducible, and so
+  // is the first-touch order the L2 model sees.
   void flush() {
-    std::vector<std::pair<Key, Pending*>> open;
-    for (auto& warp : pending_) {
-      open.clear();
-      for (auto& [key, p] : warp) open.emplace_back(key, &p);
-      std::sort(open.begin(), open.end(), [](const auto& a, const auto& b) {
+    std::vector<std::vector<std::pair<Key, Pending*>>> open(pending_.size());
+    size_t steps = 0;
+    for (size_t w = 0; w < pending_.size(); ++w) {
+      for (auto& [key, p] : pending_[w]) open[w].emplace_back(key, &p);
+      std::sort(open[w].begin(), open[w].end(), [](const auto& a, const auto& b) {
         return a.second->order != b.second->order ? a.second->order < b.second->order
                                                   : a.first.site < b.first.site;
       });
-      if (!launch_->shared_widths.empty()) merge_vector_accesses(open);
-      for (auto& [key, p] : open)
-        if (!p->merged) count(key.site, *p);
-      warp.clear();
+      if (!launch_->shared_widths.empty()) merge_vector_accesses(open[w]);
+      open[w].erase(
+          std::remove_if(open[w].begin(), open[w].end(), [](const auto& e) { return e.second->merged; }),
+          open[w].end());
+      steps = std::max(steps, open[w].size());
     }
+    for (size_t i = 0; i < steps; ++i, ++step_)
+      for (auto& warp : open)
+        if (i < warp.size()) count(warp[i].first.site, *warp[i].second);
+    for (auto& warp : pending_) warp.clear();
   }
 
   void finish(size_t static_shared_bytes) {
@@ -397,7 +405,7 @@ class BlockTrace {
                     : p.op == Op::cp_async ? RequestKind::load_bypassing_l1
                     : p.op == Op::store    ? RequestKind::store
                                            : RequestKind::atomic,
-                    sectors);
+                    sectors, step_);
     } else {
       std::vector<uint64_t> words;
       for (const LaneAccess& l : p.lanes)
@@ -429,6 +437,7 @@ class BlockTrace {
   std::unordered_map<uintptr_t, SiteTotals> sites_;
   std::unordered_map<uintptr_t, LaunchTrace::SiteWidth> widths_;  // the launch's, as far as seen
   BlockRequests requests_;
+  uint32_t step_ = 0;  // the step (flush()) of the requests being counted
   double barriers_ = 0;
 };
 
@@ -505,6 +514,7 @@ void trace_launch_done(LaunchTrace& t) {
   r.dram_read_lru = lru.dram_read;
   r.dram_write_lru = lru.dram_written;
   r.l1_hit_sectors = lru.l1_hit_sectors;
+  r.l1_pending_sectors = lru.l1_pending_sectors;
   r.l2_sectors = lru.l2_sectors;
   t.blocks.clear();
   t.blocks.shrink_to_fit();

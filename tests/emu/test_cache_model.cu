@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstdint>
+#include <stdexcept>
 #include <vector>
 
 #include "cuda_emu/cache_model.h"
@@ -103,6 +104,30 @@ TEST_CASE("cache model: stores write through, atomics drop the L1 copy, dirty se
   t = simulate_caches({block(0, {{kLoad, A}, {kStore, A}, {kLoad, A}})}, config(1, 1, 1024, 1 << 20, 1));
   CHECK(t.l1_hit_sectors == 1);
   CHECK(t.l2_sectors == 2);
+}
+
+TEST_CASE("cache model: a hit on what another warp's same instruction missed is pending", "[cache_model]") {
+  // Two warps' requests, interleaved by step as the tracer orders them. Step 0: warp 0 loads A and
+  // B (misses), warp 1 loads A and B (hits on sectors still on their way: pending). Step 1: warp 0
+  // loads A again (a plain hit: step 0's fetches have landed), and C (a miss).
+  BlockRequests b;
+  b.add(kLoad, {A, B}, 0);
+  b.add(kLoad, {A, B}, 0);
+  b.add(kLoad, {A, C}, 1);
+  CacheTraffic t = simulate_caches({b}, config(1, 1, 1024, 1 << 20, 1));
+  CHECK(t.l1_hit_sectors == 3);
+  CHECK(t.l1_pending_sectors == 2);
+  CHECK(t.l2_sectors == 3);  // A, B and C, each once
+  // Each request a step of its own (the default): the same hits, none pending.
+  t = simulate_caches({block(0, {{kLoad, A}, {kLoad, A}})}, config(1, 1, 1024, 1 << 20, 1));
+  CHECK(t.l1_hit_sectors == 1);
+  CHECK(t.l1_pending_sectors == 0);
+  // Another block's fetch is not this block's step: two blocks on one SM, each loading A once.
+  t = simulate_caches({block(0, {{kLoad, A}}), block(1, {{kLoad, A}})}, config(1, 2, 1024, 1 << 20, 2));
+  CHECK(t.l1_hit_sectors == 1);
+  CHECK(t.l1_pending_sectors == 0);
+  // Steps must not go back.
+  CHECK_THROWS_AS(b.add(kLoad, {A}, 0), std::invalid_argument);
 }
 
 TEST_CASE("cache model: an L1 of one sector keeps only the last one", "[cache_model]") {

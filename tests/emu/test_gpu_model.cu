@@ -302,6 +302,7 @@ TEST_CASE("gpu model, H200: properties of every prediction", "[gpu_model]") {
     w.tensor_flops = (i % 5) ? 0 : log_uniform(1, 1e14);
     w.warp_instructions = (i % 6) ? log_uniform(1, 1e10) : 0;
     w.l1_hit_sectors = w.global_load_sectors * uniform(0, 1);
+    w.l1_pending_sectors = (i % 2) ? w.l1_hit_sectors * uniform(0, 1) : 0;
     const Prediction p = predict(w);
     INFO("case " << i << ": " << mg_emu::describe(p));
     REQUIRE(p.limits.size() == 10);
@@ -325,6 +326,10 @@ TEST_CASE("gpu model, H200: properties of every prediction", "[gpu_model]") {
     more.dram_bytes = 2 * w.dram_bytes + 1;
     more.fp32_flops = 2 * w.fp32_flops + 1;
     CHECK(predict(more).seconds >= p.seconds);
+    // Nor does an L1 hit that turns out to be pending (waiting for another warp's fetch).
+    KernelWork pending = w;
+    pending.l1_pending_sectors = w.l1_hit_sectors;
+    CHECK(predict(pending).seconds >= p.seconds * (1 - 1e-12));
   }
 }
 
@@ -505,6 +510,35 @@ TEST_CASE("gpu model: one block per SM with barriers waits for its loads, then w
   REQUIRE(p.blocks_per_sm == 2);
   CHECK(p.binding == std::string("L1/shared"));
   CHECK(p.seconds == Approx(gpu.launch_latency_s + 50e-6));
+}
+
+TEST_CASE("gpu model: an L1 hit pending on another warp's fetch waits as long as an L2 hit", "[gpu_model]") {
+  const mg_emu::GpuSpec& gpu = mg_emu::h200_sxm();
+  // 132 blocks of 1024 threads (one wave, one block per SM), no barriers. Each warp makes 100
+  // round trips of 4 sectors, every sector an L1 hit: 100 x 16.2 ns = 1.62 us on the critical path.
+  KernelWork w;
+  w.blocks = 132;
+  w.threads_per_block = 1024;
+  w.registers_per_thread = 64;
+  w.global_load_requests = 100.0 * 32 * 132;
+  w.global_load_sectors = 4 * w.global_load_requests;
+  w.l1_hit_sectors = w.global_load_sectors;
+  w.l2_sectors = 0;
+  w.load_round_trips = w.global_load_requests;
+  const auto latency = [&] {
+    for (const mg_emu::Limit& l : predict(w, gpu).limits)
+      if (std::string(l.name) == "latency (bytes in flight)") return l.seconds;
+    FAIL("no latency limit");
+    return 0.0;
+  };
+  CHECK(latency() == Approx(100 * 16.2e-9));
+  // Half of the hits were on sectors another warp's same instruction had just missed: those wait
+  // for L2 (141.6 ns). 100 x (0.5 x 16.2 + 0.5 x 141.6) ns = 7.89 us.
+  w.l1_pending_sectors = w.l1_hit_sectors / 2;
+  CHECK(latency() == Approx(100 * (0.5 * 16.2e-9 + 0.5 * 141.6e-9)));
+  // All pending: every round trip an L2 hit's, as if there were no L1 (the L2 traffic is not).
+  w.l1_pending_sectors = w.l1_hit_sectors;
+  CHECK(latency() == Approx(100 * 141.6e-9));
 }
 
 TEST_CASE("gpu specs: every instance is found by its key, and an unknown one is refused by name",

@@ -103,6 +103,15 @@ __global__ void round_trips_kernel(const float* in, float* out) {
   out[i] = sum + in[i] + in[32 + i];
 }
 
+// Every warp of the block reads the same 128-byte row of `rows` at step i (as a GEMM's warps read
+// one row of B), then row 0 again.
+__global__ void shared_rows_kernel(const float* rows, float* out, int steps) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  float sum = 0;
+  for (int i = 0; i < steps; ++i) sum += rows[i * 32 + lane];
+  out[threadIdx.x] = sum + rows[lane];
+}
+
 // x = 2 x + y in place, y then zeroed: every sector of x and of y is read before it is written.
 __global__ void in_place_kernel(float* x, float* y, int n) {
   const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
@@ -347,6 +356,23 @@ TEST_CASE("round trips: a loop's iterations one after another, different loads t
   CHECK(p.global_load.requests == 2 * 6);
   CHECK(p.load_round_trips == 2 * 5);  // two warps, 4 + 1 each
   cudaFree(in);
+  cudaFree(out);
+}
+
+TEST_CASE("warps reading one row at the same step: the first fetches it, the others wait for it",
+          "[profile][tracer]") {
+  float* rows = device_buffer<float>(8 * 32, std::vector<float>(8 * 32, 1.f));
+  float* out = device_buffer<float>(128);
+  const profile::LaunchProfile p =
+      profile_one([&] { launch_kernel<shared_rows_kernel>(dim3(1), dim3(128), 0, nullptr, rows, out, 8); });
+  // 4 warps x 9 loads of one row (4 sectors). At each of the 8 steps warp 0 misses its row's 4
+  // sectors and warps 1-3 hit them while they are on their way: 8 x 3 x 4 = 96 pending hits. Row
+  // 0 read again at the end is a plain hit for all four (16 sectors): it landed long ago.
+  CHECK(p.global_load.sectors == 4 * 9 * 4);
+  CHECK(p.l1_hit_sectors == 96 + 16);
+  CHECK(p.l1_pending_sectors == 96);
+  CHECK(p.l2_sectors == 8 * 4 + 128 / 8);  // the 8 rows once, and the stores' 16 sectors
+  cudaFree(rows);
   cudaFree(out);
 }
 

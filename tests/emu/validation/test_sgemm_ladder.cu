@@ -453,7 +453,8 @@ TEST_CASE("model validation: siboehm's SGEMM ladder on an A100", "[gpu_model][va
     // With the PTX's vector shared loads and the L1's sector places (2026-12-05): 0.76-1.22, 0.99;
     // tuned 0.97. With memory and compute overlapping (2026-12-06): 0.75-1.20, 0.99; tuned 0.97. Before, K6
     // and K9's ld.shared.v4 counted as four scalar loads (0.69, 0.87; tuned 0.37) and K1's column reads as a
-    // quarter of their passes through L1 (3.70).
+    // quarter of their passes through L1 (3.70). With a block's warps interleaved and pending L1
+    // hits (2026-12-06): K2 0.75 -> 1.04, latency-bound; 0.76-1.20.
     validation::hold(s.all, 0.72, 1.30, 0.95);
     CHECK(s.tuned_correlation >= 0.93);
   } else {
@@ -472,10 +473,12 @@ TEST_CASE("model validation: siboehm's SGEMM ladder on an RTX A6000",
     // at 0.87-1.02 (1.34-1.48 at the FP32 peak), K1 0.94 (3.33). Before: 0.63-3.33, 0.92; tuned 0.60.
     // With memory and compute overlapping (2026-12-06): 0.61-1.52, 0.98; tuned 0.89, K6-K10 0.80-0.95.
     // With one block per SM's round trips added to its work (K3, 2026-12-06): 0.61-1.14, 0.98.
-    validation::hold(s.all, 0.60, 1.25, 0.95);
+    // With a block's warps interleaved and pending L1 hits (K2 0.61 -> 0.68, 2026-12-06): 0.68-1.14.
+    validation::hold(s.all, 0.65, 1.25, 0.95);
     CHECK(s.tuned_correlation >= 0.85);
   } else {
     // Without nvcc: 0.63-1.52, 0.90; tuned 0.53. With K3's round trips added (2026-12-06): 0.63-1.21.
+    // With the warps interleaved and pending L1 hits (2026-12-06): 0.67-1.21.
     validation::hold(s.all, 0.60, 1.30, 0.85);
     CHECK(s.tuned_correlation >= 0.45);
   }
