@@ -52,6 +52,20 @@ KernelWork read_work(double bytes, int load_width) {
   return w;
 }
 
+// `blocks` blocks of 1024 threads of 64 registers (one block per SM), each warp making 100 round
+// trips of 4 sectors, every sector an L1 hit.
+KernelWork l1_round_trips(uint64_t blocks) {
+  KernelWork w;
+  w.blocks = blocks;
+  w.threads_per_block = 1024;
+  w.registers_per_thread = 64;
+  w.global_load_requests = 100.0 * 32 * static_cast<double>(blocks);
+  w.global_load_sectors = 4 * w.global_load_requests;
+  w.l1_hit_sectors = w.global_load_sectors;
+  w.load_round_trips = w.global_load_requests;
+  return w;
+}
+
 double limit(const Prediction& p, const std::string& name) {
   for (const mg_emu::Limit& l : p.limits)
     if (name == l.name) return l.seconds;
@@ -475,26 +489,13 @@ TEST_CASE("gpu model: one block per SM with barriers waits for its loads, then w
   // 1024 threads of 64 registers: one block per SM (65,536 registers); 1,320 blocks, ten waves.
   // Each warp makes 100 round trips, all served by L1 (16.2 ns): 100 x 10 waves x 16.2 ns =
   // 16.2 us on the critical path. 50 us of shared-memory wavefronts (one a clock per SM).
-  KernelWork w;
-  w.blocks = 1320;
-  w.threads_per_block = 1024;
-  w.registers_per_thread = 64;
-  w.global_load_requests = 100.0 * 32 * 1320;
-  w.global_load_sectors = 4 * w.global_load_requests;
-  w.l1_hit_sectors = w.global_load_sectors;
-  w.load_round_trips = w.global_load_requests;
+  KernelWork w = l1_round_trips(1320);
   w.shared_wavefronts = 50e-6 * 132 * gpu.clock_hz;
   w.barriers = 10.0 * 1320;
   Prediction p = predict(w, gpu);
   REQUIRE(p.blocks_per_sm == 1);
-  const auto limit = [&](const char* name) {
-    for (const mg_emu::Limit& l : p.limits)
-      if (std::string(l.name) == name) return l.seconds;
-    FAIL("no limit " << name);
-    return 0.0;
-  };
-  CHECK(limit("latency (bytes in flight)") == Approx(16.2e-6));
-  CHECK(limit("L1/shared") == Approx(50e-6));
+  CHECK(limit(p, "latency (bytes in flight)") == Approx(16.2e-6));
+  CHECK(limit(p, "L1/shared") == Approx(50e-6));
   // The barriers keep the block's warps in step and no other block shares the SM: they add.
   CHECK(p.binding == std::string("latency + SM (one block per SM)"));
   CHECK(p.seconds == Approx(gpu.launch_latency_s + 66.2e-6));
@@ -516,21 +517,8 @@ TEST_CASE("gpu model: an L1 hit pending on another warp's fetch waits as long as
   const mg_emu::GpuSpec& gpu = mg_emu::h200_sxm();
   // 132 blocks of 1024 threads (one wave, one block per SM), no barriers. Each warp makes 100
   // round trips of 4 sectors, every sector an L1 hit: 100 x 16.2 ns = 1.62 us on the critical path.
-  KernelWork w;
-  w.blocks = 132;
-  w.threads_per_block = 1024;
-  w.registers_per_thread = 64;
-  w.global_load_requests = 100.0 * 32 * 132;
-  w.global_load_sectors = 4 * w.global_load_requests;
-  w.l1_hit_sectors = w.global_load_sectors;
-  w.l2_sectors = 0;
-  w.load_round_trips = w.global_load_requests;
-  const auto latency = [&] {
-    for (const mg_emu::Limit& l : predict(w, gpu).limits)
-      if (std::string(l.name) == "latency (bytes in flight)") return l.seconds;
-    FAIL("no latency limit");
-    return 0.0;
-  };
+  KernelWork w = l1_round_trips(132);
+  const auto latency = [&] { return limit(predict(w, gpu), "latency (bytes in flight)"); };
   CHECK(latency() == Approx(100 * 16.2e-9));
   // Half of the hits were on sectors another warp's same instruction had just missed: those wait
   // for L2 (141.6 ns). 100 x (0.5 x 16.2 + 0.5 x 141.6) ns = 7.89 us.
