@@ -17,9 +17,9 @@
 //       blocks' shared memory takes): a load's sector found there is served without L2. A load
 //       that misses brings the sector in. A hit on a sector that a request of the block's same
 //       step missed (warps running together, the first to ask fetching it for the others) saves
-//       the L2 traffic but not the wait: it is counted as pending (l1_pending_sectors). cp.async (.cg)
-//       bypasses L1. Stores are write-through: they go to L2 and leave L1 as it is; atomics go to L2 and drop
-//       L1's copy.
+//       the L2 traffic but not the wait: it is counted as pending (l1_pending_sectors).
+//       cp.async (.cg) bypasses L1. Stores are write-through: they go to L2 and leave L1 as it
+//       is; atomics go to L2 and drop L1's copy.
 //   L2 (the GPU's capacity: sets of 128-byte lines chosen by a hash of the address, LRU within a
 //       set, a miss fetching one 32-byte sector; with l2_ways 0, one LRU of sectors): what reaches
 //       it is counted (l2_sectors); a read of a sector it does not hold is a DRAM read; a sector
