@@ -59,6 +59,7 @@ struct ProfileRow {
   double dram_bytes = 0;              // LRU L2 model (the first-touch figure is below)
   double dram_bytes_first_touch = 0;  // unbounded L2
   double l1_hit_sectors = 0;          // load sectors the L1 model served
+  double l1_pending_sectors = 0;      // of those, hits on a sector another warp had just missed
   double l2_sectors = 0;              // sectors that reached L2 (after the L1s)
   double warp_instructions = 0;       // memory and mma warp requests the tracer counted
   double issued_instructions = 0;     // every warp instruction, counted from the PTX (ptx_count.h)

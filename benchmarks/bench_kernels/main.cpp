@@ -339,6 +339,7 @@ std::vector<std::pair<const char*, double>> profile_fields(const bench::ProfileR
           {"dram_bytes_lru_l2", p.dram_bytes},
           {"dram_bytes_first_touch", p.dram_bytes_first_touch},
           {"l1_hit_sectors", p.l1_hit_sectors},
+          {"l1_pending_sectors", p.l1_pending_sectors},
           {"l2_sectors", p.l2_sectors},
           {"warp_instructions", p.warp_instructions},
           {"issued_instructions", p.issued_instructions},

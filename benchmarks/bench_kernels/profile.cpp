@@ -143,6 +143,7 @@ ProfileRow take_profile(double ideal_bytes, double fp32_flops) {
     p.tensor_flops += l.tensor_flops;
     p.dram_bytes += l.dram_bytes_lru();
     p.l1_hit_sectors += l.l1_hit_sectors;
+    p.l1_pending_sectors += l.l1_pending_sectors;
     p.l2_sectors += l.l2_sectors;
     p.warp_instructions += profile::work_of(l, 0).warp_instructions;
     if (l.instructions.counted) {
