@@ -207,13 +207,44 @@ Prediction predict(const KernelWork& w, const GpuSpec& gpu) {
   const double warp_clocks = w.warp_cycles / (blocks * warps_per_block) * whole_waves;
   const double dependent = warp_clocks / gpu.clock_hz;
 
-  // ---- one block per SM, in barrier-separated phases: a phase's loads must land before its work
-  // starts (the barrier after them), and the next phase's loads wait for that work (the barrier
-  // after it), so no warp's work hides another's wait, and with no second block on the SM nothing
-  // else does either: the round trips and the SM's own work add up. With two blocks or more per
-  // SM, one block's work is taken to hide the other's waits (the limits above, each alone). ----
+  // ---- blocks whose warps wait together --------------------------------------------------------
+  // One block per SM in barrier-separated phases: a phase's loads must land before its work starts
+  // (the barrier after them), and the next phase's loads wait for that work (the barrier after
+  // it), so no warp of the block hides another's wait, and with no second block on the SM nothing
+  // else does either: the round trips and the SM's work add up. (With two blocks or more, one
+  // block's work is taken to hide the others' waits: a repairman model of barrier phases, below,
+  // made the layer-norm and GEMM tile loops of the H200 run 1.5-1.8x too slow, 2026-12-06.)
+  // Warps that read the same line at the same step wait together too, for the one that fetches
+  // it (pending L1 hits), barriers or not: a round trip with a pending request in it is waited by
+  // the whole block. The share of such round trips is taken as the pending requests (pending
+  // sectors / sectors per request) per round trip, at most 1 -- with the instructions counted
+  // only, whose round trips see an unrolled loop's loads go out together (the tracer's own count,
+  // one per iteration, makes those waits too long already). A round trip lasts as long as its
+  // slowest load, so one with a pending request waits an L2 latency at least. The SM idles while
+  // all of its k blocks wait at once: each block alternates a wait of L and c of the SM's work,
+  // c / L = r, k machines and one repairman (a closed queue with exponential times, ASSUMED),
+  // the SM busy 1 - P0 of the time, P0 = 1 / sum over j = 0..k of k! / (k - j)! r^j. One block
+  // (k = 1) gives the sum, L + c; many blocks, or a short wait, the work alone. Within 1 % of the
+  // work it is not named: the work binds. ----
   const double sm_work = std::max({shared, fp32, tensor, issue});
-  const double serialised = k == 1 && w.barriers > 0 ? latency + sm_work : 0;
+  const double pending_requests =
+      w.global_load_sectors > 0 ? w.l1_pending_sectors * w.global_load_requests / w.global_load_sectors : 0;
+  const double pending_share =
+      w.issued_instructions > 0 && round_trips > 0 ? std::min(1.0, pending_requests / round_trips) : 0;
+  double waited = pending_share * std::max(latency, path * gpu.l2_latency_s);
+  if (k == 1 && w.barriers > 0) waited = std::max(waited, latency);
+  double phased = 0;
+  if (waited > 0) {
+    const double r = sm_work / (k * waited);
+    double term = 1, sum = 1;
+    for (int j = 1; j <= k && std::isfinite(sum); ++j) {
+      term *= (k - j + 1) * r;
+      sum += term;
+    }
+    const double busy = std::isfinite(sum) ? 1 - 1 / sum : 1;
+    phased = busy > 0 ? sm_work / busy : waited;
+    if (phased < 1.01 * sm_work) phased = 0;
+  }
 
   p.limits = {{"DRAM", dram},
               {"L2", l2},
@@ -223,7 +254,7 @@ Prediction predict(const KernelWork& w, const GpuSpec& gpu) {
               {"issue", issue},
               {"latency (bytes in flight)", latency},
               {"latency (dependent instructions)", dependent},
-              {"latency + SM (one block per SM)", serialised},
+              {"latency + SM (warps waiting together)", phased},
               {"launch", gpu.launch_latency_s}};
   const Limit* largest = &p.limits[0];
   double work = 0;  // the largest limit but the launch: the launch adds to it

@@ -24,6 +24,9 @@
 //   * a warp's own path: per basic block of its PTX, the longer of its instructions (one a clock)
 //     and its chain of dependent latencies (an FFMA's 4 clocks, a shared load's 30), as if the warp
 //     ran alone, wave after wave (counted with the PTX only);
+//   * blocks in barrier-separated phases: the SM idles while all its resident blocks wait for their
+//     loads at once (one block: the round trips and the SM's work add up; more: a closed queue,
+//     the machine-repairman model, says how often all of them wait);
 //   * memory and compute overlap imperfectly: the memory system's limit m (DRAM, L2) and the SM
 //     pipes' c (issue, FP32, tensor) together take (m^p + c^p)^(1/p), GpuSpec::overlap_exponent;
 //   * plus the launch latency.
@@ -86,7 +89,8 @@ struct KernelWork {
 
 struct Limit {
   const char* name;  // "DRAM", "L2", "L1/shared", "fp32", "tensor", "issue", "latency (bytes in flight)",
-                     // "latency (dependent instructions)", "latency + SM (one block per SM)", "launch"
+                     // "latency (dependent instructions)", "latency + SM (warps waiting together)",
+                     // "launch"
   double seconds;    // predicted lower bound on the launch's time from this limit alone
 };
 

@@ -3,6 +3,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -52,6 +53,9 @@ KernelWork work_of(const LaunchProfile& l, double fp32_flops) {
     w.quarter_rate_instructions = m.of(K::conversion) + m.of(K::special);
     w.registers_per_thread = m.registers_per_thread;
     w.warp_cycles = m.warp_cycles;
+    // Round trips from the PTX's dataflow (an unrolled loop's loads together), the tracer's
+    // cp.async waits beside them.
+    if (m.load_round_trips >= 0) w.load_round_trips = m.load_round_trips + l.async_round_trips;
     w.local_bytes = static_cast<double>(m.stack_bytes) * static_cast<double>(w.blocks) * w.threads_per_block;
   }
   return w;
@@ -107,6 +111,27 @@ void print_sites(std::FILE* out, const std::vector<LaunchProfile>& launches, int
   }
 }
 
+void print_limits(std::FILE* out, const Prediction& p, const KernelWork& w, int indent) {
+  std::vector<Limit> limits = p.limits;
+  std::stable_sort(limits.begin(), limits.end(),
+                   [](const Limit& a, const Limit& b) { return a.seconds > b.seconds; });
+  std::fprintf(out, "%*slimits (predicted, us):", indent, "");
+  bool first = true;
+  for (const Limit& l : limits) {
+    if (l.seconds <= 0) continue;
+    std::fprintf(out, "%s %s %.2f", first ? "" : ",", l.name, l.seconds * 1e6);
+    first = false;
+  }
+  std::fprintf(out, "; memory and SM overlapped %.2f\n", p.overlap_seconds * 1e6);
+  std::fprintf(out,
+               "%*s%d blocks/SM, %d resident warps, %.4g round trips, %.0f bytes in flight, a round trip "
+               "%.0f ns; sectors loaded %.4g, L1 hits %.4g (%.4g pending), to L2 %.4g; DRAM %.4g bytes\n",
+               indent, "", p.blocks_per_sm, p.resident_warps,
+               w.load_round_trips >= 0 ? w.load_round_trips : w.global_load_requests, p.bytes_in_flight,
+               p.load_latency_seconds * 1e9, w.global_load_sectors, w.l1_hit_sectors, w.l1_pending_sectors,
+               w.l2_sectors, w.dram_bytes);
+}
+
 namespace {
 
 // The launch's counts (already scaled to the whole grid when only its first blocks were traced).
@@ -134,7 +159,8 @@ void print_report(std::FILE* out, const std::vector<LaunchProfile>& launches, bo
       launches.size(), launches.size() == 1 ? "" : "es", gpu.name.c_str());
   for (size_t i = 0; i < launches.size(); ++i) {
     const LaunchProfile& l = launches[i];
-    const Prediction p = predict(work_of(l, 0), gpu);
+    const KernelWork w = work_of(l, 0);
+    const Prediction p = predict(w, gpu);
     if (l.library) {
       std::fprintf(out, "[%zu] %s (library call): predicted on %s: %.2f us\n", i, l.kernel.c_str(),
                    gpu.name.c_str(), p.seconds * 1e6);
@@ -159,6 +185,7 @@ void print_report(std::FILE* out, const std::vector<LaunchProfile>& launches, bo
     print_instructions(out, l.instructions);
     std::fprintf(out, "    predicted on %s: %.2f us, bound by %s (%.0f%% of the roofline)\n",
                  gpu.name.c_str(), p.seconds * 1e6, p.binding.c_str(), 100 * p.roofline_fraction);
+    print_limits(out, p, w);
   }
   if (sites) {
     std::fprintf(out, "-- every instruction, per launch --\n");

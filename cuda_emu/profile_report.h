@@ -31,6 +31,10 @@ KernelWork work_of(const LaunchProfile& launch, double fp32_flops);
 void print_instructions(std::FILE* out, const InstructionMix& mix);
 void print_sites(std::FILE* out, const std::vector<LaunchProfile>& launches, int indent = 4);
 
+// Every limit of one prediction, largest first, and the inputs of its latency limit: which limit
+// binds and how far the next is behind it (`indent` spaces before each line).
+void print_limits(std::FILE* out, const Prediction& p, const KernelWork& w, int indent = 4);
+
 // The MG_EMU_PROFILE report of these launches.
 void print_report(std::FILE* out, const std::vector<LaunchProfile>& launches, bool sites);
 

@@ -111,6 +111,10 @@ struct InstructionMix {
   // A warp's own clocks, summed over every warp: each block run the longer of its issue and its
   // chain of dependent instructions (ptx_count.h: block_cycles), as if the warp ran alone.
   double warp_cycles = 0;
+  // Global-load round trips, summed over every warp: each block run, the levels of dependent
+  // ld.global in it (ptx_count.h: load_levels). Several copies of a load in one block (an unrolled
+  // loop) are one level; < 0 = not counted.
+  double load_round_trips = -1;
   int registers_per_thread = 0;  // ptxas -v for sm_90; 0 = unknown
   int stack_bytes = 0;           // ptxas -v: bytes of stack frame per thread, in local memory
   double total() const;
@@ -132,8 +136,10 @@ struct LaunchProfile {
   // issue stalls at its first use). cp.async loads are not round trips; a cp.async.wait_group that
   // lands g of the n groups in flight is g / n of one (a pipeline n deep hides n - 1 of n).
   double load_round_trips = 0;
-  double barriers = 0;      // __syncthreads() passed, summed over the blocks
-  double tensor_flops = 0;  // 2 * 16 * 8 * 16 per mma.m16n8k16
+  double async_round_trips = 0;  // of load_round_trips, the cp.async waits' (the PTX count replaces
+                                 // the rest: InstructionMix::load_round_trips)
+  double barriers = 0;           // __syncthreads() passed, summed over the blocks
+  double tensor_flops = 0;       // 2 * 16 * 8 * 16 per mma.m16n8k16
   double dram_read_first_touch = 0, dram_write_first_touch = 0;  // bytes, infinite L2
   double dram_read_lru = 0, dram_write_lru = 0;  // bytes, through the GPU's L2 (or Options::l2_bytes')
   // The caches (cache_model.h): load sectors an SM's L1 served, and the sectors that reached L2

@@ -17,6 +17,11 @@
 // global load's result is taken as ready at once: its latency is the round-trip limit's (Little's
 // law, gpu_model.cpp), which prices it with the L1, L2 and DRAM latencies. A barrier waits for
 // every result before it (a shared store's included). A branch ends the block when it issues.
+//
+// The same dataflow gives a block's memory round trips (load_levels): the global loads that wait
+// for none of each other -- the copies of an unrolled loop's load, a tile's A and B -- go out
+// together, as ptxas hoists them, and each load that needs another's value (its address, or a
+// barrier after that value was stored) is one more round trip.
 #include <algorithm>
 #include <map>
 
@@ -76,6 +81,33 @@ double block_cycles(const Block& b, const std::vector<InstructionKind>& kinds) {
     finished = std::max(finished, done);
   }
   return std::max(issued, finished);
+}
+
+double load_levels(const Block& b, const std::vector<InstructionKind>& kinds) {
+  std::map<std::string, double> level;  // each register: the load levels its value waited for
+  double deepest = 0;                   // the most levels so far
+  double used = 0;                      // the most levels any instruction so far has read
+  double floor = 0;                     // a barrier's: what was used before it had landed
+  for (size_t i = 0; i < b.instructions.size(); ++i) {
+    const Instruction& in = b.instructions[i];
+    const InstructionKind kind = i < kinds.size() ? kinds[i] : in.kind;
+    if (kind == InstructionKind::barrier) {  // a tile stored to shared memory before it: landed
+      floor = std::max(floor, used);
+      continue;
+    }
+    double waited = 0;
+    for (const std::string& r : in.sources) {
+      const auto it = level.find(r);
+      if (it != level.end()) waited = std::max(waited, it->second);
+    }
+    used = std::max(used, waited);
+    if (kind == InstructionKind::global_memory && in.access == Access::load) {
+      waited = std::max(waited, floor) + 1;
+      deepest = std::max(deepest, waited);
+    }
+    for (const std::string& r : in.dests) level[r] = waited;
+  }
+  return deepest;
 }
 
 }  // namespace mg_emu::ptx

@@ -323,6 +323,7 @@ void count_launch_instructions(profile::LaunchProfile& r, const void* kernel,
   for (double& v : mix.warp_instructions) v *= r.scale;
   mix.inherited *= r.scale;
   mix.warp_cycles *= r.scale;
+  mix.load_round_trips *= r.scale;
   mix.source = base + " (PTX for sm_90)";
 }
 

@@ -176,6 +176,7 @@ profile::InstructionMix count(const Function& f, const std::vector<LineAccesses>
 
   profile::InstructionMix mix;
   mix.counted = true;
+  mix.load_round_trips = 0;
   std::vector<double> runs(f.blocks.size(), 0), reached(f.blocks.size(), 0);
   std::map<std::string, int> label_of;
   for (size_t k = 0; k < f.blocks.size(); ++k)
@@ -382,7 +383,10 @@ profile::InstructionMix count(const Function& f, const std::vector<LineAccesses>
       mix.warp_instructions[static_cast<size_t>(kind)] += n;
       if (inherited) mix.inherited += n;
     }
-    if (runs[k] > 0) mix.warp_cycles += runs[k] * block_cycles(b, kinds);
+    if (runs[k] > 0) {
+      mix.warp_cycles += runs[k] * block_cycles(b, kinds);
+      mix.load_round_trips += runs[k] * load_levels(b, kinds);
+    }
   }
   mix.registers_per_thread = f.registers_per_thread;
   mix.stack_bytes = f.stack_bytes;

@@ -118,6 +118,13 @@ double latency_of(InstructionKind kind);    // 0 for global and local loads (the
 // count resolved it (a generic load the tracer saw in shared memory is a shared load).
 double block_cycles(const Block& b, const std::vector<InstructionKind>& kinds);
 
+// The memory round trips one warp makes running block `b` once (ptx_chain.cpp): the levels of
+// dependent global loads in it. A load waits for the loads its address reads (through any
+// arithmetic) and, after a barrier, for every load before the barrier; loads that wait for none
+// of each other are issued together, as ptxas hoists them (the copies of an unrolled loop's load
+// are one level, not one each). cp.async is not counted here (the tracer counts its waits).
+double load_levels(const Block& b, const std::vector<InstructionKind>& kinds);
+
 // Small text helpers of ptx_parse.cpp that the count uses too.
 std::vector<std::string> split(const std::string& s, char by);
 std::string basename_of(const std::string& path);  // "/src/a.cu" -> "a.cu"

@@ -108,6 +108,7 @@ struct LaunchTrace {
   std::vector<BlockRequests> blocks;
   uint64_t static_shared_bytes = 0;
   double round_trips = 0;
+  double async_round_trips = 0;                      // of those, cp.async waits'
   double barriers = 0;                               // __syncthreads() the traced blocks passed
   bool count_blocks = false;                         // with the instruction count: CPU blocks run
   std::unordered_map<uintptr_t, double> blocks_run;  // pc of a CPU basic block -> warp executions
@@ -172,7 +173,11 @@ class BlockTrace {
   void set_thread(int linear) { current_ = linear; }
 
   // Round trips (profiler.h: LaunchProfile::load_round_trips), per thread.
-  void async_wait(double round_trips) { threads_[static_cast<size_t>(current_)].round_trips += round_trips; }
+  void async_wait(double round_trips) {
+    ThreadState& thread = threads_[static_cast<size_t>(current_)];
+    thread.round_trips += round_trips;
+    thread.async_round_trips += round_trips;
+  }
   // A CPU basic block of the kernel began (-fsanitize-coverage=trace-pc), with the instruction count on.
   void entered(uintptr_t pc) {
     if (launch_->count_blocks) ++threads_[static_cast<size_t>(current_)].blocks[pc];
@@ -244,12 +249,15 @@ class BlockTrace {
 
   void finish(size_t static_shared_bytes) {
     flush();
-    double round_trips = 0;  // per warp, its slowest lane
+    double round_trips = 0, async_round_trips = 0;  // per warp, its slowest lane
     for (size_t w = 0; w < threads_.size(); w += 32) {
-      double slowest = 0;
-      for (size_t l = w; l < std::min(threads_.size(), w + 32); ++l)
+      double slowest = 0, slowest_async = 0;
+      for (size_t l = w; l < std::min(threads_.size(), w + 32); ++l) {
         slowest = std::max(slowest, threads_[l].round_trips);
+        slowest_async = std::max(slowest_async, threads_[l].async_round_trips);
+      }
       round_trips += slowest;
+      async_round_trips += slowest_async;
     }
     std::unordered_map<uintptr_t, double> blocks_run;  // per warp, its lane that ran a block most
     for (size_t w = 0; w < threads_.size() && launch_->count_blocks; w += 32) {
@@ -260,6 +268,7 @@ class BlockTrace {
     }
     std::lock_guard<std::mutex> lock(launch_->mutex);
     launch_->round_trips += round_trips;
+    launch_->async_round_trips += async_round_trips;
     launch_->barriers += barriers_;
     for (const auto& [pc, n] : blocks_run) launch_->blocks_run[pc] += n;
     for (auto& [site, t] : sites_) {
@@ -424,6 +433,7 @@ class BlockTrace {
     std::unordered_map<uintptr_t, uint32_t> occurrences;  // site -> executions so far
     std::vector<uintptr_t> batch;                         // the load sites of the open round trip
     double round_trips = 0;
+    double async_round_trips = 0;                    // of those, cp.async.wait_group's
     uint64_t accesses = 0;                           // made so far: program order
     std::unordered_map<uintptr_t, uint32_t> blocks;  // CPU basic blocks entered (count_blocks)
   };
@@ -482,6 +492,7 @@ void trace_launch_done(LaunchTrace& t) {
   r.scale = r.traced_blocks > 0 ? double(r.blocks) / double(r.traced_blocks) : 0;
   r.shared_bytes_per_block += t.static_shared_bytes;
   r.load_round_trips = t.round_trips * r.scale;
+  r.async_round_trips = t.async_round_trips * r.scale;
   r.barriers = t.barriers * r.scale;
   // The caches: the GPU's L1s (what the resident blocks' shared memory leaves of each SM's array)
   // and L2, and the same requests through an unbounded L2 for the first-touch bytes.

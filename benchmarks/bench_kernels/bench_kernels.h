@@ -41,9 +41,9 @@ struct BenchOptions {
   // the GPU --gpu names (cuda_emu/gpu_spec.h: h200, the default, h100, a100, a6000).
   bool profile = false;
   std::string profile_gpu = "h200";
-  int profile_blocks = 132;           // blocks traced per launch (the first ones; the rest are skipped)
-  bool profile_sites = false;         // --profile-sites: every launch and every instruction it traced
-  bool profile_instructions = false;  // --instructions: the issue limit from nvcc's PTX (ptx_count.h)
+  int profile_blocks = 132;          // blocks traced per launch (the first ones; the rest are skipped)
+  bool profile_sites = false;        // --profile-sites: every launch and every instruction it traced
+  bool profile_instructions = true;  // the issue limit from nvcc's PTX (ptx_count.h); off: --no-instructions
 };
 
 // What --profile counted for one row's call and what the GPU model predicts (profile.cpp).
@@ -68,7 +68,7 @@ struct ProfileRow {
   double fp32_flops = 0, tensor_flops = 0;
   double predicted_seconds = 0, roofline_fraction = 0;
   std::string binding;
-  // A training step (profile_step): what the prediction adds up, beside the launches.
+  // What the prediction adds up beside the launches' own times.
   double library_calls = 0;              // cuBLAS / cuDNN calls, priced at their roofline
   double host_syncs = 0;                 // the host waited for the device
   double launch_seconds = 0;             // the launches' latency, part of predicted_seconds

@@ -88,7 +88,8 @@ struct Flags {
 const char* usage =
     "usage: bench_kernels [--quick|--check] [--device N] [--family NAME[,NAME...]]... [--list]\n"
     "                     [-w|--warmup N] [-n|--repeats N] [--json PATH]\n"
-    "                     [--profile [--gpu NAME] [--profile-blocks N] [--profile-sites] [--instructions]]\n"
+    "                     [--profile [--gpu NAME] [--profile-blocks N] [--profile-sites] "
+    "[--no-instructions]]\n"
     "  defaults: device 0, every family, -w 3 -n 20, a 256 MiB copy ceiling;\n"
     "  --quick: -w 2 -n 10, a 64 MiB ceiling and each family's short list of sizes;\n"
     "  JSON: --json PATH, else $MG_BENCH_OUT_DIR/bench_kernels.json, else ./bench_kernels.json\n"
@@ -97,9 +98,10 @@ const char* usage =
     "per row,\n"
     "    and predicted on a GPU (profile.cpp); --gpu NAME: which one, h200 (default), h100, a100 or\n"
     "    a6000 (cuda_emu/gpu_spec.h); --profile-blocks N: blocks traced per launch (132);\n"
-    "    --profile-sites: also every launch and every instruction it traced, before its row;\n"
-    "    --instructions: count each launch's warp instructions from nvcc's PTX and price the issue\n"
-    "    limit with them (docs/performance-model.md; needs nvcc)\n";
+    "    --profile-sites: also every launch, every instruction it traced and every limit, before its row;\n"
+    "    each launch's warp instructions are counted from nvcc's PTX and priced in the issue limit\n"
+    "    (docs/performance-model.md; without nvcc each launch says so and the limit uses the traced\n"
+    "    requests); --no-instructions: the plain model, without the count (--instructions: the default)\n";
 
 int parse_int(const std::string& text, const std::string& flag, int lo) {
   char* end = nullptr;
@@ -139,6 +141,9 @@ Flags parse_flags(int argc, char** argv) {
       f.options.profile = true;
     } else if (arg == "--instructions") {
       f.options.profile = f.options.profile_instructions = true;
+    } else if (arg == "--no-instructions") {
+      f.options.profile = true;
+      f.options.profile_instructions = false;
     } else if (arg == "--profile-sites") {
       f.options.profile = f.options.profile_sites = true;
     } else if (arg == "--gpu") {
@@ -347,6 +352,7 @@ std::vector<std::pair<const char*, double>> profile_fields(const bench::ProfileR
           {"ideal_bytes", p.ideal_bytes},
           {"fp32_flops", p.fp32_flops},
           {"tensor_flops", p.tensor_flops},
+          {"host_syncs", p.host_syncs},
           {"predicted_seconds", p.predicted_seconds},
           {"predicted_roofline_fraction", p.roofline_fraction}};
 }

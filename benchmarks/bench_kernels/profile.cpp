@@ -9,6 +9,7 @@
 // family then attaches the counters to its row with take_profile(ideal bytes, CUDA-core FLOPs),
 // and main.cpp prints them as the profile table. Every time here is a PREDICTION.
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <functional>
 #include <map>
@@ -33,15 +34,19 @@ namespace {
 namespace profile = mg_emu::profile;
 
 const mg_emu::GpuSpec* g_gpu = &mg_emu::h200_sxm();  // --gpu
-bool g_count_instructions = false;                   // --instructions
+bool g_count_instructions = true;                    // off: --no-instructions
+uint64_t g_host_syncs = 0;  // the host synchronisations of the last traced call (emulator.h: Counters)
 
 std::vector<profile::LaunchProfile>& last_launches() {
   static std::vector<profile::LaunchProfile> launches;
   return launches;
 }
 
-// Runs fn between profile::begin(options) and profile::end(); its launches become last_launches().
+// Runs fn between profile::begin(options) and profile::end(); its launches become last_launches()
+// and the times the host waited for the device in it g_host_syncs.
 void run_traced(const std::function<void()>& fn, const profile::Options& options) {
+  cudaDeviceSynchronize();
+  const uint64_t syncs_before = mg_emu::counters().host_syncs;
   profile::begin(options);
   try {
     fn();
@@ -49,6 +54,7 @@ void run_traced(const std::function<void()>& fn, const profile::Options& options
     profile::end();
     throw;
   }
+  g_host_syncs = mg_emu::counters().host_syncs - syncs_before;  // fn's own, not end()'s wait
   last_launches() = profile::end();
 }
 
@@ -82,33 +88,23 @@ double profiled_seconds(const std::function<void()>& fn, const BenchOptions& o) 
   run_traced(fn, options);
   if (o.profile_sites) {
     profile::print_sites(stdout, last_launches());
-    for (const auto& l : last_launches()) profile::print_instructions(stdout, l.instructions);
+    for (const auto& l : last_launches()) {
+      profile::print_instructions(stdout, l.instructions);
+      const mg_emu::KernelWork w = profile::work_of(l, 0);
+      profile::print_limits(stdout, mg_emu::predict(w, *g_gpu), w);
+    }
   }
   return take_profile(0, 0).predicted_seconds;
 }
 
 ProfileRow profile_step(const std::function<void()>& fn, bool sites) {
   MG_CHECK(profile::available(), "bench_kernels --profile: this binary's kernels are not instrumented");
-  cudaDeviceSynchronize();
-  const mg_emu::Counters before = mg_emu::counters();
   profile::Options options;  // every block traced and run: the step must compute right
   options.gpu = g_gpu;
   options.count_instructions = g_count_instructions;
   run_traced(fn, options);
-  const mg_emu::Counters after = mg_emu::counters();
   if (sites) profile::print_sites(stdout, last_launches());
-  ProfileRow p = take_profile(0, 0);
-  std::vector<mg_emu::Prediction> predictions;
-  for (const auto& l : last_launches()) {
-    predictions.push_back(mg_emu::predict(profile::work_of(l, 0), *g_gpu));
-    p.library_calls += l.library ? 1 : 0;
-    p.launch_seconds += g_gpu->launch_latency_s;
-  }
-  p.host_syncs = static_cast<double>(after.host_syncs - before.host_syncs);
-  p.sync_seconds = p.host_syncs * g_gpu->host_sync_s;
-  p.predicted_seconds =
-      mg_emu::predict_step_seconds(predictions, after.host_syncs - before.host_syncs, *g_gpu);
-  return p;
+  return take_profile(0, 0);
 }
 
 ProfileRow take_profile(double ideal_bytes, double fp32_flops) {
@@ -124,6 +120,8 @@ ProfileRow take_profile(double ideal_bytes, double fp32_flops) {
   std::map<std::string, std::pair<bool, profile::AccessCounts>> sites;  // "where space op" -> counts
   for (const auto& l : launches) {
     p.blocks += static_cast<double>(l.blocks);
+    p.library_calls += l.library ? 1 : 0;
+    p.launch_seconds += g_gpu->launch_latency_s;
     p.traced_blocks += static_cast<double>(l.traced_blocks);
     p.load_requests += l.global_load.requests;
     p.load_sectors += l.global_load.sectors;
@@ -178,6 +176,12 @@ ProfileRow take_profile(double ideal_bytes, double fp32_flops) {
                   global ? "sectors" : "wavefronts");
     worst.emplace_back(c.sectors + c.wavefronts, key + text);
   }
+  // The host waiting for the device (a result copied back, as cross-entropy's count of rows is):
+  // the device idles while the host turns round and launches again (gpu_model.h:
+  // predict_step_seconds).
+  p.host_syncs = static_cast<double>(g_host_syncs);
+  p.sync_seconds = p.host_syncs * g_gpu->host_sync_s;
+  p.predicted_seconds += p.sync_seconds;
   p.roofline_fraction = p.predicted_seconds > 0 ? ideal_seconds / p.predicted_seconds : 0;
   std::sort(worst.begin(), worst.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
   for (size_t i = 0; i < worst.size() && i < 3; ++i) p.worst_sites.push_back(worst[i].second);

@@ -497,7 +497,7 @@ TEST_CASE("gpu model: one block per SM with barriers waits for its loads, then w
   CHECK(limit(p, "latency (bytes in flight)") == Approx(16.2e-6));
   CHECK(limit(p, "L1/shared") == Approx(50e-6));
   // The barriers keep the block's warps in step and no other block shares the SM: they add.
-  CHECK(p.binding == std::string("latency + SM (one block per SM)"));
+  CHECK(p.binding == std::string("latency + SM (warps waiting together)"));
   CHECK(p.seconds == Approx(gpu.launch_latency_s + 66.2e-6));
   // Without barriers the warps hide one another's waits: the larger alone.
   w.barriers = 0;
@@ -527,6 +527,33 @@ TEST_CASE("gpu model: an L1 hit pending on another warp's fetch waits as long as
   // All pending: every round trip an L2 hit's, as if there were no L1 (the L2 traffic is not).
   w.l1_pending_sectors = w.l1_hit_sectors;
   CHECK(latency() == Approx(100 * 141.6e-9));
+
+  // The warps wait for the fetch together, so with one block on the SM nothing works meanwhile:
+  // 50 us of shared wavefronts and the 14.16 us of round trips add up -- with the instructions
+  // counted (issued_instructions > 0), whose round trips see an unrolled loop's loads together.
+  w.shared_wavefronts = 50e-6 * 132 * gpu.clock_hz;
+  CHECK(predict(w, gpu).binding == std::string("L1/shared"));  // not counted: the tracer's round trips
+  w.issued_instructions = 1;
+  Prediction p = predict(w, gpu);
+  CHECK(p.binding == std::string("latency + SM (warps waiting together)"));
+  CHECK(p.seconds == Approx(gpu.launch_latency_s + 50e-6 + 100 * 141.6e-9));
+  // Half the sectors pending, a pending request in every other round trip: half of them waited
+  // by the block, each for an L2 latency (its slowest load): 50 + 0.5 x 14.16 us.
+  w.l1_pending_sectors = w.l1_hit_sectors / 2;
+  CHECK(predict(w, gpu).seconds == Approx(gpu.launch_latency_s + 50e-6 + 0.5 * 100 * 141.6e-9));
+  // Two blocks per SM (32 registers, 264 blocks: still one wave, each SM's shared work 50 us):
+  // every round trip pending, each block waits L = 14.16 us and works c = 25 us; the SM idles
+  // when both wait: r = c / L, busy = 1 - 1 / (1 + 2r + 2r^2) (two machines, one repairman).
+  w = l1_round_trips(264);
+  w.registers_per_thread = 32;
+  w.l1_pending_sectors = w.l1_hit_sectors;
+  w.shared_wavefronts = 50e-6 * 132 * gpu.clock_hz;
+  w.issued_instructions = 1;
+  p = predict(w, gpu);
+  REQUIRE(p.blocks_per_sm == 2);
+  const double r = 25e-6 / (100 * 141.6e-9);
+  CHECK(p.binding == std::string("latency + SM (warps waiting together)"));
+  CHECK(p.seconds == Approx(gpu.launch_latency_s + 50e-6 / (1 - 1 / (1 + 2 * r + 2 * r * r))));  // 55.1 us
 }
 
 TEST_CASE("gpu specs: every instance is found by its key, and an unknown one is refused by name",

@@ -74,6 +74,50 @@ $L__BB0_4:
 	.file	1 "/src/chains.cu"
 )";
 
+// Round trips (ptx::load_levels), block by block:
+// Block 0: an unrolled loop's four loads, none reading another's value: one round trip.
+// Block 1: a pointer chase: the second load's address is the first's value: two.
+// Block 2: a tile loop's body: a load stored to shared memory, the barrier, then the next load
+//   (which reads nothing the first wrote, but cannot go out before the barrier the store waited
+//   at): two. A prefetch into a register, used only after the barrier, sets no floor.
+// Block 3: a prefetch (its value used after the barrier), the barrier, another load: one.
+const char* kRoundTrips = R"(
+.visible .entry _Z6tripsPf(
+	.param .u64 _Z6tripsPf_param_0
+)
+{
+	.loc	1 5 0
+	ld.global.f32 	%f1, [%rd1];
+	ld.global.f32 	%f2, [%rd1+512];
+	ld.global.f32 	%f3, [%rd1+1024];
+	ld.global.f32 	%f4, [%rd1+1536];
+	add.f32 	%f5, %f1, %f2;
+	add.f32 	%f6, %f3, %f4;
+	setp.gt.f32 	%p1, %f5, %f6;
+	@%p1 bra 	$L__BB1_2;
+$L__BB1_1:
+	ld.global.u64 	%rd2, [%rd1];
+	ld.global.f32 	%f7, [%rd2];
+	setp.gt.f32 	%p2, %f7, 0f00000000;
+	@%p2 bra 	$L__BB1_3;
+$L__BB1_2:
+	ld.global.f32 	%f8, [%rd1];
+	st.shared.f32 	[%r1], %f8;
+	bar.sync 	0;
+	ld.global.f32 	%f9, [%rd1+4];
+	setp.gt.f32 	%p3, %f9, 0f00000000;
+	@%p3 bra 	$L__BB1_4;
+$L__BB1_3:
+	ld.global.f32 	%f10, [%rd1];
+	bar.sync 	0;
+	ld.global.f32 	%f11, [%rd1+4];
+	add.f32 	%f12, %f10, %f11;
+$L__BB1_4:
+	ret;
+}
+	.file	1 "/src/trips.cu"
+)";
+
 }  // namespace
 
 TEST_CASE("warp path: a block's clocks are its issue or its chain of dependent latencies, worked by hand",
@@ -93,6 +137,18 @@ TEST_CASE("warp path: a block's clocks are its issue or its chain of dependent l
   double issued = 0;
   for (const ptx::Instruction& in : blocks[1].instructions) issued += in.weight;
   CHECK(issued == Approx(8));
+}
+
+TEST_CASE("round trips: a block's dependent levels of global loads, worked by hand", "[profiler][ptx]") {
+  const std::vector<ptx::Function> fs = ptx::parse(kRoundTrips);
+  REQUIRE(fs.size() == 1);
+  const std::vector<ptx::Block>& blocks = fs[0].blocks;
+  REQUIRE(blocks.size() == 5);
+  CHECK(ptx::load_levels(blocks[0], kinds_of(blocks[0])) == 1);  // four loads together
+  CHECK(ptx::load_levels(blocks[1], kinds_of(blocks[1])) == 2);  // a pointer chase
+  CHECK(ptx::load_levels(blocks[2], kinds_of(blocks[2])) == 2);  // load, store, barrier, load
+  CHECK(ptx::load_levels(blocks[3], kinds_of(blocks[3])) == 1);  // a prefetch across the barrier
+  CHECK(ptx::load_levels(blocks[4], kinds_of(blocks[4])) == 0);  // no load
 }
 
 TEST_CASE("warp path: the GPU model prices a warp's own clocks wave after wave", "[gpu_model]") {

@@ -103,6 +103,16 @@ __global__ void round_trips_kernel(const float* in, float* out) {
   out[i] = sum + in[i] + in[32 + i];
 }
 
+// A cp.async of 16 bytes a lane, waited for, then a plain load: two round trips, the first the
+// cp.async wait's (LaunchProfile::async_round_trips), which the PTX count leaves to the tracer.
+__global__ void async_then_load_kernel(const float* in, float* out) {
+  extern __shared__ float tile[];
+  mg_emu::cp_async_16(tile + 4 * threadIdx.x, in + 4 * threadIdx.x, __FILE__, __LINE__);
+  mg_emu::cp_async_commit();
+  mg_emu::cp_async_wait(0);
+  out[threadIdx.x] = tile[4 * threadIdx.x] + in[128 + threadIdx.x];
+}
+
 // Every warp of the block reads the same 128-byte row of `rows` at step i (as a GEMM's warps read
 // one row of B), then row 0 again.
 __global__ void shared_rows_kernel(const float* rows, float* out, int steps) {
@@ -355,6 +365,18 @@ TEST_CASE("round trips: a loop's iterations one after another, different loads t
       profile_one([&] { launch_kernel<round_trips_kernel>(dim3(1), dim3(64), 0, nullptr, in, out); });
   CHECK(p.global_load.requests == 2 * 6);
   CHECK(p.load_round_trips == 2 * 5);  // two warps, 4 + 1 each
+  CHECK(p.async_round_trips == 0);
+  cudaFree(in);
+  cudaFree(out);
+}
+
+TEST_CASE("round trips: a cp.async wait is one, counted apart from the plain loads'", "[profile][tracer]") {
+  float* in = device_buffer<float>(160, std::vector<float>(160, 1.f));
+  float* out = device_buffer<float>(32);
+  const profile::LaunchProfile p =
+      profile_one([&] { launch_kernel<async_then_load_kernel>(dim3(1), dim3(32), 512, nullptr, in, out); });
+  CHECK(p.load_round_trips == 2);   // the wait, then the plain load
+  CHECK(p.async_round_trips == 1);  // the wait
   cudaFree(in);
   cudaFree(out);
 }

@@ -80,15 +80,8 @@ inline mg_emu::Prediction traced_launch(const mg_emu::GpuSpec& gpu, uint64_t tra
   require_counted(launches[0].instructions);
   const mg_emu::KernelWork work = profile::work_of(launches[0], fp32_flops);
   const mg_emu::Prediction prediction = mg_emu::predict(work, gpu);
-  if (std::getenv("MG_VALIDATION_LIMITS") != nullptr) {  // every limit, for a row that misses
-    for (const mg_emu::Limit& l : prediction.limits)
-      std::printf("      %-34s %12.2f us\n", l.name, l.seconds * 1e6);
-    std::printf(
-        "      L1 hit sectors %.4g (%.4g pending) of %.4g loaded, L2 sectors %.4g, DRAM %.4g B,\n"
-        "      round trips %.4g, %d blocks/SM, %d resident warps\n",
-        work.l1_hit_sectors, work.l1_pending_sectors, work.global_load_sectors, work.l2_sectors,
-        work.dram_bytes, work.load_round_trips, prediction.blocks_per_sm, prediction.resident_warps);
-  }
+  if (std::getenv("MG_VALIDATION_LIMITS") != nullptr)  // every limit, for a row that misses
+    mg_emu::profile::print_limits(stdout, prediction, work, 6);
   return prediction;
 }
 
