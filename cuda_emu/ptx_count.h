@@ -120,7 +120,8 @@ double block_cycles(const Block& b, const std::vector<InstructionKind>& kinds);
 
 // The memory round trips one warp makes running block `b` once (ptx_chain.cpp): the levels of
 // dependent global loads in it. A load waits for the loads its address reads (through any
-// arithmetic) and, after a barrier, for every load before the barrier; loads that wait for none
+// arithmetic) and, after a barrier, for every load whose value was used before the barrier (a
+// tile stored to shared memory; a prefetch into registers does not wait); loads that wait for none
 // of each other are issued together, as ptxas hoists them (the copies of an unrolled loop's load
 // are one level, not one each). cp.async is not counted here (the tracer counts its waits).
 double load_levels(const Block& b, const std::vector<InstructionKind>& kinds);
