@@ -117,6 +117,7 @@ ProfileRow take_profile(double ideal_bytes, double fp32_flops) {
   double all_threads = 0;
   for (const auto& l : launches) all_threads += threads_of(l);
   double ideal_seconds = 0, slowest = -1;
+  std::vector<mg_emu::Prediction> predictions;                          // one a launch
   std::map<std::string, std::pair<bool, profile::AccessCounts>> sites;  // "where space op" -> counts
   for (const auto& l : launches) {
     p.blocks += static_cast<double>(l.blocks);
@@ -151,7 +152,7 @@ ProfileRow take_profile(double ideal_bytes, double fp32_flops) {
     p.dram_bytes_first_touch += l.dram_bytes_first_touch();
     const double share = all_threads > 0 ? fp32_flops * threads_of(l) / all_threads : 0;
     const mg_emu::Prediction pred = mg_emu::predict(profile::work_of(l, share), *g_gpu);
-    p.predicted_seconds += pred.seconds;
+    predictions.push_back(pred);
     ideal_seconds += pred.ideal_seconds;
     if (pred.seconds > slowest) {
       slowest = pred.seconds;
@@ -176,12 +177,11 @@ ProfileRow take_profile(double ideal_bytes, double fp32_flops) {
                   global ? "sectors" : "wavefronts");
     worst.emplace_back(c.sectors + c.wavefronts, key + text);
   }
-  // The host waiting for the device (a result copied back, as cross-entropy's count of rows is):
-  // the device idles while the host turns round and launches again (gpu_model.h:
-  // predict_step_seconds).
+  // The launches one after another, and the host waiting for the device in between (a result
+  // copied back, as cross-entropy's count of rows is), as a training step is priced.
+  p.predicted_seconds = mg_emu::predict_step_seconds(predictions, g_host_syncs, *g_gpu);
   p.host_syncs = static_cast<double>(g_host_syncs);
   p.sync_seconds = p.host_syncs * g_gpu->host_sync_s;
-  p.predicted_seconds += p.sync_seconds;
   p.roofline_fraction = p.predicted_seconds > 0 ? ideal_seconds / p.predicted_seconds : 0;
   std::sort(worst.begin(), worst.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
   for (size_t i = 0; i < worst.size() && i < 3; ++i) p.worst_sites.push_back(worst[i].second);
