@@ -111,9 +111,9 @@ struct InstructionMix {
   // A warp's own clocks, summed over every warp: each block run the longer of its issue and its
   // chain of dependent instructions (ptx_count.h: block_cycles), as if the warp ran alone.
   double warp_cycles = 0;
-  // Global-load round trips, summed over every warp: each block run, the levels of dependent
-  // ld.global in it (ptx_count.h: load_levels). Several copies of a load in one block (an unrolled
-  // loop) are one level; < 0 = not counted.
+  // Global-load round trips, summed over every warp: the levels of dependent ld.global, carried
+  // through the blocks between loop edges (ptx_count.h: load_round_trips). Several copies of a load
+  // (an unrolled loop, its guarded copies in blocks of their own) are one level; < 0 = not counted.
   double load_round_trips = -1;
   int registers_per_thread = 0;  // ptxas -v for sm_90; 0 = unknown
   int stack_bytes = 0;           // ptxas -v: bytes of stack frame per thread, in local memory

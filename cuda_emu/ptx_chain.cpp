@@ -21,7 +21,12 @@
 // The same dataflow gives a block's memory round trips (load_levels): the global loads that wait
 // for none of each other -- the copies of an unrolled loop's load, a tile's A and B -- go out
 // together, as ptxas hoists them, and each load that needs another's value (its address, or a
-// barrier after that value was stored) is one more round trip.
+// barrier after that value was stored) is one more round trip. A kernel's round trips
+// (load_round_trips) carry that dataflow from block to block through each stretch without a loop
+// edge: nvcc puts a guarded load (`if (i < n) v = x[i]`) in a block of its own that a branch
+// skips, and the guarded loads of an unrolled loop still go out together, since a warp stalls only
+// at an instruction whose operand is not back. ptxas does not move a load above a branch, so a
+// block's loads go out after every use in the blocks before it (in-order issue).
 #include <algorithm>
 #include <map>
 
@@ -83,31 +88,74 @@ double block_cycles(const Block& b, const std::vector<InstructionKind>& kinds) {
   return std::max(issued, finished);
 }
 
-double load_levels(const Block& b, const std::vector<InstructionKind>& kinds) {
+namespace {
+
+// What a warp's loads have waited for so far in one stretch of blocks without a loop edge.
+struct LoadState {
   std::map<std::string, double> level;  // each register: the load levels its value waited for
-  double deepest = 0;                   // the most levels so far
   double used = 0;                      // the most levels any instruction so far has read
-  double floor = 0;                     // a barrier's: what was used before it had landed
+  double floor = 0;                     // what no later load can go out before
+};
+
+// Walks block `b`'s instructions in state `s`; returns the deepest load level among its loads.
+double walk_loads(const Block& b, const std::vector<InstructionKind>& kinds, LoadState& s) {
+  double deepest = 0;
   for (size_t i = 0; i < b.instructions.size(); ++i) {
     const Instruction& in = b.instructions[i];
     const InstructionKind kind = i < kinds.size() ? kinds[i] : in.kind;
     if (kind == InstructionKind::barrier) {  // a tile stored to shared memory before it: landed
-      floor = std::max(floor, used);
+      s.floor = std::max(s.floor, s.used);
       continue;
     }
     double waited = 0;
     for (const std::string& r : in.sources) {
-      const auto it = level.find(r);
-      if (it != level.end()) waited = std::max(waited, it->second);
+      const auto it = s.level.find(r);
+      if (it != s.level.end()) waited = std::max(waited, it->second);
     }
-    used = std::max(used, waited);
+    s.used = std::max(s.used, waited);
     if (kind == InstructionKind::global_memory && in.access == Access::load) {
-      waited = std::max(waited, floor) + 1;
+      waited = std::max(waited, s.floor) + 1;
       deepest = std::max(deepest, waited);
     }
-    for (const std::string& r : in.dests) level[r] = waited;
+    for (const std::string& r : in.dests) s.level[r] = waited;
   }
   return deepest;
+}
+
+}  // namespace
+
+double load_levels(const Block& b, const std::vector<InstructionKind>& kinds) {
+  LoadState s;
+  return walk_loads(b, kinds, s);
+}
+
+double load_round_trips(const std::vector<Block>& blocks,
+                        const std::vector<std::vector<InstructionKind>>& kinds,
+                        const std::vector<double>& runs) {
+  std::vector<bool> loop_header(blocks.size(), false);
+  for (const Block& b : blocks)
+    if (b.loops_back_to >= 0 && static_cast<size_t>(b.loops_back_to) < blocks.size())
+      loop_header[static_cast<size_t>(b.loops_back_to)] = true;
+  LoadState s;
+  std::vector<double> reached;  // reached[l - 1]: the most runs that have gone out at level l
+  double trips = 0;
+  for (size_t k = 0; k < blocks.size(); ++k) {
+    const bool after_latch = k > 0 && blocks[k - 1].loops_back_to >= 0;
+    if (loop_header[k] || after_latch) {  // a new stretch: each trip starts with its loads landed
+      s = LoadState{};
+      reached.clear();
+    } else {  // in-order issue: a block's loads do not go out before the uses of the blocks before it
+      s.floor = std::max(s.floor, s.used);
+    }
+    if (runs[k] <= 0) continue;  // a way not taken sets no level
+    const double deepest = walk_loads(blocks[k], kinds[k], s);
+    for (size_t l = 0; l < static_cast<size_t>(deepest); ++l) {
+      if (reached.size() <= l) reached.push_back(0);
+      trips += std::max(0.0, runs[k] - reached[l]);
+      reached[l] = std::max(reached[l], runs[k]);
+    }
+  }
+  return trips;
 }
 
 }  // namespace mg_emu::ptx

@@ -26,7 +26,9 @@ using profile::Space;
 std::vector<LineAccesses> line_accesses(const std::vector<profile::SiteCounts>& sites) {
   std::map<std::tuple<std::string, Access, Space>, LineAccesses> by;
   for (const profile::SiteCounts& s : sites) {
-    const std::string where = s.where.substr(0, s.where.find(" <"));
+    const size_t cut = s.where.find(" < ");
+    const std::string where = s.where.substr(0, cut);
+    const std::string outer = cut == std::string::npos ? std::string() : s.where.substr(cut + 3);
     Access a = Access::load;
     switch (s.op) {
       case profile::Op::load: a = Access::load; break;
@@ -36,8 +38,9 @@ std::vector<LineAccesses> line_accesses(const std::vector<profile::SiteCounts>& 
       case profile::Op::mma: a = Access::mma; break;
       case profile::Op::cp_async: a = Access::cp_async; break;
     }
-    LineAccesses& l = by[{where, a, s.space}];
+    LineAccesses& l = by[{where + " < " + outer, a, s.space}];
     l.where = where;
+    l.outer = outer;
     l.access = a;
     l.space = s.space;
     l.requests += s.counts.requests;
@@ -142,31 +145,113 @@ double constant_trips(const Function& f, int b) {
 
 }  // namespace
 
-profile::InstructionMix count(const Function& f, const std::vector<LineAccesses>& seen, double warps,
-                              const std::map<std::string, double>& lines_run) {
-  // What the tracer saw per (line, access): request-bytes per lane, the largest over the spaces (a
-  // cp.async is a global read and a shared write of the same instruction).
-  std::map<std::pair<std::string, Access>, double> seen_bytes;
-  std::map<std::pair<std::string, Access>, Space> seen_space;
-  {
-    std::map<std::tuple<std::string, Access, Space>, double> per_space;
+namespace {
+
+// "file.cu:line" of an instruction, and of the call its line was inlined at ("" when none).
+std::string line_of(const Function& f, const Instruction& in) {
+  const std::string& path =
+      in.file > 0 && static_cast<size_t>(in.file) < f.files.size() ? f.files[in.file] : "";
+  return basename_of(path) + ":" + std::to_string(in.line);
+}
+std::string caller_of(const Function& f, const Instruction& in) {
+  if (in.caller_file <= 0 || static_cast<size_t>(in.caller_file) >= f.files.size()) return std::string();
+  return basename_of(f.files[in.caller_file]) + ":" + std::to_string(in.caller_line);
+}
+
+// What the tracer saw of a kernel's memory lines, matched to its PTX instructions by (line,
+// access). A helper's line in a header is matched per call where both sides name the call: the
+// PTX's .loc says which line the helper was inlined at (`inlined_at 1 110`), the tracer's site the
+// first .cu line of its chain ("row_packs.cuh:87 < layer_norm.cu:110"). So one helper line called
+// for a row in global memory and for weights staged in shared memory is two keys, each with its
+// own counts and space.
+class SeenLines {
+ public:
+  using Key = std::pair<std::string, Access>;  // "row_packs.cuh:87" or "row_packs.cuh:87 < layer_norm.cu:110"
+
+  SeenLines(const Function& f, const std::vector<LineAccesses>& seen) : f_(f) {
+    std::set<std::tuple<std::string, std::string, Access>> traced_calls;
+    for (const LineAccesses& l : seen)
+      if (!l.outer.empty()) traced_calls.insert({l.where, l.outer, l.access});
+    for (const Block& b : f.blocks)
+      for (const Instruction& in : b.instructions) {
+        if (in.access == Access::none) continue;
+        const std::tuple<std::string, std::string, Access> call{line_of(f, in), caller_of(f, in), in.access};
+        if (traced_calls.count(call) != 0) calls_.insert(call);
+      }
+    // Request-bytes per lane per key, summed over the spaces (a helper's line called with a global
+    // and a shared pointer) but the largest for a cp.async (a global read and a shared write of the
+    // same instruction); the space with the most of them; and per call line alone, the space with
+    // the most (for a generic access whose own line the tracer did not see: nvcc and the CPU build
+    // may put an access on different lines of a helper).
+    std::map<std::tuple<Key, Space>, double> per_space;
+    std::map<std::tuple<Key, Space>, double> per_call_space;
     for (const LineAccesses& l : seen) {
       const double width = l.lanes > 0 && l.lane_bytes > 0 ? l.lane_bytes / l.lanes : 1;
-      per_space[{l.where, l.access, l.space}] += l.requests * width;
+      const bool by_call = calls_.count({l.where, l.outer, l.access}) != 0;
+      const Key key{by_call ? l.where + " < " + l.outer : l.where, l.access};
+      per_space[{key, l.space}] += l.requests * width;
+      if (!l.outer.empty()) per_call_space[{Key{l.outer, l.access}, l.space}] += l.requests * width;
     }
-    for (const auto& [key, bytes] : per_space) {
-      const auto k = std::make_pair(std::get<0>(key), std::get<1>(key));
-      if (bytes > seen_bytes[k]) {
-        seen_bytes[k] = bytes;
-        seen_space[k] = std::get<2>(key);
+    std::map<Key, double> most;
+    for (const auto& [key_space, b] : per_space) {
+      const auto& [key, space] = key_space;
+      if (bytes_.count(key) != 0) both_spaces_.insert(key);
+      bytes_[key] = key.second == Access::cp_async ? std::max(bytes_[key], b) : bytes_[key] + b;
+      if (b > most[key]) {
+        most[key] = b;
+        space_[key] = space;
+      }
+    }
+    most.clear();
+    for (const auto& [key_space, b] : per_call_space) {
+      const auto& [key, space] = key_space;
+      if (b > most[key]) {
+        most[key] = b;
+        call_space_[key] = space;
       }
     }
   }
-  auto key_of = [&](const Instruction& in) {
-    const std::string& path =
-        in.file > 0 && static_cast<size_t>(in.file) < f.files.size() ? f.files[in.file] : "";
-    return std::make_pair(basename_of(path) + ":" + std::to_string(in.line), in.access);
-  };
+
+  bool empty() const { return bytes_.empty(); }
+
+  Key key_of(const Instruction& in) const {
+    const std::string line = line_of(f_, in), caller = caller_of(f_, in);
+    if (calls_.count({line, caller, in.access}) != 0) return {line + " < " + caller, in.access};
+    return {line, in.access};
+  }
+
+  // Request-bytes per lane the tracer saw for `key`; < 0: none.
+  double bytes(const Key& key) const {
+    const auto it = bytes_.find(key);
+    return it == bytes_.end() ? -1 : it->second;
+  }
+
+  // Where a generic access went: its key's space when the tracer saw it in one; else its call
+  // line's; else its key's most; else global.
+  Space space_of(const Instruction& in) const {
+    const Key key = key_of(in);
+    const auto it = space_.find(key);
+    if (it != space_.end() && both_spaces_.count(key) == 0) return it->second;
+    const auto at = call_space_.find({caller_of(f_, in), in.access});
+    if (at != call_space_.end()) return at->second;
+    return it != space_.end() ? it->second : Space::global;
+  }
+
+ private:
+  const Function& f_;
+  std::set<std::tuple<std::string, std::string, Access>> calls_;  // (line, call line, access) matched
+  std::map<Key, double> bytes_;
+  std::map<Key, Space> space_;
+  std::set<Key> both_spaces_;
+  std::map<Key, Space> call_space_;
+};
+
+}  // namespace
+
+profile::InstructionMix count(const Function& f, const std::vector<LineAccesses>& seen, double warps,
+                              const std::map<std::string, double>& lines_run) {
+  const SeenLines seen_lines(f, seen);
+  auto key_of = [&](const Instruction& in) { return seen_lines.key_of(in); };
   // Where each line's accesses are: bytes per lane of its PTX instructions, per block.
   using Key = std::pair<std::string, Access>;
   std::map<Key, std::map<size_t, double>> block_bytes;
@@ -178,17 +263,23 @@ profile::InstructionMix count(const Function& f, const std::vector<LineAccesses>
   mix.counted = true;
   mix.load_round_trips = 0;
   std::vector<double> runs(f.blocks.size(), 0), reached(f.blocks.size(), 0);
+  std::vector<std::vector<InstructionKind>> block_kinds(f.blocks.size());
   std::map<std::string, int> label_of;
   for (size_t k = 0; k < f.blocks.size(); ++k)
     if (!f.blocks[k].label.empty()) label_of[f.blocks[k].label] = static_cast<int>(k);
   // What the CPU build saw of a block's own lines: the most warp executions of a basic block that
   // began at one of them, or of a memory access on one of them; -1 when none was seen.
   std::map<std::string, double> accessed;
-  for (const LineAccesses& l : seen) accessed[l.where] = std::max(accessed[l.where], l.requests);
+  {
+    std::map<std::tuple<std::string, Access, Space>, double> requests;  // over the chains' outer lines
+    for (const LineAccesses& l : seen) requests[{l.where, l.access, l.space}] += l.requests;
+    for (const auto& [key, n] : requests)
+      accessed[std::get<0>(key)] = std::max(accessed[std::get<0>(key)], n);
+  }
   auto activity = [&](size_t b) {
     double most = -1;
     for (const Instruction& in : f.blocks[b].instructions) {
-      const std::string line = key_of(in).first;
+      const std::string line = line_of(f, in);
       if (const auto it = lines_run.find(line); it != lines_run.end()) most = std::max(most, it->second);
       if (const auto it = accessed.find(line); it != accessed.end()) most = std::max(most, it->second);
     }
@@ -199,11 +290,11 @@ profile::InstructionMix count(const Function& f, const std::vector<LineAccesses>
   // build never made: the block did not run); -1 when no memory instruction says (none, or only
   // generic ones, which may be a stack frame the tracer does not see).
   std::vector<int> evidence(f.blocks.size(), -1);
-  if (!seen_bytes.empty()) {
+  if (!seen_lines.empty()) {
     for (size_t k = 0; k < f.blocks.size(); ++k) {
       for (const Instruction& in : f.blocks[k].instructions) {
         if (in.access == Access::none) continue;
-        if (seen_bytes.count(key_of(in)) != 0) {
+        if (seen_lines.bytes(key_of(in)) >= 0) {
           evidence[k] = 1;
         } else if (!in.generic) {
           evidence[k] = std::max(evidence[k], 0);
@@ -343,9 +434,9 @@ profile::InstructionMix count(const Function& f, const std::vector<LineAccesses>
     for (const Instruction& in : b.instructions) {
       if (in.access == Access::none) continue;
       const Key key = key_of(in);
-      const auto it = seen_bytes.find(key);
-      if (it == seen_bytes.end()) continue;
-      if (allocation.find(key) == allocation.end()) allocation[key] = allocate(key, it->second);
+      const double bytes = seen_lines.bytes(key);
+      if (bytes < 0) continue;
+      if (allocation.find(key) == allocation.end()) allocation[key] = allocate(key, bytes);
       votes.push_back(allocation[key][k]);
     }
     bool inherited = false;
@@ -360,34 +451,30 @@ profile::InstructionMix count(const Function& f, const std::vector<LineAccesses>
     }
     if (debug_blocks()) {  // MG_EMU_PTX_BLOCKS=1: where each block's count came from
       double weight = 0;
-      std::set<std::string> seen_lines;
+      std::set<std::string> listed;
       std::string lines;
       for (const Instruction& in : b.instructions) {
         weight += in.weight;
-        const std::string line = key_of(in).first;
-        if (in.line > 0 && seen_lines.insert(line).second) lines += (lines.empty() ? "" : " ") + line;
+        const std::string line = line_of(f, in);
+        if (in.line > 0 && listed.insert(line).second) lines += (lines.empty() ? "" : " ") + line;
       }
       std::fprintf(stderr, "ptx %s block %zu %s: %.0f instructions x %.4g runs (%s) %s\n",
                    f.demangled.c_str(), k, b.label.c_str(), weight, runs[k] / warps,
                    !votes.empty() ? "anchored" : (inherited ? "reached" : "trip count"), lines.c_str());
     }
-    std::vector<InstructionKind> kinds;
+    std::vector<InstructionKind>& kinds = block_kinds[k];
     for (const Instruction& in : b.instructions) {
       InstructionKind kind = in.kind;
-      if (in.generic && in.access != Access::none) {
-        const auto it = seen_space.find(key_of(in));
-        if (it != seen_space.end() && it->second == Space::shared) kind = InstructionKind::shared_memory;
-      }
+      if (in.generic && in.access != Access::none && seen_lines.space_of(in) == Space::shared)
+        kind = InstructionKind::shared_memory;
       kinds.push_back(kind);
       const double n = in.weight * runs[k];
       mix.warp_instructions[static_cast<size_t>(kind)] += n;
       if (inherited) mix.inherited += n;
     }
-    if (runs[k] > 0) {
-      mix.warp_cycles += runs[k] * block_cycles(b, kinds);
-      mix.load_round_trips += runs[k] * load_levels(b, kinds);
-    }
+    if (runs[k] > 0) mix.warp_cycles += runs[k] * block_cycles(b, kinds);
   }
+  mix.load_round_trips = load_round_trips(f.blocks, block_kinds, runs);
   mix.registers_per_thread = f.registers_per_thread;
   mix.stack_bytes = f.stack_bytes;
   return mix;

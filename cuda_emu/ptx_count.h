@@ -52,6 +52,8 @@ struct Instruction {
   double weight = 1;  // SASS instructions it stands for (0: free, see the rules above)
   int file = 0;       // the innermost .loc: index into Function::files, 0 = none
   int line = 0;
+  int caller_file = 0;  // the .loc's inlined_at: the call the line was inlined at (0: none)
+  int caller_line = 0;
   Access access = Access::none;
   bool generic = false;               // a load or store without a state space (.global or .shared unknown)
   int bytes_per_lane = 0;             // memory instructions: vector width x element size
@@ -88,6 +90,7 @@ std::vector<Function> parse(const std::string& ptx);
 // The memory counts of one source line the tracer saw, over the traced blocks.
 struct LineAccesses {
   std::string where;  // innermost "file.cu:line"
+  std::string outer;  // a header's line: the first .cu line of its inlining chain, else empty
   Access access = Access::load;
   profile::Space space = profile::Space::global;
   double requests = 0;    // warp requests
@@ -125,6 +128,18 @@ double block_cycles(const Block& b, const std::vector<InstructionKind>& kinds);
 // of each other are issued together, as ptxas hoists them (the copies of an unrolled loop's load
 // are one level, not one each). cp.async is not counted here (the tracer counts its waits).
 double load_levels(const Block& b, const std::vector<InstructionKind>& kinds);
+
+// The memory round trips of a kernel whose block k ran `runs[k]` times (warp executions), its
+// instructions of kinds `kinds[k]` (ptx_chain.cpp). The levels of load_levels, carried from block
+// to block through each stretch of blocks between loop edges (a loop's first block and the block
+// after its last start a new one): a block's loads also wait for every load whose value a block
+// before it used (in-order issue: ptxas does not hoist a load above a branch), not for the loads
+// still in flight. Each level counts the most runs of any block that reached it in the stretch (a
+// guarded load's block runs no more often than the unguarded ones before it); a block that did
+// not run sets nothing.
+double load_round_trips(const std::vector<Block>& blocks,
+                        const std::vector<std::vector<InstructionKind>>& kinds,
+                        const std::vector<double>& runs);
 
 // Small text helpers of ptx_parse.cpp that the count uses too.
 std::vector<std::string> split(const std::string& s, char by);

@@ -274,7 +274,7 @@ std::vector<Function> parse(const std::string& ptx) {
   std::vector<std::string> lines = split(ptx, '\n');
   Function* f = nullptr;
   bool in_function = false, skip_function = false;
-  int depth = 0, file = 0, line = 0;
+  int depth = 0, file = 0, line = 0, caller_file = 0, caller_line = 0;
   std::string pending;  // an instruction continued over several lines
   for (const std::string& raw : lines) {
     std::string text = raw;
@@ -322,6 +322,16 @@ std::vector<Function> parse(const std::string& ptx) {
         file = std::atoi(nums[0].c_str());
         line = std::atoi(nums[1].c_str());
       }
+      // ".loc 3 87 5, function_name $L__info_string2, inlined_at 1 137 5": the call it was inlined at.
+      caller_file = caller_line = 0;
+      const size_t at = text.find("inlined_at");
+      if (at != std::string::npos) {
+        const std::vector<std::string> c = split(trim(text.substr(at + 10)), ' ');
+        if (c.size() >= 2) {
+          caller_file = std::atoi(c[0].c_str());
+          caller_line = std::atoi(c[1].c_str());
+        }
+      }
       continue;
     }
     if (text[0] == '.') continue;                 // .reg, .shared, .local, .pragma, ...
@@ -346,6 +356,8 @@ std::vector<Function> parse(const std::string& ptx) {
     in.opcode = ins.substr(0, sp);
     in.file = file;
     in.line = line;
+    in.caller_file = caller_file;
+    in.caller_line = caller_line;
     const std::vector<std::string> operands =
         sp == std::string::npos ? std::vector<std::string>{} : operands_of(ins.substr(sp + 1));
     const Parts p = parts_of(in.opcode);

@@ -118,6 +118,50 @@ $L__BB1_4:
 	.file	1 "/src/trips.cu"
 )";
 
+// Round trips of a kernel (ptx::load_round_trips), carried from block to block. nvcc puts each
+// guarded load of an unrolled loop (`if (i < n) v[k] = x[i + k * 32]`) in a block of its own that a
+// branch skips:
+//   b0  no load; branches over b1
+//   b1  a guarded load (level 1)
+//   b2  branches over b3
+//   b3  another guarded load, independent of the first: the same level, it goes out with it
+//   b4  uses both values (the warp waits here); branches over b5
+//   b5  a load after that use: level 2 (ptxas does not hoist it above the branch)
+//   b6  a loop of one block: each trip starts again, one load a trip (level 1)
+//   b7  after the loop: a new stretch, level 1
+const char* kGuardedLoads = R"(
+.visible .entry _Z6guardsPf(
+	.param .u64 _Z6guardsPf_param_0
+)
+{
+	.loc	1 5 0
+	setp.lt.s32 	%p1, %r1, %r2;
+	@!%p1 bra 	$L__BB2_2;
+	ld.global.f32 	%f1, [%rd1];
+$L__BB2_2:
+	@!%p2 bra 	$L__BB2_4;
+	ld.global.f32 	%f2, [%rd1+128];
+$L__BB2_4:
+	add.f32 	%f3, %f1, %f2;
+	@!%p3 bra 	$L__BB2_6;
+	ld.global.f32 	%f4, [%rd2];
+$L__BB2_6:
+	ld.global.f32 	%f5, [%rd3];
+	add.f32 	%f6, %f6, %f5;
+	setp.lt.s32 	%p4, %r3, %r4;
+	@%p4 bra 	$L__BB2_6;
+	ld.global.f32 	%f7, [%rd4];
+	ret;
+}
+	.file	1 "/src/guards.cu"
+)";
+
+std::vector<std::vector<mg_emu::profile::InstructionKind>> kinds_of(const std::vector<ptx::Block>& blocks) {
+  std::vector<std::vector<mg_emu::profile::InstructionKind>> kinds;
+  for (const ptx::Block& b : blocks) kinds.push_back(kinds_of(b));
+  return kinds;
+}
+
 }  // namespace
 
 TEST_CASE("warp path: a block's clocks are its issue or its chain of dependent latencies, worked by hand",
@@ -178,4 +222,33 @@ TEST_CASE("warp path: the GPU model prices a warp's own clocks wave after wave",
   w.issued_instructions = 33 * 132 * 1e5;
   p = mg_emu::predict(w, gpu);
   CHECK(p.seconds == Approx(gpu.launch_latency_s + 2e6 / gpu.clock_hz));
+}
+
+TEST_CASE("round trips: guarded loads in blocks of their own go out together, worked by hand",
+          "[profiler][ptx]") {
+  const std::vector<ptx::Function> fs = ptx::parse(kGuardedLoads);
+  REQUIRE(fs.size() == 1);
+  const std::vector<ptx::Block>& blocks = fs[0].blocks;
+  REQUIRE(blocks.size() == 8);
+  CHECK(blocks[6].loops_back_to == 6);
+  const auto kinds = kinds_of(blocks);
+
+  // Warp runs of each block: 10 warps; the second guard holds for half of them, the third for 4;
+  // the loop makes 3 trips.
+  const std::vector<double> runs = {10, 10, 10, 5, 10, 4, 30, 10};
+  // Level 1: the 10 warps that ran b1 (b3's 5 go out with theirs); level 2: b5's 4; the loop's 30;
+  // after it, 10. Block by block (ptx::load_levels of each run) it would be 10 + 5 + 4 + 30 + 10.
+  CHECK(ptx::load_round_trips(blocks, kinds, runs) == Approx(10 + 4 + 30 + 10));
+
+  // A block that never ran sets no level: without b1, b3's 5 warps make level 1, and b5 still
+  // waits for b3's value, used in b4.
+  const std::vector<double> without_b1 = {10, 0, 10, 5, 10, 4, 30, 10};
+  CHECK(ptx::load_round_trips(blocks, kinds, without_b1) == Approx(5 + 4 + 30 + 10));
+
+  // Every block its own stretch (what the count did before the fourteenth session) would add
+  // b3's 5: the guarded copies of one unrolled load, one round trip each.
+  double block_by_block = 0;
+  for (size_t k = 0; k < blocks.size(); ++k)
+    block_by_block += runs[k] * ptx::load_levels(blocks[k], kinds[k]);
+  CHECK(block_by_block == Approx(10 + 5 + 4 + 30 + 10));
 }

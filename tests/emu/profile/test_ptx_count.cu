@@ -392,6 +392,71 @@ std::vector<profile::LaunchProfile> counted_launches(int n,
 }
 }  // namespace
 
+namespace {
+
+// One helper line (helpers.cuh:3, a generic ld: the pointer may be global or shared) inlined at two
+// calls of the kernel's file, the first with a global pointer, the second with one into a tile
+// staged in shared memory; then a global store. The tracer sees the helper's line in both spaces,
+// or (nvcc and the CPU compiler attribute a load folded into a copy differently) on another line
+// of the helper; the call lines match either way.
+const char* kStagedHelper = R"(
+.visible .entry _Z5stagePf(
+	.param .u64 _Z5stagePf_param_0
+)
+{
+	.loc	2 3 5, function_name $L__info_string0, inlined_at 1 10 3
+	ld.f32 	%f1, [%rd1];
+	.loc	2 3 5, function_name $L__info_string0, inlined_at 1 11 3
+	ld.f32 	%f2, [%rd2];
+	.loc	1 12 3
+	add.f32 	%f3, %f1, %f2;
+	st.global.f32 	[%rd3], %f3;
+	ret;
+}
+	.file	1 "/src/stage.cu"
+	.file	2 "/src/helpers.cuh"
+)";
+
+}  // namespace
+
+TEST_CASE("ptx count: a helper's generic load takes the space the tracer saw at its call",
+          "[profiler][ptx]") {
+  const std::vector<ptx::Function> fs = ptx::parse(kStagedHelper);
+  REQUIRE(fs.size() == 1);
+  const ptx::Function& f = fs[0];
+  REQUIRE(f.blocks.size() == 1);
+  REQUIRE(f.blocks[0].instructions.size() >= 2);
+  CHECK(f.blocks[0].instructions[0].generic);
+  CHECK(f.blocks[0].instructions[0].caller_line == 10);
+  CHECK(f.blocks[0].instructions[1].caller_line == 11);
+
+  const double warps = 10;
+  for (const char* helper_line : {"helpers.cuh:3", "helpers.cuh:4"}) {
+    // The tracer saw the helper's line in both spaces (on line 3, as the PTX has it), or on
+    // another line of the helper (4): either way the call line decides.
+    INFO(helper_line);
+    ptx::LineAccesses from_global = seen(helper_line, ptx::Access::load, warps, 4);
+    from_global.outer = "stage.cu:10";
+    ptx::LineAccesses from_shared = seen(helper_line, ptx::Access::load, warps, 4);
+    from_shared.outer = "stage.cu:11";
+    from_shared.space = profile::Space::shared;
+    const profile::InstructionMix m =
+        ptx::count(f, {from_global, from_shared, seen("stage.cu:12", ptx::Access::store, warps, 4)}, warps);
+    REQUIRE(m.counted);
+    CHECK(m.of(K::shared_memory) == Approx(warps));      // the staged load
+    CHECK(m.of(K::global_memory) == Approx(2 * warps));  // the global load and the store
+    CHECK(m.load_round_trips == Approx(warps));          // the global load alone goes out to memory
+  }
+
+  // Without the call lines the helper's line was not seen at all: both loads stay global.
+  const profile::InstructionMix unknown = ptx::count(f,
+                                                     {seen("helpers.cuh:4", ptx::Access::load, 2 * warps, 4),
+                                                      seen("stage.cu:12", ptx::Access::store, warps, 4)},
+                                                     warps);
+  CHECK(unknown.of(K::shared_memory) == 0);
+  CHECK(unknown.of(K::global_memory) == Approx(3 * warps));
+}
+
 TEST_CASE("ptx count: a traced launch is counted from nvcc's PTX of its own source file", "[profiler][ptx]") {
   const int n = 4096;
   const std::vector<profile::LaunchProfile> launches =
