@@ -147,55 +147,58 @@ double constant_trips(const Function& f, int b) {
 
 namespace {
 
-// "file.cu:line" of an instruction, and of the call its line was inlined at ("" when none).
+// "file.cu:line" of an instruction, and of the .cu line a header's line was inlined into ("" when
+// none: Instruction::call_line).
 std::string line_of(const Function& f, const Instruction& in) {
   const std::string& path =
       in.file > 0 && static_cast<size_t>(in.file) < f.files.size() ? f.files[in.file] : "";
   return basename_of(path) + ":" + std::to_string(in.line);
 }
-std::string caller_of(const Function& f, const Instruction& in) {
-  if (in.caller_file <= 0 || static_cast<size_t>(in.caller_file) >= f.files.size()) return std::string();
-  return basename_of(f.files[in.caller_file]) + ":" + std::to_string(in.caller_line);
+std::string call_of(const Function& f, const Instruction& in) {
+  if (in.call_file <= 0 || static_cast<size_t>(in.call_file) >= f.files.size()) return std::string();
+  return basename_of(f.files[in.call_file]) + ":" + std::to_string(in.call_line);
 }
 
-// What the tracer saw of a kernel's memory lines, matched to its PTX instructions by (line,
-// access). A helper's line in a header is matched per call where both sides name the call: the
-// PTX's .loc says which line the helper was inlined at (`inlined_at 1 110`), the tracer's site the
-// first .cu line of its chain ("row_packs.cuh:87 < layer_norm.cu:110"). So one helper line called
-// for a row in global memory and for weights staged in shared memory is two keys, each with its
-// own counts and space.
+// What the tracer saw of a kernel's memory lines, matched to its PTX instructions. Both sides name
+// an access in a header by its line and the first .cu line of its inlining chain: the tracer's site
+// "row_packs.cuh:87 < layer_norm.cu:110", the PTX's .loc line and its inlined_at walked up
+// (Instruction::call_line). An instruction is matched, per access kind, by its line and call where
+// the tracer saw that pair (one helper line called for a row in global memory and for weights
+// staged in shared memory is two keys, each with its own counts and space), else by its line, with
+// the tracer's requests on that line that no instruction matched by its call.
+//
+// A generic access whose line the tracer did not see at all takes the space the tracer saw most in
+// its call: nvcc and the CPU build can put one access on different lines of a helper (a load
+// folded into a memcpy: 89 in the PTX, 87 in the CPU build). Its counts are not matched so: a
+// call's lines are often a vector path and a scalar one, and the call alone cannot tell which ran.
 class SeenLines {
  public:
-  using Key = std::pair<std::string, Access>;  // "row_packs.cuh:87" or "row_packs.cuh:87 < layer_norm.cu:110"
+  using Key = std::pair<std::string, Access>;  // "a.cuh:87 < b.cu:110" or "a.cuh:87"
 
   SeenLines(const Function& f, const std::vector<LineAccesses>& seen) : f_(f) {
-    std::set<std::tuple<std::string, std::string, Access>> traced_calls;
-    for (const LineAccesses& l : seen)
-      if (!l.outer.empty()) traced_calls.insert({l.where, l.outer, l.access});
+    std::set<std::tuple<std::string, std::string, Access>> traced;
+    for (const LineAccesses& l : seen) traced.insert({l.where, l.outer, l.access});
     for (const Block& b : f.blocks)
       for (const Instruction& in : b.instructions) {
-        if (in.access == Access::none) continue;
-        const std::tuple<std::string, std::string, Access> call{line_of(f, in), caller_of(f, in), in.access};
-        if (traced_calls.count(call) != 0) calls_.insert(call);
+        const std::string call = call_of(f, in);
+        if (in.access != Access::none && !call.empty() &&
+            traced.count({line_of(f, in), call, in.access}) != 0)
+          calls_.insert({line_of(f, in), call, in.access});
       }
     // Request-bytes per lane per key, summed over the spaces (a helper's line called with a global
     // and a shared pointer) but the largest for a cp.async (a global read and a shared write of the
-    // same instruction); the space with the most of them; and per call line alone, the space with
-    // the most (for a generic access whose own line the tracer did not see: nvcc and the CPU build
-    // may put an access on different lines of a helper).
-    std::map<std::tuple<Key, Space>, double> per_space;
-    std::map<std::tuple<Key, Space>, double> per_call_space;
+    // same instruction), and the space with the most of them; per call, the space with the most.
+    std::map<std::tuple<Key, Space>, double> per_space, per_call_space;
     for (const LineAccesses& l : seen) {
       const double width = l.lanes > 0 && l.lane_bytes > 0 ? l.lane_bytes / l.lanes : 1;
       const bool by_call = calls_.count({l.where, l.outer, l.access}) != 0;
-      const Key key{by_call ? l.where + " < " + l.outer : l.where, l.access};
-      per_space[{key, l.space}] += l.requests * width;
+      per_space[{Key{by_call ? l.where + " < " + l.outer : l.where, l.access}, l.space}] +=
+          l.requests * width;
       if (!l.outer.empty()) per_call_space[{Key{l.outer, l.access}, l.space}] += l.requests * width;
     }
     std::map<Key, double> most;
     for (const auto& [key_space, b] : per_space) {
       const auto& [key, space] = key_space;
-      if (bytes_.count(key) != 0) both_spaces_.insert(key);
       bytes_[key] = key.second == Access::cp_async ? std::max(bytes_[key], b) : bytes_[key] + b;
       if (b > most[key]) {
         most[key] = b;
@@ -215,8 +218,8 @@ class SeenLines {
   bool empty() const { return bytes_.empty(); }
 
   Key key_of(const Instruction& in) const {
-    const std::string line = line_of(f_, in), caller = caller_of(f_, in);
-    if (calls_.count({line, caller, in.access}) != 0) return {line + " < " + caller, in.access};
+    const std::string line = line_of(f_, in), call = call_of(f_, in);
+    if (!call.empty() && calls_.count({line, call, in.access}) != 0) return {line + " < " + call, in.access};
     return {line, in.access};
   }
 
@@ -226,23 +229,20 @@ class SeenLines {
     return it == bytes_.end() ? -1 : it->second;
   }
 
-  // Where a generic access went: its key's space when the tracer saw it in one; else its call
-  // line's; else its key's most; else global.
+  // Where a generic access went: its key's space (the most bytes' where the tracer saw two); for a
+  // line the tracer never saw, its call's; else global.
   Space space_of(const Instruction& in) const {
-    const Key key = key_of(in);
-    const auto it = space_.find(key);
-    if (it != space_.end() && both_spaces_.count(key) == 0) return it->second;
-    const auto at = call_space_.find({caller_of(f_, in), in.access});
-    if (at != call_space_.end()) return at->second;
-    return it != space_.end() ? it->second : Space::global;
+    const auto it = space_.find(key_of(in));
+    if (it != space_.end()) return it->second;
+    const auto at = call_space_.find({call_of(f_, in), in.access});
+    return at != call_space_.end() ? at->second : Space::global;
   }
 
  private:
   const Function& f_;
-  std::set<std::tuple<std::string, std::string, Access>> calls_;  // (line, call line, access) matched
+  std::set<std::tuple<std::string, std::string, Access>> calls_;  // (line, call, access) the tracer saw
   std::map<Key, double> bytes_;
   std::map<Key, Space> space_;
-  std::set<Key> both_spaces_;
   std::map<Key, Space> call_space_;
 };
 

@@ -14,7 +14,8 @@
 //     instructions of that line (an unrolled loop has several copies of one line), weighted by
 //     bytes per lane (nvcc may merge two 4-byte loads into one 8-byte one), that is how often each
 //     of those instructions ran, and the block runs as often as the median of its memory
-//     instructions;
+//     instructions. A helper's line inlined at several calls is matched per call where the PTX's
+//     inlined_at and the tracer's chain name the same .cu line (ptx_count.cpp: SeenLines);
 //   * a constant trip count: a loop of one block with no memory instruction (an unrolled FMA
 //     chain) whose counter starts, steps and stops at constants runs trips x its entry's count;
 //   * otherwise it is reached: the sum over the edges into it from the blocks before it, each
@@ -52,8 +53,8 @@ struct Instruction {
   double weight = 1;  // SASS instructions it stands for (0: free, see the rules above)
   int file = 0;       // the innermost .loc: index into Function::files, 0 = none
   int line = 0;
-  int caller_file = 0;  // the .loc's inlined_at: the call the line was inlined at (0: none)
-  int caller_line = 0;
+  int call_file = 0;  // a header's line: the first .cu line of the chain it was inlined into
+  int call_line = 0;  // (the .locs' inlined_at, walked up), as the tracer names it; else 0
   Access access = Access::none;
   bool generic = false;               // a load or store without a state space (.global or .shared unknown)
   int bytes_per_lane = 0;             // memory instructions: vector width x element size

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <stdexcept>
 #include <tuple>
@@ -268,6 +269,41 @@ bool parse_integer(const std::string& s, long long* v) {
   return end != nullptr && *end == '\0';
 }
 
+namespace {
+
+bool is_header(const std::string& path) {  // as the tracer's site names have it (site_names.cpp)
+  auto ends = [&](const char* tail) {
+    const size_t n = std::strlen(tail);
+    return path.size() > n && path.compare(path.size() - n, n, tail) == 0;
+  };
+  return ends(".h") || ends(".cuh");
+}
+
+// Each instruction of a header's line gets the first line of a .cu file its inlining chain passes
+// through, walked up the .loc records' inlined_at; one whose own line is in a .cu file, or whose
+// chain names none or passes a line inlined at two places, gets none. The tracer names a header's
+// access so ("row_packs.cuh:87 < layer_norm.cu:167").
+void name_calls(Function& fn, const std::map<std::pair<int, int>, std::pair<int, int>>& inlined_at) {
+  auto header = [&](int file) {
+    return file > 0 && static_cast<size_t>(file) < fn.files.size() &&
+           is_header(fn.files[static_cast<size_t>(file)]);
+  };
+  for (Block& b : fn.blocks)
+    for (Instruction& in : b.instructions) {
+      std::pair<int, int> at{in.call_file, in.call_line};
+      for (int up = 0; up < 32 && header(at.first); ++up) {
+        const auto it = inlined_at.find(at);
+        if (it == inlined_at.end()) break;
+        at = it->second;
+      }
+      const bool named = header(in.file) && at.first > 0 && !header(at.first);
+      in.call_file = named ? at.first : 0;
+      in.call_line = named ? at.second : 0;
+    }
+}
+
+}  // namespace
+
 std::vector<Function> parse(const std::string& ptx) {
   std::vector<Function> out;
   std::map<int, std::string> files;
@@ -275,6 +311,8 @@ std::vector<Function> parse(const std::string& ptx) {
   Function* f = nullptr;
   bool in_function = false, skip_function = false;
   int depth = 0, file = 0, line = 0, caller_file = 0, caller_line = 0;
+  // Per function: where each inlined (file, line) was inlined at, from its .loc records.
+  std::vector<std::map<std::pair<int, int>, std::pair<int, int>>> inlined_at;
   std::string pending;  // an instruction continued over several lines
   for (const std::string& raw : lines) {
     std::string text = raw;
@@ -299,6 +337,7 @@ std::vector<Function> parse(const std::string& ptx) {
         depth = 0;
         if (!skip_function) {
           out.emplace_back();
+          inlined_at.emplace_back();
           f = &out.back();
           std::string name = trim(text.substr(entry + 7));
           f->mangled = name.substr(0, name.find_first_of("( "));
@@ -330,6 +369,10 @@ std::vector<Function> parse(const std::string& ptx) {
         if (c.size() >= 2) {
           caller_file = std::atoi(c[0].c_str());
           caller_line = std::atoi(c[1].c_str());
+          // A line inlined at two places (a helper's line in a header function the kernel calls
+          // twice) leads nowhere: which call an instruction came through is not written down.
+          const auto [it, added] = inlined_at.back().insert({{file, line}, {caller_file, caller_line}});
+          if (!added && it->second != std::make_pair(caller_file, caller_line)) it->second = {0, 0};
         }
       }
       continue;
@@ -356,8 +399,8 @@ std::vector<Function> parse(const std::string& ptx) {
     in.opcode = ins.substr(0, sp);
     in.file = file;
     in.line = line;
-    in.caller_file = caller_file;
-    in.caller_line = caller_line;
+    in.call_file = caller_file;  // the immediate caller; made the first .cu line below
+    in.call_line = caller_line;
     const std::vector<std::string> operands =
         sp == std::string::npos ? std::vector<std::string>{} : operands_of(ins.substr(sp + 1));
     const Parts p = parts_of(in.opcode);
@@ -396,13 +439,15 @@ std::vector<Function> parse(const std::string& ptx) {
     }
   }
   if (in_function) throw std::runtime_error("PTX: a function without its closing brace");
-  for (Function& fn : out) {
+  for (size_t i = 0; i < out.size(); ++i) {
+    Function& fn = out[i];
     while (!fn.blocks.empty() && fn.blocks.back().instructions.empty() && fn.blocks.back().label.empty())
       fn.blocks.pop_back();
     int max_file = 0;
     for (const auto& [i, path] : files) max_file = std::max(max_file, i);
     fn.files.assign(static_cast<size_t>(max_file) + 1, "");
     for (const auto& [i, path] : files) fn.files[static_cast<size_t>(i)] = path;
+    name_calls(fn, inlined_at[i]);
     contract_multiplies(fn);
     int status = 0;
     char* d = abi::__cxa_demangle(fn.mangled.c_str(), nullptr, nullptr, &status);

@@ -396,9 +396,11 @@ namespace {
 
 // One helper line (helpers.cuh:3, a generic ld: the pointer may be global or shared) inlined at two
 // calls of the kernel's file, the first with a global pointer, the second with one into a tile
-// staged in shared memory; then a global store. The tracer sees the helper's line in both spaces,
+// staged in shared memory; a global load of inner.cuh:7 inlined into a helper of helpers.cuh (line
+// 20) that the kernel calls at its line 13; then a global store. The tracer names a header's
+// access by its line and the first .cu line of its chain; it sees the helper's line in both spaces,
 // or (nvcc and the CPU compiler attribute a load folded into a copy differently) on another line
-// of the helper; the call lines match either way.
+// of the helper: the call lines match either way.
 const char* kStagedHelper = R"(
 .visible .entry _Z5stagePf(
 	.param .u64 _Z5stagePf_param_0
@@ -408,53 +410,77 @@ const char* kStagedHelper = R"(
 	ld.f32 	%f1, [%rd1];
 	.loc	2 3 5, function_name $L__info_string0, inlined_at 1 11 3
 	ld.f32 	%f2, [%rd2];
+	.loc	2 20 5, function_name $L__info_string1, inlined_at 1 13 3
+	add.f32 	%f4, %f1, %f2;
+	.loc	3 7 5, function_name $L__info_string2, inlined_at 2 20 5
+	ld.global.f32 	%f5, [%rd4];
 	.loc	1 12 3
-	add.f32 	%f3, %f1, %f2;
+	add.f32 	%f3, %f4, %f5;
 	st.global.f32 	[%rd3], %f3;
 	ret;
 }
 	.file	1 "/src/stage.cu"
 	.file	2 "/src/helpers.cuh"
+	.file	3 "/src/inner.cuh"
 )";
 
 }  // namespace
 
-TEST_CASE("ptx count: a helper's generic load takes the space the tracer saw at its call",
-          "[profiler][ptx]") {
+TEST_CASE("ptx count: a helper's accesses are matched call by call", "[profiler][ptx]") {
   const std::vector<ptx::Function> fs = ptx::parse(kStagedHelper);
   REQUIRE(fs.size() == 1);
   const ptx::Function& f = fs[0];
   REQUIRE(f.blocks.size() == 1);
-  REQUIRE(f.blocks[0].instructions.size() >= 2);
-  CHECK(f.blocks[0].instructions[0].generic);
-  CHECK(f.blocks[0].instructions[0].caller_line == 10);
-  CHECK(f.blocks[0].instructions[1].caller_line == 11);
+  const std::vector<ptx::Instruction>& ins = f.blocks[0].instructions;
+  REQUIRE(ins.size() >= 6);
+  CHECK(ins[0].generic);
+  CHECK(ins[0].call_line == 10);
+  CHECK(ins[1].call_line == 11);
+  CHECK(ins[3].call_line == 13);  // inner.cuh:7 < helpers.cuh:20 < stage.cu:13
+  CHECK(ins[4].call_line == 0);   // a line of the .cu file itself
 
   const double warps = 10;
+  auto at = [&](const char* where, const char* outer, profile::Space space) {
+    ptx::LineAccesses l = seen(where, ptx::Access::load, warps, 4);
+    l.outer = outer;
+    l.space = space;
+    return l;
+  };
   for (const char* helper_line : {"helpers.cuh:3", "helpers.cuh:4"}) {
-    // The tracer saw the helper's line in both spaces (on line 3, as the PTX has it), or on
-    // another line of the helper (4): either way the call line decides.
     INFO(helper_line);
-    ptx::LineAccesses from_global = seen(helper_line, ptx::Access::load, warps, 4);
-    from_global.outer = "stage.cu:10";
-    ptx::LineAccesses from_shared = seen(helper_line, ptx::Access::load, warps, 4);
-    from_shared.outer = "stage.cu:11";
-    from_shared.space = profile::Space::shared;
-    const profile::InstructionMix m =
-        ptx::count(f, {from_global, from_shared, seen("stage.cu:12", ptx::Access::store, warps, 4)}, warps);
+    const profile::InstructionMix m = ptx::count(f,
+                                                 {at(helper_line, "stage.cu:10", profile::Space::global),
+                                                  at(helper_line, "stage.cu:11", profile::Space::shared),
+                                                  at("inner.cuh:7", "stage.cu:13", profile::Space::global),
+                                                  seen("stage.cu:12", ptx::Access::store, warps, 4)},
+                                                 warps);
     REQUIRE(m.counted);
     CHECK(m.of(K::shared_memory) == Approx(warps));      // the staged load
-    CHECK(m.of(K::global_memory) == Approx(2 * warps));  // the global load and the store
-    CHECK(m.load_round_trips == Approx(warps));          // the global load alone goes out to memory
+    CHECK(m.of(K::global_memory) == Approx(3 * warps));  // two global loads and the store
+    CHECK(m.load_round_trips == Approx(warps));          // the global loads go out together
   }
 
-  // Without the call lines the helper's line was not seen at all: both loads stay global.
-  const profile::InstructionMix unknown = ptx::count(f,
-                                                     {seen("helpers.cuh:4", ptx::Access::load, 2 * warps, 4),
-                                                      seen("stage.cu:12", ptx::Access::store, warps, 4)},
-                                                     warps);
+  // A header line inlined at two places (helpers.cuh:20 at stage.cu:13 and 14) leaves the lines
+  // inlined into it without a call: which of the two they came through is not in the PTX.
+  std::string twice = kStagedHelper;
+  const std::string marker = "\t.loc\t1 12 3\n";
+  twice.insert(twice.find(marker),
+               "\t.loc\t2 20 5, function_name $L__info_string1, inlined_at 1 14 3\n"
+               "\tadd.f32 \t%f6, %f1, %f2;\n");
+  const std::vector<ptx::Function> ambiguous = ptx::parse(twice);
+  REQUIRE(ambiguous.size() == 1);
+  REQUIRE(ambiguous[0].blocks[0].instructions.size() > 3);
+  CHECK(ambiguous[0].blocks[0].instructions[3].call_line == 0);   // inner.cuh:7 < helpers.cuh:20 < ?
+  CHECK(ambiguous[0].blocks[0].instructions[4].call_line == 14);  // the second helpers.cuh:20
+
+  // Without the call lines the helper's line was not seen at all: both its loads stay global.
+  const profile::InstructionMix unknown = ptx::count(
+      f,
+      {seen("helpers.cuh:4", ptx::Access::load, 2 * warps, 4),
+       seen("inner.cuh:7", ptx::Access::load, warps, 4), seen("stage.cu:12", ptx::Access::store, warps, 4)},
+      warps);
   CHECK(unknown.of(K::shared_memory) == 0);
-  CHECK(unknown.of(K::global_memory) == Approx(3 * warps));
+  CHECK(unknown.of(K::global_memory) == Approx(4 * warps));
 }
 
 TEST_CASE("ptx count: a traced launch is counted from nvcc's PTX of its own source file", "[profiler][ptx]") {
