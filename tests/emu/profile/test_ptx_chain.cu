@@ -162,14 +162,19 @@ std::vector<std::vector<mg_emu::profile::InstructionKind>> kinds_of(const std::v
   return kinds;
 }
 
+// The blocks of a PTX text's one function, which has `n` of them.
+std::vector<ptx::Block> blocks_of(const char* text, size_t n) {
+  const std::vector<ptx::Function> fs = ptx::parse(text);
+  REQUIRE(fs.size() == 1);
+  REQUIRE(fs[0].blocks.size() == n);
+  return fs[0].blocks;
+}
+
 }  // namespace
 
 TEST_CASE("warp path: a block's clocks are its issue or its chain of dependent latencies, worked by hand",
           "[profiler][ptx]") {
-  const std::vector<ptx::Function> fs = ptx::parse(kChains);
-  REQUIRE(fs.size() == 1);
-  const std::vector<ptx::Block>& blocks = fs[0].blocks;
-  REQUIRE(blocks.size() == 5);
+  const std::vector<ptx::Block> blocks = blocks_of(kChains, 5);
 
   CHECK(cycles_of(blocks[1]) == Approx(ptx::kSharedLatency + 4));      // 34: the loads, then the FFMA
   CHECK(cycles_of(blocks[2]) == Approx(2 * ptx::kSharedLatency + 8));  // 68
@@ -184,10 +189,7 @@ TEST_CASE("warp path: a block's clocks are its issue or its chain of dependent l
 }
 
 TEST_CASE("round trips: a block's dependent levels of global loads, worked by hand", "[profiler][ptx]") {
-  const std::vector<ptx::Function> fs = ptx::parse(kRoundTrips);
-  REQUIRE(fs.size() == 1);
-  const std::vector<ptx::Block>& blocks = fs[0].blocks;
-  REQUIRE(blocks.size() == 5);
+  const std::vector<ptx::Block> blocks = blocks_of(kRoundTrips, 5);
   CHECK(ptx::load_levels(blocks[0], kinds_of(blocks[0])) == 1);  // four loads together
   CHECK(ptx::load_levels(blocks[1], kinds_of(blocks[1])) == 2);  // a pointer chase
   CHECK(ptx::load_levels(blocks[2], kinds_of(blocks[2])) == 2);  // load, store, barrier, load
@@ -226,10 +228,7 @@ TEST_CASE("warp path: the GPU model prices a warp's own clocks wave after wave",
 
 TEST_CASE("round trips: guarded loads in blocks of their own go out together, worked by hand",
           "[profiler][ptx]") {
-  const std::vector<ptx::Function> fs = ptx::parse(kGuardedLoads);
-  REQUIRE(fs.size() == 1);
-  const std::vector<ptx::Block>& blocks = fs[0].blocks;
-  REQUIRE(blocks.size() == 8);
+  const std::vector<ptx::Block> blocks = blocks_of(kGuardedLoads, 8);
   CHECK(blocks[6].loops_back_to == 6);
   const auto kinds = kinds_of(blocks);
 
