@@ -439,15 +439,15 @@ std::vector<Function> parse(const std::string& ptx) {
     }
   }
   if (in_function) throw std::runtime_error("PTX: a function without its closing brace");
-  for (size_t i = 0; i < out.size(); ++i) {
-    Function& fn = out[i];
+  for (size_t n = 0; n < out.size(); ++n) {
+    Function& fn = out[n];
     while (!fn.blocks.empty() && fn.blocks.back().instructions.empty() && fn.blocks.back().label.empty())
       fn.blocks.pop_back();
     int max_file = 0;
     for (const auto& [i, path] : files) max_file = std::max(max_file, i);
     fn.files.assign(static_cast<size_t>(max_file) + 1, "");
     for (const auto& [i, path] : files) fn.files[static_cast<size_t>(i)] = path;
-    name_calls(fn, inlined_at[i]);
+    name_calls(fn, inlined_at[n]);
     contract_multiplies(fn);
     int status = 0;
     char* d = abi::__cxa_demangle(fn.mangled.c_str(), nullptr, nullptr, &status);
