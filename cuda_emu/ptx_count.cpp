@@ -24,7 +24,7 @@ using profile::Space;
 
 // ---- what the tracer saw, by source line ---------------------------------------------------------
 std::vector<LineAccesses> line_accesses(const std::vector<profile::SiteCounts>& sites) {
-  std::map<std::tuple<std::string, Access, Space>, LineAccesses> by;
+  std::map<std::tuple<std::string, std::string, Access, Space>, LineAccesses> by;  // (where, outer, ...)
   for (const profile::SiteCounts& s : sites) {
     const size_t cut = s.where.find(" < ");
     const std::string where = s.where.substr(0, cut);
@@ -38,7 +38,7 @@ std::vector<LineAccesses> line_accesses(const std::vector<profile::SiteCounts>& 
       case profile::Op::mma: a = Access::mma; break;
       case profile::Op::cp_async: a = Access::cp_async; break;
     }
-    LineAccesses& l = by[{where + " < " + outer, a, s.space}];
+    LineAccesses& l = by[{where, outer, a, s.space}];
     l.where = where;
     l.outer = outer;
     l.access = a;
